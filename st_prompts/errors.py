@@ -1,0 +1,29 @@
+"""Exceptions raised by st_prompts for user errors (bad input, missing files, mismatched checkpoints).
+
+All of them derive from :class:`StPromptsError`, which the CLI prints as a one-line message instead of a traceback.
+They also derive from the built-in exception a Python user would expect (``ValueError`` or ``FileNotFoundError``).
+"""
+
+
+class StPromptsError(Exception):
+    """Base class of every error st_prompts raises on purpose."""
+
+
+class ConfigurationError(StPromptsError, ValueError):
+    """An invalid option or an unsupported combination of options (e.g. ``prefix_length=0``)."""
+
+
+class UnsupportedArchitectureError(StPromptsError, ValueError):
+    """The backbone cannot carry deep prompts (it does not accept, or silently ignores, a key/value cache)."""
+
+
+class BackboneMismatchError(StPromptsError, ValueError):
+    """A prompts-only checkpoint was loaded onto a backbone whose weights differ from the one it was trained on."""
+
+
+class DataFormatError(StPromptsError, ValueError):
+    """A data file or directory is missing pieces or has the wrong format (e.g. a SentEval directory)."""
+
+
+class DataNotFoundError(StPromptsError, FileNotFoundError):
+    """A file or directory the user pointed to does not exist."""
