@@ -1,0 +1,474 @@
+"""``PromptedTransformer``: a sentence-transformers input module carrying soft prompts on a (frozen) backbone."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from sentence_transformers.base.modules.transformer import Transformer
+
+from st_prompts.errors import (
+    BackboneMismatchError,
+    ConfigurationError,
+    DataNotFoundError,
+    UnsupportedArchitectureError,
+)
+from st_prompts.prompts.prefix import PrefixEncoder
+from st_prompts.prompts.shallow import ShallowPrompt, parse_template
+
+logger = logging.getLogger(__name__)
+
+#: Backbones whose self-attention accepts a key/value cache in encoder mode (checked with transformers 5.23).
+#: ALBERT accepts a cache and ignores it, DistilBERT, DeBERTa-v2 and ModernBERT take none: they are refused.
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+#: File holding the soft prompts (and nothing else) next to the module config.
+PROMPTS_FILE = "soft_prompts.safetensors"
+
+
+def backbone_fingerprint(model: torch.nn.Module) -> str:
+    """A SHA-256 over the names, dtypes, shapes and bytes of every tensor in ``model.state_dict()``.
+
+    Used by prompts-only checkpoints to make sure the prompts are put back on exactly the weights they were trained on.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return "sha256:" + digest.hexdigest()
+
+
+class PromptedTransformer(Transformer):
+    """A drop-in replacement for sentence-transformers' ``Transformer`` that adds trainable soft prompts.
+
+    Two kinds of soft prompt, usable alone or together:
+
+    * **deep continuous prompts** (DCPCSE, P-tuning v2): ``prefix_length`` trainable key/value vectors prepended to
+      the keys and values of every self-attention layer;
+    * **shallow prompts** (SCPCSE): a ``template`` such as ``This sentence : "[X]" means [MASK] .`` whose tokens
+      become trainable input embeddings; use :class:`~st_prompts.modules.MaskTokenPooling` to pool the ``[MASK]`` slot.
+
+    With ``freeze_backbone=True`` (the default) only the prompts receive gradients. The backbone still follows the
+    module's train/eval mode, so in training its dropout makes the two views of a SimCSE positive pair differ.
+
+    Example::
+
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import Pooling
+        from st_prompts import PromptedTransformer
+
+        encoder = PromptedTransformer("bert-base-uncased", prefix_length=16)
+        model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+
+    Args:
+        model_name_or_path: backbone name on the hub or local path (BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT).
+        prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
+        prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
+        prefix_hidden_size: hidden size of that MLP (DCPCSE: 512).
+        prefix_dropout: dropout on the prefix keys/values in training; ``None`` uses the backbone's hidden dropout.
+        template: shallow-prompt template with one ``[X]`` and one ``[MASK]`` (``None`` for no shallow prompt).
+        freeze_backbone: keep the backbone's parameters out of training (``requires_grad=False``).
+        backbone_name_or_path: where the backbone weights originally come from; recorded in the config and used by
+            prompts-only checkpoints (defaults to ``model_name_or_path``).
+        max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
+        **kwargs: passed on to :class:`sentence_transformers.base.modules.Transformer` (``model_kwargs``,
+            ``processor_kwargs``, ``config_kwargs``, ...).
+
+    Raises:
+        ConfigurationError: for invalid options (``prefix_length < 1``, no prompt at all, a template without
+            ``[X]``/``[MASK]``, a non-torch backend).
+        UnsupportedArchitectureError: for backbones that cannot carry deep prompts.
+    """
+
+    config_keys: list[str] = Transformer.config_keys + [
+        "prefix_length",
+        "prefix_projection",
+        "prefix_hidden_size",
+        "prefix_dropout",
+        "template",
+        "freeze_backbone",
+        "backbone_name_or_path",
+        "max_seq_length",
+    ]
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        prefix_length: int | None = 16,
+        *,
+        prefix_projection: bool = False,
+        prefix_hidden_size: int = 512,
+        prefix_dropout: float | None = None,
+        template: str | None = None,
+        freeze_backbone: bool = True,
+        backbone_name_or_path: str | None = None,
+        max_seq_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _validate_prompt_options(prefix_length, template, prefix_hidden_size, prefix_dropout)
+        if kwargs.get("backend", "torch") != "torch":
+            raise ConfigurationError("PromptedTransformer needs the 'torch' backend (ONNX/OpenVINO cannot take prompts).")
+        if kwargs.get("transformer_task", "feature-extraction") != "feature-extraction":
+            raise ConfigurationError("PromptedTransformer only supports transformer_task='feature-extraction'.")
+        # Prompts need padded batches: never let sentence-transformers flatten (unpad) the inputs.
+        kwargs["unpad_inputs"] = False
+        super().__init__(model_name_or_path, **kwargs)
+        _check_architecture(self.auto_model.config)
+
+        config = self.auto_model.config
+        self.prefix_length = prefix_length
+        self.prefix_projection = prefix_projection
+        self.prefix_hidden_size = prefix_hidden_size
+        self.prefix_dropout = prefix_dropout
+        self.template = template
+        self.backbone_name_or_path = backbone_name_or_path or str(model_name_or_path)
+        self._prompts_only_save = False
+
+        self.prefix_encoder: PrefixEncoder | None = None
+        if prefix_length is not None:
+            self.prefix_encoder = PrefixEncoder(
+                prefix_length=prefix_length,
+                num_layers=config.num_hidden_layers,
+                num_heads=config.num_attention_heads,
+                head_dim=config.hidden_size // config.num_attention_heads,
+                projection=prefix_projection,
+                projection_hidden_size=prefix_hidden_size,
+                dropout=config.hidden_dropout_prob if prefix_dropout is None else prefix_dropout,
+            )
+
+        self.shallow_prompt: ShallowPrompt | None = None
+        self._template = None
+        if template is not None:
+            self._template = parse_template(template, self.tokenizer)
+            self.shallow_prompt = ShallowPrompt(
+                list(self._template.left_ids + self._template.right_ids),
+                self.tokenizer.mask_token_id,
+                self.auto_model.get_input_embeddings().weight,
+            )
+
+        self.freeze_backbone = freeze_backbone
+        limit = self.max_position_limit
+        if max_seq_length is None or max_seq_length > limit:
+            if max_seq_length is not None:
+                logger.warning(
+                    f"max_seq_length={max_seq_length} does not fit the backbone with {prefix_length} prefix positions; "
+                    f"using {limit}."
+                )
+            max_seq_length = min(self.tokenizer.model_max_length, limit)
+        self.tokenizer.model_max_length = max_seq_length
+        if self.prefix_encoder is not None:
+            self._verify_prefix_takes_effect()
+
+    # ------------------------------------------------------------------ options
+    @property
+    def freeze_backbone(self) -> bool:
+        """Whether the backbone's parameters are frozen (only the soft prompts train). Settable, e.g. for DiffAug."""
+        return self._freeze_backbone
+
+    @freeze_backbone.setter
+    def freeze_backbone(self, value: bool) -> None:
+        self._freeze_backbone = bool(value)
+        for parameter in self.auto_model.parameters():
+            parameter.requires_grad = not self._freeze_backbone
+
+    @property
+    def max_position_limit(self) -> int:
+        """The largest ``max_seq_length`` the position embeddings allow once the prefix takes its positions."""
+        config = self.auto_model.config
+        # RoBERTa-family position ids start at padding_idx + 1; transformers offsets them by the cache length.
+        offset = self._infer_flatten_position_offset()
+        return config.max_position_embeddings - offset - (self.prefix_length or 0)
+
+    @property
+    def max_seq_length(self) -> int:
+        """Maximum number of real tokens (special tokens and template included); longer texts are truncated."""
+        return self.tokenizer.model_max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        if value is None or value > self.max_position_limit:
+            logger.warning(f"max_seq_length={value} exceeds what the backbone allows with the prefix; capping.")
+            value = self.max_position_limit
+        self.tokenizer.model_max_length = value
+
+    def prompt_parameters(self) -> list[torch.nn.Parameter]:
+        """The soft-prompt parameters (deep prefix and shallow template), i.e. what prompt tuning trains."""
+        params = []
+        for module in (self.prefix_encoder, self.shallow_prompt):
+            if module is not None:
+                params.extend(module.parameters())
+        return params
+
+    def prompt_state_dict(self) -> dict[str, torch.Tensor]:
+        """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
+
+    # ------------------------------------------------------------------ checks
+    def _verify_prefix_takes_effect(self) -> None:
+        """Guard against backbones that accept a cache and silently ignore it (as ALBERT does)."""
+        model = self.auto_model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                ids = [self.tokenizer.cls_token_id or 0, self.tokenizer.sep_token_id or 0]
+                device = next(model.parameters()).device
+                input_ids = torch.tensor([ids], device=device)
+                mask = torch.ones_like(input_ids)
+                plain = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+                probe = PrefixEncoder(1, self.prefix_encoder.num_layers, self.prefix_encoder.num_heads,
+                                      self.prefix_encoder.head_dim, dropout=0.0).to(device)
+                cache = probe(1)
+                mask = torch.ones(1, 3, dtype=torch.long, device=device)
+                prompted = model(input_ids=input_ids, attention_mask=mask, past_key_values=cache).last_hidden_state
+        except Exception as exc:  # the architecture rejects a cache
+            raise UnsupportedArchitectureError(
+                f"The backbone {type(model).__name__} rejected the deep-prompt key/value cache ({exc}). "
+                f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
+            ) from exc
+        finally:
+            model.train(was_training)
+        if torch.allclose(plain.float(), prompted.float()):
+            raise UnsupportedArchitectureError(
+                f"The backbone {type(model).__name__} ignores the deep-prompt cache (its output does not change). "
+                f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
+
+    # ------------------------------------------------------------------ preprocessing
+    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs) -> dict[str, Any]:
+        """Tokenise texts. With a shallow template, the sentence is put into the template's ``[X]`` slot and only the
+        sentence is truncated, so the template (and its ``[MASK]``) always survives."""
+        if self._template is None:
+            return super().preprocess(inputs, prompt=prompt, **kwargs)
+        texts = []
+        for item in inputs:
+            if not isinstance(item, str):
+                raise ConfigurationError(
+                    f"A PromptedTransformer with a template encodes single texts only, got {type(item).__name__}."
+                )
+            texts.append(prompt + item if prompt else item)
+        return self._tokenize_with_template(texts)
+
+    def _tokenize_with_template(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        tokenizer, template = self.tokenizer, self._template
+        budget = self.max_seq_length - template.num_tokens - 2
+        if budget < 1:
+            raise ConfigurationError(f"max_seq_length={self.max_seq_length} leaves no room for text after the template.")
+        sentence_ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=budget)["input_ids"]
+        cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        left_slots, right_slots = template.soft_slots(tokenizer.mask_token_id)
+        rows, slots, mask_index = [], [], []
+        for ids in sentence_ids:
+            rows.append([cls_id, *template.left_ids, *ids, *template.right_ids, sep_id])
+            slots.append([-1, *left_slots, *([-1] * len(ids)), *right_slots, -1])
+            if template.mask_in_left:
+                mask_index.append(1 + template.mask_offset)
+            else:
+                mask_index.append(1 + len(template.left_ids) + len(ids) + template.mask_offset)
+        length = max(len(r) for r in rows) if rows else 0
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        batch = {
+            "input_ids": torch.tensor([r + [pad_id] * (length - len(r)) for r in rows], dtype=torch.long),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows], dtype=torch.long),
+            "soft_prompt_positions": torch.tensor([s + [-1] * (length - len(s)) for s in slots], dtype=torch.long),
+            "prompt_mask_index": torch.tensor(mask_index, dtype=torch.long),
+        }
+        if "token_type_ids" in tokenizer.model_input_names:
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        return batch
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+        """Run the prompted backbone; writes ``features["token_embeddings"]`` (real tokens only, prefix excluded).
+
+        ``features`` may carry ``prefix_positions`` (a ``slice``) to attend to one view of the prefix only.
+        """
+        input_ids = features["input_ids"]
+        attention_mask = features["attention_mask"]
+        batch_size = input_ids.shape[0]
+        model_inputs: dict[str, Any] = {}
+        if "token_type_ids" in features:
+            model_inputs["token_type_ids"] = features["token_type_ids"]
+        if self.shallow_prompt is not None:
+            embeds = self.auto_model.get_input_embeddings()(input_ids)
+            model_inputs["inputs_embeds"] = self.shallow_prompt(embeds, features["soft_prompt_positions"])
+        else:
+            model_inputs["input_ids"] = input_ids
+        if self.prefix_encoder is not None:
+            cache = self.prefix_encoder(batch_size, features.get("prefix_positions"))
+            prefix_mask = attention_mask.new_ones(batch_size, cache.get_seq_length())
+            attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
+            model_inputs["past_key_values"] = cache
+        output = self.auto_model(**model_inputs, attention_mask=attention_mask, return_dict=True)
+        features["token_embeddings"] = output.last_hidden_state
+        return features
+
+    # ------------------------------------------------------------------ saving / loading
+    def get_config_dict(self) -> dict[str, Any]:
+        config = super().get_config_dict()
+        if self._prompts_only_save:
+            config["prompts_only"] = True
+            config["backbone_fingerprint"] = backbone_fingerprint(self.auto_model)
+        return config
+
+    @contextmanager
+    def prompts_only(self):
+        """Within this context, :meth:`save` writes only the soft prompts and a reference to the backbone."""
+        self._prompts_only_save = True
+        try:
+            yield self
+        finally:
+            self._prompts_only_save = False
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        """Save the module: backbone (safetensors), tokenizer, config and ``soft_prompts.safetensors``.
+
+        Inside :meth:`prompts_only` only the config (with the backbone reference and fingerprint) and the prompts are
+        written. Weights are always written as safetensors.
+        """
+        os.makedirs(output_path, exist_ok=True)
+        if self._prompts_only_save:
+            self.save_config(output_path)
+        else:
+            super().save(output_path, safe_serialization=True)
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.prompt_state_dict().items()}
+        save_file(state, os.path.join(output_path, PROMPTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        trust_remote_code: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+        processor_kwargs: dict[str, Any] | None = None,
+        config_kwargs: dict[str, Any] | None = None,
+        backend: str = "torch",
+        init_defaults: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> PromptedTransformer:
+        """Load a saved module (full or prompts-only).
+
+        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path``; pass
+        ``model_kwargs={"backbone_name_or_path": ...}`` to ``SentenceTransformer(...)`` to point elsewhere (e.g. a local
+        copy). The backbone's weights must have the recorded fingerprint, else :class:`BackboneMismatchError`.
+        """
+        hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision,
+                   local_files_only=local_files_only)
+        model_kwargs = dict(model_kwargs or {})
+        backbone_override = model_kwargs.pop("backbone_name_or_path", None)
+        config = cls.load_config(model_name_or_path, **hub)
+        if config.pop("prompts_only", False):
+            expected = config.pop("backbone_fingerprint", None)
+            source = backbone_override or config["backbone_name_or_path"]
+            backbone_hub = {"token": token, "cache_dir": cache_folder, "local_files_only": local_files_only,
+                            "trust_remote_code": trust_remote_code}
+            init = {k: v for k, v in config.items() if k in cls.config_keys}
+            try:
+                module = cls(
+                    source,
+                    **init,
+                    model_kwargs={**backbone_hub, **model_kwargs},
+                    processor_kwargs={**backbone_hub, **(processor_kwargs or {})},
+                    config_kwargs={**backbone_hub, **(config_kwargs or {})},
+                    backend=backend,
+                )
+            except OSError as exc:
+                raise DataNotFoundError(
+                    f"The prompts-only checkpoint {model_name_or_path!r} needs its backbone {source!r}, which could not "
+                    f"be loaded ({exc}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
+                ) from exc
+            actual = backbone_fingerprint(module.auto_model)
+            if expected != actual:
+                raise BackboneMismatchError(
+                    f"The prompts in {model_name_or_path!r} were trained on a backbone with fingerprint {expected}, "
+                    f"but the backbone loaded from {source!r} has fingerprint {actual}: its weights differ. Load the "
+                    f"original backbone (model_kwargs={{'backbone_name_or_path': ...}}) or use a full checkpoint."
+                )
+        else:
+            init_kwargs = cls._load_init_kwargs(
+                model_name_or_path, trust_remote_code=trust_remote_code, model_kwargs=model_kwargs,
+                processor_kwargs=processor_kwargs, config_kwargs=config_kwargs, backend=backend, **hub,
+            )
+            for key, value in (init_defaults or {}).items():
+                init_kwargs.setdefault(key, value)
+            module = cls(model_name_or_path=model_name_or_path, **init_kwargs)
+        module._load_prompts(model_name_or_path, **hub)
+        return module
+
+    def _load_prompts(self, model_name_or_path: str, **hub) -> None:
+        path = self.load_file_path(model_name_or_path, PROMPTS_FILE, **hub)
+        if path is None:
+            raise DataNotFoundError(f"{model_name_or_path!r} has no {PROMPTS_FILE}: it is not a saved PromptedTransformer.")
+        state = load_file(path)
+        expected = set(self.prompt_state_dict())
+        if set(state) != expected:
+            raise ConfigurationError(
+                f"{PROMPTS_FILE} in {model_name_or_path!r} holds {sorted(state)} but this configuration expects "
+                f"{sorted(expected)}."
+            )
+        self.load_state_dict(state, strict=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"PromptedTransformer(backbone={self.auto_model.__class__.__name__}, prefix_length={self.prefix_length}, "
+            f"template={self.template!r}, freeze_backbone={self.freeze_backbone}, max_seq_length={self.max_seq_length})"
+        )
+
+
+def save_prompts_only(model, path: str) -> None:
+    """Save a SentenceTransformer whose first module is a :class:`PromptedTransformer` without the backbone weights.
+
+    The folder holds the soft prompts, the other (small) modules, and a reference to the backbone (name or path and a
+    fingerprint of its weights): kilobytes per task instead of the whole backbone. Load it as usual with
+    ``SentenceTransformer(path, trust_remote_code=True)``; loading fails clearly if the referenced backbone's weights
+    differ from the ones the prompts were trained with.
+    """
+    encoders = [m for m in model.modules() if isinstance(m, PromptedTransformer)]
+    if len(encoders) != 1:
+        raise ConfigurationError(f"save_prompts_only needs exactly one PromptedTransformer in the model, found {len(encoders)}.")
+    encoder = encoders[0]
+    if not encoder.freeze_backbone:
+        logger.warning(
+            "The backbone is trainable: if it was trained, a prompts-only checkpoint cannot restore it and loading will "
+            "fail the fingerprint check. Use model.save() for a full checkpoint."
+        )
+    with encoder.prompts_only():
+        model.save(path, create_model_card=False)
+
+
+def _validate_prompt_options(prefix_length, template, prefix_hidden_size, prefix_dropout) -> None:
+    if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
+        raise ConfigurationError(
+            f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
+        )
+    if prefix_length is None and template is None:
+        raise ConfigurationError("Give prefix_length (deep prompts), template (shallow prompts), or both.")
+    if template is not None and not isinstance(template, str):
+        raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
+    if not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1:
+        raise ConfigurationError(f"prefix_hidden_size must be a positive integer, got {prefix_hidden_size!r}.")
+    if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
+        raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
+
+
+def _check_architecture(config) -> None:
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedArchitectureError(
+            f"Soft prompts are not supported on {config.model_type!r} backbones. Supported model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} (ALBERT accepts deep prompts but silently ignores them; DistilBERT, "
+            f"DeBERTa-v2 and ModernBERT cannot take them)."
+        )
+    if getattr(config, "is_decoder", False):
+        raise UnsupportedArchitectureError("PromptedTransformer needs an encoder (config.is_decoder must be False).")
