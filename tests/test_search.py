@@ -1,0 +1,410 @@
+"""Tests of st_prompts.search (FAISS semantic search) and the ``st-prompts index`` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from st_prompts.errors import (
+    BackboneMismatchError,
+    ConfigurationError,
+    DataFormatError,
+    DataNotFoundError,
+    StPromptsError,
+)
+from st_prompts.search import SearchHit, SemanticIndex
+
+FIXTURES = Path(__file__).parent / "fixtures" / "search"
+CORPUS_TXT = FIXTURES / "corpus.txt"
+CORPUS_JSONL = FIXTURES / "corpus.jsonl"
+QUERIES = ["where do cats sleep?", "bread recipe", "stock prices dropped", "how do plants make oxygen"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from st_prompts.utils import packaged_minilm_path
+
+    try:
+        path = packaged_minilm_path()
+    except StPromptsError:
+        pytest.skip("packaged MiniLM not installed")
+    return sentence_transformers.SentenceTransformer(path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def corpus_index(minilm):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SemanticIndex.from_text_file(minilm, CORPUS_TXT, show_progress_bar=False)
+
+
+def clustered_vectors(n: int, dim: int = 64, clusters: int = 40, seed: int = 0) -> np.ndarray:
+    """Random-ish vectors with structure (Gaussian blobs), like real embeddings; pure noise is unrealistically hard."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, dim))
+    labels = rng.integers(clusters, size=n)
+    return (centers[labels] + 0.6 * rng.normal(size=(n, dim))).astype(np.float32)
+
+
+def brute_force(doc_emb: np.ndarray, query_emb: np.ndarray, k: int):
+    docs = doc_emb / np.linalg.norm(doc_emb, axis=1, keepdims=True)
+    queries = query_emb / np.linalg.norm(query_emb, axis=1, keepdims=True)
+    scores = queries @ docs.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(scores, order, axis=1)
+
+
+def hits_as_tuples(results):
+    return [[(hit.id, hit.text, round(hit.score, 5)) for hit in hits] for hits in results]
+
+
+# ---------------------------------------------------------------- exact search
+
+
+def test_exact_search_matches_numpy_brute_force_on_model_embeddings(minilm, corpus_index):
+    texts = corpus_index.texts
+    doc_emb = minilm.encode(texts, convert_to_numpy=True)
+    query_emb = minilm.encode(QUERIES, convert_to_numpy=True)
+    order, scores = brute_force(doc_emb, query_emb, k=5)
+    results = corpus_index.search(QUERIES, k=5)
+    assert len(results) == len(QUERIES)
+    for hits, row_order, row_scores in zip(results, order, scores):
+        assert len(hits) == 5
+        assert all(isinstance(hit, SearchHit) for hit in hits)
+        np.testing.assert_allclose([hit.score for hit in hits], row_scores, atol=1e-5)
+        # Ids: compare as sets of texts where scores tie (the fixture has a duplicate line), else exactly.
+        assert [hit.text for hit in hits] == [texts[i] for i in row_order]
+    assert results[0][0].text.startswith(("A cat sleeps", "Kittens"))
+    assert "bread" in results[1][0].text or "dough" in results[1][0].text
+
+
+def test_exact_search_matches_brute_force_on_unnormalised_vectors():
+    rng = np.random.default_rng(1)
+    doc_emb = rng.normal(size=(500, 32)).astype(np.float32) * rng.uniform(0.1, 10, size=(500, 1)).astype(np.float32)
+    query_emb = rng.normal(size=(20, 32)).astype(np.float32) * 7
+    index = SemanticIndex.from_embeddings(doc_emb, [f"doc {i}" for i in range(500)])
+    results = index.search_embeddings(query_emb, k=10)
+    order, scores = brute_force(doc_emb, query_emb, k=10)
+    for hits, row_order, row_scores in zip(results, order, scores):
+        assert [hit.id for hit in hits] == list(row_order)  # default ids: 0-based positions
+        np.testing.assert_allclose([hit.score for hit in hits], row_scores, atol=1e-5)
+        assert all(-1.0 - 1e-5 <= hit.score <= 1.0 + 1e-5 for hit in hits)  # cosines
+
+
+def test_text_file_ids_are_line_numbers_and_single_query_string(corpus_index):
+    lines = CORPUS_TXT.read_text(encoding="utf-8").splitlines()
+    assert len(corpus_index) == sum(1 for line in lines if line.strip())
+    for doc_id, text in zip(corpus_index.ids, corpus_index.texts):
+        assert lines[doc_id - 1] == text  # 1-based line numbers; the blank line 7 keeps its number
+    assert 7 not in corpus_index.ids
+    results = corpus_index.search("where do cats sleep?", k=3)
+    assert len(results) == 1 and len(results[0]) == 3
+
+
+def test_duplicate_texts_are_kept_with_a_warning(minilm):
+    with pytest.warns(UserWarning, match="repeat the text"):
+        index = SemanticIndex.build(minilm, ["same text", "other text", "same text"], show_progress_bar=False)
+    assert index.ids == [0, 1, 2]
+    hits = index.search("same text", k=2)[0]
+    assert {hit.id for hit in hits} == {0, 2}
+    assert hits[0].score == pytest.approx(hits[1].score, abs=1e-5)
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_path):
+    before = corpus_index.search(QUERIES, k=6)
+    corpus_index.save(tmp_path / "idx")
+    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "index.faiss", "meta.json", "probe.npy"]
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert meta["model"]["name"] == "minilm"
+    assert meta["model"]["dimension"] == meta["dimension"] == 384
+    assert meta["model"]["fingerprint"].startswith("sha256:")
+    assert meta["num_docs"] == len(corpus_index)
+    assert meta["index_type"] == "flat" and meta["normalization"] == "l2" and meta["score"] == "cosine"
+    assert meta["id_source"] == "line_number"
+    loaded = SemanticIndex.load(tmp_path / "idx", model=minilm)
+    assert loaded.ids == corpus_index.ids and loaded.texts == corpus_index.texts
+    assert hits_as_tuples(loaded.search(QUERIES, k=6)) == hits_as_tuples(before)
+    assert [tmp_path / "idx"] == list(tmp_path.iterdir())  # no temp directory left behind
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+def test_round_trip_of_every_index_type_keeps_ids_params_and_results(index_type, tmp_path):
+    vectors = clustered_vectors(1200, dim=32)
+    ids = [f"d{i:04d}" for i in range(len(vectors))]
+    index = SemanticIndex.from_embeddings(vectors, [f"text {i}" for i in ids], ids, index_type=index_type)
+    queries = clustered_vectors(25, dim=32, seed=5)
+    before = index.search_embeddings(queries, k=10)
+    index.save(tmp_path / "idx")
+    loaded = SemanticIndex.load(tmp_path / "idx")
+    assert loaded.index_type == index_type
+    assert loaded.index_params == index.index_params
+    assert loaded.model_identity is None
+    assert hits_as_tuples(loaded.search_embeddings(queries, k=10)) == hits_as_tuples(before)
+    with pytest.raises(ConfigurationError, match="no model"):
+        loaded.search("a text query needs a model")
+
+
+def test_loaded_index_loads_its_recorded_model_lazily(corpus_index, tmp_path):
+    corpus_index.save(tmp_path / "idx")
+    loaded = SemanticIndex.load(tmp_path / "idx")
+    assert loaded.model is None
+    assert hits_as_tuples(loaded.search(QUERIES[:1], k=3)) == hits_as_tuples(corpus_index.search(QUERIES[:1], k=3))
+    assert loaded.model is not None
+
+
+def test_save_replaces_an_index_atomically_and_cleans_up_on_failure(corpus_index, tmp_path, monkeypatch):
+    target = tmp_path / "idx"
+    corpus_index.save(target)
+    original = (target / "docs.jsonl").read_bytes()
+
+    import st_prompts.search as search_module
+
+    def exploding_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(search_module.json, "dump", exploding_dump)
+    with pytest.raises(OSError, match="disk full"):
+        corpus_index.save(target)
+    monkeypatch.undo()
+    assert (target / "docs.jsonl").read_bytes() == original  # the old index is untouched
+    assert SemanticIndex.load(target).ids == corpus_index.ids
+    assert list(tmp_path.iterdir()) == [target]  # no half-written temp directory
+
+    with pytest.raises(ConfigurationError, match="already exists"):
+        corpus_index.save(target, overwrite=False)
+    other = tmp_path / "not-an-index"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep me")
+    with pytest.raises(ConfigurationError, match="not a semantic index"):
+        corpus_index.save(other)
+    assert (other / "precious.txt").read_text() == "keep me"
+
+
+# ---------------------------------------------------------------- model identity
+
+
+def test_model_with_different_weights_is_rejected(minilm, corpus_index, tmp_path):
+    corpus_index.save(tmp_path / "idx")
+    other = copy.deepcopy(minilm)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    with pytest.raises(BackboneMismatchError, match="does not match"):
+        SemanticIndex.load(tmp_path / "idx", model=other)
+    with pytest.raises(BackboneMismatchError):
+        corpus_index.set_model(other)
+
+
+def test_model_with_different_dimension_is_rejected(minilm, corpus_index, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    corpus_index.save(tmp_path / "idx")
+    truncated = SentenceTransformer(minilm[0].auto_model.config._name_or_path, truncate_dim=128, device="cpu")
+    with pytest.raises(BackboneMismatchError, match="128-dimensional"):
+        SemanticIndex.load(tmp_path / "idx", model=truncated)
+    with pytest.raises(BackboneMismatchError, match="dimensions"):
+        corpus_index.search_embeddings(np.ones((1, 128), dtype=np.float32), k=1)
+
+
+def test_model_without_final_normalize_is_compatible(minilm, corpus_index, tmp_path):
+    """Scores are cosines whatever the model's last layer, so dropping Normalize changes nothing."""
+    from sentence_transformers import SentenceTransformer
+
+    corpus_index.save(tmp_path / "idx")
+    unnormalised = SentenceTransformer(modules=[minilm[0], minilm[1]], device="cpu")
+    loaded = SemanticIndex.load(tmp_path / "idx", model=unnormalised)
+    assert hits_as_tuples(loaded.search(QUERIES, k=4)) == hits_as_tuples(corpus_index.search(QUERIES, k=4))
+
+
+# ---------------------------------------------------------------- approximate indexes
+
+
+@pytest.fixture(scope="module")
+def ann_data():
+    vectors = clustered_vectors(4000, dim=64)
+    queries = clustered_vectors(200, dim=64, seed=123)
+    exact = SemanticIndex.from_embeddings(vectors, [str(i) for i in range(len(vectors))])
+    return vectors, queries, exact.search_embeddings(queries, k=10)
+
+
+@pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
+def test_approximate_indexes_reach_high_recall_with_defaults(index_type, ann_data):
+    vectors, queries, exact = ann_data
+    index = SemanticIndex.from_embeddings(vectors, [str(i) for i in range(len(vectors))], index_type=index_type)
+    approx = index.search_embeddings(queries, k=10)
+    recall = np.mean([len({h.id for h in a} & {h.id for h in e}) / 10 for a, e in zip(approx, exact)])
+    assert recall >= 0.95, f"{index_type} recall@10 = {recall:.3f}"
+    if index_type == "ivf":
+        assert index.index_params["nlist"] == min(round(4 * np.sqrt(4000)), 4000 // 39)
+    for hits in approx:
+        assert len(hits) == 10 and all(hit.id != -1 for hit in hits)
+
+
+def test_ivf_on_a_tiny_corpus_falls_back_to_one_list_and_explicit_nlist_too_large_is_an_error():
+    vectors = clustered_vectors(30, dim=16)
+    texts = [f"t{i}" for i in range(30)]
+    index = SemanticIndex.from_embeddings(vectors, texts, index_type="ivf")
+    assert index.index_params == {"nlist": 1, "nprobe": 1}
+    exact = SemanticIndex.from_embeddings(vectors, texts)
+    assert hits_as_tuples(index.search_embeddings(vectors[:5], k=5)) == hits_as_tuples(
+        exact.search_embeddings(vectors[:5], k=5)
+    )
+    with pytest.raises(ConfigurationError, match="nlist=64 needs at least 64 documents"):
+        SemanticIndex.from_embeddings(vectors, texts, index_type="ivf", nlist=64)
+    with pytest.raises(ConfigurationError, match="unknown index_type"):
+        SemanticIndex.from_embeddings(vectors, texts, index_type="lsh")
+    with pytest.raises(ConfigurationError, match="unknown parameter"):
+        SemanticIndex.from_embeddings(vectors, texts, index_type="hnsw", nlist=4)
+
+
+def test_search_params_can_be_changed(ann_data):
+    vectors, queries, _ = ann_data
+    index = SemanticIndex.from_embeddings(vectors, [str(i) for i in range(len(vectors))], index_type="ivf", nprobe=2)
+    index.set_search_params(nprobe=10_000)
+    assert index.index_params["nprobe"] == index.index_params["nlist"]  # clamped, i.e. exhaustive
+    with pytest.raises(ConfigurationError, match="ef_search applies"):
+        index.set_search_params(ef_search=10)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("documents", [[], ["", "   ", "\t"]])
+def test_empty_corpus_is_an_error(minilm, documents):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataFormatError, match="empty"):
+            SemanticIndex.build(minilm, documents, show_progress_bar=False)
+
+
+def test_empty_text_file_and_missing_file_are_errors(minilm, tmp_path):
+    with pytest.raises(DataFormatError, match="no non-blank document"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            SemanticIndex.from_text_file(minilm, FIXTURES / "blank.txt")
+    with pytest.raises(DataNotFoundError):
+        SemanticIndex.from_text_file(minilm, tmp_path / "missing.txt")
+    with pytest.raises(ConfigurationError, match="from_text_file"):
+        SemanticIndex.build(minilm, str(CORPUS_TXT))
+
+
+def test_duplicate_ids_are_an_error(minilm):
+    with pytest.raises(DataFormatError, match="unique.*'a'"):
+        SemanticIndex.build(minilm, ["x", "y", "z"], ids=["a", "b", "a"], show_progress_bar=False)
+    with pytest.raises(DataFormatError, match="unique"):
+        SemanticIndex.from_file(minilm, FIXTURES / "duplicate_ids.jsonl", text_column="body", id_column="doc_id")
+    with pytest.raises(DataFormatError, match="ids must be str or int"):
+        SemanticIndex.build(minilm, ["x"], ids=[1.5], show_progress_bar=False)
+
+
+def test_dataset_columns(minilm):
+    datasets = pytest.importorskip("datasets")
+    dataset = datasets.Dataset.from_json(str(CORPUS_JSONL))
+    index = SemanticIndex.from_dataset(minilm, dataset, text_column="body", id_column="doc_id", show_progress_bar=False)
+    assert index.ids[:2] == ["pets-1", "pets-2"]
+    assert index.search("bread", k=1)[0][0].id == "baking-1"
+    with pytest.raises(DataFormatError, match="no column 'text'"):
+        SemanticIndex.from_dataset(minilm, dataset)
+
+
+def test_missing_or_incomplete_index_directory(corpus_index, tmp_path):
+    with pytest.raises(DataNotFoundError, match="not found"):
+        SemanticIndex.load(tmp_path / "nope")
+    corpus_index.save(tmp_path / "idx")
+    (tmp_path / "idx" / "index.faiss").unlink()
+    with pytest.raises(DataFormatError, match="index.faiss is missing"):
+        SemanticIndex.load(tmp_path / "idx")
+
+
+def test_k_larger_than_corpus_is_clamped_with_a_warning_and_never_returns_minus_one(corpus_index):
+    with pytest.warns(UserWarning, match="larger than the corpus"):
+        hits = corpus_index.search("cats", k=1000)[0]
+    assert len(hits) == len(corpus_index)
+    assert sorted(hit.id for hit in hits) == sorted(corpus_index.ids)
+    assert [hit.score for hit in hits] == sorted((hit.score for hit in hits), reverse=True)
+    with pytest.raises(ConfigurationError, match="positive integer"):
+        corpus_index.search("cats", k=0)
+    assert corpus_index.search([], k=3) == []
+
+
+def test_ivf_with_too_few_probes_drops_empty_slots_instead_of_returning_minus_one():
+    vectors = clustered_vectors(2000, dim=16, clusters=50)
+    index = SemanticIndex.from_embeddings(vectors, [str(i) for i in range(2000)], index_type="ivf", nlist=50, nprobe=1)
+    for hits in index.search_embeddings(vectors[:50], k=500):  # one list holds ~40 vectors: FAISS pads with -1
+        assert 0 < len(hits) < 500
+        assert all(isinstance(hit.id, int) and hit.id >= 0 for hit in hits)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def run_cli(argv, capsys):
+    from st_prompts.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_build_and_search_end_to_end(tmp_path, capsys):
+    out = tmp_path / "corpus.index"
+    code, stdout, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(out), "--no-progress"], capsys)
+    assert code == 0, stderr
+    assert "Indexed 15 documents" in stdout
+    assert "skipped 1 blank" in stderr and "repeat the text" in stderr
+
+    code, stdout, stderr = run_cli(["index", "search", str(out), "where do cats sleep?", "bread recipe", "-k", "3",
+                                    "--json"], capsys)  # fmt: skip
+    assert code == 0, stderr
+    payload = json.loads(stdout)
+    assert [entry["query"] for entry in payload] == ["where do cats sleep?", "bread recipe"]
+    assert [hit["rank"] for hit in payload[0]["hits"]] == [1, 2, 3]
+    assert payload[0]["hits"][0]["id"] in (1, 2, 16)
+    assert payload[1]["hits"][0]["id"] in (5, 6)
+
+    code, stdout, stderr = run_cli(["index", "search", str(out), "stock prices dropped", "-k", "2",
+                                    "--model", "minilm"], capsys)  # fmt: skip
+    assert code == 0, stderr
+    assert stdout.splitlines()[0] == "Query: stock prices dropped"
+    assert "stock market fell" in stdout.splitlines()[1] or "Investors" in stdout.splitlines()[1]
+
+    code, stdout, _ = run_cli(["index", "info", str(out)], capsys)
+    assert code == 0 and "Documents:  15" in stdout
+
+    code, _, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(out)], capsys)
+    assert code == 2 and "already exists" in stderr
+
+
+def test_cli_dataset_file_with_id_column_and_hnsw(tmp_path, capsys):
+    out = tmp_path / "jsonl.index"
+    code, stdout, stderr = run_cli(["index", "build", "minilm", str(CORPUS_JSONL), str(out), "--column", "body",
+                                    "--id-column", "doc_id", "--index-type", "hnsw", "--no-progress"], capsys)  # fmt: skip
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli(["index", "search", str(out), "train departure", "-k", "1", "--json"], capsys)
+    assert json.loads(stdout)[0]["hits"][0]["id"] == "travel-1"
+
+
+def test_cli_errors_are_one_line_messages(tmp_path, capsys):
+    code, _, stderr = run_cli(["index", "search", str(tmp_path / "missing"), "q"], capsys)
+    assert code == 2 and stderr.strip() == f"st-prompts index: error: index directory not found: {tmp_path / 'missing'}"
+    code, _, stderr = run_cli(["index", "build", "minilm", str(FIXTURES / "blank.txt"), str(tmp_path / "o")], capsys)
+    assert code == 2 and "error:" in stderr and "empty" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "o").exists()
+    code, _, stderr = run_cli(["index", "build", "minilm", str(FIXTURES / "duplicate_ids.jsonl"), str(tmp_path / "o"),
+                               "--column", "body", "--id-column", "doc_id"], capsys)  # fmt: skip
+    assert code == 2 and "unique" in stderr
+    code, _, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(tmp_path / "o"), "--index-type", "ivf",
+                               "--nlist", "100"], capsys)  # fmt: skip
+    assert code == 2 and "nlist=100" in stderr
+    assert not (tmp_path / "o").exists()
