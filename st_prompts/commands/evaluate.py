@@ -1,0 +1,229 @@
+"""``st-prompts evaluate``: evaluate one or more models and print one comparison table.
+
+Examples::
+
+    st-prompts evaluate minilm --senteval-dir SentEval/data/downstream
+    st-prompts evaluate minilm runs/dcpcse --senteval-dir DIR --tasks STS12 STSBenchmark --json results.json
+    st-prompts evaluate sentence-transformers/all-mpnet-base-v2 --hub
+
+Metric groups live in :data:`METRIC_GROUPS` (``--metrics``): each one builds an evaluator from the parsed arguments
+and says which rows it adds to the table. Only ``sts`` (the SentEval/SimCSE STS suite) exists so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+from st_prompts.data.senteval import STS_TASKS, normalize_task
+from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
+from st_prompts.utils import resolve_model_name
+
+STS_PROTOCOL = (
+    "SentEval/SimCSE 'all' setting: Spearman correlation between gold scores and cosine similarity of the "
+    "sentence embeddings over all pairs of each task's test split (STS12-16 subsets concatenated, unscored pairs "
+    "skipped); avg = mean over the tasks"
+)
+
+
+@dataclass(frozen=True)
+class MetricGroup:
+    """A family of metrics ``st-prompts evaluate`` can compute.
+
+    Attributes:
+        build: makes the evaluator from the parsed arguments; it should load and validate its data right away,
+            so that bad input fails before any model is loaded.
+        rows: the table rows for an evaluator built by ``build``: ``(label, metric key)`` or
+            ``(label, metric key, scale)`` (see :func:`st_prompts.evaluation.sts.format_results_table`).
+        info: what to record about the evaluator in the JSON output (tasks, protocol, data source ...).
+        caption: one line printed above the table, saying what the rows show.
+    """
+
+    build: Callable[[argparse.Namespace], BaseEvaluator]
+    rows: Callable[[BaseEvaluator], list[tuple]]
+    info: Callable[[BaseEvaluator], dict[str, Any]]
+    caption: str = ""
+
+
+def _build_sts(args: argparse.Namespace) -> BaseEvaluator:
+    from st_prompts.evaluation.sts import STSSuiteEvaluator
+
+    if not args.hub and args.senteval_dir is None:
+        raise ConfigurationError("--senteval-dir is required for the STS metrics (or pass --hub to use the hub copies)")
+    return STSSuiteEvaluator(
+        senteval_dir=None if args.hub else args.senteval_dir,
+        tasks=args.tasks,
+        source="hub" if args.hub else "senteval",
+        batch_size=args.batch_size,
+        show_progress_bar=False if args.no_progress else None,
+        name="sts",
+    )
+
+
+def _sts_rows(evaluator) -> list[tuple]:
+    from st_prompts.evaluation.sts import sts_table_rows
+
+    return sts_table_rows(evaluator.name, evaluator.tasks)
+
+
+def _sts_info(evaluator) -> dict[str, Any]:
+    return {
+        "tasks": list(evaluator.tasks),
+        "split": "test",
+        "similarity": evaluator.similarity,
+        "protocol": STS_PROTOCOL,
+        "source": evaluator.source,
+        "senteval_dir": None if evaluator.senteval_dir is None else str(Path(evaluator.senteval_dir).resolve()),
+        "pairs": {task: len(pairs) for task, pairs in evaluator.pairs.items()},
+        "table": "Spearman x 100",
+    }
+
+
+#: ``--metrics`` choices. Add an entry to add a metric group to the command.
+METRIC_GROUPS: dict[str, MetricGroup] = {
+    "sts": MetricGroup(
+        build=_build_sts,
+        rows=_sts_rows,
+        info=_sts_info,
+        caption="STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
+    ),
+}
+
+
+def _task_arg(value: str) -> str:
+    try:
+        return normalize_task(value)
+    except ConfigurationError:
+        return value  # argparse then reports the invalid choice
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``evaluate`` sub-command."""
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="evaluate models on the STS suite and print a comparison table",
+        description="Evaluate each MODEL and print one table (one column per model). STS: Spearman x100 of cosine "
+        "similarity on the test sets of STS12-16, STS-B and SICK-R, read from a SentEval directory (SimCSE's "
+        "protocol, 'all' setting), and their average.",
+    )
+    parser.add_argument(
+        "models", metavar="MODEL", nargs="+", help="model path or hub name ('minilm' = the packaged all-MiniLM-L6-v2)"
+    )
+    parser.add_argument(
+        "--senteval-dir", type=Path, default=None,
+        help="SentEval data directory, holding STS/ and SICK/ (SentEval's data/downstream)",
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", type=_task_arg, choices=STS_TASKS, default=list(STS_TASKS), metavar="TASK",
+        help=f"STS tasks to run (default: all): {' '.join(STS_TASKS)}",
+    )
+    parser.add_argument(
+        "--metrics", nargs="+", choices=list(METRIC_GROUPS), default=["sts"],
+        help=f"metric groups to compute (default: sts); choices: {', '.join(METRIC_GROUPS)}",
+    )
+    parser.add_argument(
+        "--hub", action="store_true",
+        help="load the STS data from the Hugging Face hub (mteb/*, sentence-transformers/stsb) instead of a SentEval "
+        "directory; needs network access and gives slightly different numbers than SentEval's files",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    parser.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="OUT", help="also write the results to this JSON file"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.set_defaults(func=run)
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.endswith(os.sep)
+
+
+def _load_model(name: str, resolved: str, device: str | None):
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        return SentenceTransformer(resolved, trust_remote_code=True, device=device)
+    except OSError as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataNotFoundError(f"could not load model {name!r}: {first_line}") from exc
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (temporary file in the same directory, then ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(_jsonable(data), f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``st-prompts evaluate``: validate all inputs, evaluate every model, print the table, write the JSON."""
+    from st_prompts.evaluation.sts import format_results_table
+
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.json is not None and args.json.is_dir():
+        raise ConfigurationError(f"--json {args.json} is a directory; give a file name")
+    groups = list(dict.fromkeys(args.metrics))
+    # Build (and so validate) every evaluator and check local model paths before loading any model.
+    evaluators = {g: METRIC_GROUPS[g].build(args) for g in groups}
+    models = list(dict.fromkeys(args.models))
+    resolved = {}
+    for name in models:
+        resolved[name] = resolve_model_name(name)
+        if _looks_local(resolved[name]) and not os.path.exists(os.path.expanduser(resolved[name])):
+            raise DataNotFoundError(f"model path {name} does not exist")
+
+    results: dict[str, dict[str, float]] = {}
+    for name in models:
+        model = _load_model(name, os.path.expanduser(resolved[name]), args.device)
+        metrics: dict[str, float] = {}
+        for evaluator in evaluators.values():
+            metrics.update(evaluator(model))
+        results[name] = metrics
+        del model
+        gc.collect()
+
+    rows = [row for g in groups for row in METRIC_GROUPS[g].rows(evaluators[g])]
+    title = "\n".join(METRIC_GROUPS[g].caption for g in groups if METRIC_GROUPS[g].caption)
+    print(format_results_table(results, rows=rows, title=title or None))
+    if args.json is not None:
+        try:
+            write_json_atomic(
+                args.json,
+                {
+                    "results": results,
+                    "metrics": {g: METRIC_GROUPS[g].info(evaluators[g]) for g in groups},
+                    "models": {name: resolved[name] for name in models},
+                },
+            )
+        except OSError as exc:
+            raise StPromptsError(f"could not write {args.json}: {exc.strerror or exc}") from exc
+    return 0

@@ -1,0 +1,383 @@
+"""Readers for the STS evaluation data in the SentEval directory layout (what SimCSE and its successors evaluate on).
+
+The layout is the one SentEval's ``data/downstream/get_transfer_data.bash`` produces::
+
+    DIR/STS/STS12-en-test/STS.input.<subset>.txt + STS.gs.<subset>.txt    (likewise STS13 ... STS16)
+    DIR/STS/STSBenchmark/sts-{train,dev,test}.csv
+    DIR/SICK/SICK_{train,trial,test_annotated}.txt
+
+Files are read the way SentEval reads them: UTF-8, fields split on tabs (no CSV quoting: STS-B sentences contain
+unbalanced ``"``), STS12-16 gold scores line-aligned with the inputs where a blank gold line means "not scored" and
+the pair is skipped. SentEval tokenizes sentences on whitespace and SimCSE joins the tokens back with one space; we
+do the same, so runs of whitespace inside a sentence become a single space.
+
+Problems are reported as :class:`~st_prompts.errors.DataNotFoundError` (missing directory or file) or
+:class:`~st_prompts.errors.DataFormatError` (malformed file, with file name and line number).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+
+#: The seven STS tasks of the SentEval/SimCSE protocol, in the order the papers report them.
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+
+#: SentEval's official subsets per year (``senteval/sts.py``); STS13 has no SMT subset (it is not distributed).
+STS_SUBSETS = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+
+#: Short names used in tables (as in the SimCSE paper).
+TASK_LABELS = {
+    "STS12": "STS12",
+    "STS13": "STS13",
+    "STS14": "STS14",
+    "STS15": "STS15",
+    "STS16": "STS16",
+    "STSBenchmark": "STS-B",
+    "SICKRelatedness": "SICK-R",
+}
+
+SPLITS = ("train", "dev", "test")
+_SPLIT_ALIASES = {"validation": "dev", "trial": "dev"}
+_STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
+_SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
+_TASK_ALIASES = {
+    "stsb": "STSBenchmark",
+    "sts-b": "STSBenchmark",
+    "sickr": "SICKRelatedness",
+    "sick-r": "SICKRelatedness",
+}
+
+EXPECTED_LAYOUT = (
+    "expected the SentEval layout: DIR/STS/STS12-en-test/STS.input.<subset>.txt + STS.gs.<subset>.txt "
+    "(likewise STS13..STS16-en-test), DIR/STS/STSBenchmark/sts-{train,dev,test}.csv, "
+    "DIR/SICK/SICK_{train,trial,test_annotated}.txt"
+)
+
+
+@dataclass(frozen=True)
+class STSPairs:
+    """Scored sentence pairs of one STS task and split.
+
+    Attributes:
+        sentences1: first sentence of each pair.
+        sentences2: second sentence of each pair.
+        scores: gold similarity (0-5 for STS12-16 and STS-B, 1-5 for SICK).
+        subsets: subset name of each pair (e.g. ``"MSRpar"``), ``"all"`` for tasks without subsets.
+    """
+
+    sentences1: list[str]
+    sentences2: list[str]
+    scores: list[float]
+    subsets: list[str]
+
+    def __post_init__(self) -> None:
+        n = len(self.sentences1)
+        if not (len(self.sentences2) == len(self.scores) == len(self.subsets) == n):
+            raise ValueError("STSPairs fields must all have the same length")
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def subset_names(self) -> list[str]:
+        """The distinct subset names, in order of first appearance."""
+        return list(dict.fromkeys(self.subsets))
+
+    def subset(self, name: str) -> STSPairs:
+        """The pairs of one subset (e.g. ``pairs.subset("headlines")``).
+
+        Raises:
+            ConfigurationError: if no pair belongs to ``name``.
+        """
+        keep = [i for i, s in enumerate(self.subsets) if s == name]
+        if not keep:
+            raise ConfigurationError(f"no subset {name!r}; available: {', '.join(self.subset_names)}")
+        return STSPairs(
+            sentences1=[self.sentences1[i] for i in keep],
+            sentences2=[self.sentences2[i] for i in keep],
+            scores=[self.scores[i] for i in keep],
+            subsets=[name] * len(keep),
+        )
+
+
+def normalize_task(task: str) -> str:
+    """Canonical task name (one of :data:`STS_TASKS`), accepting any case and ``STSB``/``STS-B``/``SICK-R``.
+
+    Raises:
+        ConfigurationError: for an unknown task.
+    """
+    by_lower = {t.lower(): t for t in STS_TASKS}
+    key = str(task).lower()
+    if key in by_lower:
+        return by_lower[key]
+    if key in _TASK_ALIASES:
+        return _TASK_ALIASES[key]
+    raise ConfigurationError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
+
+
+def _normalize_split(task: str, split: str) -> str:
+    split = _SPLIT_ALIASES.get(split, split)
+    if split not in SPLITS:
+        raise ConfigurationError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    if task in STS_SUBSETS and split != "test":
+        raise ConfigurationError(f"{task} only has a test split (asked for {split!r})")
+    return split
+
+
+def _task_files(task: str, split: str) -> list[Path]:
+    """Paths (relative to the SentEval directory) that ``load_sts(task, split)`` reads."""
+    if task in STS_SUBSETS:
+        folder = Path("STS") / f"{task}-en-test"
+        return [folder / f"STS.{kind}.{subset}.txt" for subset in STS_SUBSETS[task] for kind in ("input", "gs")]
+    if task == "STSBenchmark":
+        return [Path("STS") / "STSBenchmark" / _STSB_FILES[split]]
+    return [Path("SICK") / _SICK_FILES[split]]
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file (universal newlines, trailing newline dropped, BOM ignored)."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise DataNotFoundError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _parse_score(value: str, path: Path, lineno: int) -> float:
+    try:
+        score = float(value)
+    except ValueError:
+        score = math.nan
+    if not math.isfinite(score):
+        raise DataFormatError(f"{path}:{lineno}: score {value!r} is not a number")
+    return score
+
+
+def _tokens(sentence: str) -> str:
+    # SentEval: s.split(); SimCSE's batcher: " ".join(tokens)
+    return " ".join(sentence.split())
+
+
+def _load_sts_year(root: Path, task: str) -> STSPairs:
+    s1, s2, scores, subsets = [], [], [], []
+    for subset in STS_SUBSETS[task]:
+        folder = root / "STS" / f"{task}-en-test"
+        input_path, gold_path = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
+        inputs, golds = _read_lines(input_path), _read_lines(gold_path)
+        if len(inputs) != len(golds):
+            raise DataFormatError(
+                f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}: "
+                "gold scores must be line-aligned with the input pairs (a blank gold line for an unscored pair)"
+            )
+        for lineno, (line, gold) in enumerate(zip(inputs, golds), start=1):
+            fields = line.rstrip("\r").split("\t")
+            if len(fields) != 2:
+                raise DataFormatError(
+                    f"{input_path}:{lineno}: expected 2 tab-separated sentences, found {len(fields)} field(s)"
+                )
+            gold = gold.strip()
+            if not gold:  # not scored
+                continue
+            scores.append(_parse_score(gold, gold_path, lineno))
+            s1.append(_tokens(fields[0]))
+            s2.append(_tokens(fields[1]))
+            subsets.append(subset)
+    return STSPairs(s1, s2, scores, subsets)
+
+
+def _load_stsb(path: Path) -> STSPairs:
+    # SentEval: text = line.strip().split("\t"); score = text[4]; sentences = text[5], text[6]
+    s1, s2, scores = [], [], []
+    for lineno, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        fields = line.strip().split("\t")
+        if len(fields) < 7:
+            raise DataFormatError(
+                f"{path}:{lineno}: expected at least 7 tab-separated columns "
+                f"(genre, file, year, id, score, sentence1, sentence2), found {len(fields)}"
+            )
+        scores.append(_parse_score(fields[4], path, lineno))
+        s1.append(_tokens(fields[5]))
+        s2.append(_tokens(fields[6]))
+    return STSPairs(s1, s2, scores, ["all"] * len(scores))
+
+
+def _load_sick(path: Path) -> STSPairs:
+    lines = _read_lines(path)
+    if not lines:
+        raise DataFormatError(f"{path}: empty file (expected a header row and data rows)")
+    header = [h.strip() for h in lines[0].strip().split("\t")]
+    needed = ("sentence_A", "sentence_B", "relatedness_score")
+    if any(col not in header for col in needed):
+        raise DataFormatError(f"{path}:1: header must contain the columns {', '.join(needed)}; found {header}")
+    ia, ib, iscore = (header.index(col) for col in needed)
+    width = max(ia, ib, iscore) + 1
+    s1, s2, scores = [], [], []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.strip().split("\t")
+        if len(fields) < width:
+            raise DataFormatError(
+                f"{path}:{lineno}: expected {len(header)} tab-separated columns ({', '.join(header)}), "
+                f"found {len(fields)}"
+            )
+        scores.append(_parse_score(fields[iscore], path, lineno))
+        s1.append(_tokens(fields[ia]))
+        s2.append(_tokens(fields[ib]))
+    return STSPairs(s1, s2, scores, ["all"] * len(scores))
+
+
+def _layout_hint(root: Path) -> str:
+    """Suggest a sub-directory when the user pointed one level too high (e.g. SentEval's ``data/``)."""
+    if (root / "STS12-en-test").is_dir() or (root / "STSBenchmark").is_dir() or (root / "SICK_train.txt").is_file():
+        return f" (did you mean {root.parent}?)"
+    for candidate in (root / "downstream", root / "senteval", root / "data" / "downstream", root / "data" / "senteval"):
+        if (candidate / "STS").is_dir() or (candidate / "SICK").is_dir():
+            return f" (did you mean {candidate}?)"
+    return ""
+
+
+def _check_files(senteval_dir, tasks, split: str) -> tuple[Path, list[tuple[str, str]]]:
+    """Existence checks; returns the directory and the canonical (task, split) pairs."""
+    if senteval_dir is None:
+        raise ConfigurationError("no SentEval directory given (or load the tasks from the hub instead)")
+    root = Path(senteval_dir).expanduser()
+    plan = [(t, _normalize_split(t, split)) for t in map(normalize_task, tasks)]
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise DataNotFoundError(f"SentEval directory {root} {what}; {EXPECTED_LAYOUT}")
+    missing = []  # a whole missing folder is reported once, as "FOLDER/"
+    for path in (p for task, sp in plan for p in _task_files(task, sp)):
+        if (root / path).is_file():
+            continue
+        item = str(path)
+        while path.parent != Path(".") and not (root / path.parent).is_dir():
+            path = path.parent
+            item = f"{path}/"
+        if item not in missing:
+            missing.append(item)
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise DataNotFoundError(
+            f"SentEval directory {root} is missing {shown}{_layout_hint(root)}; {EXPECTED_LAYOUT}"
+        )
+    return root, plan
+
+
+def load_sts(senteval_dir, task: str, split: str = "test") -> STSPairs:
+    """Read one STS task from a SentEval directory.
+
+    Args:
+        senteval_dir: the SentEval data directory (the folder holding ``STS/`` and ``SICK/``).
+        task: one of :data:`STS_TASKS` (case-insensitive; ``STSB`` and ``SICK-R`` are accepted too).
+        split: ``"test"`` (the only split of STS12-16), ``"dev"`` or ``"train"`` (STS-B and SICK-R;
+            SICK's dev split is ``SICK_trial.txt``).
+
+    Returns:
+        The scored pairs. For STS12-16 all of SentEval's subsets are concatenated in SentEval's order and
+        ``subsets`` names the subset of each pair; unscored pairs (blank gold line) are skipped.
+
+    Raises:
+        DataNotFoundError: if the directory or a file is missing.
+        DataFormatError: if a file is malformed (message names the file and line).
+        ConfigurationError: for an unknown task or split.
+    """
+    root, [(task, split)] = _check_files(senteval_dir, [task], split)
+    if task in STS_SUBSETS:
+        pairs = _load_sts_year(root, task)
+    elif task == "STSBenchmark":
+        pairs = _load_stsb(root / _task_files(task, split)[0])
+    else:
+        pairs = _load_sick(root / _task_files(task, split)[0])
+    if len(pairs) == 0:
+        raise DataFormatError(f"{task} {split} in {root} has no scored pairs")
+    return pairs
+
+
+def check_senteval_dir(senteval_dir, tasks=STS_TASKS, split: str = "test") -> Path:
+    """Validate a SentEval directory up front, before any model work.
+
+    All files of ``tasks`` must exist (every missing one is named in a single error) and parse (each file is read
+    fully, so a malformed line is found now rather than after training).
+
+    Returns:
+        The directory as a :class:`~pathlib.Path`.
+
+    Raises:
+        DataNotFoundError: the directory or needed files are missing (message lists them and the expected layout).
+        DataFormatError: a file is malformed (wrong column count, non-numeric score, input/gold line counts differ).
+        ConfigurationError: unknown task or split.
+    """
+    root, plan = _check_files(senteval_dir, tasks, split)
+    for task, sp in plan:
+        load_sts(root, task, sp)
+    return root
+
+
+#: Hugging Face datasets used by :func:`load_sts_from_hub` (all with columns sentence1, sentence2, score).
+HUB_DATASETS = {
+    "STS12": "mteb/sts12-sts",
+    "STS13": "mteb/sts13-sts",
+    "STS14": "mteb/sts14-sts",
+    "STS15": "mteb/sts15-sts",
+    "STS16": "mteb/sts16-sts",
+    "STSBenchmark": "sentence-transformers/stsb",
+    "SICKRelatedness": "mteb/sickr-sts",
+}
+_HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+
+
+def load_sts_from_hub(task: str, split: str = "test") -> STSPairs:
+    """Load an STS task from the Hugging Face hub with :func:`datasets.load_dataset` (needs network access).
+
+    Datasets: :data:`HUB_DATASETS`. STS12-16 and SICK-R exist only as a test split there. The hub copies are not
+    byte-identical to SentEval's files (untokenized text; ``mteb/sickr-sts`` holds all 9,927 SICK pairs rather than
+    the 4,927 of the test split; ``sentence-transformers/stsb`` scores are scaled to 0-1), so numbers can differ
+    slightly from those computed on a SentEval directory. Use a SentEval directory to compare with the papers.
+
+    Returns:
+        The pairs, with subset ``"all"`` for every pair.
+
+    Raises:
+        DataNotFoundError: if the dataset cannot be loaded (e.g. offline).
+        ConfigurationError: unknown task, or a split the hub dataset does not have.
+    """
+    task = normalize_task(task)
+    split = _SPLIT_ALIASES.get(split, split)
+    if split not in SPLITS:
+        raise ConfigurationError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    if task != "STSBenchmark" and split != "test":
+        raise ConfigurationError(f"{task} is only available as a test split on the hub (asked for {split!r})")
+    repo = HUB_DATASETS[task]
+    import datasets
+
+    try:
+        data = datasets.load_dataset(repo, split=_HUB_SPLITS[split])
+    except Exception as exc:  # network / hub errors come in many types; report one clear line
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataNotFoundError(
+            f"could not load {repo} ({_HUB_SPLITS[split]}) from the Hugging Face hub: {first_line}"
+        ) from exc
+    missing = [c for c in ("sentence1", "sentence2", "score") if c not in data.column_names]
+    if missing:
+        raise DataFormatError(f"{repo}: missing column(s) {', '.join(missing)} (has {', '.join(data.column_names)})")
+    scores = [float(s) for s in data["score"]]
+    return STSPairs(list(data["sentence1"]), list(data["sentence2"]), scores, ["all"] * len(scores))

@@ -1,0 +1,133 @@
+"""``st-prompts evaluate`` end to end on the fixture SentEval tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from st_prompts.cli import main
+from st_prompts.commands.evaluate import METRIC_GROUPS, write_json_atomic
+from st_prompts.data.senteval import STS_TASKS, load_sts
+
+FIXTURE = Path(__file__).parent / "fixtures" / "senteval"
+TABLE_LABELS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
+
+
+@pytest.fixture(scope="module")
+def static_model_dir(tmp_path_factory) -> str:
+    """A second, tiny model saved to disk: mean of seeded random word vectors over the fixture vocabulary."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    words = set()
+    for task in STS_TASKS:
+        pairs = load_sts(FIXTURE, task)
+        words.update(w for s in pairs.sentences1 + pairs.sentences2 for w in s.split())
+    words = sorted(words)
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    weights = np.random.default_rng(0).standard_normal((len(words) + 1, 16)).astype(np.float32)
+    path = tmp_path_factory.mktemp("models") / "static"
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)], device="cpu").save(str(path))
+    return str(path)
+
+
+def _table_rows(stdout: str) -> dict[str, list[str]]:
+    cells = [line.split() for line in stdout.splitlines()]
+    return {row[0]: row[1:] for row in cells if row and row[0] in TABLE_LABELS}
+
+
+def test_evaluate_two_models_end_to_end(tmp_path, capsys, static_model_dir):
+    out = tmp_path / "results" / "sts.json"  # parent does not exist yet
+    rc = main(["evaluate", "minilm", static_model_dir, "--senteval-dir", str(FIXTURE), "--json", str(out),
+               "--batch-size", "16", "--no-progress"])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    header = next(line for line in stdout.splitlines() if "minilm" in line)
+    assert header.split() == ["minilm", static_model_dir]  # one column per model, in order
+    rows = _table_rows(stdout)
+    assert list(rows) == TABLE_LABELS
+
+    data = json.loads(out.read_text())
+    assert list(data["results"]) == ["minilm", static_model_dir]
+    assert data["metrics"]["sts"]["tasks"] == list(STS_TASKS)
+    assert data["metrics"]["sts"]["pairs"] == {
+        "STS12": 15, "STS13": 9, "STS14": 18, "STS15": 15, "STS16": 13, "STSBenchmark": 8, "SICKRelatedness": 8
+    }
+    assert "Spearman" in data["metrics"]["sts"]["protocol"]
+    for column, model in enumerate(data["results"]):
+        metrics = data["results"][model]
+        keys = [f"sts_{t.lower()}_spearman" for t in STS_TASKS]
+        assert list(metrics) == [*keys, "sts_avg_spearman"]
+        assert metrics["sts_avg_spearman"] == pytest.approx(np.mean([metrics[k] for k in keys]))
+        # the printed table is the JSON x 100 with 2 decimals
+        for label, key in zip(TABLE_LABELS, [*keys, "sts_avg_spearman"]):
+            assert rows[label][column] == f"{100 * metrics[key]:.2f}"
+    assert data["results"]["minilm"]["sts_avg_spearman"] > 0.5
+    assert sorted(p.name for p in out.parent.iterdir()) == ["sts.json"]  # no temporary file left behind
+
+
+def test_evaluate_task_subset(tmp_path, capsys, static_model_dir):
+    out = tmp_path / "r.json"
+    assert main(["evaluate", static_model_dir, "--senteval-dir", str(FIXTURE), "--tasks", "stsb", "SICK-R",
+                 "--json", str(out), "--no-progress"]) == 0
+    assert list(_table_rows(capsys.readouterr().out)) == ["STS-B", "SICK-R", "Avg."]
+    data = json.loads(out.read_text())
+    assert data["metrics"]["sts"]["tasks"] == ["STSBenchmark", "SICKRelatedness"]
+    assert set(data["results"][static_model_dir]) == {
+        "sts_stsbenchmark_spearman", "sts_sickrelatedness_spearman", "sts_avg_spearman"
+    }
+
+
+def _error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("st-prompts evaluate: error: ")
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_missing_senteval_dir_is_one_line_exit_2(tmp_path, capsys):
+    missing = tmp_path / "no-senteval"
+    assert main(["evaluate", "minilm", "--senteval-dir", str(missing)]) == 2
+    assert str(missing) in _error_line(capsys)
+
+
+def test_malformed_senteval_dir_is_one_line_exit_2(tmp_path, capsys):
+    import shutil
+
+    tree = Path(shutil.copytree(FIXTURE, tmp_path / "senteval"))
+    (tree / "STS/STS14-en-test/STS.gs.images.txt").write_text("1.0\nfive\n2.0\n")
+    assert main(["evaluate", "minilm", "--senteval-dir", str(tree)]) == 2
+    assert "STS.gs.images.txt:2" in _error_line(capsys)
+
+
+def test_other_usage_errors(tmp_path, capsys):
+    assert main(["evaluate", "minilm"]) == 2
+    assert "--senteval-dir" in _error_line(capsys)
+    assert main(["evaluate", str(tmp_path / "no-model"), "--senteval-dir", str(FIXTURE)]) == 2
+    assert "no-model" in _error_line(capsys)
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", "minilm", "--senteval-dir", str(FIXTURE), "--tasks", "STS99"])
+    assert exc.value.code == 2
+
+
+def test_metric_groups_registry():
+    assert "sts" in METRIC_GROUPS
+    group = METRIC_GROUPS["sts"]
+    assert callable(group.build) and callable(group.rows) and callable(group.info)
+
+
+def test_write_json_atomic_replaces(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("old")
+    write_json_atomic(path, {"a": float("nan"), "b": 1.5})
+    assert json.loads(path.read_text()) == {"a": None, "b": 1.5}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
