@@ -1,0 +1,97 @@
+"""Training data in SimCSE's formats: one sentence per line (unsupervised) and ``sent0,sent1,hard_neg`` NLI triplets."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+from datasets import Dataset
+
+from st_prompts.errors import DataFormatError, DataNotFoundError
+
+#: Hub repository holding SimCSE's full training files (1M Wikipedia sentences, 275k NLI triplets).
+SIMCSE_HUB_REPO = "princeton-nlp/datasets-for-simcse"
+WIKI_FILE = "wiki1m_for_simcse.txt"
+NLI_FILE = "nli_for_simcse.csv"
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise DataNotFoundError(f"Training file not found: {path}")
+    return path
+
+
+def _subsample(rows: list, limit: int | None, seed: int) -> list:
+    if limit is not None and limit < len(rows):
+        rows = random.Random(seed).sample(rows, limit)
+    return rows
+
+
+def read_sentences(path: str | Path, limit: int | None = None, seed: int = 42) -> list[str]:
+    """Non-empty lines of a text file (SimCSE's ``wiki1m_for_simcse.txt`` format), optionally a random subset."""
+    with open(_existing(path), encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    if not sentences:
+        raise DataFormatError(f"{path} holds no sentence (one sentence per line expected).")
+    return _subsample(sentences, limit, seed)
+
+
+def read_nli_triplets(path: str | Path, limit: int | None = None, seed: int = 42) -> list[tuple[str, str, str]]:
+    """Rows of a ``sent0,sent1,hard_neg`` CSV (SimCSE's ``nli_for_simcse.csv``): premise, entailment, contradiction."""
+    with open(_existing(path), encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != ["sent0", "sent1", "hard_neg"]:
+            raise DataFormatError(f"{path}: expected a header 'sent0,sent1,hard_neg', got {header!r}.")
+        rows = []
+        for line_number, row in enumerate(reader, start=2):
+            if len(row) < 3:
+                raise DataFormatError(f"{path}, line {line_number}: expected 3 columns, got {len(row)}.")
+            rows.append((row[0], row[1], row[2]))
+    if not rows:
+        raise DataFormatError(f"{path} holds no triplet.")
+    return _subsample(rows, limit, seed)
+
+
+def unsupervised_dataset(sentences: list[str]) -> Dataset:
+    """Unsupervised SimCSE pairs: every sentence paired with itself (dropout makes the two views differ)."""
+    return Dataset.from_dict({"anchor": list(sentences), "positive": list(sentences)})
+
+
+def supervised_dataset(triplets: list[tuple[str, str, str]]) -> Dataset:
+    """Supervised SimCSE triplets: (premise, entailment as positive, contradiction as hard negative)."""
+    return Dataset.from_dict(
+        {
+            "anchor": [t[0] for t in triplets],
+            "positive": [t[1] for t in triplets],
+            "negative": [t[2] for t in triplets],
+        }
+    )
+
+
+def download_simcse_file(filename: str) -> Path:
+    """Download one of SimCSE's training files from the hub (needs network access)."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
+
+
+def load_training_dataset(
+    supervised: bool, data_dir: str | Path | None = None, limit: int | None = None, seed: int = 42
+) -> Dataset:
+    """The SimCSE-format training set for a run.
+
+    With ``data_dir``, reads ``train/wiki_sentences.txt`` or ``train/nli_triplets.csv`` below it (the layout of this
+    project's shared data); without, downloads SimCSE's full files from the hub.
+    """
+    if data_dir is not None:
+        base = Path(data_dir)
+        base = base / "train" if (base / "train").is_dir() else base
+        path = base / ("nli_triplets.csv" if supervised else "wiki_sentences.txt")
+    else:
+        path = download_simcse_file(NLI_FILE if supervised else WIKI_FILE)
+    if supervised:
+        return supervised_dataset(read_nli_triplets(path, limit, seed))
+    return unsupervised_dataset(read_sentences(path, limit, seed))

@@ -1,0 +1,131 @@
+"""SimCSE InfoNCE for prompted encoders, with DCPCSE's optional auxiliary MLM and SimCSE's training-only MLP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+from torch import nn
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
+from st_prompts.modules.prompted_transformer import PromptedTransformer
+
+
+class PromptContrastiveLoss(nn.Module):
+    """SimCSE's InfoNCE (unsupervised or supervised with hard negatives) plus DCPCSE's auxiliary MLM objective.
+
+    * Columns: ``(anchor, positive)`` — for unsupervised SimCSE the same sentence twice (dropout makes the two views
+      differ) — or ``(anchor, positive, negative)`` for supervised NLI with the contradiction as hard negative.
+    * InfoNCE with temperature ``τ = 1 / scale`` (0.05) is sentence-transformers' ``MultipleNegativesRankingLoss``;
+      this class only adds the parts around it.
+    * ``mlp=True`` puts SimCSE's ``Linear(H, H) + Tanh`` over the sentence embedding during training only
+      (``mlp_only_train``); the MLP lives in the loss, so it is optimised but never saved with the model.
+    * ``mlm_weight > 0`` adds ``mlm_weight · mlm_decay^(step / mlm_decay_steps) · L_MLM`` computed on the anchor
+      column, masked 15% (80/10/10), through the same prompted encoder.
+
+    The forward pass returns a dict ``{"contrastive": ..., "mlm": ...}`` (the MLM part already weighted); the
+    sentence-transformers trainer logs each part and optimises their sum.
+
+    The optimisation step used by the MLM schedule is taken from :class:`~st_prompts.training.LossStepCallback` when it
+    is registered with the trainer (exact with gradient accumulation); otherwise the loss counts its own training
+    forward passes (exact for ``gradient_accumulation_steps=1``, e.g. with ``model.fit``).
+
+    Args:
+        model: a SentenceTransformer whose first module is a :class:`~st_prompts.PromptedTransformer`.
+        scale: inverse temperature (20 → τ = 0.05).
+        mlp: apply a training-only MLP over the sentence embedding.
+        mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it).
+        mlm_decay, mlm_decay_steps: the weight decays as ``mlm_decay ** (step / mlm_decay_steps)``.
+        mlm_probability: share of tokens masked for MLM.
+        mlm_head_source: where to take the MLM head from (default: the encoder's ``backbone_name_or_path``).
+    """
+
+    def __init__(
+        self,
+        model,
+        scale: float = 20.0,
+        mlp: bool = False,
+        mlm_weight: float = 0.0,
+        mlm_decay: float = 0.95,
+        mlm_decay_steps: int = 100,
+        mlm_probability: float = 0.15,
+        mlm_head_source: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.infonce = MultipleNegativesRankingLoss(model, scale=scale)
+        dim = model.get_embedding_dimension()
+        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if mlp else None
+        if mlm_weight < 0:
+            raise ConfigurationError(f"mlm_weight must be >= 0, got {mlm_weight}.")
+        self.mlm_weight = mlm_weight
+        self.mlm_decay = mlm_decay
+        self.mlm_decay_steps = mlm_decay_steps
+        self.global_step: int | None = None
+        self._training_calls = 0
+        self.mlm_head = None
+        if mlm_weight > 0:
+            encoder = model[0]
+            if not isinstance(encoder, PromptedTransformer):
+                raise ConfigurationError("The auxiliary MLM loss needs a PromptedTransformer as the model's first module.")
+            if encoder.template is not None:
+                raise ConfigurationError("The auxiliary MLM loss is not supported together with a shallow template.")
+            self.mlm_head = MLMHead(encoder, source=mlm_head_source)
+            self.masker = TokenMasker(encoder.tokenizer, mlm_probability=mlm_probability)
+
+    @property
+    def step(self) -> int:
+        """The optimisation step the MLM weight schedule is at."""
+        return self.global_step if self.global_step is not None else self._training_calls
+
+    def current_mlm_weight(self) -> float:
+        return mlm_weight(self.step, self.mlm_weight, self.mlm_decay, self.mlm_decay_steps)
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        sentence_features = list(sentence_features)
+        if len(sentence_features) < 2:
+            raise ConfigurationError(
+                f"PromptContrastiveLoss needs (anchor, positive[, negative]) columns, got {len(sentence_features)} column(s)."
+            )
+        # Keep the anchor's raw inputs before the model adds its outputs to the features dict.
+        anchor_inputs = {k: v for k, v in sentence_features[0].items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        embeddings = [self.model(features)["sentence_embedding"] for features in sentence_features]
+        if self.mlp is not None and self.training:
+            embeddings = [self.mlp(e) for e in embeddings]
+        losses = {"contrastive": self.infonce.compute_loss_from_embeddings(embeddings, labels)}
+        if self.mlm_head is not None and self.training:
+            losses["mlm"] = self.current_mlm_weight() * self._mlm_loss(anchor_inputs)
+        if self.training and self.global_step is None:
+            self._training_calls += 1
+        return losses
+
+    def _mlm_loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        masked_ids, labels = self.masker(inputs["input_ids"], inputs["attention_mask"])
+        features = {**inputs, "input_ids": masked_ids}
+        hidden = self.model[0](features)["token_embeddings"]
+        selected = labels != -100
+        if not selected.any():
+            return hidden.sum() * 0.0
+        logits = self.mlm_head(hidden[selected])
+        return nn.functional.cross_entropy(logits.float(), labels[selected])
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {
+            "scale": self.infonce.scale,
+            "mlp": self.mlp is not None,
+            "mlm_weight": self.mlm_weight,
+            "mlm_decay": self.mlm_decay,
+            "mlm_decay_steps": self.mlm_decay_steps,
+        }
+
+    @property
+    def citation(self) -> str:
+        return """@article{jiang2022dcpcse,
+    title = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
+    author = {Jiang, Yuxin and Wang, Wei},
+    journal = {arXiv preprint arXiv:2203.06875},
+    year = {2022},
+}"""

@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random backbones saved to disk (no hub), and the packaged MiniLM."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import (
+    AlbertConfig,
+    AutoModel,
+    BertConfig,
+    BertTokenizerFast,
+    DistilBertConfig,
+    ElectraConfig,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = (
+    "the a man woman plays guitar piano dog cat runs sits on mat park this sentence means is are "
+    "and of to in with playing music happy sad big small red blue green house car tree water food "
+    ": \" . , ! ?"
+).split()
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+CONFIGS = {
+    "bert": BertConfig,
+    "roberta": RobertaConfig,
+    "xlm-roberta": XLMRobertaConfig,
+    "electra": ElectraConfig,
+    "albert": AlbertConfig,
+    "distilbert": DistilBertConfig,
+}
+
+
+def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
+    common = dict(vocab_size=vocab_size, pad_token_id=0, max_position_embeddings=max_positions)
+    if model_type == "distilbert":
+        return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
+    kwargs = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
+    if model_type == "albert":
+        kwargs["embedding_size"] = 32
+    if model_type == "electra":
+        kwargs["embedding_size"] = 32
+    return CONFIGS[model_type](**kwargs)
+
+
+def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False) -> str:
+    """Save a randomly initialised tiny backbone + a small WordPiece tokenizer to ``path``; return the path."""
+    os.makedirs(path, exist_ok=True)
+    vocab_file = os.path.join(path, "vocab.txt")
+    with open(vocab_file, "w") as f:
+        f.write("\n".join(SPECIAL + WORDS) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    config = tiny_config(model_type, len(SPECIAL) + len(WORDS), max_positions)
+    if head:
+        from transformers import AutoModelForMaskedLM
+
+        model = AutoModelForMaskedLM.from_config(config)
+    else:
+        model = AutoModel.from_config(config)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    return make_tiny_backbone(tmp_path_factory.mktemp("tiny-bert"), "bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_backbones(tmp_path_factory):
+    """A function ``(model_type, **kw) -> path`` caching tiny backbones per session."""
+    cache = {}
+
+    def get(model_type: str, **kwargs) -> str:
+        key = (model_type, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = make_tiny_backbone(tmp_path_factory.mktemp(model_type), model_type, **kwargs)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    from st_prompts.utils import packaged_minilm_path
+
+    return packaged_minilm_path()

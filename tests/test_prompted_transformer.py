@@ -1,0 +1,245 @@
+"""PromptedTransformer: prefix arithmetic vs PEFT, freezing, architectures, limits, save/load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+from st_prompts import SCPCSE_TEMPLATE, MaskTokenPooling, PromptedTransformer, save_prompts_only
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, UnsupportedArchitectureError
+from st_prompts.modules import PROMPTS_FILE
+
+SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music"]
+
+
+def cls_model(encoder) -> SentenceTransformer:
+    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+
+
+def test_matches_peft_prefix_tuning(tiny_bert):
+    """Same key/value prompts in, same hidden states out as PEFT's PrefixTuningConfig on the same backbone."""
+    from peft import PrefixTuningConfig, get_peft_model
+    from transformers import AutoModel
+
+    l = 5
+    encoder = PromptedTransformer(tiny_bert, prefix_length=l).eval()
+    features = encoder.preprocess(SENTENCES)
+    ours = encoder(dict(features))["token_embeddings"]
+
+    backbone = AutoModel.from_pretrained(tiny_bert).eval()
+    peft_model = get_peft_model(backbone, PrefixTuningConfig(task_type="FEATURE_EXTRACTION", num_virtual_tokens=l)).eval()
+    peft_embedding = peft_model.prompt_encoder["default"].embedding
+    assert peft_embedding.weight.shape == encoder.prefix_encoder.embedding.weight.shape
+    with torch.no_grad():
+        peft_embedding.weight.copy_(encoder.prefix_encoder.embedding.weight)
+        theirs = peft_model(
+            input_ids=features["input_ids"],
+            attention_mask=features["attention_mask"],
+            token_type_ids=features["token_type_ids"],
+        ).last_hidden_state
+    assert theirs.shape == ours.shape
+    assert (theirs - ours).abs().max().item() <= 1e-5
+
+
+def test_prefix_changes_output_and_frozen_backbone_has_no_gradient(tiny_bert):
+    encoder = PromptedTransformer(tiny_bert, prefix_length=4)
+    plain = Transformer(tiny_bert)
+    encoder.eval(), plain.eval()
+    features = encoder.preprocess(SENTENCES)
+    with torch.no_grad():
+        prompted = encoder(dict(features))["token_embeddings"]
+        reference = plain(dict(features))["token_embeddings"]
+    assert (prompted - reference).abs().max() > 1e-2
+
+    encoder.train()
+    out = encoder(dict(features))["token_embeddings"]
+    out.pow(2).mean().backward()
+    prompt_params = {id(p) for p in encoder.prompt_parameters()}
+    for name, p in encoder.named_parameters():
+        if id(p) in prompt_params:
+            assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert not p.requires_grad and p.grad is None, name
+
+
+def test_only_prompt_parameters_reach_the_optimizer(tiny_bert, tmp_path):
+    from datasets import Dataset
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_projection=True, prefix_hidden_size=8)
+    model = cls_model(encoder)
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_dict({"a": SENTENCES, "b": SENTENCES}),
+        loss=MultipleNegativesRankingLoss(model),
+    )
+    optimizer = trainer.create_optimizer()
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for p in encoder.prompt_parameters()}
+    # Embedding(l, H) -> Linear(H, 8) -> Tanh -> Linear(8, 2·L·H)
+    assert sum(p.numel() for p in encoder.prompt_parameters()) == 4 * 32 + (32 * 8 + 8) + (8 * 2 * 2 * 32 + 2 * 2 * 32)
+
+
+def test_dropout_makes_views_differ_only_in_training(tiny_bert):
+    model = cls_model(PromptedTransformer(tiny_bert, prefix_length=4))
+    features = model.preprocess(SENTENCES)
+    model.train()
+    a = model(dict(features))["sentence_embedding"]
+    b = model(dict(features))["sentence_embedding"]
+    assert (a - b).abs().max() > 1e-4
+    model.eval()
+    with torch.no_grad():
+        a = model(dict(features))["sentence_embedding"]
+        b = model(dict(features))["sentence_embedding"]
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta", "electra"])
+def test_supported_architectures_carry_the_prefix(tiny_backbones, model_type):
+    path = tiny_backbones(model_type)
+    encoder = PromptedTransformer(path, prefix_length=3).eval()
+    plain = Transformer(path).eval()
+    features = encoder.preprocess(SENTENCES)
+    with torch.no_grad():
+        prompted = encoder(dict(features))["token_embeddings"]
+        reference = plain(dict(features))["token_embeddings"]
+    assert prompted.shape == reference.shape
+    assert (prompted - reference).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("model_type", ["albert", "distilbert"])
+def test_unsupported_architectures_are_refused(tiny_backbones, model_type):
+    with pytest.raises(UnsupportedArchitectureError, match="Supported model types: bert, roberta"):
+        PromptedTransformer(tiny_backbones(model_type), prefix_length=3)
+
+
+def test_probe_catches_a_backbone_that_ignores_the_cache(tiny_bert, monkeypatch):
+    """A backbone that accepts a cache but ignores it (ALBERT's behaviour) must not pass as a silent no-op."""
+    from st_prompts.modules import prompted_transformer as pt
+
+    original = PromptedTransformer._verify_prefix_takes_effect
+
+    def ignoring_model(self):
+        forward = self.auto_model.forward
+
+        def forward_without_cache(*args, past_key_values=None, attention_mask=None, **kwargs):
+            if attention_mask is not None:
+                attention_mask = attention_mask[:, -kwargs["input_ids"].shape[1]:]
+            return forward(*args, attention_mask=attention_mask, **kwargs)
+
+        self.auto_model.forward = forward_without_cache
+        original(self)
+
+    monkeypatch.setattr(pt.PromptedTransformer, "_verify_prefix_takes_effect", ignoring_model)
+    with pytest.raises(UnsupportedArchitectureError, match="ignores the deep-prompt cache"):
+        PromptedTransformer(tiny_bert, prefix_length=3)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16"])
+def test_invalid_prefix_length(tiny_bert, bad):
+    with pytest.raises(ConfigurationError, match="prefix_length must be a positive integer"):
+        PromptedTransformer(tiny_bert, prefix_length=bad)
+
+
+def test_no_prompt_at_all_is_an_error(tiny_bert):
+    with pytest.raises(ConfigurationError, match="prefix_length .* template"):
+        PromptedTransformer(tiny_bert, prefix_length=None)
+
+
+@pytest.mark.parametrize("model_type,offset", [("bert", 0), ("roberta", 1)])
+def test_max_seq_length_fits_position_embeddings(tiny_backbones, model_type, offset):
+    path = tiny_backbones(model_type, max_positions=40)
+    encoder = PromptedTransformer(path, prefix_length=8)
+    # RoBERTa positions start at padding_idx + 1 (= 1 here: pad id 0)
+    assert encoder.max_seq_length == 40 - offset - 8
+    encoder.max_seq_length = 1000
+    assert encoder.max_seq_length == 40 - offset - 8
+    model = cls_model(encoder)
+    long_text = " ".join(["music"] * 500)
+    embeddings = model.encode([long_text, "", "a dog"])
+    assert embeddings.shape == (3, 32) and np.isfinite(embeddings).all()
+
+
+def test_empty_input_gives_empty_result(tiny_bert):
+    model = cls_model(PromptedTransformer(tiny_bert, prefix_length=2))
+    assert model.encode([]).shape[0] == 0
+
+
+def test_save_load_and_prompts_only_round_trips(tiny_bert, tmp_path):
+    encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_projection=True, prefix_hidden_size=16)
+    with torch.no_grad():
+        for p in encoder.prompt_parameters():
+            p.add_(torch.randn_like(p))
+    model = cls_model(encoder)
+    expected = model.encode(SENTENCES)
+
+    full = tmp_path / "full"
+    model.save(str(full))
+    assert (full / PROMPTS_FILE).is_file() and (full / "model.safetensors").is_file()
+    assert not list(full.rglob("*.bin"))
+    reloaded = SentenceTransformer(str(full), trust_remote_code=True)
+    assert isinstance(reloaded[0], PromptedTransformer) and reloaded[0].freeze_backbone
+    np.testing.assert_array_equal(reloaded.encode(SENTENCES), expected)
+
+    small = tmp_path / "prompts-only"
+    save_prompts_only(model, str(small))
+    assert not (small / "model.safetensors").exists()
+    size = sum(f.stat().st_size for f in small.rglob("*") if f.is_file())
+    assert size < 64 * 1024
+    np.testing.assert_array_equal(SentenceTransformer(str(small), trust_remote_code=True).encode(SENTENCES), expected)
+
+
+def test_prompts_only_checkpoint_refuses_a_different_backbone(tiny_backbones, tmp_path):
+    original = tiny_backbones("bert", seed=0)
+    other = tiny_backbones("bert", seed=1)
+    model = cls_model(PromptedTransformer(original, prefix_length=2))
+    save_prompts_only(model, str(tmp_path / "p"))
+    with pytest.raises(BackboneMismatchError, match="weights differ"):
+        SentenceTransformer(str(tmp_path / "p"), trust_remote_code=True, model_kwargs={"backbone_name_or_path": other})
+    # pointing at an identical copy elsewhere is fine
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    loaded = SentenceTransformer(str(tmp_path / "p"), trust_remote_code=True, model_kwargs={"backbone_name_or_path": str(copy)})
+    np.testing.assert_array_equal(loaded.encode(SENTENCES), model.encode(SENTENCES))
+
+
+def test_shallow_template_prompt(tiny_bert, tmp_path):
+    encoder = PromptedTransformer(tiny_bert, prefix_length=None, template=SCPCSE_TEMPLATE, max_seq_length=16)
+    tokenizer = encoder.tokenizer
+    features = encoder.preprocess(["a dog runs in the park " * 10, "the cat"])
+    ids = features["input_ids"]
+    assert ids.shape[1] == 16
+    for row, mask_pos in zip(ids, features["prompt_mask_index"]):
+        assert row[mask_pos] == tokenizer.mask_token_id
+        assert row[0] == tokenizer.cls_token_id
+    # soft slots are the template tokens except [MASK]; initialised from their word embeddings, so before training
+    # the prompted model equals the backbone run on the literal template text, pooled at [MASK].
+    model = SentenceTransformer(modules=[encoder, MaskTokenPooling(encoder.get_embedding_dimension())]).eval()
+    plain = Transformer(tiny_bert).eval()
+    text = 'this sentence : " the cat " means [MASK] .'
+    literal = plain.preprocess([text])
+    with torch.no_grad():
+        hidden = plain(dict(literal))["token_embeddings"][0]
+    mask_position = literal["input_ids"][0].tolist().index(tokenizer.mask_token_id)
+    ours = model.encode(["the cat"], convert_to_tensor=True)[0]
+    assert torch.allclose(ours, hidden[mask_position], atol=1e-5)
+    assert encoder.shallow_prompt.num_soft_tokens == 7  # this sentence : " " means .
+
+    model.save(str(tmp_path / "scp"))
+    reloaded = SentenceTransformer(str(tmp_path / "scp"), trust_remote_code=True)
+    np.testing.assert_array_equal(reloaded.encode(SENTENCES), model.encode(SENTENCES))
+
+
+def test_template_must_have_slots(tiny_bert):
+    with pytest.raises(ConfigurationError, match=r"\[X\]"):
+        PromptedTransformer(tiny_bert, prefix_length=None, template="no slots here [MASK]")
