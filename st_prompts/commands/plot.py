@@ -1,0 +1,184 @@
+"""``st-prompts plot``: figures of the D2CSE analysis.
+
+* ``st-prompts plot similarity MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
+  box plots of the predicted cosine similarity of STS pairs per gold-score bucket, models side by side;
+* ``st-prompts plot align-uniform MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
+  models in the alignment-uniformity plane (the numbers are also printed).
+
+``MODEL`` is a local path or a hub id (loaded with ``trust_remote_code=True``); ``minilm`` names the packaged
+all-MiniLM-L6-v2. ``--split`` defaults to ``dev`` for STSBenchmark and SICKRelatedness (whose test sets are not
+used for model selection) and to ``test`` for STS12-16, which only have a test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from st_prompts.errors import ConfigurationError, DataNotFoundError
+
+#: Tasks that have a dev split; the others (STS12-16) only have ``test``.
+_TASKS_WITH_DEV = ("STSBenchmark", "SICKRelatedness")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``plot`` and its sub-commands ``similarity`` and ``align-uniform``."""
+    parser = subparsers.add_parser(
+        "plot",
+        help="draw the similarity-by-score and alignment-uniformity figures",
+        description="Draw the figures of the D2CSE analysis for one or more models, as PNG.",
+    )
+    figures = parser.add_subparsers(dest="figure", metavar="FIGURE", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("models", nargs="+", metavar="MODEL", help="model path or hub id; 'minilm' = packaged MiniLM")
+        p.add_argument("--senteval-dir", required=True, type=Path, help="SentEval data directory (with STS/, SICK/)")
+        p.add_argument("--task", default="STSBenchmark", help="STS task (default: STSBenchmark)")
+        p.add_argument(
+            "--split", default=None, help="split (default: dev for STSBenchmark and SICKRelatedness, else test)"
+        )
+        p.add_argument("--out", required=True, type=Path, help="PNG file to write")
+        p.add_argument(
+            "--labels",
+            nargs="+",
+            metavar="LABEL",
+            help="names shown in the figure, one per MODEL (default: the last path component of each MODEL)",
+        )
+        p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+        p.add_argument("--title", default=None, help="figure title (default: a description of the figure)")
+
+    sim = figures.add_parser(
+        "similarity",
+        help="predicted cosine similarity per gold-score bucket",
+        description="Box plots of each model's cosine similarity of STS pairs, per gold-score bucket "
+        "[0,1) [1,2) [2,3) [3,4) [4,5].",
+    )
+    common(sim)
+    sim.set_defaults(func=run_similarity)
+
+    au = figures.add_parser(
+        "align-uniform",
+        help="models in the alignment-uniformity plane",
+        description="Alignment (positive pairs: gold score >= --positive-threshold) and uniformity (all distinct "
+        "sentences) of each model on an STS split, as a labelled scatter plot; the values are printed too.",
+    )
+    common(au)
+    au.add_argument(
+        "--positive-threshold", type=float, default=4.0, help="gold score from which a pair is positive (default: 4)"
+    )
+    au.set_defaults(func=run_align_uniform)
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> list[str]:
+    """Validate the options shared by both figures; return the label of each model.
+
+    Also canonicalises ``args.task`` (``stsb`` -> ``STSBenchmark``) and fills in the default ``args.split``.
+    """
+    from st_prompts.data.senteval import normalize_task
+
+    args.task = normalize_task(args.task)
+    if not args.split:
+        args.split = "dev" if args.task in _TASKS_WITH_DEV else "test"
+    if args.out.suffix.lower() != ".png":
+        raise ConfigurationError(f"--out must be a .png file, got {str(args.out)!r}")
+    if args.out.is_dir():
+        raise ConfigurationError(f"--out {str(args.out)!r} is a directory")
+    if not args.senteval_dir.is_dir():
+        raise DataNotFoundError(f"--senteval-dir {str(args.senteval_dir)!r} is not a directory")
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be >= 1, got {args.batch_size}")
+    labels = args.labels or _default_labels(args.models)
+    if len(labels) != len(args.models):
+        raise ConfigurationError(f"--labels gives {len(labels)} names for {len(args.models)} models")
+    if len(set(labels)) != len(labels):
+        raise ConfigurationError(f"model labels must be distinct, got {labels} (use --labels)")
+    return labels
+
+
+def _default_labels(models: list[str]) -> list[str]:
+    """Last path component of each model name (``runs/d2cse/final`` -> ``final``), unless two would collide."""
+    short = [name.rstrip("/\\").replace("\\", "/").split("/")[-1] or name for name in models]
+    return short if len(set(short)) == len(short) else list(models)
+
+
+def _load_pairs(args: argparse.Namespace):
+    from st_prompts.data.senteval import load_sts
+
+    return load_sts(args.senteval_dir, args.task, args.split)
+
+
+def _dataset_label(args: argparse.Namespace) -> str:
+    from st_prompts.data.senteval import TASK_LABELS
+
+    return f"{TASK_LABELS.get(args.task, args.task)} {args.split}"
+
+
+def _load_model(name: str):
+    """``SentenceTransformer(name, trust_remote_code=True)`` after resolving the ``minilm`` alias."""
+    from sentence_transformers import SentenceTransformer
+
+    from st_prompts.utils import resolve_model_name
+
+    resolved = resolve_model_name(name)
+    try:
+        return SentenceTransformer(resolved, trust_remote_code=True)
+    except OSError as exc:
+        if os.path.exists(resolved):
+            raise
+        raise DataNotFoundError(
+            f"cannot load model {name!r}: not a local path, and not loadable from the Hugging Face hub ({exc})"
+        ) from exc
+
+
+def run_similarity(args: argparse.Namespace) -> int:
+    """Run ``st-prompts plot similarity``."""
+    from st_prompts.plots import plot_similarity_by_score
+
+    labels = _check_args(args)
+    pairs = _load_pairs(args)
+    models = {label: _load_model(name) for label, name in zip(labels, args.models)}
+    path = plot_similarity_by_score(
+        models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title, batch_size=args.batch_size
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def run_align_uniform(args: argparse.Namespace) -> int:
+    """Run ``st-prompts plot align-uniform``."""
+    from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
+    from st_prompts.plots import plot_alignment_uniformity
+
+    labels = _check_args(args)
+    pairs = _load_pairs(args)
+    evaluator = AlignmentUniformityEvaluator(
+        pairs.sentences1,
+        pairs.sentences2,
+        pairs.scores,
+        positive_threshold=args.positive_threshold,
+        batch_size=args.batch_size,
+        write_csv=False,
+    )
+    points = {}
+    for label, name in zip(labels, args.models):
+        result = evaluator.compute(_load_model(name))
+        points[label] = (result["alignment"], result["uniformity"])
+    print(
+        f"{_dataset_label(args)}: {evaluator.num_positive_pairs} positive pairs (gold score >= "
+        f"{args.positive_threshold:g}), {evaluator.num_sentences} distinct sentences"
+    )
+    width = max(len(label) for label in labels)
+    print(f"{'model':<{width}}  alignment  uniformity")
+    for label, (a, u) in points.items():
+        print(f"{label:<{width}}  {a:9.4f}  {u:10.4f}")
+    note = (
+        f"Embeddings L2-normalised; alignment over the {evaluator.num_positive_pairs} pairs with gold score >= "
+        f"{args.positive_threshold:g}, uniformity over all pairs of the {evaluator.num_sentences} distinct sentences."
+    )
+    path = plot_alignment_uniformity(
+        points, args.out, title=args.title, dataset_label=_dataset_label(args), note=note
+    )
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,231 @@
+"""Alignment and uniformity of sentence embeddings (Wang & Isola, 2020), as SimCSE and D2CSE report them on STS-B.
+
+On L2-normalised embeddings ``f``:
+
+* **alignment** = mean over positive pairs ``(x, y)`` of ``||f(x) - f(y)||^2``; the positive pairs are the STS pairs
+  with gold score >= 4 (``positive_threshold``, inclusive; identical-sentence pairs are kept, at distance 0);
+* **uniformity** = ``log`` of the mean over all unordered pairs ``i < j`` of distinct sentences of the split
+  (both columns) of ``exp(-2 ||f(x_i) - f(x_j)||^2)``, i.e. SimCSE's
+  ``torch.pdist(x, p=2).pow(2).mul(-2).exp().mean().log()``.
+
+Lower is better for both. Uniformity is computed by blocks of rows (``chunk_size``) with a running log-sum-exp
+in float64, so a few thousand sentences never need the full distance matrix at once.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+from st_prompts.errors import ConfigurationError, DataFormatError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+def _as_float64(x: Any) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    if t.ndim != 2:
+        raise DataFormatError(f"expected a 2-D array of embeddings (rows = sentences), got shape {tuple(t.shape)}")
+    return t.detach().to("cpu", torch.float64)
+
+
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def alignment_loss(x: Any, y: Any, alpha: float = 2.0, normalize: bool = True) -> float:
+    """Mean ``||x_i - y_i||^alpha`` over the rows of ``x`` and ``y`` (positive pairs); lower is better.
+
+    Args:
+        x, y: embeddings of the two sides of each positive pair, shape ``(n, dim)``.
+        alpha: exponent (2 in SimCSE / D2CSE).
+        normalize: L2-normalise the rows first (the metric is defined on the unit sphere).
+    """
+    x, y = _as_float64(x), _as_float64(y)
+    if x.shape != y.shape or x.shape[0] == 0:
+        raise DataFormatError(f"alignment needs two non-empty arrays of the same shape, got {x.shape} and {y.shape}")
+    if normalize:
+        x, y = _normalize(x), _normalize(y)
+    return float((x - y).norm(dim=1).pow(alpha).mean())
+
+
+def uniformity_loss(x: Any, t: float = 2.0, normalize: bool = True, chunk_size: int = 1024) -> float:
+    """``log`` mean over all pairs ``i < j`` of ``exp(-t ||x_i - x_j||^2)``; lower is better.
+
+    Computed by blocks of ``chunk_size`` rows: peak memory is ``chunk_size x n`` floats, not ``n x n``.
+
+    Args:
+        x: embeddings, shape ``(n, dim)`` with ``n >= 2`` (pass distinct sentences: duplicates add 0-distance pairs).
+        t: temperature (2 in SimCSE / D2CSE).
+        normalize: L2-normalise the rows first.
+        chunk_size: rows per block.
+    """
+    if chunk_size < 1:
+        raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
+    x = _as_float64(x)
+    n = x.shape[0]
+    if n < 2:
+        raise DataFormatError(f"uniformity needs at least 2 embeddings, got {n}")
+    if normalize:
+        x = _normalize(x)
+    sq_norms = (x * x).sum(dim=1)
+    block_lse = []
+    for start in range(0, n - 1, chunk_size):
+        stop = min(start + chunk_size, n)
+        rows = x[start:stop]
+        # Distances from rows start..stop-1 to every column j >= start; keep only j > i.
+        sq_dist = sq_norms[start:stop, None] + sq_norms[None, start:] - 2.0 * rows @ x[start:].T
+        sq_dist = sq_dist.clamp_min(0.0)
+        cols = torch.arange(start, n)[None, :]
+        keep = cols > torch.arange(start, stop)[:, None]
+        block_lse.append(torch.logsumexp((-t * sq_dist)[keep], dim=0))
+    num_pairs = n * (n - 1) // 2
+    return float(torch.logsumexp(torch.stack(block_lse), dim=0) - math.log(num_pairs))
+
+
+class AlignmentUniformityEvaluator(BaseEvaluator):
+    """Alignment and uniformity (lower is better) of a model's embeddings on an STS split.
+
+    Results (``name`` prefix omitted when ``name`` is empty): ``{name}_alignment`` and ``{name}_uniformity``.
+    ``greater_is_better`` is ``False``: both metrics are losses, so a trainer keeping the best checkpoint by this
+    evaluator keeps the lowest ``primary_metric``. The primary metric is ``main_metric`` (alignment by default).
+    Neither metric alone is a sound model-selection criterion (a collapsed encoder has perfect alignment, a random
+    one good uniformity); they are meant to be read together, e.g. with
+    :func:`st_prompts.plots.plot_alignment_uniformity`.
+
+    Args:
+        sentences1, sentences2, scores: the pairs of the split and their gold scores.
+        name: prefix of the result keys (``from_senteval`` uses ``"{task}-{split}"``).
+        positive_threshold: pairs with gold score ``>=`` this are positives for alignment (4.0, on the 0-5 scale).
+        main_metric: ``"alignment"`` or ``"uniformity"``, the primary metric.
+        batch_size: encoding batch size.
+        show_progress_bar: show encoding progress.
+        chunk_size: rows per block in the uniformity computation.
+        write_csv: append a row to ``Alignment-Uniformity_evaluation_{name}_results.csv`` in ``output_path``.
+
+    Attributes:
+        num_positive_pairs, num_sentences: sizes of the set-up, for reports.
+
+    Raises:
+        DataFormatError: if no pair reaches ``positive_threshold`` or the split has fewer than two distinct sentences.
+    """
+
+    def __init__(
+        self,
+        sentences1: Sequence[str],
+        sentences2: Sequence[str],
+        scores: Sequence[float],
+        *,
+        name: str = "",
+        positive_threshold: float = 4.0,
+        main_metric: Literal["alignment", "uniformity"] = "alignment",
+        batch_size: int = 32,
+        show_progress_bar: bool = False,
+        chunk_size: int = 1024,
+        write_csv: bool = True,
+    ) -> None:
+        super().__init__()
+        if not (len(sentences1) == len(sentences2) == len(scores)):
+            raise DataFormatError(
+                f"sentences1, sentences2 and scores must have the same length, got "
+                f"{len(sentences1)}, {len(sentences2)} and {len(scores)}"
+            )
+        if main_metric not in ("alignment", "uniformity"):
+            raise ConfigurationError(f"main_metric must be 'alignment' or 'uniformity', got {main_metric!r}")
+        if chunk_size < 1:
+            raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.name = name
+        self.positive_threshold = float(positive_threshold)
+        self.batch_size = batch_size
+        self.show_progress_bar = show_progress_bar
+        self.chunk_size = chunk_size
+        self.write_csv = write_csv
+        self.greater_is_better = False
+        self.primary_metric = main_metric
+
+        index: dict[str, int] = {}
+        for s1, s2 in zip(sentences1, sentences2):
+            index.setdefault(s1, len(index))
+            index.setdefault(s2, len(index))
+        self.sentences = list(index)
+        positives = [(index[s1], index[s2]) for s1, s2, sc in zip(sentences1, sentences2, scores)
+                     if float(sc) >= self.positive_threshold]
+        where = f"{name}: " if name else ""
+        if not positives:
+            raise DataFormatError(f"{where}no positive pair (gold score >= {self.positive_threshold:g}) for alignment")
+        if len(self.sentences) < 2:
+            raise DataFormatError(f"{where}uniformity needs at least 2 distinct sentences, got {len(self.sentences)}")
+        self._pos_left = torch.tensor([i for i, _ in positives])
+        self._pos_right = torch.tensor([j for _, j in positives])
+        self.num_positive_pairs = len(positives)
+        self.num_sentences = len(self.sentences)
+        self.csv_file = "Alignment-Uniformity_evaluation" + (f"_{name}" if name else "") + "_results.csv"
+        self.csv_headers = ["epoch", "steps", "alignment", "uniformity"]
+
+    @classmethod
+    def from_senteval(
+        cls, senteval_dir: str | os.PathLike, task: str = "STSBenchmark", split: str = "test", **kwargs: Any
+    ) -> AlignmentUniformityEvaluator:
+        """Build the evaluator from a SentEval data directory (via :func:`st_prompts.data.senteval.load_sts`).
+
+        ``name`` defaults to ``"{task}-{split}"``; other keyword arguments go to the constructor. For
+        ``SICKRelatedness`` (gold scores 1-5) the default threshold of 4 keeps its meaning.
+        """
+        from st_prompts.data.senteval import load_sts
+
+        pairs = load_sts(senteval_dir, task, split)
+        kwargs.setdefault("name", f"{task}-{split}")
+        return cls(pairs.sentences1, pairs.sentences2, pairs.scores, **kwargs)
+
+    def compute(self, model: SentenceTransformer) -> dict[str, float]:
+        """Encode the distinct sentences once and return ``{"alignment": ..., "uniformity": ...}`` (no prefix)."""
+        emb = model.encode(
+            self.sentences, batch_size=self.batch_size, show_progress_bar=self.show_progress_bar, convert_to_tensor=True
+        )
+        emb = _normalize(_as_float64(emb))
+        return {
+            "alignment": alignment_loss(emb[self._pos_left], emb[self._pos_right], normalize=False),
+            "uniformity": uniformity_loss(emb, normalize=False, chunk_size=self.chunk_size),
+        }
+
+    def __call__(
+        self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
+    ) -> dict[str, float]:
+        """Return ``{name}_alignment`` and ``{name}_uniformity`` for ``model`` (both lower is better)."""
+        metrics = self.compute(model)
+        logger.info(
+            "Alignment/uniformity%s (%d positive pairs, %d distinct sentences): alignment %.4f, uniformity %.4f",
+            f" on {self.name}" if self.name else "",
+            self.num_positive_pairs,
+            self.num_sentences,
+            metrics["alignment"],
+            metrics["uniformity"],
+        )
+        if output_path is not None and self.write_csv:
+            os.makedirs(output_path, exist_ok=True)
+            csv_path = Path(output_path) / self.csv_file
+            new_file = not csv_path.is_file()
+            with open(csv_path, "a", newline="", encoding="utf-8") as f:
+                writer = csv.writer(f)
+                if new_file:
+                    writer.writerow(self.csv_headers)
+                writer.writerow([epoch, steps, metrics["alignment"], metrics["uniformity"]])
+        metrics = self.prefix_name_to_metrics(metrics, self.name)
+        if hasattr(model, "model_card_data"):
+            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+        return metrics
+
+    def get_config_dict(self) -> dict[str, Any]:
+        """Options that differ from the defaults (shown in model cards)."""
+        return {} if self.positive_threshold == 4.0 else {"positive_threshold": self.positive_threshold}
