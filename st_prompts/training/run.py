@@ -103,19 +103,24 @@ class KeepBestCallback(TrainerCallback):
     ``eval_steps`` (what ``load_best_model_at_end`` would write).
     """
 
-    def __init__(self, model: torch.nn.Module, metric: str, greater_is_better: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, evaluator) -> None:
         self.model = model
-        self.metric = metric
-        self.greater_is_better = greater_is_better
+        self.evaluator = evaluator
         self.best: float | None = None
         self.best_step: int | None = None
         self._state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def metric(self) -> str:
+        # An evaluator's primary metric is only known (and name-prefixed) once it has run.
+        return f"eval_{self.evaluator.primary_metric}"
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = (metrics or {}).get(self.metric)
         if value is None:
             return
-        better = self.best is None or (value > self.best if self.greater_is_better else value < self.best)
+        greater = getattr(self.evaluator, "greater_is_better", True)
+        better = self.best is None or (value > self.best if greater else value < self.best)
         if better:
             self.best, self.best_step = value, state.global_step
             self._state = {
@@ -190,7 +195,7 @@ def train(
     callbacks: list[TrainerCallback] = [LossStepCallback(loss)]
     keep_best = None
     if dev_evaluator is not None:
-        keep_best = KeepBestCallback(model, f"eval_{dev_evaluator.primary_metric}")
+        keep_best = KeepBestCallback(model, dev_evaluator)
         callbacks.append(keep_best)
     trainer = SentenceTransformerTrainer(
         model=model,
