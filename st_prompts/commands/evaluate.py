@@ -88,6 +88,53 @@ def _sts_info(evaluator) -> dict[str, Any]:
     }
 
 
+def _pairs_dir(args: argparse.Namespace, group: str):
+    if args.senteval_dir is None:
+        raise ConfigurationError(f"--senteval-dir is required for the {group} metrics")
+    return args.senteval_dir
+
+
+def _build_retrieval(args: argparse.Namespace) -> BaseEvaluator:
+    from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
+
+    evaluator = STSRetrievalEvaluator.from_senteval(
+        _pairs_dir(args, "retrieval"), task=args.pairs_task, split=args.pairs_split,
+        name="retrieval", batch_size=args.batch_size, recall_at_k=(1, 3, 5), write_csv=False,
+    )
+    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
+    return evaluator
+
+
+def _retrieval_info(evaluator) -> dict[str, Any]:
+    return {
+        "task": evaluator.task, "split": evaluator.split, "queries": evaluator.num_queries,
+        "pool": evaluator.pool_size, "identical_pairs_dropped": evaluator.num_identical_dropped,
+        "protocol": "D2CSE: pairs with gold score 5 (first sentence = query, its pair = the one relevant answer), "
+        "pool = every distinct sentence of the split, the query's own text excluded; recall x 100",
+    }
+
+
+def _build_alignment(args: argparse.Namespace) -> BaseEvaluator:
+    from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
+
+    evaluator = AlignmentUniformityEvaluator.from_senteval(
+        _pairs_dir(args, "alignment"), task=args.pairs_task, split=args.pairs_split,
+        name="alignment", batch_size=args.batch_size, write_csv=False,
+    )
+    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
+    return evaluator
+
+
+def _alignment_info(evaluator) -> dict[str, Any]:
+    return {
+        "task": evaluator.task, "split": evaluator.split, "positive_pairs": evaluator.num_positive_pairs,
+        "sentences": evaluator.num_sentences, "positive_threshold": evaluator.positive_threshold,
+        "protocol": "Wang & Isola on L2-normalised embeddings: alignment = mean squared distance of pairs with gold "
+        "score >= threshold; uniformity = log mean exp(-2 squared distance) over all pairs of distinct sentences; "
+        "lower is better",
+    }
+
+
 #: ``--metrics`` choices. Add an entry to add a metric group to the command.
 METRIC_GROUPS: dict[str, MetricGroup] = {
     "sts": MetricGroup(
@@ -95,6 +142,19 @@ METRIC_GROUPS: dict[str, MetricGroup] = {
         rows=_sts_rows,
         info=_sts_info,
         caption="STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
+    ),
+    "retrieval": MetricGroup(
+        build=_build_retrieval,
+        rows=lambda e: [("Recall@1", "retrieval_recall@1"), ("Recall@3", "retrieval_recall@3"),
+                        ("Recall@5", "retrieval_recall@5"), ("MRR@10", "retrieval_mrr@10")],
+        info=_retrieval_info,
+        caption="Retrieval (D2CSE protocol on --pairs-task/--pairs-split): recall@k x 100",
+    ),
+    "alignment": MetricGroup(
+        build=_build_alignment,
+        rows=lambda e: [("Alignment", "alignment_alignment", 1.0), ("Uniformity", "alignment_uniformity", 1.0)],
+        info=_alignment_info,
+        caption="Alignment / uniformity (lower is better, raw values) on --pairs-task/--pairs-split",
     ),
 }
 
@@ -110,7 +170,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``evaluate`` sub-command."""
     parser = subparsers.add_parser(
         "evaluate",
-        help="evaluate models on the STS suite and print a comparison table",
+        help="evaluate models (STS suite, recall@K retrieval, alignment/uniformity) in one table",
         description="Evaluate each MODEL and print one table (one column per model). STS: Spearman x100 of cosine "
         "similarity on the test sets of STS12-16, STS-B and SICK-R, read from a SentEval directory (SimCSE's "
         "protocol, 'all' setting), and their average.",
@@ -129,6 +189,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metrics", nargs="+", choices=list(METRIC_GROUPS), default=["sts"],
         help=f"metric groups to compute (default: sts); choices: {', '.join(METRIC_GROUPS)}",
+    )
+    parser.add_argument(
+        "--pairs-task", type=_task_arg, choices=STS_TASKS, default="STSBenchmark", metavar="TASK",
+        help="STS task whose pairs the retrieval and alignment metrics use (default: STSBenchmark)",
+    )
+    parser.add_argument(
+        "--pairs-split", default="test", choices=["train", "dev", "test"],
+        help="split of --pairs-task for retrieval and alignment (default: test; STS-B test gives 97 queries)",
     )
     parser.add_argument(
         "--hub", action="store_true",

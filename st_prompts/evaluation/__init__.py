@@ -1,0 +1,15 @@
+"""Evaluators: the SentEval STS suite, D2CSE's recall@K retrieval, and alignment/uniformity."""
+
+from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator, alignment_loss, uniformity_loss
+from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
+from st_prompts.evaluation.sts import STSSuiteEvaluator, format_results_table, stsb_dev_evaluator
+
+__all__ = [
+    "AlignmentUniformityEvaluator",
+    "STSRetrievalEvaluator",
+    "STSSuiteEvaluator",
+    "alignment_loss",
+    "format_results_table",
+    "stsb_dev_evaluator",
+    "uniformity_loss",
+]
