@@ -1,0 +1,129 @@
+"""Quality benchmark on the packaged MiniLM ([CLS] pooling): STS-B dev Spearman before training, after SimCSE full
+fine-tuning, after DCPCSE (frozen backbone) — unsupervised on the 11.9k Wikipedia sentences and supervised on the
+5.9k SNLI triplets of the shared data — plus D2CSE-style retrieval and alignment/uniformity on STS-B dev.
+
+Run by hand (about an hour on two CPU cores for all runs)::
+
+    python benchmarks/quality.py --data-dir ../shared/data [--runs dcpcse-unsup simcse-unsup ...]
+
+Writes ``benchmarks/results/quality.json`` and ``quality.md`` after every run (so partial results survive), and keeps
+the trained models under ``outputs/quality/<run>``. Every run uses ``st_prompts.training.presets.preset(..., "cpu")``:
+batch 64, max length 32, τ = 0.05, STS-B dev every 50 steps with the best checkpoint kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+from st_prompts.commands.train import save_run
+from st_prompts.data.training_data import load_training_dataset
+from st_prompts.evaluation import AlignmentUniformityEvaluator, STSRetrievalEvaluator, stsb_dev_evaluator
+from st_prompts.training.presets import preset
+from st_prompts.training.run import train
+from st_prompts.utils import default_data_dir, packaged_minilm_path
+
+RUNS = {
+    "simcse-unsup": ("simcse", False),
+    "dcpcse-unsup": ("dcpcse", False),
+    "simcse-sup": ("simcse", True),
+    "dcpcse-sup": ("dcpcse", True),
+    "scpcse-unsup": ("scpcse", False),
+}
+
+
+def evaluate_all(model, senteval: str) -> dict[str, float]:
+    results = {}
+    results.update(stsb_dev_evaluator(senteval, batch_size=128)(model))
+    results.update(STSRetrievalEvaluator.from_senteval(senteval, split="dev", name="retrieval", batch_size=128,
+                                                       recall_at_k=(1, 3, 5), write_csv=False)(model))
+    results.update(AlignmentUniformityEvaluator.from_senteval(senteval, split="dev", name="align", batch_size=128,
+                                                              write_csv=False)(model))
+    return results
+
+
+def write_report(report: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / ".quality.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, out_dir / "quality.json")
+    lines = [
+        "# Quality on the packaged all-MiniLM-L6-v2 ([CLS] pooling), STS-B dev",
+        "",
+        f"{report['environment']}",
+        "",
+        "| run | trainable params | steps | train time | STS-B dev Spearman | R@1 | R@3 | R@5 | alignment | uniformity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["runs"].items():
+        m = r["metrics"]
+        lines.append(
+            f"| {name} | {r.get('trainable_parameters', '-'):,} | {r.get('steps', 0)} | {r.get('seconds', 0):.0f}s | "
+            f"{100 * m['sts-dev_spearman_cosine']:.2f} | {100 * m['retrieval_recall@1']:.1f} | "
+            f"{100 * m['retrieval_recall@3']:.1f} | {100 * m['retrieval_recall@5']:.1f} | "
+            f"{m['align_alignment']:.3f} | {m['align_uniformity']:.3f} |"
+        )
+    lines += ["", "Retrieval: 55 queries (56 score-5 dev pairs, one identical pair dropped), pool 2,909 sentences.", ""]
+    tmp = out_dir / ".quality.md.tmp"
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, out_dir / "quality.md")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default=default_data_dir())
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=["simcse-unsup", "dcpcse-unsup", "dcpcse-sup", "simcse-sup"])
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--models-dir", default="outputs/quality")
+    parser.add_argument("--max-steps", type=int, help="cap every run (for a quick check)")
+    parser.add_argument("--lr", type=float, help="override the learning rate of every run")
+    parser.add_argument("--tag", default="", help="suffix for run names (e.g. an lr sweep)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    senteval = str(Path(args.data_dir) / "senteval")
+    out_dir = Path(args.out_dir)
+    report_path = out_dir / "quality.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {"runs": {}}
+    report["environment"] = (f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+                             f"{torch.get_num_threads()} threads; data: {args.data_dir}")
+
+    if "before" not in report["runs"]:
+        plain = Transformer(packaged_minilm_path(), max_seq_length=32)
+        model = SentenceTransformer(modules=[plain, Pooling(plain.get_embedding_dimension(), pooling_mode="cls")])
+        report["runs"]["before"] = {"metrics": evaluate_all(model, senteval), "trainable_parameters": 0, "steps": 0,
+                                    "seconds": 0.0}
+        write_report(report, out_dir)
+
+    for name in args.runs:
+        method, supervised = RUNS[name]
+        settings = preset(method, supervised, "cpu", output_dir=str(Path(args.models_dir) / (name + args.tag)),
+                          max_steps=args.max_steps, learning_rate=args.lr)
+        dataset = load_training_dataset(supervised, args.data_dir)
+        start = time.perf_counter()
+        model, result = train(settings, dataset, stsb_dev_evaluator(senteval, batch_size=128), show_progress_bar=False)
+        save_run(model, result, settings.output_dir)
+        report["runs"][name + args.tag] = {
+            "metrics": evaluate_all(model, senteval),
+            "trainable_parameters": result.trainable_parameters,
+            "total_parameters": result.total_parameters,
+            "steps": result.steps,
+            "seconds": time.perf_counter() - start,
+            "best_step": result.best_step,
+            "settings": {k: v for k, v in result.settings.items() if k != "extra"},
+            "train_examples": len(dataset),
+        }
+        write_report(report, out_dir)
+
+
+if __name__ == "__main__":
+    main()
