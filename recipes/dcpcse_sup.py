@@ -1,0 +1,18 @@
+"""DCPCSE, supervised: deep continuous prompts on a frozen backbone, NLI triplets with hard negatives.
+
+(premise, entailment, contradiction) triplets; the contradiction is an extra in-batch hard negative of
+MultipleNegativesRankingLoss (InfoNCE, tau = 0.05); [CLS] pooling.
+
+--scale paper (DCPCSE table 4, 10 epochs, no MLM; SimCSE's 275k NLI triplets from the hub unless --data-dir):
+    bert-base-uncased / bert-large-uncased  batch 256, lr 5e-3, prefix 12
+    roberta-base                            batch 256, lr 1e-2, prefix 10
+    roberta-large                           batch 256, lr 5e-3, prefix 10
+--scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 1e-2, prefix 12, 2 epochs over the 5.9k SNLI triplets.
+
+    python recipes/dcpcse_sup.py --data-dir ../shared/data
+"""
+
+from _common import main
+
+if __name__ == "__main__":
+    main("dcpcse", supervised=True, description=__doc__)
