@@ -1,0 +1,69 @@
+"""``st-prompts train`` end to end on a tiny backbone and tiny data; the paper presets match the papers' tables."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from st_prompts.cli import main
+from st_prompts.errors import ConfigurationError
+from st_prompts.training.presets import preset
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
+             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
+    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
+    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
+    return tmp_path
+
+
+@pytest.mark.parametrize("supervised", [False, True])
+def test_train_command_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, capsys, supervised):
+    out = tmp_path / "model"
+    argv = ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "2",
+            "--batch-size", "4", "--eval-steps", "1", "--output", str(out), "--prompts-only", "--no-progress"]
+    assert main(argv + (["--supervised"] if supervised else [])) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.rindex("{\n"):])["steps"] == 2
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["steps"] == 2 and result["settings"]["supervised"] is supervised
+    assert result["best_step"] in (1, 2) and result["best_metric"] is not None
+    full = SentenceTransformer(str(out), trust_remote_code=True)
+    small = SentenceTransformer(str(out) + "-prompts", trust_remote_code=True)
+    np.testing.assert_array_equal(full.encode(SENTENCES), small.encode(SENTENCES))
+
+
+def test_train_command_reports_bad_data_dir(tiny_bert, tmp_path, capsys):
+    assert main(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "missing" in err and "Traceback" not in err
+
+
+def test_paper_presets_follow_the_tables():
+    s = preset("dcpcse", False, "paper")
+    assert (s.backbone, s.batch_size, s.learning_rate, s.prefix_length, s.mlm_weight, s.epochs) == (
+        "bert-base-uncased", 256, 3e-2, 16, 0.0, 1.0)
+    s = preset("dcpcse", False, "paper", backbone="roberta-base")
+    assert (s.batch_size, s.learning_rate, s.prefix_length, s.mlm_weight) == (64, 3e-2, 14, 0.1)
+    s = preset("dcpcse", True, "paper", backbone="roberta-large")
+    assert (s.batch_size, s.learning_rate, s.prefix_length, s.epochs) == (256, 5e-3, 10, 10.0)
+    s = preset("scpcse", False, "paper")
+    assert (s.batch_size, s.learning_rate, s.epochs, s.eval_steps) == (256, 1e-3, 5.0, 125)
+    assert preset("simcse", True, "paper").batch_size == 512
+    assert all(preset(m, False, "paper").max_seq_length == 32 and preset(m, False, "paper").temperature == 0.05
+               for m in ("dcpcse", "scpcse", "simcse"))
+    with pytest.raises(ConfigurationError, match="No paper hyperparameters"):
+        preset("dcpcse", False, "paper", backbone="distilbert-base-uncased")
+    assert preset("dcpcse", False, "cpu", learning_rate=0.5).learning_rate == 0.5
