@@ -180,7 +180,7 @@ def train(
         max_steps=settings.max_steps,
         per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.learning_rate,
-        warmup_ratio=settings.warmup_ratio,
+        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
         weight_decay=0.0,
         lr_scheduler_type="linear",
         seed=settings.seed,
