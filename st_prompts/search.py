@@ -91,7 +91,7 @@ __all__ = [
 #: Index types accepted by :meth:`SemanticIndex.build` and friends.
 INDEX_TYPES = ("flat", "ivf", "hnsw")
 #: Default number of inverted lists visited per query by an IVF index (tuned with ``benchmarks/search.py``).
-DEFAULT_NPROBE = 32
+DEFAULT_NPROBE = 64
 #: Default number of neighbours per node of an HNSW graph.
 DEFAULT_HNSW_M = 32
 #: Default size of the candidate list while building an HNSW graph.
@@ -425,7 +425,11 @@ def _load_dataset_file(path: Path) -> Any:
 
     if not path.exists():
         raise DataNotFoundError(f"corpus file not found: {path}")
-    loader = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv, "parquet": datasets.Dataset.from_parquet}
+    loader = {
+        "json": datasets.Dataset.from_json,
+        "csv": datasets.Dataset.from_csv,
+        "parquet": datasets.Dataset.from_parquet,
+    }
     try:
         return loader[_DATASET_SUFFIXES[path.suffix.lower()]](str(path))
     except Exception as exc:  # datasets raises many different errors for a malformed file
