@@ -4,7 +4,7 @@ Template ``This sentence : "[X]" means [MASK] .``: its tokens become trainable v
 word embeddings; the sentence embedding is the last hidden state at [MASK] (MaskTokenPooling). Frozen backbone.
 
 --scale paper: batch 256, lr 1e-3, 5 epochs, STS-B dev every 125 steps (unsupervised unless --supervised).
---scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 1e-3, 1 epoch (2 with --supervised).
+--scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 1e-3, 1 epoch.
 
     python recipes/scpcse.py --data-dir ../shared/data
 """

@@ -2,7 +2,7 @@
 
 Same loss (InfoNCE, tau = 0.05, training-only MLP), pooling ([CLS]) and data as DCPCSE.
 --scale paper: unsupervised batch 64, lr 3e-5, 1 epoch; supervised (--supervised) batch 512, lr 5e-5, 3 epochs.
---scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 3e-5 (5e-5 supervised), 1 epoch (2 supervised).
+--scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 3e-5 (5e-5 supervised), 1 epoch.
 
     python recipes/simcse.py --data-dir ../shared/data [--supervised]
 """

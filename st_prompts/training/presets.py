@@ -30,11 +30,11 @@ DCPCSE_SUPERVISED = {
 #: The CPU setting (packaged MiniLM): (batch size, learning rate, prefix length, epochs) per method/supervision.
 CPU_SETTINGS = {
     ("dcpcse", False): (64, 3e-2, 16, 1.0),
-    ("dcpcse", True): (64, 1e-2, 12, 2.0),
+    ("dcpcse", True): (64, 1e-2, 12, 1.0),
     ("scpcse", False): (64, 1e-3, None, 1.0),
-    ("scpcse", True): (64, 1e-3, None, 2.0),
+    ("scpcse", True): (64, 1e-3, None, 1.0),
     ("simcse", False): (64, 3e-5, None, 1.0),
-    ("simcse", True): (64, 5e-5, None, 2.0),
+    ("simcse", True): (64, 5e-5, None, 1.0),
 }
 SCALES = ("paper", "cpu")
 
