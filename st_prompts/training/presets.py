@@ -5,7 +5,7 @@ SimCSE (Gao et al., 2021): unsupervised BERT-base batch 64, lr 3e-5, 1 epoch; su
 All use max length 32, τ = 0.05 and STS-B dev every 125 steps for model selection.
 
 The CPU setting trains the packaged all-MiniLM-L6-v2 on the shared data (11.9k Wikipedia sentences, 5.9k SNLI
-triplets) with batch 64 and STS-B dev every 50 steps, so that one run takes minutes on two cores.
+triplets) with batch 64, one epoch and STS-B dev every 50 steps, so that one run takes minutes on two cores.
 """
 
 from __future__ import annotations
