@@ -243,3 +243,19 @@ def test_shallow_template_prompt(tiny_bert, tmp_path):
 def test_template_must_have_slots(tiny_bert):
     with pytest.raises(ConfigurationError, match=r"\[X\]"):
         PromptedTransformer(tiny_bert, prefix_length=None, template="no slots here [MASK]")
+
+
+def test_prefix_cache_broadcasts_in_eval_and_draws_dropout_per_example_in_training():
+    from st_prompts.prompts.prefix import PrefixEncoder
+
+    encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5)
+    encoder.eval()
+    cache = encoder(5)
+    assert cache.get_seq_length() == 3 and len(cache.layers) == 2
+    keys = cache.layers[1].keys
+    assert keys.shape == (5, 2, 3, 4) and keys.stride(0) == 0  # one prefix broadcast over the batch, no copy
+    expected = encoder.key_values().view(3, 4, 2, 4)[:, 2]  # layer 1 keys = row 2 of the 2L axis
+    assert torch.equal(keys[0], expected.permute(1, 0, 2))
+    encoder.train()
+    keys = encoder(5).layers[0].keys
+    assert not torch.equal(keys[0], keys[1])  # independent dropout masks per example

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 class PrefixEncoder(nn.Module):
@@ -72,21 +73,42 @@ class PrefixEncoder(nn.Module):
             values = self.transform(values)
         return values.view(len(tokens), 2 * self.num_layers, self.num_heads, self.head_dim)
 
-    def forward(self, batch_size: int, positions: slice | None = None) -> DynamicCache:
+    def forward(self, batch_size: int, positions: slice | None = None) -> PrefixCache:
         """Build a fresh key/value cache holding the prefix for a batch.
 
         A new cache is needed for every forward pass: transformers appends the real tokens' keys/values to it in place.
-        Dropout (in training mode) is drawn independently for every example, as in DCPCSE.
+        Dropout (in training mode) is drawn independently for every example, as in DCPCSE; without dropout the prefix
+        is broadcast over the batch without a copy.
         """
-        values = self.key_values(positions)
-        values = values.unsqueeze(0).expand(batch_size, *values.shape)
-        values = self.dropout(values)
-        # (B, l, 2L, heads, hd) -> (2L, B, heads, l, hd) -> L tensors of (2, B, heads, l, hd)
-        per_layer = values.permute(2, 0, 3, 1, 4).split(2)
-        return DynamicCache([(layer[0], layer[1]) for layer in per_layer])
+        values = self.key_values(positions)  # (l, 2L, heads, hd)
+        values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
+        values = values.expand(-1, batch_size, -1, -1, -1)
+        if self.training and self.dropout.p > 0:
+            values = self.dropout(values)
+        return PrefixCache([(values[2 * i], values[2 * i + 1]) for i in range(self.num_layers)])
 
     def extra_repr(self) -> str:
         return (
             f"prefix_length={self.prefix_length}, num_layers={self.num_layers}, num_heads={self.num_heads}, "
             f"head_dim={self.head_dim}, projection={self.projection}"
         )
+
+
+class PrefixCache(DynamicCache):
+    """A ``DynamicCache`` pre-filled with the prefix keys/values of every layer, without copying them.
+
+    ``DynamicCache(ddp_cache_data)`` would concatenate every layer's prefix onto an empty tensor (one copy per key and
+    value tensor, per layer, per forward pass); here each layer starts out holding the (possibly batch-broadcast)
+    prefix tensors themselves, and the only copy left is the one transformers makes when it appends the real tokens.
+    """
+
+    def __init__(self, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        self.layers = [_PrefilledLayer(keys, values) for keys, values in key_values]
+
+
+class _PrefilledLayer(DynamicLayer):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
