@@ -252,6 +252,10 @@ def write_markdown(report: dict, path: Path) -> None:
         "(no extrapolation). Recall@10 is measured against the exact `IndexFlatIP` search on the same embeddings. "
         "Latencies are FAISS search only (query embeddings precomputed) unless stated; k = 10.",
         "",
+        "Timings depend heavily on how busy the machine is: a load average above the number of cores means other jobs "
+        "shared the CPUs, and then absolute times (encoding above all) are pessimistic; recall figures are not "
+        "affected.",
+        "",
         "## Encoding",
         "",
         "| docs | unique | words/doc | encode wall time (s) | docs/s (wall) | CPU time (s) | docs per CPU-s "
