@@ -18,7 +18,9 @@ class UnsupportedArchitectureError(StPromptsError, ValueError):
 
 
 class BackboneMismatchError(StPromptsError, ValueError):
-    """A prompts-only checkpoint was loaded onto a backbone whose weights differ from the one it was trained on."""
+    """Weights or a model do not match what a saved artefact was made with: a prompts-only checkpoint put on a
+    backbone whose weights differ from the one its prompts were trained on, or a search index queried with a model
+    (or dimension) other than the one that encoded its corpus."""
 
 
 class DataFormatError(StPromptsError, ValueError):
