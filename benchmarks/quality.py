@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--models-dir", default="outputs/quality")
     parser.add_argument("--max-steps", type=int, help="cap every run (for a quick check)")
     parser.add_argument("--lr", type=float, help="override the learning rate of every run")
+    parser.add_argument("--prefix-projection", action="store_true", default=None, help="MLP reparameterisation")
+    parser.add_argument("--prefix-length", type=int)
+    parser.add_argument("--no-mlp", action="store_true", help="no training-only MLP over [CLS]")
     parser.add_argument("--tag", default="", help="suffix for run names (e.g. an lr sweep)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,7 +110,9 @@ def main() -> None:
     for name in args.runs:
         method, supervised = RUNS[name]
         settings = preset(method, supervised, "cpu", output_dir=str(Path(args.models_dir) / (name + args.tag)),
-                          max_steps=args.max_steps, learning_rate=args.lr)
+                          max_steps=args.max_steps, learning_rate=args.lr,
+                          prefix_projection=args.prefix_projection, prefix_length=args.prefix_length,
+                          mlp=False if args.no_mlp else None)
         dataset = load_training_dataset(supervised, args.data_dir)
         start = time.perf_counter()
         model, result = train(settings, dataset, stsb_dev_evaluator(senteval, batch_size=128), show_progress_bar=False)
