@@ -68,7 +68,11 @@ class TrainSettings:
 
 
 def build_model(settings: TrainSettings) -> SentenceTransformer:
-    """The SentenceTransformer a method trains: prompted (frozen) encoder or plain backbone, with its pooling."""
+    """The SentenceTransformer a method trains: prompted (frozen) encoder or plain backbone, with its pooling.
+
+    Seeds torch with ``settings.seed`` first, so the prompts' random initialisation is reproducible.
+    """
+    torch.manual_seed(settings.seed)
     backbone = resolve_model_name(settings.backbone)
     if settings.method == "simcse":
         encoder = Transformer(backbone, max_seq_length=settings.max_seq_length)
