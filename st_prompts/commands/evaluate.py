@@ -88,21 +88,22 @@ def _sts_info(evaluator) -> dict[str, Any]:
     }
 
 
-def _pairs_dir(args: argparse.Namespace, group: str):
+def _pairs_evaluator(args: argparse.Namespace, group: str, evaluator_class, **kwargs) -> BaseEvaluator:
+    """An evaluator over the pairs of ``--pairs-task``/``--pairs-split``, remembering which split it read."""
     if args.senteval_dir is None:
         raise ConfigurationError(f"--senteval-dir is required for the {group} metrics")
-    return args.senteval_dir
+    evaluator = evaluator_class.from_senteval(
+        args.senteval_dir, task=args.pairs_task, split=args.pairs_split, name=group,
+        batch_size=args.batch_size, write_csv=False, **kwargs,
+    )
+    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
+    return evaluator
 
 
 def _build_retrieval(args: argparse.Namespace) -> BaseEvaluator:
     from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
 
-    evaluator = STSRetrievalEvaluator.from_senteval(
-        _pairs_dir(args, "retrieval"), task=args.pairs_task, split=args.pairs_split,
-        name="retrieval", batch_size=args.batch_size, recall_at_k=(1, 3, 5), write_csv=False,
-    )
-    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
-    return evaluator
+    return _pairs_evaluator(args, "retrieval", STSRetrievalEvaluator, recall_at_k=(1, 3, 5))
 
 
 def _retrieval_info(evaluator) -> dict[str, Any]:
@@ -117,12 +118,7 @@ def _retrieval_info(evaluator) -> dict[str, Any]:
 def _build_alignment(args: argparse.Namespace) -> BaseEvaluator:
     from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
 
-    evaluator = AlignmentUniformityEvaluator.from_senteval(
-        _pairs_dir(args, "alignment"), task=args.pairs_task, split=args.pairs_split,
-        name="alignment", batch_size=args.batch_size, write_csv=False,
-    )
-    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
-    return evaluator
+    return _pairs_evaluator(args, "alignment", AlignmentUniformityEvaluator)
 
 
 def _alignment_info(evaluator) -> dict[str, Any]:

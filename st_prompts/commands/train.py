@@ -91,8 +91,7 @@ def save_run(model, result: TrainResult, output: str, prompts_only: bool = False
     """Save the model (safetensors) and ``train_result.json`` next to it; optionally a prompts-only checkpoint."""
     model.save(output)
     with open(os.path.join(output, "train_result.json"), "w") as f:
-        json.dump({k: v for k, v in asdict(result).items() if k != "log_history"} | {"log_history": result.log_history},
-                  f, indent=2, default=str)
+        json.dump(asdict(result), f, indent=2, default=str)
     if prompts_only:
         save_prompts_only(model, output.rstrip("/") + "-prompts")
     logger.info(f"Saved the model to {output}")

@@ -53,7 +53,7 @@ class MLMHead(nn.Module):
         decoder.weight = encoder.auto_model.get_input_embeddings().weight
         del mlm_model
         trainable = not self.from_checkpoint
-        for name, parameter in self.head.named_parameters():
+        for parameter in self.head.parameters():
             parameter.requires_grad = trainable and parameter is not decoder.weight
         if self.from_checkpoint:
             logger.info(f"Auxiliary MLM uses the masked-LM head of {source!r} (frozen).")

@@ -121,19 +121,17 @@ class KeepBestCallback(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = (metrics or {}).get(self.metric)
-        if value is None:
-            return
-        greater = getattr(self.evaluator, "greater_is_better", True)
-        better = self.best is None or (value > self.best if greater else value < self.best)
-        if better:
-            self.best, self.best_step = value, state.global_step
-            self._state = {
-                name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad
-            }
+        if value is not None:
+            self.consider(value, state.global_step)
 
     def consider(self, value: float, step: int) -> None:
         """Offer the model's current weights with their score (e.g. a final evaluation after the last step)."""
-        self.on_evaluate(None, type("State", (), {"global_step": step})(), None, metrics={self.metric: value})
+        greater = getattr(self.evaluator, "greater_is_better", True)
+        if self.best is None or (value > self.best if greater else value < self.best):
+            self.best, self.best_step = value, step
+            self._state = {
+                name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad
+            }
 
     def restore(self) -> None:
         """Load the best weights seen back into the model."""
