@@ -71,11 +71,35 @@ def supervised_dataset(triplets: list[tuple[str, str, str]]) -> Dataset:
     )
 
 
+def bundled_data_dir() -> Path:
+    """The small data set shipped inside the package (``st_prompts/resources/demo``).
+
+    3,000 Wikipedia sentences (``wiki_sentences.txt``), 1,500 SNLI triplets (``nli_triplets.csv``) and STS-B dev in
+    SentEval's layout (``senteval/``): enough for the demo and for smoke runs of every recipe at ``--scale cpu``.
+    It has the layout :func:`load_training_dataset` and the STS-B dev evaluator read, so it works as a ``--data-dir``.
+    """
+    from importlib import resources
+
+    return Path(str(resources.files("st_prompts") / "resources" / "demo"))
+
+
 def download_simcse_file(filename: str) -> Path:
-    """Download one of SimCSE's training files from the hub (needs network access)."""
+    """Download one of SimCSE's training files from the hub (needs network access).
+
+    Raises:
+        DataNotFoundError: when the hub cannot be reached (offline machine), saying how to train without it.
+    """
     from huggingface_hub import hf_hub_download
 
-    return Path(hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
+    try:
+        return Path(hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
+    except Exception as exc:  # offline, firewalled, HF_HUB_OFFLINE=1, ...: all end the same way for the user
+        raise DataNotFoundError(
+            f"Could not download {filename} from the Hugging Face dataset {SIMCSE_HUB_REPO!r} ({type(exc).__name__}). "
+            "Without network access, pass --data-dir DIR with DIR/train/wiki_sentences.txt (one sentence per line) or "
+            "DIR/train/nli_triplets.csv (sent0,sent1,hard_neg), or use --scale cpu, which defaults to the small data "
+            "set bundled with st_prompts."
+        ) from exc
 
 
 def load_training_dataset(
