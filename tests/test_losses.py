@@ -60,13 +60,22 @@ def test_training_only_mlp(tiny_bert):
     assert not any(p is loss.mlp[0].weight for p in model.parameters())
 
 
+def no_dropout(model):
+    """Training mode (so training-only parts run) with every dropout off (so passes are deterministic)."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
 def test_mlm_weight_schedule_matches_formula(tiny_backbones):
     for step in (0, 1, 50, 100, 250, 1000):
         assert mlm_weight(step) == pytest.approx(0.1 * 0.95 ** (step / 100))
     assert mlm_weight(100) == pytest.approx(0.095)
     model = prompted_model(tiny_backbones("bert", head=True))
     loss = PromptContrastiveLoss(model, mlm_weight=0.1)
-    loss.train(), model.train()
+    model.train()
     batch = [features(model, SENTENCES), features(model, SENTENCES)]
     first = loss(batch, None)
     assert set(first) == {"contrastive", "mlm"}
@@ -76,20 +85,78 @@ def test_mlm_weight_schedule_matches_formula(tiny_backbones):
     # the trainer's step wins once the callback reports it
     LossStepCallback(loss).on_step_begin(None, type("S", (), {"global_step": 400})(), None)
     assert loss.current_mlm_weight() == pytest.approx(0.1 * 0.95**4)
-    # the logged part is the weighted MLM loss: undo the weight and compare with a direct cross-entropy
-    model.eval()  # the loss stays in training mode (MLM on), the encoder's dropout is off: deterministic
-    many = SENTENCES * 8
+
+
+def test_mlm_masks_every_column_and_equals_a_direct_cross_entropy(tiny_backbones):
+    """As in the official code, every column is masked; the logged part is the weighted MLM cross-entropy."""
+    model = no_dropout(prompted_model(tiny_backbones("bert", head=True)))
+    loss = PromptContrastiveLoss(model, mlm_weight=0.1)
+    loss.global_step = 400
+    many, other = SENTENCES * 8, NEGATIVES * 8
     loss.masker.collator.generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        weighted = loss([features(model, many), features(model, many)], None)["mlm"]
+        weighted = loss([features(model, many), features(model, other)], None)["mlm"]
     loss.masker.collator.generator = torch.Generator().manual_seed(3)
-    inputs = features(model, many)
-    masked, labels = loss.masker(inputs["input_ids"], inputs["attention_mask"])
-    assert (labels != -100).sum() > 5
+    hidden, labels = [], []
+    for texts in (many, other):
+        inputs = features(model, texts)
+        masked, column_labels = loss.masker(inputs["input_ids"], inputs["attention_mask"])
+        assert (column_labels != -100).sum() > 5
+        with torch.no_grad():
+            out = model[0]({**inputs, "input_ids": masked})["token_embeddings"]
+        hidden.append(out[column_labels != -100])
+        labels.append(column_labels[column_labels != -100])
     with torch.no_grad():
-        hidden = model[0]({**inputs, "input_ids": masked})["token_embeddings"]
-        direct = torch.nn.functional.cross_entropy(loss.mlm_head(hidden[labels != -100]), labels[labels != -100])
+        direct = torch.nn.functional.cross_entropy(loss.mlm_head(torch.cat(hidden)), torch.cat(labels))
+        first_only = torch.nn.functional.cross_entropy(loss.mlm_head(hidden[0]), labels[0])
     assert weighted.item() == pytest.approx(0.1 * 0.95**4 * direct.item(), rel=1e-5)
+    assert weighted.item() != pytest.approx(0.1 * 0.95**4 * first_only.item(), rel=1e-3)
+
+
+def test_training_only_parts_follow_the_models_mode(tiny_backbones):
+    """The trainer switches the model's mode, never the loss's: MLP, MLM and the step counter key on the model."""
+    model = prompted_model(tiny_backbones("bert", head=True))
+    loss = PromptContrastiveLoss(model, mlp=True, mlm_weight=0.1)
+    loss.train()  # the loss's own flag must not matter
+    model.eval()
+    with torch.no_grad():
+        evaluation = loss([features(model, SENTENCES), features(model, SENTENCES)], None)
+        plain = PromptContrastiveLoss(model).eval()([features(model, SENTENCES), features(model, SENTENCES)], None)
+    assert set(evaluation) == {"contrastive"} and loss.step == 0
+    assert torch.allclose(evaluation["contrastive"], plain["contrastive"])
+    loss.eval()
+    model.train()
+    out = loss([features(model, SENTENCES), features(model, SENTENCES)], None)
+    assert set(out) == {"contrastive", "mlm"} and loss.step == 1
+
+
+def test_mlm_weight_does_not_move_during_trainer_evaluation(tiny_backbones, tmp_path):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    model = prompted_model(tiny_backbones("bert", head=True))
+    loss = PromptContrastiveLoss(model, mlm_weight=0.1)
+    data = Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES})
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                                per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1,
+                                                save_strategy="no", report_to="none", use_cpu=True,
+                                                disable_tqdm=True)
+    seen = []
+
+    class Record(LossStepCallback):
+        def on_evaluate(self, args, state, control, **kwargs):
+            seen.append((state.global_step, loss.step, loss.current_mlm_weight()))
+
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, eval_dataset=data, loss=loss,
+                                         callbacks=[Record(loss)])
+    trainer.train()
+    # two training steps, two evaluations: the loss counted its two training passes and none of the evaluation ones
+    assert [s[0] for s in seen] == [1, 2]
+    assert loss.global_step == 1  # the callback's last report (on_step_begin of step 2 is global_step 1)
+    assert loss._training_calls == 0  # with the callback, no self-counting at all
+    assert [s[2] for s in seen] == [pytest.approx(mlm_weight(s[1])) for s in seen]
+    assert any("eval_mlm" in h for h in trainer.state.log_history) is False
 
 
 def test_mlm_masking_proportions(tiny_bert):
@@ -114,28 +181,41 @@ def test_mlm_masking_proportions(tiny_bert):
     assert torch.equal(labels[selected], ids[selected])
 
 
-def test_mlm_head_from_checkpoint_or_logged_fallback(tiny_backbones, tiny_bert, caplog):
+def test_mlm_head_from_checkpoint_trains_and_leaves_the_encoder_alone(tiny_backbones, tiny_bert, caplog):
     from transformers import AutoModelForMaskedLM
 
     with_head = tiny_backbones("bert", head=True)
-    encoder = PromptedTransformer(with_head, prefix_length=2)
-    head = MLMHead(encoder)
-    assert head.from_checkpoint
     reference = AutoModelForMaskedLM.from_pretrained(with_head)
-    dense = reference.cls.predictions.transform.dense.weight
-    assert torch.equal(head.head[0].predictions.transform.dense.weight, dense)
-    assert not any(p.requires_grad for p in head.parameters())
-    # the vocabulary projection is the encoder's own embedding matrix, not a copy
-    assert reference.get_output_embeddings() is not None
-    assert head.head[0].predictions.decoder.weight is encoder.auto_model.get_input_embeddings().weight
+    for freeze in (True, False):
+        encoder = PromptedTransformer(with_head, prefix_length=2, freeze_backbone=freeze)
+        flags = {name: p.requires_grad for name, p in encoder.named_parameters()}
+        head = MLMHead(encoder)
+        assert {name: p.requires_grad for name, p in encoder.named_parameters()} == flags  # nothing changed
+        assert head.from_checkpoint
+        assert all(p.requires_grad for p in head.parameters())  # trained with the prompts, as in the official code
+        # only the head was built: its weights are the checkpoint's, the decoder a copy of the word embeddings
+        assert sum(p.numel() for p in head.parameters()) == sum(p.numel() for p in reference.cls.parameters())
+        embeddings = encoder.auto_model.get_input_embeddings().weight
+        assert head.head["cls"].predictions.decoder.weight is not embeddings
+        assert torch.equal(head.head["cls"].predictions.decoder.weight, embeddings)
+        x = torch.randn(5, reference.config.hidden_size)
+        with torch.no_grad():
+            assert torch.allclose(head(x), reference.cls(x), atol=1e-6)
+
+    roberta = tiny_backbones("roberta", head=True)
+    head = MLMHead(PromptedTransformer(roberta, prefix_length=2))
+    reference = AutoModelForMaskedLM.from_pretrained(roberta)
+    x = torch.randn(5, reference.config.hidden_size)
+    with torch.no_grad():
+        assert head.from_checkpoint and torch.allclose(head(x), reference.lm_head(x), atol=1e-6)
 
     encoder = PromptedTransformer(tiny_bert, prefix_length=2)  # saved as a plain BertModel: no MLM head
     with caplog.at_level(logging.WARNING):
         head = MLMHead(encoder)
     assert not head.from_checkpoint
     assert "has no masked-LM head weights" in caplog.text
-    trainable = [n for n, p in head.named_parameters() if p.requires_grad]
-    assert trainable and all("decoder.weight" not in n for n in trainable)
+    assert all(p.requires_grad for p in head.parameters())
+    assert torch.equal(head.head["cls"].predictions.decoder.weight, encoder.auto_model.get_input_embeddings().weight)
 
 
 def test_loss_needs_two_columns(tiny_bert):

@@ -13,6 +13,12 @@ from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.modules.prompted_transformer import PromptedTransformer
 
+#: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
+_MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: Features key under which a PromptedTransformer returns (and accepts back) the prefix values of its pass, so that the
+#: MLM pass of a sentence reuses the prefix draw of its contrastive pass, as the official code does.
+PREFIX_VALUES_KEY = "prefix_values"
+
 
 class PromptContrastiveLoss(nn.Module):
     """SimCSE's InfoNCE (unsupervised or supervised with hard negatives) plus DCPCSE's auxiliary MLM objective.
@@ -22,9 +28,17 @@ class PromptContrastiveLoss(nn.Module):
     * InfoNCE with temperature ``τ = 1 / scale`` (0.05) is sentence-transformers' ``MultipleNegativesRankingLoss``;
       this class only adds the parts around it.
     * ``mlp=True`` puts SimCSE's ``Linear(H, H) + Tanh`` over the sentence embedding during training only
-      (``mlp_only_train``); the MLP lives in the loss, so it is optimised but never saved with the model.
-    * ``mlm_weight > 0`` adds ``mlm_weight · mlm_decay^(step / mlm_decay_steps) · L_MLM`` computed on the anchor
-      column, masked 15% (80/10/10), through the same prompted encoder.
+      (``mlp_only_train``); the MLP lives in the loss, so it is optimised but never saved with the model. For the MLP
+      that is kept at inference (official supervised runs), put a ``Dense`` module into the model instead (see
+      :func:`st_prompts.methods._contrastive.build_prompted_model`, ``mlp_head="saved"``).
+    * ``mlm_weight > 0`` adds ``mlm_weight · mlm_decay^(step / mlm_decay_steps) · L_MLM`` as the official DCPCSE code
+      does (see :mod:`st_prompts.losses.mlm`): every column is masked (15%, 80/10/10) and run through the same
+      prompted encoder with the prefix draw of its contrastive pass, and the checkpoint's MLM head trains with the
+      prompts.
+
+    Training-only parts (the MLP, the MLM term, the step counter) follow the *model's* mode, ``self.model.training``,
+    which ``SentenceTransformerTrainer`` switches (it never calls ``loss.train()``/``loss.eval()``): evaluation
+    loops see the plain InfoNCE and never move the MLM schedule.
 
     The forward pass returns a dict ``{"contrastive": ..., "mlm": ...}`` (the MLM part already weighted); the
     sentence-transformers trainer logs each part and optimises their sum.
@@ -34,7 +48,7 @@ class PromptContrastiveLoss(nn.Module):
     forward passes (exact for ``gradient_accumulation_steps=1``, e.g. with ``model.fit``).
 
     Args:
-        model: a SentenceTransformer whose first module is a :class:`~st_prompts.PromptedTransformer`.
+        model: a SentenceTransformer (the MLM term needs a :class:`~st_prompts.PromptedTransformer` first module).
         scale: inverse temperature (20 → τ = 0.05).
         mlp: apply a training-only MLP over the sentence embedding.
         mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it).
@@ -72,7 +86,7 @@ class PromptContrastiveLoss(nn.Module):
             if not isinstance(encoder, PromptedTransformer):
                 raise ConfigurationError("The auxiliary MLM loss needs a PromptedTransformer as the model's first module.")
             if encoder.template is not None:
-                raise ConfigurationError("The auxiliary MLM loss is not supported together with a shallow template.")
+                raise ConfigurationError("The auxiliary MLM loss is not supported together with a template.")
             self.mlm_head = MLMHead(encoder, source=mlm_head_source)
             self.masker = TokenMasker(encoder.tokenizer, mlm_probability=mlm_probability)
 
@@ -90,27 +104,40 @@ class PromptContrastiveLoss(nn.Module):
             raise ConfigurationError(
                 f"PromptContrastiveLoss needs (anchor, positive[, negative]) columns, got {len(sentence_features)} column(s)."
             )
-        # Keep the anchor's raw inputs before the model adds its outputs to the features dict.
-        anchor_inputs = {k: v for k, v in sentence_features[0].items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        embeddings = [self.model(features)["sentence_embedding"] for features in sentence_features]
-        if self.mlp is not None and self.training:
+        training = self.model.training
+        with_mlm = self.mlm_head is not None and training
+        # Keep each column's raw inputs before the model adds its outputs to the features dict.
+        raw = [{k: v for k, v in f.items() if k in _MLM_INPUT_KEYS} for f in sentence_features] if with_mlm else []
+        outputs = [self.model(features) for features in sentence_features]
+        embeddings = [out["sentence_embedding"] for out in outputs]
+        if self.mlp is not None and training:
             embeddings = [self.mlp(e) for e in embeddings]
         losses = {"contrastive": self.infonce.compute_loss_from_embeddings(embeddings, labels)}
-        if self.mlm_head is not None and self.training:
-            losses["mlm"] = self.current_mlm_weight() * self._mlm_loss(anchor_inputs)
-        if self.training and self.global_step is None:
+        if with_mlm:
+            reuse = [out.get(PREFIX_VALUES_KEY) for out in outputs]
+            losses["mlm"] = self.current_mlm_weight() * self._mlm_loss(raw, reuse)
+        if training and self.global_step is None:
             self._training_calls += 1
         return losses
 
-    def _mlm_loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        masked_ids, labels = self.masker(inputs["input_ids"], inputs["attention_mask"])
-        features = {**inputs, "input_ids": masked_ids}
-        hidden = self.model[0](features)["token_embeddings"]
-        selected = labels != -100
-        if not selected.any():
+    def _mlm_loss(self, columns: list[dict[str, torch.Tensor]], prefix_values: list) -> torch.Tensor:
+        """Cross-entropy over the masked tokens of every column (one encoder pass per column, as the official code
+        runs the masked ``(batch * num_sent)`` rows through the encoder with the contrastive pass's prefix)."""
+        hidden_rows, label_rows = [], []
+        for inputs, values in zip(columns, prefix_values):
+            masked_ids, labels = self.masker(inputs["input_ids"], inputs["attention_mask"])
+            features = {**inputs, "input_ids": masked_ids}
+            if values is not None:
+                features[PREFIX_VALUES_KEY] = values
+            hidden = self.model[0](features)["token_embeddings"]
+            selected = labels != -100
+            hidden_rows.append(hidden[selected])
+            label_rows.append(labels[selected])
+        hidden, labels = torch.cat(hidden_rows), torch.cat(label_rows)
+        if labels.numel() == 0:
             return hidden.sum() * 0.0
-        logits = self.mlm_head(hidden[selected])
-        return nn.functional.cross_entropy(logits.float(), labels[selected])
+        logits = self.mlm_head(hidden)
+        return nn.functional.cross_entropy(logits.float(), labels)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {

@@ -1,12 +1,24 @@
-"""Auxiliary masked-language-modelling objective run through the prompted encoder (DCPCSE's multi-task setting)."""
+"""Auxiliary masked-language-modelling objective run through the prompted encoder (DCPCSE's multi-task setting).
+
+Following the official DCPCSE/SimCSE code (``promcse/models.py``, ``cl_forward``):
+
+* every column of the batch is masked (SimCSE's collator masks ``input_ids`` of shape (batch, num_sent, len));
+* the masked copy goes through the same encoder with the same prefix draw (``past_key_values`` of the contrastive
+  pass is reused, so the prefix dropout mask is shared between a sentence's contrastive and MLM passes);
+* the MLM head is the checkpoint's (``cls.predictions`` for BERT) and is *trained* with the prompts; its decoder is a
+  trainable copy of the word embeddings (in the official code ``lm_head.load_state_dict(cls.predictions...)`` copies
+  the tied matrix into a separate parameter), so the encoder's own embeddings are never touched;
+* loss = CL + w(step) · MLM with w(step) = 0.1 · 0.95^(step / 100), the step being the optimizer step.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import torch
 from torch import nn
-from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
+from transformers import AutoConfig, AutoModelForMaskedLM, DataCollatorForLanguageModeling
 
 logger = logging.getLogger(__name__)
 
@@ -16,14 +28,53 @@ def mlm_weight(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps:
     return weight * decay ** (step / decay_steps)
 
 
-class MLMHead(nn.Module):
-    """The backbone's masked-LM head, with its output projection tied to the encoder's input embeddings.
+def _checkpoint_tensors(source: str, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint whose names start with one of ``prefixes``, without loading the others.
 
-    The head comes from the checkpoint when it has one (``BertForMaskedLM.cls``, ``RobertaForMaskedLM.lm_head``, ...)
-    and is then frozen like the rest of the pre-trained model. When the checkpoint has no MLM head weights (e.g. the
-    sentence-tuned all-MiniLM-L6-v2), the head's transform (dense → activation → LayerNorm) is freshly initialised and
-    *trained* with the prompts, while the vocabulary projection stays tied to the frozen input embeddings; this
-    fallback is logged as a warning.
+    Reads ``model.safetensors`` (or its shards) lazily with ``safe_open``; falls back to ``pytorch_model.bin``. Works
+    for local folders and hub ids (through transformers' cache). Returns ``{}`` when nothing can be read.
+    """
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    def find(name: str) -> str | None:
+        try:
+            return cached_file(source, name, _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False)
+        except (OSError, ValueError):
+            return None
+
+    files: list[str] = []
+    if (single := find("model.safetensors")) is not None:
+        files = [single]
+    elif (index := find("model.safetensors.index.json")) is not None:
+        with open(index) as f:
+            shards = sorted({shard for key, shard in json.load(f)["weight_map"].items() if key.startswith(prefixes)})
+        files = [p for p in (find(s) for s in shards) if p is not None]
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(path, framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith(prefixes):
+                    tensors[key] = handle.get_tensor(key)
+    if not files and (binary := find("pytorch_model.bin")) is not None:
+        state = torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
+        tensors = {k: v.clone() for k, v in state.items() if k.startswith(prefixes)}
+    # Old BERT checkpoints name LayerNorm parameters gamma/beta (transformers renames them when it loads a model).
+    return {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
+            for k, v in tensors.items()}
+
+
+class MLMHead(nn.Module):
+    """The backbone's masked-LM head, trained together with the prompts (as in the official DCPCSE code).
+
+    Only the head is built and loaded: its architecture comes from ``AutoModelForMaskedLM`` instantiated on the meta
+    device (no memory for a second backbone), its weights are read from the checkpoint by name. The vocabulary
+    projection is a trainable *copy* of the word embeddings (or the checkpoint's own decoder matrix when it stores one),
+    so building the head never changes anything about the encoder, whose backbone may be frozen or trainable.
+
+    When the checkpoint has no MLM head weights (e.g. the sentence-tuned all-MiniLM-L6-v2) the head is freshly
+    initialised (decoder: a copy of the word embeddings); this fallback is logged as a warning.
 
     Attributes:
         from_checkpoint: whether the head's weights were found in the checkpoint.
@@ -31,40 +82,79 @@ class MLMHead(nn.Module):
 
     def __init__(self, encoder, source: str | None = None) -> None:
         super().__init__()
-        config = encoder.auto_model.config
         source = source or encoder.backbone_name_or_path
-        mlm_model, missing = None, None
+        from st_prompts.utils import resolve_model_name
+
+        source = resolve_model_name(source)
+        config = encoder.auto_model.config
         try:
-            mlm_model, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True)
-            missing = info["missing_keys"]
-        except (OSError, ValueError) as exc:
-            logger.warning(f"Could not load a masked-LM checkpoint from {source!r} ({exc}).")
-        if mlm_model is None:
-            mlm_model = AutoModelForMaskedLM.from_config(config)
-        prefix = mlm_model.base_model_prefix
-        head_modules = [(name, child) for name, child in mlm_model.named_children() if name != prefix]
-        head_names = [name for name, _ in head_modules]
-        self.from_checkpoint = missing is not None and not any(
-            key.split(".")[0] in head_names for key in missing
-        )
-        self.head = nn.Sequential(*[child for _, child in head_modules])
-        # Tie the vocabulary projection to the encoder's own input embeddings (no second copy in memory).
-        decoder = mlm_model.get_output_embeddings()
-        decoder.weight = encoder.auto_model.get_input_embeddings().weight
-        del mlm_model
-        trainable = not self.from_checkpoint
+            mlm_config = AutoConfig.from_pretrained(source)
+        except (OSError, ValueError):
+            mlm_config = config
+        with torch.device("meta"):
+            skeleton = AutoModelForMaskedLM.from_config(mlm_config)
+        base = skeleton.base_model_prefix
+        children = [(name, child) for name, child in skeleton.named_children() if name != base]
+        self.head_names = tuple(name for name, _ in children)
+        self.head = nn.ModuleDict(children)
+        self.head.to_empty(device=encoder.auto_model.get_input_embeddings().weight.device)
+        tied = dict(getattr(skeleton, "_tied_weights_keys", None) or {})
+        decoder_key = next((k for k, v in tied.items() if v.endswith("word_embeddings.weight")), None)
+        self._forward_order = self.head_names
+        del skeleton
+
+        state = _checkpoint_tensors(source, tuple(f"{name}." for name in self.head_names))
+        expected = set(self.head.state_dict())
+        # Tied entries that are absent from a checkpoint (saved once under their twin's name): copy from the twin.
+        for key, twin in tied.items():
+            if key in expected and key not in state and twin in state:
+                state[key] = state[twin]
+        transform_found = any(k in state for k in expected if k != decoder_key and not k.endswith("bias"))
+        self.from_checkpoint = transform_found
+        self._reset_parameters(config)
+        if transform_found:
+            missing = self.head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+            still_missing = [k for k in missing.missing_keys if k != decoder_key]
+            if still_missing:
+                logger.warning(f"MLM head of {source!r}: no weights for {still_missing}; they are freshly initialised.")
+        if decoder_key is not None and decoder_key not in state:
+            # The decoder of a tied head is the word embedding matrix: start from a copy of it.
+            with torch.no_grad():
+                self.head.get_parameter(decoder_key).copy_(encoder.auto_model.get_input_embeddings().weight)
+        # Ties inside the head (BERT's decoder bias *is* ``predictions.bias``) are restored, so no parameter is idle.
+        for key, twin in tied.items():
+            if key in expected and twin in expected:
+                owner, _, attribute = key.rpartition(".")
+                setattr(self.head.get_submodule(owner), attribute, self.head.get_parameter(twin))
         for parameter in self.head.parameters():
-            parameter.requires_grad = trainable and parameter is not decoder.weight
+            parameter.requires_grad = True
         if self.from_checkpoint:
-            logger.info(f"Auxiliary MLM uses the masked-LM head of {source!r} (frozen).")
+            logger.info(f"Auxiliary MLM uses the masked-LM head of {source!r}, trained with the prompts.")
         else:
             logger.warning(
                 f"{source!r} has no masked-LM head weights: the auxiliary MLM loss uses a freshly initialised head "
-                "transform trained together with the prompts (vocabulary projection tied to the frozen input embeddings)."
+                "(decoder initialised from the word embeddings), trained together with the prompts."
             )
 
+    def _reset_parameters(self, config) -> None:
+        std = getattr(config, "initializer_range", 0.02)
+        for module in self.head.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            else:  # free-standing parameters such as BERT's ``predictions.bias``
+                for _, parameter in module.named_parameters(recurse=False):
+                    nn.init.zeros_(parameter)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden_states)
+        out = hidden_states
+        for name in self._forward_order:
+            out = self.head[name](out)
+        return out
 
 
 class TokenMasker:
