@@ -44,7 +44,7 @@ def test_few_steps_lower_the_loss_and_change_only_prompts(minilm_path, tmp_path)
     backbone_before = {k: v.clone() for k, v in encoder.auto_model.state_dict().items()}
     prompts_before = {k: v.clone() for k, v in encoder.prompt_state_dict().items()}
     settings = preset("dcpcse", scale="cpu", batch_size=8, max_steps=8, learning_rate=1e-2, prefix_length=8,
-                      output_dir=str(tmp_path), mlp=False, logging_steps=1)
+                      output_dir=str(tmp_path), mlp_head="none", logging_steps=1)
     loss_before = contrastive_loss(PromptContrastiveLoss(model), model)
 
     model, result = train(settings, Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES}), model=model,

@@ -1,5 +1,20 @@
-"""Training helpers: callbacks and the shared training loop used by recipes and the CLI."""
+"""Training: the shared multi-stage runner (:func:`train`) and trainer callbacks.
+
+``from st_prompts.training import train`` imports torch and sentence-transformers; the callbacks alone are light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from st_prompts.training.callbacks import LossStepCallback
 
-__all__ = ["LossStepCallback"]
+__all__ = ["LossStepCallback", "TrainResult", "build_loss", "build_model", "count_parameters", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TrainResult", "build_loss", "build_model", "count_parameters", "train"):
+        from st_prompts.training import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'st_prompts.training' has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """One training routine shared by the recipes, the CLI and the benchmarks.
 
-A method is (module options, loss, callbacks, data): :class:`TrainSettings` names them, :func:`build_model` and
-:func:`build_loss` turn them into sentence-transformers objects, :func:`train` runs ``SentenceTransformerTrainer``.
+A method is a registered recipe (:mod:`st_prompts.methods`): settings, a model builder and a list of stages, each with
+its loss, callbacks and data columns. :func:`train` runs the stages one after the other with
+``SentenceTransformerTrainer`` and keeps the best STS-B dev weights of the stages that select a model.
 """
 
 from __future__ import annotations
@@ -9,95 +10,30 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
 from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 from transformers import TrainerCallback
 
+from st_prompts import methods
 from st_prompts.errors import ConfigurationError
-from st_prompts.losses import PromptContrastiveLoss
-from st_prompts.modules import MaskTokenPooling, PromptedTransformer
-from st_prompts.prompts.shallow import SCPCSE_TEMPLATE
-from st_prompts.training.callbacks import LossStepCallback
-from st_prompts.utils import resolve_model_name
+from st_prompts.methods.base import Stage, TrainSettings
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("dcpcse", "scpcse", "simcse")
-
-
-@dataclass
-class TrainSettings:
-    """Everything that defines a training run.
-
-    ``method``: ``dcpcse`` (deep prompts, frozen backbone), ``scpcse`` (shallow template prompts, frozen backbone),
-    ``simcse`` (plain full fine-tuning baseline). Learning rates etc. default to DCPCSE's unsupervised BERT-base row.
-    """
-
-    method: str = "dcpcse"
-    supervised: bool = False
-    backbone: str = "bert-base-uncased"
-    prefix_length: int = 16
-    prefix_projection: bool = False
-    template: str = SCPCSE_TEMPLATE
-    learning_rate: float = 3e-2
-    batch_size: int = 256
-    epochs: float = 1.0
-    max_steps: int = -1
-    max_seq_length: int = 32
-    temperature: float = 0.05
-    mlp: bool = True
-    mlm_weight: float = 0.0
-    eval_steps: int = 125
-    warmup_ratio: float = 0.0
-    seed: int = 42
-    output_dir: str = "outputs/run"
-    logging_steps: int = 10
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigurationError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
-        if self.batch_size < 2:
-            raise ConfigurationError("In-batch negatives need batch_size >= 2.")
-
 
 def build_model(settings: TrainSettings) -> SentenceTransformer:
-    """The SentenceTransformer a method trains: prompted (frozen) encoder or plain backbone, with its pooling.
-
-    Seeds torch with ``settings.seed`` first, so the prompts' random initialisation is reproducible.
-    """
-    torch.manual_seed(settings.seed)
-    backbone = resolve_model_name(settings.backbone)
-    if settings.method == "simcse":
-        encoder = Transformer(backbone, max_seq_length=settings.max_seq_length)
-        pooling = Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")
-    elif settings.method == "dcpcse":
-        encoder = PromptedTransformer(
-            backbone,
-            prefix_length=settings.prefix_length,
-            prefix_projection=settings.prefix_projection,
-            max_seq_length=settings.max_seq_length,
-        )
-        pooling = Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")
-    else:  # scpcse
-        encoder = PromptedTransformer(
-            backbone, prefix_length=None, template=settings.template, max_seq_length=settings.max_seq_length
-        )
-        pooling = MaskTokenPooling(encoder.get_embedding_dimension())
-    return SentenceTransformer(modules=[encoder, pooling])
+    """The SentenceTransformer a method trains (the registered method's builder; seeds torch first)."""
+    return methods.get(settings.method).build_model(settings)
 
 
-def build_loss(model: SentenceTransformer, settings: TrainSettings) -> PromptContrastiveLoss:
-    """SimCSE InfoNCE (τ from the settings), training-only MLP, optional DCPCSE auxiliary MLM."""
-    return PromptContrastiveLoss(
-        model, scale=1.0 / settings.temperature, mlp=settings.mlp, mlm_weight=settings.mlm_weight
-    )
+def build_loss(model: SentenceTransformer, settings: TrainSettings, stage: int = 0):
+    """The loss of one stage of the method (the first by default)."""
+    return methods.get(settings.method).stages(settings)[stage].build_loss(model, settings)
 
 
 class KeepBestCallback(TrainerCallback):
@@ -161,6 +97,22 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
+def _stage_dataset(stage: Stage, train_dataset, settings: TrainSettings, index: int):
+    dataset = train_dataset.get(stage.name) if isinstance(train_dataset, dict) else train_dataset
+    if dataset is None:
+        raise ConfigurationError(
+            f"No training data for stage {stage.name!r} of {settings.method}; pass {{'{stage.name}': dataset, ...}}."
+        )
+    expected = list(stage.columns(settings))
+    columns = [c for c in dataset.column_names if c not in ("label", "score")]
+    if columns != expected:
+        raise ConfigurationError(
+            f"Stage {stage.name!r} of {settings.method} needs the columns {expected} (in this order), the dataset has "
+            f"{dataset.column_names}. Columns are matched by name: rename them or use the method's data loader."
+        )
+    return dataset
+
+
 def train(
     settings: TrainSettings,
     train_dataset,
@@ -168,68 +120,88 @@ def train(
     model: SentenceTransformer | None = None,
     show_progress_bar: bool = True,
 ) -> tuple[SentenceTransformer, TrainResult]:
-    """Train a method with ``SentenceTransformerTrainer``; select the best STS-B dev checkpoint if an evaluator is given.
+    """Train a registered method with ``SentenceTransformerTrainer``, stage after stage.
 
-    Returns the trained model (best dev weights restored) and a :class:`TrainResult`.
+    Args:
+        settings: from :func:`st_prompts.methods.settings`.
+        train_dataset: a ``datasets.Dataset`` with the stage's columns, or ``{stage name: Dataset}`` for a method
+            with several stages.
+        dev_evaluator: STS-B dev evaluator; the stages with ``select_model`` keep their best weights (every trainable
+            parameter, the backbone too when it trains) and restore them at the end of the stage.
+        model: a model built earlier (default: the method's builder).
+
+    Returns the trained model (in eval mode) and a :class:`TrainResult`.
     """
+    method = methods.get(settings.method)
     torch.manual_seed(settings.seed)
-    model = model if model is not None else build_model(settings)
-    loss = build_loss(model, settings)
-    steps_per_epoch = math.ceil(len(train_dataset) / settings.batch_size)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=settings.output_dir,
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate,
-        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
-        weight_decay=0.0,
-        lr_scheduler_type="linear",
-        seed=settings.seed,
-        eval_strategy="steps" if dev_evaluator is not None else "no",
-        eval_steps=settings.eval_steps,
-        save_strategy="no",
-        logging_steps=settings.logging_steps,
-        report_to="none",
-        disable_tqdm=not show_progress_bar,
-        use_cpu=not torch.cuda.is_available(),
-    )
-    callbacks: list[TrainerCallback] = [LossStepCallback(loss)]
-    keep_best = None
-    if dev_evaluator is not None:
-        keep_best = KeepBestCallback(model, dev_evaluator)
-        callbacks.append(keep_best)
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        loss=loss,
-        evaluator=dev_evaluator,
-        callbacks=callbacks,
-    )
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    if dev_evaluator is not None and keep_best is not None:
-        # The final weights are not evaluated by the trainer unless the last step is a multiple of eval_steps.
-        if trainer.state.global_step % settings.eval_steps:
-            final = dev_evaluator(model)
-            keep_best.consider(final[dev_evaluator.primary_metric], trainer.state.global_step)
-        keep_best.restore()
+    model = model if model is not None else method.build_model(settings)
+    stages = method.stages(settings)
+    total_steps, seconds, log_history = 0, 0.0, []
+    best: KeepBestCallback | None = None
+    for index, stage in enumerate(stages):
+        dataset = _stage_dataset(stage, train_dataset, settings, index)
+        if stage.prepare is not None:
+            stage.prepare(model, settings)
+        loss = stage.build_loss(model, settings)
+        stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
+        learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
+        evaluator = dev_evaluator if stage.select_model else None
+        args = SentenceTransformerTrainingArguments(
+            output_dir=settings.output_dir,
+            num_train_epochs=settings.epochs,
+            max_steps=stage_steps if stage_steps is not None else settings.max_steps,
+            per_device_train_batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate,
+            learning_rate_mapping=learning_rates,
+            warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
+            weight_decay=0.0,
+            lr_scheduler_type="linear",
+            seed=settings.seed,
+            eval_strategy="steps" if evaluator is not None else "no",
+            eval_steps=settings.eval_steps,
+            save_strategy="no",
+            logging_steps=settings.logging_steps,
+            report_to="none",
+            disable_tqdm=not show_progress_bar,
+            use_cpu=not torch.cuda.is_available(),
+        )
+        callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
+        keep_best = None
+        if evaluator is not None:
+            keep_best = KeepBestCallback(model, evaluator)
+            callbacks.append(keep_best)
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=callbacks,
+        )
+        if len(stages) > 1:
+            logger.info(f"Stage {index + 1}/{len(stages)}: {stage.name}")
+        start = time.perf_counter()
+        trainer.train()
+        seconds += time.perf_counter() - start
+        if keep_best is not None:
+            # The final weights are not evaluated by the trainer unless the last step is a multiple of eval_steps.
+            if trainer.state.global_step % settings.eval_steps:
+                final = evaluator(model)
+                keep_best.consider(final[evaluator.primary_metric], trainer.state.global_step)
+            keep_best.restore()
+            best = keep_best
+        total_steps += trainer.state.global_step
+        log_history.extend({**entry, "stage": stage.name} for entry in trainer.state.log_history)
+        steps_per_epoch = math.ceil(len(dataset) / settings.batch_size)
+        logger.info(f"{settings.method} {stage.name}: {trainer.state.global_step} steps ({steps_per_epoch} per epoch)"
+                    f" in {time.perf_counter() - start:.0f}s.")
     model.eval()
     trainable, total = count_parameters(model)
     result = TrainResult(
-        steps=trainer.state.global_step,
+        steps=total_steps,
         seconds=seconds,
-        best_metric=keep_best.best if keep_best else None,
-        best_step=keep_best.best_step if keep_best else None,
-        log_history=list(trainer.state.log_history),
+        best_metric=best.best if best else None,
+        best_step=best.best_step if best else None,
+        log_history=log_history,
         trainable_parameters=trainable,
         total_parameters=total,
         settings=asdict(settings),
     )
-    logger.info(
-        f"Trained {settings.method} for {result.steps} steps ({steps_per_epoch} per epoch) in {seconds:.0f}s; "
-        f"best dev {result.best_metric} at step {result.best_step}."
-    )
+    if best is not None:
+        logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")
     return model, result

@@ -1,0 +1,152 @@
+"""What a method is: settings with paper/CPU presets, a model builder, and a list of training stages.
+
+A method file (``st_prompts/methods/<name>.py``) defines a :class:`TrainSettings` subclass with the method's own
+options, and a module-level ``METHOD = Method(...)``. Everything else (the CLI ``st-prompts train <name>``, the
+recipes, the benchmarks, model selection) reads the registry in :mod:`st_prompts.methods`, so adding a method never
+adds a branch to shared code.
+
+This module and every method module import only light modules at import time (no torch, no transformers), so the
+command line can list the methods and their options in well under a second; heavy imports live inside the builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from st_prompts.errors import ConfigurationError
+
+#: ``--scale`` values: ``paper`` (hub backbone, the paper's hyperparameters), ``cpu`` (packaged MiniLM, minutes).
+SCALES = ("paper", "cpu")
+#: Options of the SimCSE MLP over the sentence embedding (``Linear(H, H) + Tanh``):
+#: ``train_only`` — applied in training, dropped at inference (SimCSE/DCPCSE ``--mlp_only_train``, unsupervised);
+#: ``saved`` — a real module of the saved model, applied in training and at inference (official supervised runs);
+#: ``none`` — no MLP.
+MLP_HEAD_MODES = ("train_only", "saved", "none")
+
+
+def option(default: Any, help: str, choices: Sequence[Any] | None = None, cli: bool = True) -> Any:
+    """A settings field with its command-line help (and choices); ``cli=False`` keeps it off the command line."""
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "cli": cli}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainSettings:
+    """The options every method shares. Method files subclass it with their own fields (use :func:`option`)."""
+
+    method: str = option("", "method name (set by the registry)", cli=False)
+    supervised: bool = option(False, "supervised NLI training (default: unsupervised)", cli=False)
+    scale: str = option("paper", "preset scale", SCALES, cli=False)
+    backbone: str = option("bert-base-uncased", "backbone name, path or alias ('minilm')")
+    learning_rate: float = option(3e-5, "peak learning rate (linear decay)")
+    batch_size: int = option(64, "training batch size (in-batch negatives)")
+    epochs: float = option(1.0, "training epochs")
+    max_steps: int = option(-1, "stop after this many optimisation steps (-1: run the epochs)")
+    max_seq_length: int = option(32, "maximum tokens per sentence")
+    temperature: float = option(0.05, "InfoNCE temperature tau")
+    eval_steps: int = option(125, "evaluate STS-B dev every this many steps (model selection)")
+    warmup_ratio: float = option(0.0, "share of the steps with a linear warm-up")
+    seed: int = option(42, "random seed (prompt initialisation, data order, dropout)")
+    output_dir: str = option("outputs/run", "where trainer files and the model go", cli=False)
+    logging_steps: int = option(10, "log the loss every this many steps")
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 2:
+            raise ConfigurationError("In-batch negatives need batch_size >= 2.")
+        if self.scale not in SCALES:
+            raise ConfigurationError(f"Unknown scale {self.scale!r}; choose one of {', '.join(SCALES)}.")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigurationError(
+                    f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(map(str, choices))}."
+                )
+
+    def replace(self, **changes: Any) -> TrainSettings:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage: what trains, with which loss, on which data.
+
+    Attributes:
+        name: shown in logs and used to key per-stage datasets (``train(settings, {"stage1": ds1, ...})``).
+        build_loss: ``(model, settings) -> loss module``; training-only heads live in the loss.
+        columns: ``settings -> column names`` the stage's dataset must have, in order.
+        load_data: ``(settings, data_dir, limit) -> datasets.Dataset`` (``data_dir=None``: hub or bundled data).
+        prepare: ``(model, settings) -> None`` run before the stage (e.g. freeze or unfreeze the backbone).
+        callbacks: ``(loss, settings) -> list`` of trainer callbacks for the stage.
+        learning_rates: ``(model, settings) -> {regex over the loss's parameter names: lr}`` for parameter groups
+            with their own learning rate (sentence-transformers' ``learning_rate_mapping``).
+        max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
+        select_model: evaluate on STS-B dev during this stage and keep the best weights.
+    """
+
+    name: str
+    build_loss: Callable[[Any, TrainSettings], Any]
+    columns: Callable[[TrainSettings], tuple[str, ...]]
+    load_data: Callable[[TrainSettings, Any, int | None], Any]
+    prepare: Callable[[Any, TrainSettings], None] | None = None
+    callbacks: Callable[[Any, TrainSettings], list] | None = None
+    learning_rates: Callable[[Any, TrainSettings], dict[str, float]] | None = None
+    max_steps: Callable[[TrainSettings], int | None] | None = None
+    select_model: bool = True
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method (see :mod:`st_prompts.methods`).
+
+    Attributes:
+        name: the registry key (``st-prompts train <name>``).
+        summary: one line for ``--help``.
+        settings_class: the :class:`TrainSettings` subclass holding the method's options.
+        presets: ``(scale, supervised, backbone) -> {field: value}``: the paper's table for ``scale="paper"``, the
+            CPU setting on the packaged MiniLM for ``scale="cpu"``. ``backbone`` is ``None`` for the default one.
+        build_model: ``settings -> SentenceTransformer`` (the model that is trained and saved).
+        stages: ``settings -> [Stage, ...]``; a two-stage method is just a longer list.
+        settings_supported: which ``supervised`` values the method has.
+        prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
+    """
+
+    name: str
+    summary: str
+    settings_class: type[TrainSettings]
+    presets: Callable[[str, bool, str | None], dict[str, Any]]
+    build_model: Callable[[TrainSettings], Any]
+    stages: Callable[[TrainSettings], list[Stage]]
+    settings_supported: tuple[bool, ...] = (False, True)
+    prompts_only: bool = True
+
+    def settings(
+        self, supervised: bool = False, scale: str = "paper", backbone: str | None = None, **overrides: Any
+    ) -> TrainSettings:
+        """The settings of a run: the preset for (scale, supervision, backbone), then ``overrides`` (``None`` values
+        are ignored, so parsed command-line options can be passed as they are)."""
+        if scale not in SCALES:
+            raise ConfigurationError(f"Unknown scale {scale!r}; choose one of {', '.join(SCALES)}.")
+        if supervised not in self.settings_supported:
+            kind = "supervised" if supervised else "unsupervised"
+            raise ConfigurationError(f"{self.name} has no {kind} setting.")
+        values: dict[str, Any] = {"method": self.name, "supervised": supervised, "scale": scale}
+        values.update(self.presets(scale, supervised, backbone))
+        if backbone is not None:
+            values["backbone"] = backbone
+        known = {f.name for f in dataclasses.fields(self.settings_class)}
+        unknown = sorted(k for k, v in overrides.items() if v is not None and k not in known)
+        if unknown:
+            raise ConfigurationError(f"{self.name} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}.")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return self.settings_class(**values)
+
+
+def cli_fields(settings_class: type[TrainSettings]) -> list[dataclasses.Field]:
+    """The settings fields exposed on the command line (``--field-name``), in declaration order."""
+    return [f for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)]
