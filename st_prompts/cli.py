@@ -3,6 +3,13 @@
 Every sub-command lives in its own module under :mod:`st_prompts.commands` and exposes two functions:
 ``add_parser(subparsers)`` (registers the sub-command and its options, and sets ``func`` to its runner)
 and the runner itself, which receives the parsed ``argparse.Namespace`` and returns an exit code.
+
+Command modules import only light modules at import time (torch, transformers and sentence-transformers are imported
+inside the runners), so ``st-prompts --help`` and argument errors answer at once.
+
+Output policy: st_prompts' own messages are logged at INFO without timestamps; other libraries only speak at ERROR
+(``-v`` shows everything at INFO, ``-vv`` at DEBUG); progress bars are shown on a terminal only (never written into a
+redirected log), and ``Ctrl-C`` ends a command with one line.
 """
 
 from __future__ import annotations
@@ -10,13 +17,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from st_prompts.errors import StPromptsError
 
-# Sub-command modules, in the order they appear in ``st-prompts --help``. A module that is missing is skipped so
-# that the CLI keeps working while a command is being developed.
+# Sub-command modules, in the order they appear in ``st-prompts --help``.
 COMMAND_MODULES = ("demo", "train", "evaluate", "plot", "index")
+_handler: logging.Handler | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,36 +32,60 @@ def build_parser() -> argparse.ArgumentParser:
         prog="st-prompts",
         description="Prompt-based contrastive sentence embeddings for sentence-transformers.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug information")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="show library logs (-v: INFO, -vv: DEBUG); default: st_prompts' own messages only")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"st_prompts.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"st_prompts.commands.{name}":
-                continue
-            raise
-        module.add_parser(subparsers)
+        importlib.import_module(f"st_prompts.commands.{name}").add_parser(subparsers)
     return parser
+
+
+def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
+    """Logging and progress bars for a command-line run (see the module docstring).
+
+    Must run before transformers / sentence-transformers are imported: they read their settings from the environment.
+    """
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar (sentence-transformers, datasets, the trainer)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' and huggingface_hub's bars
+    if verbose == 0:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports, no advice
+        os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    global _handler
+    root = logging.getLogger()
+    if _handler is not None:  # called again in the same process (tests): replace our handler, keep the others
+        root.removeHandler(_handler)
+    handler = _handler = logging.StreamHandler(sys.stderr)
+    if verbose:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+        root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    else:
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.setLevel(logging.ERROR)
+    root.addHandler(handler)
+    logging.getLogger("st_prompts").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    configure_output(args.verbose, progress=False if getattr(args, "no_progress", False) else None)
     try:
         return int(args.func(args) or 0)
     except StPromptsError as exc:
         # Errors we raise on purpose are meant for the user: print the message, not a traceback.
         print(f"st-prompts {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Models and indexes are written to a temporary name and renamed at the end: nothing half-written is left.
+        print(f"st-prompts {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
