@@ -67,3 +67,45 @@ def test_paper_presets_follow_the_tables():
     with pytest.raises(ConfigurationError, match="No paper hyperparameters"):
         preset("dcpcse", False, "paper", backbone="distilbert-base-uncased")
     assert preset("dcpcse", False, "cpu", learning_rate=0.5).learning_rate == 0.5
+
+
+def test_cpu_scale_defaults_to_the_bundled_data(tiny_bert, tmp_path, capsys):
+    """A newcomer without --data-dir trains on the small data set shipped in the package (and says so)."""
+    from st_prompts.data.training_data import bundled_data_dir
+
+    bundled = bundled_data_dir()
+    assert sum(1 for _ in open(bundled / "wiki_sentences.txt")) == 3000
+    assert sum(1 for _ in open(bundled / "nli_triplets.csv")) == 1501  # header + 1,500 triplets
+    out = tmp_path / "model"
+    argv = ["train", "dcpcse", "--supervised", "--backbone", tiny_bert, "--max-steps", "1", "--batch-size", "4",
+            "--limit", "8", "--output", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert "bundled with st_prompts" in capsys.readouterr().err
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["settings"]["supervised"] is True and result["best_metric"] is not None
+
+
+def test_offline_hub_download_fails_with_a_clear_message(monkeypatch):
+    import huggingface_hub
+
+    from st_prompts.data.training_data import load_training_dataset
+    from st_prompts.errors import DataNotFoundError
+
+    def offline(*args, **kwargs):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(DataNotFoundError, match="--data-dir"):
+        load_training_dataset(False, None)
+
+
+def test_interrupt_prints_one_line(monkeypatch, capsys):
+    import st_prompts.commands.train as train_command
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "run_training", lambda *a, **k: interrupted(a))
+    assert main(["train", "dcpcse", "--max-steps", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "st-prompts train: interrupted"
