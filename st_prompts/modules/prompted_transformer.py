@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from st_prompts.errors import (
     DataNotFoundError,
     UnsupportedArchitectureError,
 )
+from st_prompts import utils
 from st_prompts.prompts.prefix import PrefixEncoder
 from st_prompts.prompts.shallow import TEMPLATE_MODES, ShallowPrompt, parse_template, place_vectors
 
@@ -29,6 +31,10 @@ logger = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
 #: File holding the soft prompts (and nothing else) next to the module config.
 PROMPTS_FILE = "soft_prompts.safetensors"
+#: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
+#: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.
+MIN_TEXT_TOKENS = 8
+
 #: ``features`` key: per-row prefix attention mask, shape ``(batch, prefix_length)``, 1 = attend (see
 #: :func:`~st_prompts.prompts.prefix.prefix_view_mask`). Absent = every row attends to the whole prefix.
 PREFIX_ATTENTION_MASK = "prefix_attention_mask"
@@ -53,6 +59,35 @@ def backbone_fingerprint(model: torch.nn.Module) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return "sha256:" + digest.hexdigest()
+
+
+def portable_backbone_reference(name_or_path: str) -> str:
+    """What identifies a backbone portably: the packaged alias (``"minilm"``) for the packaged MiniLM, the hub id for
+    a hub id or a folder of the Hugging Face cache (``.../models--org--name/snapshots/<rev>``), else the absolute path.
+    """
+    name_or_path = str(name_or_path)
+    alias = utils.packaged_minilm_alias(name_or_path)
+    if alias is not None:
+        return alias
+    if not os.path.exists(name_or_path):
+        return name_or_path  # a hub id
+    real = os.path.realpath(name_or_path)
+    match = re.search(r"(?:^|/)models--([^/]+)/snapshots/[^/]+/?$", real.replace(os.sep, "/"))
+    if match:
+        return match.group(1).replace("--", "/")
+    return os.path.abspath(name_or_path)
+
+
+def _is_local_reference(reference: str) -> bool:
+    return os.path.isabs(reference)
+
+
+def _resolve_quietly(name_or_path: str) -> str:
+    """Resolve a packaged-model alias if the package is there; otherwise keep the name (used for references only)."""
+    try:
+        return utils.resolve_model_name(name_or_path)
+    except DataNotFoundError:
+        return name_or_path
 
 
 class PromptedTransformer(Transformer):
@@ -91,7 +126,8 @@ class PromptedTransformer(Transformer):
         model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
 
     Args:
-        model_name_or_path: backbone name on the hub or local path (BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT).
+        model_name_or_path: backbone name on the hub, local path, or an alias of the packaged MiniLM (``"minilm"``,
+            see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`). BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT.
         prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
         prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
         prefix_hidden_size: hidden size of that MLP (DCPCSE: 512).
@@ -101,15 +137,18 @@ class PromptedTransformer(Transformer):
         cls_prompt: add a trainable [CLS] prompt (a vector replacing the input embedding at position 0, initialised
             from the [CLS] token's input embedding, so the output is unchanged before training).
         freeze_backbone: keep the backbone's parameters out of training (``requires_grad=False``).
-        backbone_name_or_path: where the backbone weights originally come from; recorded in the config and used by
-            prompts-only checkpoints (defaults to ``model_name_or_path``).
+        backbone_name_or_path: where the backbone weights originally come from; recorded in the config (as the
+            packaged alias, a hub id, or an absolute path) and used by prompts-only checkpoints (defaults to
+            ``model_name_or_path``).
         max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
         **kwargs: passed on to :class:`sentence_transformers.base.modules.Transformer` (``model_kwargs``,
             ``processor_kwargs``, ``config_kwargs``, ...).
 
     Raises:
         ConfigurationError: for invalid options (``prefix_length < 1``, no prompt at all, a template without
-            ``[X]``/``[MASK]``, a non-torch backend).
+            ``[X]``/``[MASK]``, a prefix (plus template) leaving fewer than :data:`MIN_TEXT_TOKENS` positions for
+            text, a non-torch backend).
+        DataNotFoundError: for the packaged-MiniLM alias when its package is not installed.
         UnsupportedArchitectureError: for backbones that cannot carry deep prompts.
     """
 
@@ -149,6 +188,8 @@ class PromptedTransformer(Transformer):
             raise ConfigurationError("PromptedTransformer only supports transformer_task='feature-extraction'.")
         # Prompts need padded batches: never let sentence-transformers flatten (unpad) the inputs.
         kwargs["unpad_inputs"] = False
+        # Aliases of the packaged MiniLM resolve here (fails fast when its package is missing: no hub retries).
+        model_name_or_path = utils.resolve_model_name(str(model_name_or_path))
         super().__init__(model_name_or_path, **kwargs)
         _check_architecture(self.auto_model.config)
 
@@ -160,7 +201,11 @@ class PromptedTransformer(Transformer):
         self.template = template
         self.template_mode = template_mode
         self.cls_prompt = bool(cls_prompt)
-        self.backbone_name_or_path = backbone_name_or_path or str(model_name_or_path)
+        #: Where the backbone can be loaded from here (aliases resolved); saved configs hold
+        #: :attr:`backbone_reference` instead.
+        self.backbone_name_or_path = (
+            _resolve_quietly(str(backbone_name_or_path)) if backbone_name_or_path else model_name_or_path
+        )
         self._prompts_only_save = False
         self._position_offset = self._infer_flatten_position_offset()
 
@@ -194,6 +239,7 @@ class PromptedTransformer(Transformer):
         if vector_ids:
             self.shallow_prompt = ShallowPrompt.from_token_ids(vector_ids, self.auto_model.get_input_embeddings().weight)
 
+        self._check_room_for_text()
         self.freeze_backbone = freeze_backbone
         limit = self.max_position_limit
         if max_seq_length is None or max_seq_length > limit:
@@ -250,6 +296,12 @@ class PromptedTransformer(Transformer):
         """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
 
+    @property
+    def backbone_reference(self) -> str:
+        """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
+        or (for other local folders) an absolute path."""
+        return portable_backbone_reference(self.backbone_name_or_path)
+
     def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """The position ids of the real tokens: exactly what transformers computes from ``input_ids`` after a cache
         of ``prefix_length`` positions, on every path (deep prefix, template, overrides).
@@ -278,6 +330,23 @@ class PromptedTransformer(Transformer):
         if tokenizer.padding_side != "right" or tokenizer("a")["input_ids"][0] != cls_id:
             raise ConfigurationError("cls_prompt needs the [CLS] token at position 0 (right padding).")
         return cls_id
+
+    def _check_room_for_text(self) -> None:
+        """Refuse prompts that leave fewer than :data:`MIN_TEXT_TOKENS` positions for text."""
+        positions = self.auto_model.config.max_position_embeddings
+        special = self.tokenizer.num_special_tokens_to_add(pair=False)
+        template = self._template.num_tokens if self._template is not None else 0
+        prefix = self.prefix_length or 0
+        used = self._position_offset + special + template
+        if positions - used - prefix < MIN_TEXT_TOKENS:
+            largest = positions - used - MIN_TEXT_TOKENS
+            hint = f"use prefix_length <= {largest}" if largest >= 1 else "use a shorter template or a longer backbone"
+            raise ConfigurationError(
+                f"prefix_length={self.prefix_length} leaves {max(positions - used - prefix, 0)} positions for text: "
+                f"the backbone has {positions} position embeddings, of which {self._position_offset} are reserved "
+                f"(position offset), {special} go to special tokens and {template} to the template; at least "
+                f"{MIN_TEXT_TOKENS} are needed (MIN_TEXT_TOKENS): {hint}."
+            )
 
     def _verify_prefix_takes_effect(self) -> None:
         """Guard against backbones that accept a cache and silently ignore it (as ALBERT does)."""
@@ -456,6 +525,7 @@ class PromptedTransformer(Transformer):
     # ------------------------------------------------------------------ saving / loading
     def get_config_dict(self) -> dict[str, Any]:
         config = super().get_config_dict()
+        config["backbone_name_or_path"] = self.backbone_reference
         if self._prompts_only_save:
             config["prompts_only"] = True
             config["backbone_fingerprint"] = backbone_fingerprint(self.auto_model)
@@ -474,10 +544,18 @@ class PromptedTransformer(Transformer):
         """Save the module: backbone (safetensors), tokenizer, config and ``soft_prompts.safetensors``.
 
         Inside :meth:`prompts_only` only the config (with the backbone reference and fingerprint) and the prompts are
-        written. Weights are always written as safetensors.
+        written. The reference is portable for the packaged MiniLM (its alias) and hub models (their id); for other
+        local folders it is their absolute path, and a warning says so. Weights are always written as safetensors.
         """
         os.makedirs(output_path, exist_ok=True)
         if self._prompts_only_save:
+            reference = self.backbone_reference
+            if _is_local_reference(reference):
+                logger.warning(
+                    f"The prompts-only checkpoint {output_path!r} refers to its backbone by the local path {reference!r}: "
+                    f"it loads only where that path exists, or with model_kwargs={{'backbone_name_or_path': ...}} "
+                    f"pointing at a copy with the same weights."
+                )
             self.save_config(output_path)
         else:
             super().save(output_path, safe_serialization=True)
@@ -503,9 +581,10 @@ class PromptedTransformer(Transformer):
     ) -> PromptedTransformer:
         """Load a saved module (full or prompts-only).
 
-        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path``; pass
-        ``model_kwargs={"backbone_name_or_path": ...}`` to ``SentenceTransformer(...)`` to point elsewhere (e.g. a local
-        copy). The backbone's weights must have the recorded fingerprint, else :class:`BackboneMismatchError`.
+        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path`` (the packaged-MiniLM
+        alias resolves to the installed package); pass ``model_kwargs={"backbone_name_or_path": ...}`` to
+        ``SentenceTransformer(...)`` to point elsewhere (e.g. a local copy). The backbone's weights must have the
+        recorded fingerprint, else :class:`BackboneMismatchError`.
         """
         hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision,
                    local_files_only=local_files_only)
@@ -518,6 +597,7 @@ class PromptedTransformer(Transformer):
             backbone_hub = {"token": token, "cache_dir": cache_folder, "local_files_only": local_files_only,
                             "trust_remote_code": trust_remote_code}
             init = {k: v for k, v in config.items() if k in cls.config_keys}
+            init["backbone_name_or_path"] = source
             try:
                 module = cls(
                     source,
