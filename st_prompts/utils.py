@@ -34,6 +34,22 @@ def resolve_model_name(name_or_path: str) -> str:
     return name_or_path
 
 
+def packaged_minilm_alias(name_or_path: str) -> str | None:
+    """The canonical alias (``"minilm"``) if ``name_or_path`` is one of :data:`PACKAGED_MINILM_ALIASES` or a path to
+    the packaged MiniLM folder (compared as resolved paths); ``None`` otherwise, also when the package is missing."""
+    name_or_path = str(name_or_path)
+    exists = os.path.exists(name_or_path)
+    if name_or_path in PACKAGED_MINILM_ALIASES and not exists:
+        return PACKAGED_MINILM_ALIASES[0]
+    if not exists:
+        return None
+    try:
+        packaged = packaged_minilm_path()
+    except DataNotFoundError:
+        return None
+    return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
+
+
 def default_data_dir() -> Path | None:
     """The shared data directory of this workplace (``../shared/data`` next to the repository), if present.
 

@@ -2,18 +2,30 @@
 
 from st_prompts.modules.pooling import MaskTokenPooling
 from st_prompts.modules.prompted_transformer import (
+    CLS_OVERRIDE,
+    MIN_TEXT_TOKENS,
+    POSITION_IDS,
+    PREFIX_ATTENTION_MASK,
     PROMPTS_FILE,
     SUPPORTED_MODEL_TYPES,
     PromptedTransformer,
     backbone_fingerprint,
+    portable_backbone_reference,
     save_prompts_only,
 )
+from st_prompts.prompts.prefix import prefix_view_mask
 
 __all__ = [
+    "CLS_OVERRIDE",
+    "MIN_TEXT_TOKENS",
+    "POSITION_IDS",
+    "PREFIX_ATTENTION_MASK",
     "PROMPTS_FILE",
     "SUPPORTED_MODEL_TYPES",
     "MaskTokenPooling",
     "PromptedTransformer",
     "backbone_fingerprint",
+    "portable_backbone_reference",
+    "prefix_view_mask",
     "save_prompts_only",
 ]

@@ -14,7 +14,7 @@ class MaskTokenPooling(Module):
     """Sentence embedding = last hidden state at the template's ``[MASK]`` position (PromptBERT / SCPCSE pooling).
 
     Reads ``features["prompt_mask_index"]``, which :class:`~st_prompts.PromptedTransformer` writes when it has a
-    template.
+    template (soft or hard; :meth:`~st_prompts.PromptedTransformer.template_only_features` writes it too).
 
     Args:
         embedding_dimension: hidden size of the encoder (``encoder.get_embedding_dimension()``).

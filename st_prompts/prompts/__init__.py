@@ -1,0 +1,23 @@
+"""Soft prompts: deep key/value prefixes (:mod:`.prefix`) and input-embedding prompts and templates (:mod:`.shallow`)."""
+
+from st_prompts.prompts.prefix import PrefixCache, PrefixEncoder, prefix_view_mask
+from st_prompts.prompts.shallow import (
+    PROMPTBERT_TEMPLATE,
+    SCPCSE_TEMPLATE,
+    TEMPLATE_MODES,
+    ShallowPrompt,
+    parse_template,
+    place_vectors,
+)
+
+__all__ = [
+    "PROMPTBERT_TEMPLATE",
+    "SCPCSE_TEMPLATE",
+    "TEMPLATE_MODES",
+    "PrefixCache",
+    "PrefixEncoder",
+    "ShallowPrompt",
+    "parse_template",
+    "place_vectors",
+    "prefix_view_mask",
+]

@@ -10,10 +10,14 @@ as the independent reference for the attention arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from st_prompts.errors import ConfigurationError
 
 
 class PrefixEncoder(nn.Module):
@@ -61,26 +65,22 @@ class PrefixEncoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("prefix_tokens", torch.arange(prefix_length), persistent=False)
 
-    def key_values(self, positions: slice | None = None) -> torch.Tensor:
-        """The (batch-independent) prefix as one tensor of shape ``(l', 2L, heads, head_dim)``.
-
-        Args:
-            positions: optional slice of prefix positions to use (a *view* of the prefix, e.g. one half of it).
-        """
-        tokens = self.prefix_tokens if positions is None else self.prefix_tokens[positions]
-        values = self.embedding(tokens)
+    def key_values(self) -> torch.Tensor:
+        """The (batch-independent) prefix as one tensor of shape ``(l, 2L, heads, head_dim)``."""
+        values = self.embedding(self.prefix_tokens)
         if self.transform is not None:
             values = self.transform(values)
-        return values.view(len(tokens), 2 * self.num_layers, self.num_heads, self.head_dim)
+        return values.view(self.prefix_length, 2 * self.num_layers, self.num_heads, self.head_dim)
 
-    def forward(self, batch_size: int, positions: slice | None = None) -> PrefixCache:
+    def forward(self, batch_size: int) -> PrefixCache:
         """Build a fresh key/value cache holding the prefix for a batch.
 
         A new cache is needed for every forward pass: transformers appends the real tokens' keys/values to it in place.
         Dropout (in training mode) is drawn independently for every example, as in DCPCSE; without dropout the prefix
-        is broadcast over the batch without a copy.
+        is broadcast over the batch without a copy. Which prefix positions a row attends to is decided by the attention
+        mask (see :func:`prefix_view_mask`), not here.
         """
-        values = self.key_values(positions)  # (l, 2L, heads, hd)
+        values = self.key_values()  # (l, 2L, heads, hd)
         values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
         values = values.expand(-1, batch_size, -1, -1, -1)
         if self.training and self.dropout.p > 0:
@@ -92,6 +92,56 @@ class PrefixEncoder(nn.Module):
             f"prefix_length={self.prefix_length}, num_layers={self.num_layers}, num_heads={self.num_heads}, "
             f"head_dim={self.head_dim}, projection={self.projection}"
         )
+
+
+def prefix_view_mask(
+    batch_size: int,
+    prefix_length: int,
+    view: int | Sequence[int] | torch.Tensor | None,
+    num_views: int = 2,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A prefix attention mask (``1`` = attend) that lets each row see one *view* of the prefix.
+
+    The ``prefix_length`` positions are cut into ``num_views`` contiguous, nearly equal blocks (position ``p`` belongs
+    to view ``p * num_views // prefix_length``; with ``prefix_length = 2l`` and two views: the first and the second
+    half). Pass the result as ``features["prefix_attention_mask"]``: positions are never shifted, so a row attending to
+    view 1 has exactly the positions it has at inference, where all prefix positions are attended.
+
+    Args:
+        batch_size: number of rows.
+        prefix_length: the encoder's ``prefix_length``.
+        view: the view every row attends to (an ``int``), one view per row (a sequence or 1-D tensor of ``batch_size``
+            ints, so rows with different views share one forward pass), or ``None`` for all positions.
+        num_views: number of views the prefix is cut into.
+        device: device of the returned mask.
+
+    Returns:
+        A ``long`` tensor of shape ``(batch_size, prefix_length)``.
+
+    Example::
+
+        # DiffAug: the anchor attends to the first half of the prefix, the positive to the second half
+        anchor["prefix_attention_mask"] = prefix_view_mask(len(texts), encoder.prefix_length, view=0)
+        positive["prefix_attention_mask"] = prefix_view_mask(len(texts), encoder.prefix_length, view=1)
+
+    Raises:
+        ConfigurationError: for ``num_views`` outside ``[1, prefix_length]``, a view outside ``[0, num_views)``, or a
+            per-row view list whose length is not ``batch_size``.
+    """
+    if not isinstance(num_views, int) or not 1 <= num_views <= prefix_length:
+        raise ConfigurationError(f"num_views must be an integer in [1, prefix_length={prefix_length}], got {num_views!r}.")
+    if view is None:
+        return torch.ones(batch_size, prefix_length, dtype=torch.long, device=device)
+    views = torch.as_tensor(view, dtype=torch.long, device=device)
+    if views.dim() == 0:
+        views = views.expand(batch_size)
+    if views.shape != (batch_size,):
+        raise ConfigurationError(f"view must be an int or one int per row ({batch_size}), got shape {tuple(views.shape)}.")
+    if views.numel() and (views.min() < 0 or views.max() >= num_views):
+        raise ConfigurationError(f"views must be in [0, {num_views}), got {views.tolist()}.")
+    owner = torch.arange(prefix_length, device=views.device) * num_views // prefix_length  # view of each position
+    return (owner.unsqueeze(0) == views.unsqueeze(1)).long()
 
 
 class PrefixCache(DynamicCache):

@@ -1,9 +1,22 @@
-"""Shallow continuous prompts: trainable input embeddings around a template (the SCPCSE ablation of DCPCSE).
+"""Input-embedding prompts: vectors placed at given input positions, and templates.
+
+One mechanism covers every shallow prompt: a table of trainable vectors (:class:`ShallowPrompt`) and, per batch, a
+*slot* tensor saying which vector replaces the input embedding at each position (``-1`` keeps the token's own
+embedding). It carries
+
+* **soft template tokens** (the SCPCSE ablation of DCPCSE): every template token except ``[MASK]`` becomes a trainable
+  vector initialised from that token's input embedding;
+* a trainable **[CLS] prompt**: one vector, initialised from the [CLS] token's input embedding, that replaces the
+  input row at position 0.
+
+An *external* vector (one per row, e.g. a sentence embedding conditioning a second pass of the encoder) replaces a
+row with :func:`place_vectors`, keeping the gradient.
 
 A template such as ``This sentence : "[X]" means [MASK] .`` is tokenised once. ``[X]`` is where the sentence goes and
 ``[MASK]`` (written literally, whatever the tokenizer's own mask token is) is the position whose last hidden state is
-the sentence embedding. Every other template token becomes a trainable vector initialised from that token's input
-embedding; the ``[MASK]`` token and the special tokens ([CLS]/[SEP], <s>/</s>) stay real tokens.
+the sentence embedding. A template is *soft* (its tokens become trainable vectors, see above) or *hard* (its tokens
+stay real, untrained tokens, as in PromptBERT). The ``[MASK]`` token and the special tokens ([CLS]/[SEP], <s>/</s>)
+are real tokens in both modes.
 """
 
 from __future__ import annotations
@@ -19,6 +32,10 @@ SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
 #: The SCPCSE template of the DCPCSE paper (appendix A).
 SCPCSE_TEMPLATE = 'This sentence : "[X]" means [MASK] .'
+#: The PromptBERT template (used as a hard template, e.g. by DiffAug).
+PROMPTBERT_TEMPLATE = 'This sentence of "[X]" means [MASK].'
+#: ``template_mode`` values: ``"soft"`` (template tokens are trainable vectors) or ``"hard"`` (real, untrained tokens).
+TEMPLATE_MODES = ("soft", "hard")
 
 
 @dataclass(frozen=True)
@@ -76,27 +93,58 @@ def parse_template(template: str, tokenizer) -> ParsedTemplate:
 
 
 class ShallowPrompt(nn.Module):
-    """Trainable template embeddings (one vector per non-mask template token).
+    """Trainable vectors placed at given input positions (soft template tokens, a [CLS] prompt, ...).
 
     Args:
-        template_ids: the template token ids in order (left part then right part), mask token included.
-        mask_token_id: id of the mask token, which is left as a real token (not trainable).
-        init_embeddings: the backbone's input embedding matrix used to initialise the soft tokens.
+        init_vectors: initial values, shape ``(n, dim)`` (typically rows of the backbone's input embedding matrix);
+            copied into a new parameter.
     """
 
-    def __init__(self, template_ids: list[int], mask_token_id: int, init_embeddings: torch.Tensor) -> None:
+    def __init__(self, init_vectors: torch.Tensor) -> None:
         super().__init__()
-        soft_ids = [i for i in template_ids if i != mask_token_id]
-        if not soft_ids:
-            raise ConfigurationError("The template has no token besides [X] and [MASK]: nothing to train.")
-        self.embeddings = nn.Parameter(init_embeddings[torch.tensor(soft_ids)].detach().clone())
+        if init_vectors.dim() != 2 or init_vectors.shape[0] == 0:
+            raise ConfigurationError("A shallow prompt needs at least one vector to train.")
+        self.embeddings = nn.Parameter(init_vectors.detach().clone())
+
+    @classmethod
+    def from_token_ids(cls, token_ids: list[int], embedding_matrix: torch.Tensor) -> ShallowPrompt:
+        """One trainable vector per token id, initialised from that token's row of ``embedding_matrix``."""
+        if not token_ids:
+            raise ConfigurationError("A shallow prompt needs at least one vector to train.")
+        return cls(embedding_matrix[torch.tensor(token_ids, device=embedding_matrix.device)])
 
     @property
     def num_soft_tokens(self) -> int:
         return self.embeddings.shape[0]
 
-    def forward(self, inputs_embeds: torch.Tensor, soft_positions: torch.Tensor) -> torch.Tensor:
-        """Replace the template slots of ``inputs_embeds`` (``soft_positions >= 0``) by the trainable vectors."""
-        is_soft = (soft_positions >= 0).unsqueeze(-1)
-        soft = self.embeddings[soft_positions.clamp(min=0)].to(inputs_embeds.dtype)
+    def forward(self, inputs_embeds: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Replace the rows of ``inputs_embeds`` where ``slots >= 0`` by the trainable vector ``slots`` names.
+
+        Args:
+            inputs_embeds: ``(batch, seq, dim)``.
+            slots: ``(batch, seq)`` long tensor: index of the vector for each position, ``-1`` to keep the input row.
+        """
+        slots = slots.to(inputs_embeds.device)
+        is_soft = (slots >= 0).unsqueeze(-1)
+        soft = self.embeddings[slots.clamp(min=0)].to(inputs_embeds.dtype)
         return torch.where(is_soft, soft, inputs_embeds)
+
+
+def place_vectors(inputs_embeds: torch.Tensor, vectors: torch.Tensor, position: int = 0) -> torch.Tensor:
+    """Replace the input row at ``position`` of every example by the matching row of ``vectors`` (gradient kept).
+
+    Args:
+        inputs_embeds: ``(batch, seq, dim)``.
+        vectors: ``(batch, dim)``, one vector per example (not detached: gradient flows into it).
+        position: which input position to replace (0 = the [CLS] / <s> row).
+
+    Raises:
+        ConfigurationError: if the shapes do not match.
+    """
+    batch, _, dim = inputs_embeds.shape
+    if vectors.dim() != 2 or vectors.shape != (batch, dim):
+        raise ConfigurationError(
+            f"An input-row override needs shape (batch, input embedding size) = {(batch, dim)}, got {tuple(vectors.shape)}."
+        )
+    vectors = vectors.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype).unsqueeze(1)
+    return torch.cat([inputs_embeds[:, :position], vectors, inputs_embeds[:, position + 1 :]], dim=1)
