@@ -224,3 +224,37 @@ def test_loss_needs_two_columns(tiny_bert):
     model = prompted_model(tiny_bert)
     with pytest.raises(ConfigurationError, match="anchor, positive"):
         PromptContrastiveLoss(model)([features(model, SENTENCES)], None)
+
+
+def test_mlm_pass_reuses_the_prefix_draw_of_the_contrastive_pass(tiny_backbones):
+    """Official DCPCSE: the masked copy runs with the same ``past_key_values`` (same prefix dropout draw)."""
+    model = prompted_model(tiny_backbones("bert", head=True)).train()
+    encoder = model[0]
+    drawn = []
+    original = encoder.prefix_encoder.values
+
+    def recording(batch_size):
+        values = original(batch_size)
+        drawn.append(values)
+        return values
+
+    encoder.prefix_encoder.values = recording
+    loss = PromptContrastiveLoss(model, mlm_weight=0.1)
+    used = []
+    hook = encoder.register_forward_hook(lambda module, args, out: used.append(out["prefix_values"]))
+    loss([features(model, SENTENCES), features(model, NEGATIVES)], None)
+    hook.remove()
+    assert len(drawn) == 2 and len(used) == 4  # one draw per column, used by its contrastive and its MLM pass
+    assert used[2] is drawn[0] and used[3] is drawn[1]
+    assert not torch.equal(drawn[0], drawn[1])  # dropout is really on: the two columns' draws differ
+
+
+def test_given_prefix_values_reproduce_a_pass(tiny_bert):
+    model = no_dropout(prompted_model(tiny_bert))
+    encoder = model[0]
+    encoder.prefix_encoder.dropout.p = 0.5  # only the prefix is random
+    first = encoder(features(model, SENTENCES))
+    again = encoder({**features(model, SENTENCES), "prefix_values": first["prefix_values"]})
+    fresh = encoder(features(model, SENTENCES))
+    assert torch.equal(first["token_embeddings"], again["token_embeddings"])
+    assert not torch.equal(first["token_embeddings"], fresh["token_embeddings"])

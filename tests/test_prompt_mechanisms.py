@@ -178,14 +178,14 @@ def test_prefix_cache_is_a_broadcast_under_a_view_mask(tiny_bert):
     """A per-row prefix mask does not make the prefix be copied per row (eval mode: batch stride 0)."""
     encoder = prefixed(tiny_bert, length=4)
     seen = []
-    original = encoder.prefix_encoder.forward
+    original = encoder.prefix_encoder.cache
 
-    def spy(batch_size):
-        cache = original(batch_size)
+    def spy(values):
+        cache = original(values)
         seen.append(cache.layers[0].keys)
         return cache
 
-    encoder.prefix_encoder.forward = spy
+    encoder.prefix_encoder.cache = spy
     features = encoder.preprocess(SENTENCES)
     run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 0, 1])})
     assert seen[-1].stride(0) == 0

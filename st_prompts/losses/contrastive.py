@@ -11,13 +11,11 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
+from st_prompts.modules.prompted_transformer import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.modules.prompted_transformer import PromptedTransformer
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-#: Features key under which a PromptedTransformer returns (and accepts back) the prefix values of its pass, so that the
-#: MLM pass of a sentence reuses the prefix draw of its contrastive pass, as the official code does.
-PREFIX_VALUES_KEY = "prefix_values"
 
 
 class PromptContrastiveLoss(nn.Module):

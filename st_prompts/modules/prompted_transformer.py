@@ -44,6 +44,9 @@ CLS_OVERRIDE = "cls_override"
 #: ``features`` key: explicit position ids of the real tokens, shape ``(batch, seq)``, prefix offset included.
 #: Absent = computed by :meth:`PromptedTransformer.position_ids`.
 POSITION_IDS = "position_ids"
+#: Features key: the prefix keys/values ``(2L, batch, heads, l, head_dim)`` a pass used (written by ``forward``); given
+#: back to a second pass over the same rows, they share the first pass's dropout draw.
+PREFIX_VALUES = "prefix_values"
 #: ``features`` key written by template tokenisation: index of the trainable vector placed at each position (-1: none).
 SOFT_PROMPT_POSITIONS = "soft_prompt_positions"
 
@@ -479,7 +482,11 @@ class PromptedTransformer(Transformer):
 
         Optional ``features`` keys: ``prefix_attention_mask`` (``(batch, prefix_length)``, 1 = attend: a view of the
         prefix per row), ``cls_override`` (``(batch, hidden)``: replaces the input row at position 0, gradient kept),
-        ``position_ids`` (``(batch, seq)``: explicit positions, prefix offset included).
+        ``position_ids`` (``(batch, seq)``: explicit positions, prefix offset included), ``prefix_values`` (the
+        prefix keys/values of an earlier pass, to reuse its dropout draw).
+
+        With a prefix, ``features["prefix_values"]`` is set to the keys/values this pass used (see
+        :meth:`PrefixEncoder.values`), so that a second pass over the same rows (e.g. DCPCSE's MLM pass) can share them.
         """
         input_ids = features["input_ids"]
         attention_mask = features["attention_mask"]
@@ -505,7 +512,14 @@ class PromptedTransformer(Transformer):
         prefix_mask = features.get(PREFIX_ATTENTION_MASK)
         if self.prefix_encoder is not None:
             # The cache is broadcast over the batch; views of the prefix are made by the attention mask alone.
-            model_inputs["past_key_values"] = self.prefix_encoder(batch_size)
+            values = features.get(PREFIX_VALUES)
+            if values is None:
+                values = self.prefix_encoder.values(batch_size)
+            elif values.shape[1] != batch_size:
+                raise ConfigurationError(f"features['{PREFIX_VALUES}'] holds a prefix for {values.shape[1]} rows, the "
+                                         f"batch has {batch_size}.")
+            features[PREFIX_VALUES] = values
+            model_inputs["past_key_values"] = self.prefix_encoder.cache(values)
             if prefix_mask is None:
                 prefix_mask = attention_mask.new_ones(batch_size, self.prefix_length)
             elif tuple(prefix_mask.shape) != (batch_size, self.prefix_length):

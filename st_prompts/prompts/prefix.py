@@ -72,6 +72,24 @@ class PrefixEncoder(nn.Module):
             values = self.transform(values)
         return values.view(self.prefix_length, 2 * self.num_layers, self.num_heads, self.head_dim)
 
+    def values(self, batch_size: int) -> torch.Tensor:
+        """The prefix keys/values for a batch, dropout applied in training: ``(2L, batch, heads, l, head_dim)``.
+
+        Pass the result to :meth:`cache` to build the cache of a forward pass; giving the same tensor to several
+        passes shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and
+        MLM passes, which reuse one ``past_key_values``).
+        """
+        values = self.key_values()  # (l, 2L, heads, hd)
+        values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
+        values = values.expand(-1, batch_size, -1, -1, -1)
+        if self.training and self.dropout.p > 0:
+            values = self.dropout(values)
+        return values
+
+    def cache(self, values: torch.Tensor) -> PrefixCache:
+        """A fresh cache over ``values`` (from :meth:`values`); transformers appends to it, ``values`` stay intact."""
+        return PrefixCache([(values[2 * i], values[2 * i + 1]) for i in range(self.num_layers)])
+
     def forward(self, batch_size: int) -> PrefixCache:
         """Build a fresh key/value cache holding the prefix for a batch.
 
@@ -80,12 +98,7 @@ class PrefixEncoder(nn.Module):
         is broadcast over the batch without a copy. Which prefix positions a row attends to is decided by the attention
         mask (see :func:`prefix_view_mask`), not here.
         """
-        values = self.key_values()  # (l, 2L, heads, hd)
-        values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
-        values = values.expand(-1, batch_size, -1, -1, -1)
-        if self.training and self.dropout.p > 0:
-            values = self.dropout(values)
-        return PrefixCache([(values[2 * i], values[2 * i + 1]) for i in range(self.num_layers)])
+        return self.cache(self.values(batch_size))
 
     def extra_repr(self) -> str:
         return (
