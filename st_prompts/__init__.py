@@ -23,9 +23,12 @@ _LAZY = {
     "PromptedTransformer": "st_prompts.modules",
     "save_prompts_only": "st_prompts.modules",
     "SCPCSE_TEMPLATE": "st_prompts.prompts.shallow",
+    "PROMPTBERT_TEMPLATE": "st_prompts.prompts.shallow",
+    "prefix_view_mask": "st_prompts.prompts.prefix",
 }
 
-__all__ = ["MaskTokenPooling", "PromptedTransformer", "SCPCSE_TEMPLATE", "save_prompts_only", "__version__"]
+__all__ = ["MaskTokenPooling", "PROMPTBERT_TEMPLATE", "PromptedTransformer", "SCPCSE_TEMPLATE", "prefix_view_mask",
+           "save_prompts_only", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
