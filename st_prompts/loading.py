@@ -40,7 +40,12 @@ __all__ = ["TRUSTED_MODULE_PREFIXES", "load_sentence_model", "pooling_label", "s
 #: Module classes from these packages are trusted without asking: they are installed code, not code from the model.
 TRUSTED_MODULE_PREFIXES = ("sentence_transformers.", "st_prompts.")
 #: Keyword arguments of ``SentenceTransformer`` that say where to read a hub model's files from.
-_HUB_KWARGS = {"cache_folder": "cache_dir", "revision": "revision", "token": "token", "local_files_only": "local_files_only"}
+_HUB_KWARGS = {
+    "cache_folder": "cache_dir",
+    "revision": "revision",
+    "token": "token",
+    "local_files_only": "local_files_only",
+}
 #: How :func:`pooling_label` names sentence-transformers' ``Pooling`` modes.
 _POOLING_MODE_LABELS = {
     "cls": "[CLS]",
@@ -107,8 +112,9 @@ def _untrusted_reason(model: str, hub: dict[str, Any]) -> str | None:
         if os.path.isabs(folder) or ".." in folder.replace("\\", "/").split("/"):
             return f"its modules.json has a module path outside the model: {folder!r}"
         try:
-            with open(_model_file(model, f"{folder}/config.json" if folder else "config.json", hub), encoding="utf-8") as f:
-                config = json.load(f)
+            config_path = _model_file(model, f"{folder}/config.json" if folder else "config.json", hub)
+            with open(config_path, encoding="utf-8") as handle:
+                config = json.load(handle)
         except _Missing:
             continue
         except Exception as exc:

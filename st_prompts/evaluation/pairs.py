@@ -33,7 +33,7 @@ class PairsOptions(TypedDict, total=False):
 
     name: str
     batch_size: int
-    show_progress_bar: bool
+    show_progress_bar: bool | None
     write_csv: bool
 
 
@@ -47,7 +47,8 @@ class PairsEvaluator(BaseEvaluator):
         sentences1, sentences2, scores: the pairs of the split and their gold scores (same length).
         name: prefix of the result keys (``from_senteval`` uses ``"{task}-{split}"``); empty for none.
         batch_size: encoding batch size (default 32).
-        show_progress_bar: show encoding progress (default ``False``).
+        show_progress_bar: show encoding progress (default ``False``; ``None``: sentence-transformers' choice, by
+            log level).
         write_csv: append a row to ``{csv_prefix}_{name}_results.csv`` in ``output_path`` at each call (default).
 
     Attributes:
@@ -69,7 +70,7 @@ class PairsEvaluator(BaseEvaluator):
         *,
         name: str = "",
         batch_size: int = 32,
-        show_progress_bar: bool = False,
+        show_progress_bar: bool | None = False,
         write_csv: bool = True,
     ) -> None:
         super().__init__()
