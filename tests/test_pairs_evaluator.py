@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from st_prompts.errors import DataFormatError
 from st_prompts.evaluation import AlignmentUniformityEvaluator, PairsEvaluator, STSRetrievalEvaluator
 
-ROWS = [("5.000", "q1", "a1"), ("5.000", "q2", "a2"), ("4.200", "q1", "d1"), ("1.000", "d1", "d2")]
+SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 EVALUATORS = [AlignmentUniformityEvaluator, STSRetrievalEvaluator]
 
 
@@ -28,15 +29,6 @@ class HashModel:
     similarity_fn_name = "cosine"
 
 
-def write_stsb(root):
-    d = root / "STS" / "STSBenchmark"
-    d.mkdir(parents=True)
-    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
-        with open(d / name, "w", encoding="utf-8") as f:
-            for i, (score, a, b) in enumerate(ROWS):
-                f.write(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score}\t{a}\t{b}\n")
-
-
 @pytest.mark.parametrize("cls", EVALUATORS)
 def test_subclasses_share_the_base(cls):
     assert issubclass(cls, PairsEvaluator)
@@ -45,9 +37,8 @@ def test_subclasses_share_the_base(cls):
 
 
 @pytest.mark.parametrize("cls", EVALUATORS)
-def test_from_senteval_records_task_split_and_name(cls, tmp_path):
-    write_stsb(tmp_path)
-    evaluator = cls.from_senteval(tmp_path, "STSBenchmark", "dev", batch_size=4)
+def test_from_senteval_records_task_split_and_name(cls):
+    evaluator = cls.from_senteval(SENTEVAL, "STSBenchmark", "dev", batch_size=4)
     assert (evaluator.task, evaluator.split, evaluator.name) == ("STSBenchmark", "dev", "STSBenchmark-dev")
     assert evaluator.batch_size == 4 and evaluator.show_progress_bar is False and evaluator.write_csv is True
     direct = cls(["q1", "q2"], ["a1", "a2"], [5.0, 5.0], name="x")

@@ -438,3 +438,25 @@ def test_cli_errors_are_one_line_messages(tmp_path, capsys):
                                "--nlist", "100"], capsys)  # fmt: skip
     assert code == 2 and "nlist=100" in stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, corpus_index):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    foreign = tmp_path / "foreign-model"
+    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(foreign))
+    modules = json.loads((foreign / "modules.json").read_text())
+    modules[1]["type"] = "not_installed_pkg.Pooling"
+    (foreign / "modules.json").write_text(json.dumps(modules))
+
+    out = tmp_path / "foreign.index"
+    code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--no-progress"], capsys)
+    assert code == 2 and "not_installed_pkg.Pooling" in stderr and "--trust-remote-code" in stderr
+    assert not out.exists()
+    corpus_index.save(tmp_path / "idx")
+    code, _, stderr = run_cli(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
+    assert code == 2 and "--trust-remote-code" in stderr
+    # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package.
+    with pytest.raises(ImportError, match="not_installed_pkg"):
+        run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"], capsys)
