@@ -191,10 +191,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "evaluate",
         help="evaluate models (STS suite, recall@K retrieval, alignment/uniformity) in one table",
-        description="Evaluate each MODEL and print one table (one column per model, headed 'MODEL (POOLING)'). STS: "
-        "Spearman x100 of cosine "
-        "similarity on the test sets of STS12-16, STS-B and SICK-R, read from a SentEval directory (SimCSE's "
-        "protocol, 'all' setting), and their average.",
+        description="Evaluate each MODEL and print one table (one column per model, headed 'MODEL (POOLING)'). "
+        "STS: Spearman x100 of cosine similarity on the test sets of STS12-16, STS-B and SICK-R, read from a "
+        "SentEval directory (SimCSE's protocol, 'all' setting), and their average.",
     )
     parser.add_argument(
         "models", metavar="MODEL", nargs="+", help="model path or hub name ('minilm' = the packaged all-MiniLM-L6-v2)"
