@@ -36,12 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from st_prompts.search import (  # noqa: E402
-    DEFAULT_EF_SEARCH,
-    DEFAULT_NPROBE,
-    SemanticIndex,
-    load_model,
-)
+from st_prompts.loading import load_sentence_model  # noqa: E402
+from st_prompts.search import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, SemanticIndex  # noqa: E402
 
 K = 10
 NPROBE_SWEEP = (4, 8, 16, 32, 64, 128)
@@ -328,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.faiss_threads:
         faiss.omp_set_num_threads(args.faiss_threads)
-    model = load_model(args.model)
+    model = load_sentence_model(args.model)
     report = {
         "benchmark": "st_prompts.search",
         "config": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},

@@ -29,3 +29,10 @@ class DataFormatError(StPromptsError, ValueError):
 
 class DataNotFoundError(StPromptsError, FileNotFoundError):
     """A file or directory the user pointed to does not exist."""
+
+
+class UntrustedCodeError(StPromptsError, ValueError):
+    """A model needs code from outside sentence-transformers and st_prompts (a foreign class in its ``modules.json``,
+    or custom modelling code in a ``config.json``), it was loaded without ``trust_remote_code``, and
+    sentence-transformers or transformers refused to import that code. Pass ``--trust-remote-code`` (or
+    ``trust_remote_code=True``) only for a model whose code you trust."""

@@ -95,15 +95,23 @@ def assign_buckets(
 
 
 def pair_cosine_similarities(
-    model: SentenceTransformer, sentences1: Sequence[str], sentences2: Sequence[str], batch_size: int = 64
+    model: SentenceTransformer,
+    sentences1: Sequence[str],
+    sentences2: Sequence[str],
+    batch_size: int = 64,
+    show_progress_bar: bool | None = None,
 ) -> np.ndarray:
-    """Cosine similarity of ``model``'s embeddings of each pair (each distinct sentence is encoded once)."""
+    """Cosine similarity of ``model``'s embeddings of each pair (each distinct sentence is encoded once).
+
+    ``show_progress_bar``: show encoding progress (``None``: sentence-transformers' choice, by log level).
+    """
     if len(sentences1) != len(sentences2):
         raise DataFormatError(f"sentences1 and sentences2 differ in length: {len(sentences1)} vs {len(sentences2)}")
     index: dict[str, int] = {}
     for s in (*sentences1, *sentences2):
         index.setdefault(s, len(index))
-    emb = np.asarray(model.encode(list(index), batch_size=batch_size, convert_to_numpy=True), dtype=np.float64)
+    emb = model.encode(list(index), batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True)
+    emb = np.asarray(emb, dtype=np.float64)
     emb /= np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
     left = emb[[index[s] for s in sentences1]]
     right = emb[[index[s] for s in sentences2]]
@@ -127,11 +135,13 @@ def plot_similarity_by_score(
     dataset_label: str | None = None,
     title: str | None = None,
     batch_size: int = 64,
+    show_progress_bar: bool | None = None,
 ) -> Path:
     """Box plots of the predicted cosine similarity of STS pairs, per gold-score bucket (the D2CSE figure).
 
     Args:
-        model_or_models: one model, or a dict ``{label: model}`` drawn side by side within each bucket.
+        model_or_models: one model, or a dict ``{label: model}`` drawn side by side within each bucket (the labels
+            are the legend; ``st-prompts plot`` puts each model's pooling in them, e.g. ``minilm (mean)``).
         pairs: the STS pairs (anything with ``sentences1``, ``sentences2`` and ``scores``, e.g.
             :class:`st_prompts.data.senteval.STSPairs`).
         out_path: PNG file to write.
@@ -139,6 +149,7 @@ def plot_similarity_by_score(
         dataset_label: named in the title (e.g. ``"STS-B dev"``).
         title: replaces the default title.
         batch_size: encoding batch size.
+        show_progress_bar: show encoding progress (``None``: sentence-transformers' choice, by log level).
 
     Returns:
         The path written.
@@ -148,7 +159,7 @@ def plot_similarity_by_score(
     if len(pairs.sentences1) == 0:
         raise DataFormatError("no sentence pair to plot")
     sims = {
-        name: pair_cosine_similarities(model, pairs.sentences1, pairs.sentences2, batch_size)
+        name: pair_cosine_similarities(model, pairs.sentences1, pairs.sentences2, batch_size, show_progress_bar)
         for name, model in models.items()
     }
     return plot_similarity_values_by_score(
@@ -242,7 +253,8 @@ def plot_alignment_uniformity(
 
     Args:
         points: ``{label: (alignment, uniformity)}``, e.g. from
-            :class:`st_prompts.evaluation.alignment.AlignmentUniformityEvaluator`.
+            :class:`st_prompts.evaluation.alignment.AlignmentUniformityEvaluator` (``st-prompts plot`` puts each
+            model's pooling in its label, e.g. ``minilm (mean)``).
         out_path: PNG file to write.
         title: replaces the default title.
         dataset_label: named in the title (e.g. ``"STS-B dev"``).

@@ -50,12 +50,16 @@ def test_evaluate_two_models_end_to_end(tmp_path, capsys, static_model_dir):
     assert rc == 0
     stdout = capsys.readouterr().out
     header = next(line for line in stdout.splitlines() if "minilm" in line)
-    assert header.split() == ["minilm", static_model_dir]  # one column per model, in order
+    # one column per model, in order, with its pooling (MiniLM and the static model both average token vectors)
+    assert [c.strip() for c in header.split("  ") if c.strip()] == [
+        "minilm (mean)", f"{static_model_dir} (mean)"
+    ]
     rows = _table_rows(stdout)
     assert list(rows) == TABLE_LABELS
 
     data = json.loads(out.read_text())
     assert list(data["results"]) == ["minilm", static_model_dir]
+    assert data["pooling"] == {"minilm": "mean", static_model_dir: "mean"}
     assert data["metrics"]["sts"]["tasks"] == list(STS_TASKS)
     assert data["metrics"]["sts"]["pairs"] == {
         "STS12": 15, "STS13": 9, "STS14": 18, "STS15": 15, "STS16": 13, "STSBenchmark": 8, "SICKRelatedness": 8
@@ -131,3 +135,72 @@ def test_write_json_atomic_replaces(tmp_path):
     write_json_atomic(path, {"a": float("nan"), "b": 1.5})
     assert json.loads(path.read_text()) == {"a": None, "b": 1.5}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+@pytest.fixture(scope="module")
+def cls_model_dir(tmp_path_factory, tiny_bert) -> str:
+    """A tiny random BERT with [CLS] pooling, saved to disk."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    path = tmp_path_factory.mktemp("models") / "cls"
+    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "cls")], device="cpu").save(str(path))
+    return str(path)
+
+
+def test_pairs_metrics_show_task_split_pooling_and_consistent_units(tmp_path, capsys, cls_model_dir):
+    out = tmp_path / "pairs.json"
+    assert main(["evaluate", "minilm", cls_model_dir, "--senteval-dir", str(FIXTURE), "--metrics", "retrieval",
+                 "alignment", "--pairs-task", "stsb", "--pairs-split", "dev", "--json", str(out),
+                 "--no-progress"]) == 0
+    stdout = capsys.readouterr().out
+    lines = stdout.splitlines()
+    # Captions name the task and split that were read, not the option names.
+    assert "--pairs" not in stdout
+    assert lines[0] == "Retrieval (D2CSE protocol) on STS-B (STSBenchmark) dev: recall@k and MRR@10 x 100"
+    assert lines[1] == "Alignment / uniformity on STS-B (STSBenchmark) dev: raw values, lower is better"
+    # Column headers carry each model's pooling.
+    assert [c.strip() for c in lines[2].split("  ") if c.strip()] == ["minilm (mean)", f"{cls_model_dir} ([CLS])"]
+
+    data = json.loads(out.read_text())
+    assert data["pooling"] == {"minilm": "mean", cls_model_dir: "[CLS]"}
+    retrieval = data["metrics"]["retrieval"]
+    assert (retrieval["task"], retrieval["split"]) == ("STSBenchmark", "dev")
+    assert "fraction" in retrieval["values"] and "x 100" in retrieval["table"]
+    assert "x 100" not in retrieval["protocol"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[4:]}
+    for column, model in enumerate(data["results"]):
+        metrics = data["results"][model]
+        for label, key in [("Recall@1", "retrieval_recall@1"), ("Recall@3", "retrieval_recall@3"),
+                           ("Recall@5", "retrieval_recall@5"), ("MRR@10", "retrieval_mrr@10")]:
+            assert 0.0 <= metrics[key] <= 1.0  # stored as fractions, as "values" says
+            assert rows[label][column] == f"{100 * metrics[key]:.2f}"  # the table shows them x 100
+        assert rows["Alignment"][column] == f"{metrics['alignment_alignment']:.2f}"  # raw
+    assert data["results"]["minilm"]["retrieval_recall@1"] == 1.0  # 2 score-5 pairs in the dev fixture
+
+
+def test_foreign_code_is_refused_unless_trusted(tmp_path, capsys, monkeypatch, static_model_dir):
+    import shutil
+    import sys
+
+    folder = Path(shutil.copytree(static_model_dir, tmp_path / "foreign"))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["type"] = "foreign_pkg.StaticEmbedding"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    package = tmp_path / "site" / "foreign_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from sentence_transformers.sentence_transformer.modules import StaticEmbedding\n"
+    )
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delitem(sys.modules, "foreign_pkg", raising=False)
+    argv = ["evaluate", str(folder), "--senteval-dir", str(FIXTURE), "--tasks", "stsb", "--no-progress"]
+    assert main(argv) == 2
+    line = _error_line(capsys)
+    assert "foreign_pkg.StaticEmbedding" in line and "--trust-remote-code" in line
+    assert "foreign_pkg" not in sys.modules
+    try:
+        assert main([*argv, "--trust-remote-code"]) == 0
+        assert "STS-B" in capsys.readouterr().out
+    finally:
+        sys.modules.pop("foreign_pkg", None)

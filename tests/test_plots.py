@@ -180,3 +180,43 @@ def test_cli_end_to_end_with_packaged_minilm(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "2 positive pairs" in printed and "14 distinct sentences" in printed
     assert "alignment" in printed and "uniformity" in printed
+
+
+def test_cli_labels_carry_the_pooling_and_no_progress_hides_bars(tmp_path, capsys, monkeypatch):
+    from sentence_transformers import SentenceTransformer
+
+    import st_prompts.plots as plots
+    from st_prompts.cli import main
+
+    write_stsb(tmp_path, STSB_ROWS)
+    progress = []
+    encode = SentenceTransformer.encode
+
+    def recording_encode(self, *args, **kwargs):
+        progress.append(kwargs.get("show_progress_bar", "unset"))
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(SentenceTransformer, "encode", recording_encode)
+    legends = []
+    draw = plots.plot_similarity_values_by_score
+
+    def recording_draw(similarities, *args, **kwargs):
+        legends.append(list(similarities))
+        return draw(similarities, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_similarity_values_by_score", recording_draw)
+    common = ["--senteval-dir", str(tmp_path), "--no-progress"]
+    assert main(["plot", "similarity", "minilm", "--labels", "MiniLM", "--out", str(tmp_path / "s.png"), *common]) == 0
+    assert legends == [["MiniLM (mean)"]]
+    assert progress and set(progress) == {False}
+
+    progress.clear()
+    assert main(["plot", "align-uniform", "minilm", "--out", str(tmp_path / "au.png"), *common]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("minilm (mean)  ") for line in printed)
+    assert progress and set(progress) == {False}
+
+    progress.clear()
+    argv = ["plot", "align-uniform", "minilm", "--senteval-dir", str(tmp_path), "--out", str(tmp_path / "b.png")]
+    assert main(argv) == 0
+    assert progress and False not in progress  # without --no-progress, sentence-transformers decides

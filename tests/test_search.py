@@ -43,7 +43,7 @@ def minilm():
 def corpus_index(minilm):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return SemanticIndex.from_text_file(minilm, CORPUS_TXT, show_progress_bar=False)
+        return SemanticIndex.from_file(minilm, CORPUS_TXT, show_progress_bar=False)
 
 
 def clustered_vectors(n: int, dim: int = 64, clusters: int = 40, seed: int = 0) -> np.ndarray:
@@ -168,12 +168,12 @@ def test_save_replaces_an_index_atomically_and_cleans_up_on_failure(corpus_index
     corpus_index.save(target)
     original = (target / "docs.jsonl").read_bytes()
 
-    import st_prompts.search as search_module
+    import st_prompts.search.store as store_module
 
     def exploding_dump(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(search_module.json, "dump", exploding_dump)
+    monkeypatch.setattr(store_module.json, "dump", exploding_dump)
     with pytest.raises(OSError, match="disk full"):
         corpus_index.save(target)
     monkeypatch.undo()
@@ -292,11 +292,13 @@ def test_empty_text_file_and_missing_file_are_errors(minilm, tmp_path):
     with pytest.raises(DataFormatError, match="no non-blank document"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            SemanticIndex.from_text_file(minilm, FIXTURES / "blank.txt")
+            SemanticIndex.from_file(minilm, FIXTURES / "blank.txt")
     with pytest.raises(DataNotFoundError):
-        SemanticIndex.from_text_file(minilm, tmp_path / "missing.txt")
-    with pytest.raises(ConfigurationError, match="from_text_file"):
+        SemanticIndex.from_file(minilm, tmp_path / "missing.txt")
+    with pytest.raises(ConfigurationError, match="from_file"):
         SemanticIndex.build(minilm, str(CORPUS_TXT))
+    with pytest.raises(ConfigurationError, match="id-column needs a dataset file"):
+        SemanticIndex.from_file(minilm, CORPUS_TXT, id_column="doc_id")
 
 
 def test_duplicate_ids_are_an_error(minilm):
@@ -311,11 +313,18 @@ def test_duplicate_ids_are_an_error(minilm):
 def test_dataset_columns(minilm):
     datasets = pytest.importorskip("datasets")
     dataset = datasets.Dataset.from_json(str(CORPUS_JSONL))
-    index = SemanticIndex.from_dataset(minilm, dataset, text_column="body", id_column="doc_id", show_progress_bar=False)
+    index = SemanticIndex.build(minilm, dataset, text_column="body", id_column="doc_id", show_progress_bar=False)
     assert index.ids[:2] == ["pets-1", "pets-2"]
     assert index.search("bread", k=1)[0][0].id == "baking-1"
+    assert (index.info["id_source"], index.info["source"]) == ("column:doc_id", "corpus")
     with pytest.raises(DataFormatError, match="no column 'text'"):
-        SemanticIndex.from_dataset(minilm, dataset)
+        SemanticIndex.build(minilm, dataset)
+    # The same file through from_file: same ids, and the file is recorded as the source.
+    from_file = SemanticIndex.from_file(minilm, CORPUS_JSONL, "body", "doc_id", show_progress_bar=False)
+    assert from_file.ids == index.ids and from_file.texts == index.texts
+    assert (from_file.info["id_source"], from_file.info["source"]) == ("column:doc_id", str(CORPUS_JSONL))
+    by_row = SemanticIndex.from_file(minilm, CORPUS_JSONL, "body", show_progress_bar=False)
+    assert by_row.ids == list(range(len(by_row))) and by_row.info["id_source"] == "position"
 
 
 def test_missing_or_incomplete_index_directory(corpus_index, tmp_path):
@@ -336,6 +345,27 @@ def test_k_larger_than_corpus_is_clamped_with_a_warning_and_never_returns_minus_
     with pytest.raises(ConfigurationError, match="positive integer"):
         corpus_index.search("cats", k=0)
     assert corpus_index.search([], k=3) == []
+
+
+def test_warnings_point_at_the_callers_line(corpus_index, minilm):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        corpus_index.search("cats", k=1000)
+        corpus_index.search_embeddings(np.ones((1, 384), dtype=np.float32), k=1000)
+        SemanticIndex.from_file(minilm, CORPUS_TXT, show_progress_bar=False)
+    messages = [(str(w.message), w.filename) for w in caught if issubclass(w.category, UserWarning)]
+    assert [m for m, _ in messages if "larger than the corpus" in m] and [m for m, _ in messages if "blank" in m]
+    assert {filename for _, filename in messages} == {__file__}
+
+
+def test_public_methods_have_no_private_parameters():
+    import inspect
+
+    for name, member in inspect.getmembers(SemanticIndex, callable):
+        if name.startswith("_"):
+            continue
+        parameters = inspect.signature(member).parameters
+        assert not [p for p in parameters if p.startswith("_")], f"SemanticIndex.{name}{inspect.signature(member)}"
 
 
 def test_ivf_with_too_few_probes_drops_empty_slots_instead_of_returning_minus_one():
@@ -408,3 +438,25 @@ def test_cli_errors_are_one_line_messages(tmp_path, capsys):
                                "--nlist", "100"], capsys)  # fmt: skip
     assert code == 2 and "nlist=100" in stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, corpus_index):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    foreign = tmp_path / "foreign-model"
+    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(foreign))
+    modules = json.loads((foreign / "modules.json").read_text())
+    modules[1]["type"] = "not_installed_pkg.Pooling"
+    (foreign / "modules.json").write_text(json.dumps(modules))
+
+    out = tmp_path / "foreign.index"
+    code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--no-progress"], capsys)
+    assert code == 2 and "not_installed_pkg.Pooling" in stderr and "--trust-remote-code" in stderr
+    assert not out.exists()
+    corpus_index.save(tmp_path / "idx")
+    code, _, stderr = run_cli(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
+    assert code == 2 and "--trust-remote-code" in stderr
+    # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package.
+    with pytest.raises(ImportError, match="not_installed_pkg"):
+        run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"], capsys)

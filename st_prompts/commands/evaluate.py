@@ -7,7 +7,17 @@ Examples::
     st-prompts evaluate sentence-transformers/all-mpnet-base-v2 --hub
 
 Metric groups live in :data:`METRIC_GROUPS` (``--metrics``): each one builds an evaluator from the parsed arguments
-and says which rows it adds to the table. Only ``sts`` (the SentEval/SimCSE STS suite) exists so far.
+and says which rows it adds to the table: ``sts`` (the SentEval/SimCSE STS suite), ``retrieval`` (D2CSE's recall@k)
+and ``alignment`` (alignment/uniformity).
+
+Output: one column per model, headed ``MODEL (POOLING)`` (e.g. ``minilm (mean)``, ``runs/dcpcse ([CLS])``; see
+:func:`st_prompts.loading.pooling_label`), a caption line per metric group naming the data it used, and with
+``--json`` the same results: metric values exactly as the evaluators return them (fractions; the table shows
+Spearman and recall x 100), with each group's set-up and each model's path and pooling.
+
+Models are loaded with :func:`st_prompts.loading.load_sentence_model` (``--trust-remote-code`` to allow code from
+outside sentence-transformers and st_prompts). Only light modules are imported at module level, so that ``--help``
+is fast; the runner imports the heavy parts.
 """
 
 from __future__ import annotations
@@ -20,13 +30,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
-
-from st_prompts.data.senteval import STS_TASKS, normalize_task
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
+from st_prompts.data.senteval import STS_TASKS, TASK_LABELS, normalize_task
 from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
 from st_prompts.utils import resolve_model_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 STS_PROTOCOL = (
     "SentEval/SimCSE 'all' setting: Spearman correlation between gold scores and cosine similarity of the "
@@ -44,14 +56,16 @@ class MetricGroup:
             so that bad input fails before any model is loaded.
         rows: the table rows for an evaluator built by ``build``: ``(label, metric key)`` or
             ``(label, metric key, scale)`` (see :func:`st_prompts.evaluation.sts.format_results_table`).
-        info: what to record about the evaluator in the JSON output (tasks, protocol, data source ...).
-        caption: one line printed above the table, saying what the rows show.
+        info: what to record about the evaluator in the JSON output (tasks, protocol, data source, what the values
+            are ...).
+        caption: the line printed above the table for an evaluator built by ``build``: what the rows show, on which
+            data (the actual task and split, not option names).
     """
 
     build: Callable[[argparse.Namespace], BaseEvaluator]
     rows: Callable[[BaseEvaluator], list[tuple]]
     info: Callable[[BaseEvaluator], dict[str, Any]]
-    caption: str = ""
+    caption: Callable[[BaseEvaluator], str]
 
 
 def _build_sts(args: argparse.Namespace) -> BaseEvaluator:
@@ -84,20 +98,26 @@ def _sts_info(evaluator) -> dict[str, Any]:
         "source": evaluator.source,
         "senteval_dir": None if evaluator.senteval_dir is None else str(Path(evaluator.senteval_dir).resolve()),
         "pairs": {task: len(pairs) for task, pairs in evaluator.pairs.items()},
+        "values": "Spearman correlation, as a fraction (-1 to 1)",
         "table": "Spearman x 100",
     }
 
 
 def _pairs_evaluator(args: argparse.Namespace, group: str, evaluator_class, **kwargs) -> BaseEvaluator:
-    """An evaluator over the pairs of ``--pairs-task``/``--pairs-split``, remembering which split it read."""
+    """An evaluator over the pairs of ``--pairs-task``/``--pairs-split`` (it records the task and split it read)."""
     if args.senteval_dir is None:
         raise ConfigurationError(f"--senteval-dir is required for the {group} metrics")
-    evaluator = evaluator_class.from_senteval(
+    return evaluator_class.from_senteval(
         args.senteval_dir, task=args.pairs_task, split=args.pairs_split, name=group,
         batch_size=args.batch_size, write_csv=False, **kwargs,
     )
-    evaluator.task, evaluator.split = args.pairs_task, args.pairs_split
-    return evaluator
+
+
+def _pairs_data(evaluator) -> str:
+    """``"STS-B (STSBenchmark) test"``: the task and split a pairs evaluator read, for captions."""
+    label = TASK_LABELS.get(evaluator.task, evaluator.task)
+    task = f"{label} ({evaluator.task})" if label != evaluator.task else label
+    return f"{task} {evaluator.split}"
 
 
 def _build_retrieval(args: argparse.Namespace) -> BaseEvaluator:
@@ -111,7 +131,9 @@ def _retrieval_info(evaluator) -> dict[str, Any]:
         "task": evaluator.task, "split": evaluator.split, "queries": evaluator.num_queries,
         "pool": evaluator.pool_size, "identical_pairs_dropped": evaluator.num_identical_dropped,
         "protocol": "D2CSE: pairs with gold score 5 (first sentence = query, its pair = the one relevant answer), "
-        "pool = every distinct sentence of the split, the query's own text excluded; recall x 100",
+        "pool = every distinct sentence of the split, the query's own text excluded",
+        "values": "recall@k and MRR@10, as fractions (0 to 1)",
+        "table": "recall@k and MRR@10 x 100",
     }
 
 
@@ -128,6 +150,8 @@ def _alignment_info(evaluator) -> dict[str, Any]:
         "protocol": "Wang & Isola on L2-normalised embeddings: alignment = mean squared distance of pairs with gold "
         "score >= threshold; uniformity = log mean exp(-2 squared distance) over all pairs of distinct sentences; "
         "lower is better",
+        "values": "raw values (lower is better)",
+        "table": "raw values",
     }
 
 
@@ -137,20 +161,20 @@ METRIC_GROUPS: dict[str, MetricGroup] = {
         build=_build_sts,
         rows=_sts_rows,
         info=_sts_info,
-        caption="STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
+        caption=lambda e: "STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
     ),
     "retrieval": MetricGroup(
         build=_build_retrieval,
         rows=lambda e: [("Recall@1", "retrieval_recall@1"), ("Recall@3", "retrieval_recall@3"),
                         ("Recall@5", "retrieval_recall@5"), ("MRR@10", "retrieval_mrr@10")],
         info=_retrieval_info,
-        caption="Retrieval (D2CSE protocol on --pairs-task/--pairs-split): recall@k x 100",
+        caption=lambda e: f"Retrieval (D2CSE protocol) on {_pairs_data(e)}: recall@k and MRR@10 x 100",
     ),
     "alignment": MetricGroup(
         build=_build_alignment,
         rows=lambda e: [("Alignment", "alignment_alignment", 1.0), ("Uniformity", "alignment_uniformity", 1.0)],
         info=_alignment_info,
-        caption="Alignment / uniformity (lower is better, raw values) on --pairs-task/--pairs-split",
+        caption=lambda e: f"Alignment / uniformity on {_pairs_data(e)}: raw values, lower is better",
     ),
 }
 
@@ -167,9 +191,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "evaluate",
         help="evaluate models (STS suite, recall@K retrieval, alignment/uniformity) in one table",
-        description="Evaluate each MODEL and print one table (one column per model). STS: Spearman x100 of cosine "
-        "similarity on the test sets of STS12-16, STS-B and SICK-R, read from a SentEval directory (SimCSE's "
-        "protocol, 'all' setting), and their average.",
+        description="Evaluate each MODEL and print one table (one column per model, headed 'MODEL (POOLING)'). "
+        "STS: Spearman x100 of cosine similarity on the test sets of STS12-16, STS-B and SICK-R, read from a "
+        "SentEval directory (SimCSE's protocol, 'all' setting), and their average.",
     )
     parser.add_argument(
         "models", metavar="MODEL", nargs="+", help="model path or hub name ('minilm' = the packaged all-MiniLM-L6-v2)"
@@ -201,25 +225,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     parser.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    add_trust_remote_code_argument(parser)
     parser.add_argument(
-        "--json", type=Path, default=None, metavar="OUT", help="also write the results to this JSON file"
+        "--json", type=Path, default=None, metavar="OUT",
+        help="also write the results to this JSON file (metric values as fractions, as the evaluators return them)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_no_progress_argument(parser)
     parser.set_defaults(func=run)
 
 
 def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.endswith(os.sep)
-
-
-def _load_model(name: str, resolved: str, device: str | None):
-    from sentence_transformers import SentenceTransformer
-
-    try:
-        return SentenceTransformer(resolved, trust_remote_code=True, device=device)
-    except OSError as exc:
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DataNotFoundError(f"could not load model {name!r}: {first_line}") from exc
 
 
 def _jsonable(value: Any) -> Any:
@@ -250,6 +266,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``st-prompts evaluate``: validate all inputs, evaluate every model, print the table, write the JSON."""
     from st_prompts.evaluation.sts import format_results_table
+    from st_prompts.loading import load_sentence_model, pooling_label
 
     if args.batch_size < 1:
         raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
@@ -266,8 +283,10 @@ def run(args: argparse.Namespace) -> int:
             raise DataNotFoundError(f"model path {name} does not exist")
 
     results: dict[str, dict[str, float]] = {}
+    pooling: dict[str, str] = {}
     for name in models:
-        model = _load_model(name, os.path.expanduser(resolved[name]), args.device)
+        model = load_sentence_model(name, args.trust_remote_code, device=args.device)
+        pooling[name] = pooling_label(model)
         metrics: dict[str, float] = {}
         for evaluator in evaluators.values():
             metrics.update(evaluator(model))
@@ -276,8 +295,9 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
 
     rows = [row for g in groups for row in METRIC_GROUPS[g].rows(evaluators[g])]
-    title = "\n".join(METRIC_GROUPS[g].caption for g in groups if METRIC_GROUPS[g].caption)
-    print(format_results_table(results, rows=rows, title=title or None))
+    title = "\n".join(caption for g in groups if (caption := METRIC_GROUPS[g].caption(evaluators[g])))
+    columns = {f"{name} ({pooling[name]})": results[name] for name in models}
+    print(format_results_table(columns, rows=rows, title=title or None))
     if args.json is not None:
         try:
             write_json_atomic(
@@ -286,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
                     "results": results,
                     "metrics": {g: METRIC_GROUPS[g].info(evaluators[g]) for g in groups},
                     "models": {name: resolved[name] for name in models},
+                    "pooling": pooling,
                 },
             )
         except OSError as exc:

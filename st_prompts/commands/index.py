@@ -8,7 +8,12 @@ Examples::
     st-prompts index search corpus.index "how do cats sleep?" --json
     st-prompts index info corpus.index
 
-See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping).
+See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping). Models are loaded
+with :func:`st_prompts.loading.load_sentence_model`: their code is trusted only when it all comes from
+sentence-transformers or st_prompts, unless ``--trust-remote-code`` is given.
+
+Only the standard library and :mod:`st_prompts.errors` are imported at module level, so that ``--help`` is fast;
+the runners import the heavy parts.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from st_prompts.errors import ConfigurationError
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
+from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 _TEXT_WIDTH = 200
 
@@ -64,8 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--ef-construction", type=int, default=None, help="HNSW: build-time candidate list size")
     build.add_argument("--ef-search", type=int, default=None, help="HNSW: search-time candidate list size")
     build.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    add_trust_remote_code_argument(build)
     build.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds an index")
-    build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_no_progress_argument(build)
     build.set_defaults(func=run_build)
 
     search = commands.add_parser(
@@ -82,6 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--nprobe", type=int, default=None, help="IVF: lists visited per query (this search only)")
     search.add_argument("--ef-search", type=int, default=None, help="HNSW: candidate list size (this search only)")
     search.add_argument("--device", default=None, help="device to encode on")
+    add_trust_remote_code_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
     search.set_defaults(func=run_search)
 
@@ -125,13 +133,12 @@ def _recorded_model_name(name: str) -> str:
 
 def run_build(args: argparse.Namespace) -> int:
     """Run ``st-prompts index build``."""
-    from st_prompts.search import SemanticIndex, load_model
+    from st_prompts.loading import load_sentence_model
+    from st_prompts.search import SemanticIndex
 
     if args.out.exists() and not args.overwrite and (not args.out.is_dir() or any(args.out.iterdir())):
         raise ConfigurationError(f"{args.out} already exists (use --overwrite to replace an existing index)")
     if not args.corpus.exists():
-        from st_prompts.errors import DataNotFoundError
-
         raise DataNotFoundError(f"corpus file not found: {args.corpus}")
     params = {
         "nlist": args.nlist,
@@ -142,7 +149,7 @@ def run_build(args: argparse.Namespace) -> int:
     }
     params = {key: value for key, value in params.items() if value is not None}
     with _warnings_as_messages():
-        model = load_model(args.model, device=args.device)
+        model = load_sentence_model(args.model, args.trust_remote_code, device=args.device)
         index = SemanticIndex.from_file(
             model,
             args.corpus,
@@ -165,16 +172,16 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_search(args: argparse.Namespace) -> int:
     """Run ``st-prompts index search``."""
-    from st_prompts.search import SemanticIndex, load_model
+    from st_prompts.search import SemanticIndex
 
     with _warnings_as_messages():
         index = SemanticIndex.load(args.index)
         if args.nprobe is not None or args.ef_search is not None:
             index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search)
         if args.model is not None:
-            index.set_model(load_model(args.model, device=args.device))
-        elif args.device is not None and index.model_identity is not None:
-            index.set_model(load_model(index.model_identity.name, device=args.device))
+            index.set_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+        elif index.model_identity is not None:
+            index.use_recorded_model(device=args.device, trust_remote_code=args.trust_remote_code)
         results = index.search(args.queries, k=args.k)
     if args.json:
         payload = [

@@ -5,17 +5,24 @@
 * ``st-prompts plot align-uniform MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
   models in the alignment-uniformity plane (the numbers are also printed).
 
-``MODEL`` is a local path or a hub id (loaded with ``trust_remote_code=True``); ``minilm`` names the packaged
-all-MiniLM-L6-v2. ``--split`` defaults to ``dev`` for STSBenchmark and SICKRelatedness (whose test sets are not
-used for model selection) and to ``test`` for STS12-16, which only have a test split.
+``MODEL`` is a local path or a hub id, loaded with :func:`st_prompts.loading.load_sentence_model` (code from
+outside sentence-transformers and st_prompts only with ``--trust-remote-code``); ``minilm`` names the packaged
+all-MiniLM-L6-v2. Each model is shown as ``LABEL (POOLING)``, e.g. ``minilm (mean)`` or ``final ([CLS])``, so that
+models pooled differently are not compared unawares. ``--split`` defaults to ``dev`` for STSBenchmark and
+SICKRelatedness (whose test sets are not used for model selection) and to ``test`` for STS12-16, which only have a
+test split.
+
+Only light modules are imported at module level, so that ``--help`` is fast; the runners import the heavy parts.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
 from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 #: Tasks that have a dev split; the others (STS12-16) only have ``test``.
@@ -43,10 +50,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "--labels",
             nargs="+",
             metavar="LABEL",
-            help="names shown in the figure, one per MODEL (default: the last path component of each MODEL)",
+            help="names shown in the figure, one per MODEL (default: the last path component of each MODEL); the "
+            "pooling is appended to each, e.g. 'minilm (mean)'",
         )
         p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
         p.add_argument("--title", default=None, help="figure title (default: a description of the figure)")
+        add_trust_remote_code_argument(p)
+        add_no_progress_argument(p)
 
     sim = figures.add_parser(
         "similarity",
@@ -115,21 +125,19 @@ def _dataset_label(args: argparse.Namespace) -> str:
     return f"{TASK_LABELS.get(args.task, args.task)} {args.split}"
 
 
-def _load_model(name: str):
-    """``SentenceTransformer(name, trust_remote_code=True)`` after resolving the ``minilm`` alias."""
-    from sentence_transformers import SentenceTransformer
+def _load_models(args: argparse.Namespace, labels: list[str]) -> Iterator[tuple[str, Any]]:
+    """``("LABEL (POOLING)", model)`` for every MODEL, in order, each loaded when it is reached (see
+    :func:`st_prompts.loading.pooling_label`)."""
+    from st_prompts.loading import load_sentence_model, pooling_label
 
-    from st_prompts.utils import resolve_model_name
+    for label, name in zip(labels, args.models):
+        model = load_sentence_model(name, args.trust_remote_code)
+        yield f"{label} ({pooling_label(model)})", model
 
-    resolved = resolve_model_name(name)
-    try:
-        return SentenceTransformer(resolved, trust_remote_code=True)
-    except OSError as exc:
-        if os.path.exists(resolved):
-            raise
-        raise DataNotFoundError(
-            f"cannot load model {name!r}: not a local path, and not loadable from the Hugging Face hub ({exc})"
-        ) from exc
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    """``show_progress_bar`` for encoding: ``False`` with ``--no-progress``, else sentence-transformers' choice."""
+    return False if args.no_progress else None
 
 
 def run_similarity(args: argparse.Namespace) -> int:
@@ -138,9 +146,10 @@ def run_similarity(args: argparse.Namespace) -> int:
 
     labels = _check_args(args)
     pairs = _load_pairs(args)
-    models = {label: _load_model(name) for label, name in zip(labels, args.models)}
+    models = dict(_load_models(args, labels))
     path = plot_similarity_by_score(
-        models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title, batch_size=args.batch_size
+        models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title, batch_size=args.batch_size,
+        show_progress_bar=_progress(args),
     )
     print(f"wrote {path}")
     return 0
@@ -159,17 +168,18 @@ def run_align_uniform(args: argparse.Namespace) -> int:
         pairs.scores,
         positive_threshold=args.positive_threshold,
         batch_size=args.batch_size,
+        show_progress_bar=_progress(args),
         write_csv=False,
     )
     points = {}
-    for label, name in zip(labels, args.models):
-        result = evaluator.compute(_load_model(name))
+    for label, model in _load_models(args, labels):
+        result = evaluator.compute(model)
         points[label] = (result["alignment"], result["uniformity"])
     print(
         f"{_dataset_label(args)}: {evaluator.num_positive_pairs} positive pairs (gold score >= "
         f"{args.positive_threshold:g}), {evaluator.num_sentences} distinct sentences"
     )
-    width = max(len(label) for label in labels)
+    width = max(len(label) for label in points)
     print(f"{'model':<{width}}  alignment  uniformity")
     for label, (a, u) in points.items():
         print(f"{label:<{width}}  {a:9.4f}  {u:10.4f}")

@@ -14,24 +14,22 @@ in float64, so a few thousand sentences never need the full distance matrix at o
 
 from __future__ import annotations
 
-import csv
-import logging
 import math
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
-from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.evaluation.pairs import PairsEvaluator
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from typing_extensions import Unpack
 
-logger = logging.getLogger(__name__)
+    from st_prompts.evaluation.pairs import PairsOptions
+
 
 def _as_float64(x: Any) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
@@ -94,7 +92,7 @@ def uniformity_loss(x: Any, t: float = 2.0, normalize: bool = True, chunk_size: 
     return float(torch.logsumexp(torch.stack(block_lse), dim=0) - math.log(num_pairs))
 
 
-class AlignmentUniformityEvaluator(BaseEvaluator):
+class AlignmentUniformityEvaluator(PairsEvaluator):
     """Alignment and uniformity (lower is better) of a model's embeddings on an STS split.
 
     Results (``name`` prefix omitted when ``name`` is empty): ``{name}_alignment`` and ``{name}_uniformity``.
@@ -106,20 +104,23 @@ class AlignmentUniformityEvaluator(BaseEvaluator):
 
     Args:
         sentences1, sentences2, scores: the pairs of the split and their gold scores.
-        name: prefix of the result keys (``from_senteval`` uses ``"{task}-{split}"``).
-        positive_threshold: pairs with gold score ``>=`` this are positives for alignment (4.0, on the 0-5 scale).
+        positive_threshold: pairs with gold score ``>=`` this are positives for alignment (4.0, on the 0-5 scale;
+            for ``SICKRelatedness``, scored 1-5, the default keeps its meaning).
         main_metric: ``"alignment"`` or ``"uniformity"``, the primary metric.
-        batch_size: encoding batch size.
-        show_progress_bar: show encoding progress.
         chunk_size: rows per block in the uniformity computation.
-        write_csv: append a row to ``Alignment-Uniformity_evaluation_{name}_results.csv`` in ``output_path``.
+        **options: ``name``, ``batch_size``, ``show_progress_bar`` and ``write_csv`` (a row per call in
+            ``Alignment-Uniformity_evaluation_{name}_results.csv``), as for every
+            :class:`~st_prompts.evaluation.pairs.PairsEvaluator`.
 
     Attributes:
         num_positive_pairs, num_sentences: sizes of the set-up, for reports.
+        task, split: see :class:`~st_prompts.evaluation.pairs.PairsEvaluator` (set by ``from_senteval``).
 
     Raises:
         DataFormatError: if no pair reaches ``positive_threshold`` or the split has fewer than two distinct sentences.
     """
+
+    csv_prefix = "Alignment-Uniformity_evaluation"
 
     def __init__(
         self,
@@ -127,30 +128,18 @@ class AlignmentUniformityEvaluator(BaseEvaluator):
         sentences2: Sequence[str],
         scores: Sequence[float],
         *,
-        name: str = "",
         positive_threshold: float = 4.0,
         main_metric: Literal["alignment", "uniformity"] = "alignment",
-        batch_size: int = 32,
-        show_progress_bar: bool = False,
         chunk_size: int = 1024,
-        write_csv: bool = True,
+        **options: Unpack[PairsOptions],
     ) -> None:
-        super().__init__()
-        if not (len(sentences1) == len(sentences2) == len(scores)):
-            raise DataFormatError(
-                f"sentences1, sentences2 and scores must have the same length, got "
-                f"{len(sentences1)}, {len(sentences2)} and {len(scores)}"
-            )
+        super().__init__(sentences1, sentences2, scores, **options)
         if main_metric not in ("alignment", "uniformity"):
             raise ConfigurationError(f"main_metric must be 'alignment' or 'uniformity', got {main_metric!r}")
         if chunk_size < 1:
             raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.name = name
         self.positive_threshold = float(positive_threshold)
-        self.batch_size = batch_size
-        self.show_progress_bar = show_progress_bar
         self.chunk_size = chunk_size
-        self.write_csv = write_csv
         self.greater_is_better = False
         self.primary_metric = main_metric
 
@@ -161,32 +150,19 @@ class AlignmentUniformityEvaluator(BaseEvaluator):
         self.sentences = list(index)
         positives = [(index[s1], index[s2]) for s1, s2, sc in zip(sentences1, sentences2, scores)
                      if float(sc) >= self.positive_threshold]
-        where = f"{name}: " if name else ""
         if not positives:
-            raise DataFormatError(f"{where}no positive pair (gold score >= {self.positive_threshold:g}) for alignment")
+            raise DataFormatError(
+                f"{self._where()}no positive pair (gold score >= {self.positive_threshold:g}) for alignment"
+            )
         if len(self.sentences) < 2:
-            raise DataFormatError(f"{where}uniformity needs at least 2 distinct sentences, got {len(self.sentences)}")
+            raise DataFormatError(
+                f"{self._where()}uniformity needs at least 2 distinct sentences, got {len(self.sentences)}"
+            )
         self._pos_left = torch.tensor([i for i, _ in positives])
         self._pos_right = torch.tensor([j for _, j in positives])
         self.num_positive_pairs = len(positives)
         self.num_sentences = len(self.sentences)
-        self.csv_file = "Alignment-Uniformity_evaluation" + (f"_{name}" if name else "") + "_results.csv"
         self.csv_headers = ["epoch", "steps", "alignment", "uniformity"]
-
-    @classmethod
-    def from_senteval(
-        cls, senteval_dir: str | os.PathLike, task: str = "STSBenchmark", split: str = "test", **kwargs: Any
-    ) -> AlignmentUniformityEvaluator:
-        """Build the evaluator from a SentEval data directory (via :func:`st_prompts.data.senteval.load_sts`).
-
-        ``name`` defaults to ``"{task}-{split}"``; other keyword arguments go to the constructor. For
-        ``SICKRelatedness`` (gold scores 1-5) the default threshold of 4 keeps its meaning.
-        """
-        from st_prompts.data.senteval import load_sts
-
-        pairs = load_sts(senteval_dir, task, split)
-        kwargs.setdefault("name", f"{task}-{split}")
-        return cls(pairs.sentences1, pairs.sentences2, pairs.scores, **kwargs)
 
     def compute(self, model: SentenceTransformer) -> dict[str, float]:
         """Encode the distinct sentences once and return ``{"alignment": ..., "uniformity": ...}`` (no prefix)."""
@@ -199,32 +175,13 @@ class AlignmentUniformityEvaluator(BaseEvaluator):
             "uniformity": uniformity_loss(emb, normalize=False, chunk_size=self.chunk_size),
         }
 
-    def __call__(
-        self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
-    ) -> dict[str, float]:
-        """Return ``{name}_alignment`` and ``{name}_uniformity`` for ``model`` (both lower is better)."""
-        metrics = self.compute(model)
-        logger.info(
-            "Alignment/uniformity%s (%d positive pairs, %d distinct sentences): alignment %.4f, uniformity %.4f",
-            f" on {self.name}" if self.name else "",
-            self.num_positive_pairs,
-            self.num_sentences,
-            metrics["alignment"],
-            metrics["uniformity"],
+    def describe(self, metrics: dict[str, float]) -> str:
+        """The log line of a call: set-up sizes and both values."""
+        return (
+            f"Alignment/uniformity{f' on {self.name}' if self.name else ''} ({self.num_positive_pairs} positive pairs, "
+            f"{self.num_sentences} distinct sentences): alignment {metrics['alignment']:.4f}, "
+            f"uniformity {metrics['uniformity']:.4f}"
         )
-        if output_path is not None and self.write_csv:
-            os.makedirs(output_path, exist_ok=True)
-            csv_path = Path(output_path) / self.csv_file
-            new_file = not csv_path.is_file()
-            with open(csv_path, "a", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f)
-                if new_file:
-                    writer.writerow(self.csv_headers)
-                writer.writerow([epoch, steps, metrics["alignment"], metrics["uniformity"]])
-        metrics = self.prefix_name_to_metrics(metrics, self.name)
-        if hasattr(model, "model_card_data"):
-            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
-        return metrics
 
     def get_config_dict(self) -> dict[str, Any]:
         """Options that differ from the defaults (shown in model cards)."""

@@ -28,26 +28,23 @@ and not of 1/97, which suggests the paper scored each of its 97 pairs in both di
 
 from __future__ import annotations
 
-import csv
-import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 from sentence_transformers.util import cos_sim
 
 from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.evaluation.pairs import PairsEvaluator
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from typing_extensions import Unpack
 
-logger = logging.getLogger(__name__)
+    from st_prompts.evaluation.pairs import PairsOptions
 
 #: Cut-offs reported as ``recall@k``.
 DEFAULT_RECALL_AT_K = (1, 3, 5, 10)
@@ -117,7 +114,7 @@ def build_retrieval_queries(
     return RetrievalQueries(queries, answers, list(pool), num_relevant, num_identical)
 
 
-class STSRetrievalEvaluator(BaseEvaluator):
+class STSRetrievalEvaluator(PairsEvaluator):
     """Recall@K and MRR@10 of retrieving the gold-score-5 partner of a sentence among all sentences of an STS split.
 
     See the module docstring for the protocol. Results (``name`` prefix omitted when ``name`` is empty):
@@ -126,22 +123,24 @@ class STSRetrievalEvaluator(BaseEvaluator):
 
     Args:
         sentences1, sentences2, scores: the pairs of the split and their gold scores.
-        name: prefix of the result keys (``from_senteval`` uses ``"{task}-{split}"``).
         relevant_score: gold score that makes a pair a query/answer pair (exact match).
         bidirectional: score each pair in both directions (see the module docstring).
         exclude_query: remove the query's own text from its candidates (default). ``False`` keeps it, so that
             the query usually retrieves itself first; only useful to show what the exclusion changes.
         recall_at_k: cut-offs reported as ``recall@k``.
-        batch_size: encoding batch size.
-        show_progress_bar: show encoding progress.
-        write_csv: append a row to ``STS-Retrieval_evaluation_{name}_results.csv`` in ``output_path``.
+        **options: ``name``, ``batch_size``, ``show_progress_bar`` and ``write_csv`` (a row per call in
+            ``STS-Retrieval_evaluation_{name}_results.csv``), as for every
+            :class:`~st_prompts.evaluation.pairs.PairsEvaluator`.
 
     Attributes:
         num_queries, pool_size, num_identical_dropped: sizes of the set-up, for reports.
+        task, split: see :class:`~st_prompts.evaluation.pairs.PairsEvaluator` (set by ``from_senteval``).
 
     Raises:
         DataFormatError: if the split yields no query.
     """
+
+    csv_prefix = "STS-Retrieval_evaluation"
 
     def __init__(
         self,
@@ -149,33 +148,25 @@ class STSRetrievalEvaluator(BaseEvaluator):
         sentences2: Sequence[str],
         scores: Sequence[float],
         *,
-        name: str = "",
         relevant_score: float = 5.0,
         bidirectional: bool = False,
         exclude_query: bool = True,
         recall_at_k: Sequence[int] = DEFAULT_RECALL_AT_K,
-        batch_size: int = 32,
-        show_progress_bar: bool = False,
-        write_csv: bool = True,
+        **options: Unpack[PairsOptions],
     ) -> None:
-        super().__init__()
+        super().__init__(sentences1, sentences2, scores, **options)
         if not recall_at_k or any(int(k) < 1 for k in recall_at_k):
             raise ConfigurationError(f"recall_at_k must be positive integers, got {list(recall_at_k)}")
-        self.name = name
         self.relevant_score = float(relevant_score)
         self.bidirectional = bidirectional
         self.exclude_query = exclude_query
         self.recall_at_k = sorted({int(k) for k in recall_at_k})
-        self.batch_size = batch_size
-        self.show_progress_bar = show_progress_bar
-        self.write_csv = write_csv
         self.primary_metric = f"recall@{self.recall_at_k[0]}"
 
         setup = build_retrieval_queries(sentences1, sentences2, scores, self.relevant_score, bidirectional)
         if not setup.queries:
-            where = f"{name}: " if name else ""
             raise DataFormatError(
-                f"{where}no retrieval query: no sentence pair has gold score {self.relevant_score:g} "
+                f"{self._where()}no retrieval query: no sentence pair has gold score {self.relevant_score:g} "
                 f"({setup.num_relevant_pairs} such pairs, {setup.num_identical_dropped} dropped because both "
                 f"sentences are identical)"
             )
@@ -210,27 +201,12 @@ class STSRetrievalEvaluator(BaseEvaluator):
             map_at_k=[max_k],
             score_functions={"cosine": self._cosine_without_query},
             main_score_function="cosine",
-            batch_size=batch_size,
-            show_progress_bar=show_progress_bar,
-            name=name,
+            batch_size=self.batch_size,
+            show_progress_bar=self.show_progress_bar,
+            name=self.name,
             write_csv=False,
         )
-        self.csv_file = "STS-Retrieval_evaluation" + (f"_{name}" if name else "") + "_results.csv"
         self.csv_headers = ["epoch", "steps"] + [f"recall@{k}" for k in self.recall_at_k] + [f"mrr@{MRR_AT_K}"]
-
-    @classmethod
-    def from_senteval(
-        cls, senteval_dir: str | os.PathLike, task: str = "STSBenchmark", split: str = "test", **kwargs: Any
-    ) -> STSRetrievalEvaluator:
-        """Build the evaluator from a SentEval data directory (via :func:`st_prompts.data.senteval.load_sts`).
-
-        ``name`` defaults to ``"{task}-{split}"``; other keyword arguments go to the constructor.
-        """
-        from st_prompts.data.senteval import load_sts
-
-        pairs = load_sts(senteval_dir, task, split)
-        kwargs.setdefault("name", f"{task}-{split}")
-        return cls(pairs.sentences1, pairs.sentences2, pairs.scores, **kwargs)
 
     def _cosine_without_query(self, query_embeddings: torch.Tensor, pool_embeddings: torch.Tensor) -> torch.Tensor:
         scores = cos_sim(query_embeddings, pool_embeddings)
@@ -240,35 +216,21 @@ class STSRetrievalEvaluator(BaseEvaluator):
             )
         return scores.masked_fill(self._mask.to(scores.device), -math.inf)
 
-    def __call__(
-        self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
-    ) -> dict[str, float]:
-        """Encode the queries and the pool with ``model`` and return recall@k and MRR@10 (see the class docstring)."""
-        logger.info(
-            "STS retrieval evaluation%s: %d queries, candidate pool of %d distinct sentences%s",
-            f" on {self.name}" if self.name else "",
-            self.num_queries,
-            self.pool_size,
-            " (each query's own text excluded)" if self.exclude_query else "",
-        )
+    def compute(self, model: SentenceTransformer) -> dict[str, float]:
+        """Encode the queries and the pool with ``model``; return recall@k and MRR@10 (fractions, no prefix)."""
         scores = self._ir.compute_all_metrics(model)["cosine"]
         metrics: dict[str, float] = {f"recall@{k}": float(scores["recall@k"][k]) for k in self.recall_at_k}
         metrics[f"mrr@{MRR_AT_K}"] = float(scores["mrr@k"][MRR_AT_K])
-
-        if output_path is not None and self.write_csv:
-            os.makedirs(output_path, exist_ok=True)
-            csv_path = Path(output_path) / self.csv_file
-            new_file = not csv_path.is_file()
-            with open(csv_path, "a", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f)
-                if new_file:
-                    writer.writerow(self.csv_headers)
-                writer.writerow([epoch, steps, *metrics.values()])
-
-        metrics = self.prefix_name_to_metrics(metrics, self.name)
-        if hasattr(model, "model_card_data"):
-            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
         return metrics
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        """The log line of a call: the set-up and the metrics."""
+        excluded = " (each query's own text excluded)" if self.exclude_query else ""
+        values = ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
+        return (
+            f"STS retrieval{f' on {self.name}' if self.name else ''}: {self.num_queries} queries, candidate pool of "
+            f"{self.pool_size} distinct sentences{excluded}: {values}"
+        )
 
     def get_config_dict(self) -> dict[str, Any]:
         """Options that differ from the protocol's defaults (shown in model cards)."""

@@ -1,0 +1,71 @@
+"""Semantic search over an encoded corpus with FAISS.
+
+:class:`SemanticIndex` encodes a corpus with a :class:`~sentence_transformers.SentenceTransformer`, puts the embeddings
+in a FAISS index and answers queries with ranked :class:`SearchHit` s::
+
+    from st_prompts.loading import load_sentence_model
+    from st_prompts.search import SemanticIndex
+
+    model = load_sentence_model("minilm")                              # the packaged all-MiniLM-L6-v2
+    index = SemanticIndex.from_file(model, "corpus.txt")               # one document per line (or .jsonl/.csv/...)
+    index.save("corpus.index")                                         # a directory, written atomically
+    index = SemanticIndex.load("corpus.index", model=model)            # checks that ``model`` is the index's model
+    for hit in index.search("how do cats sleep?", k=5)[0]:
+        print(hit.score, hit.id, hit.text)
+
+:meth:`SemanticIndex.build` indexes a list of strings or a ``datasets.Dataset`` column instead of a file, and
+:meth:`SemanticIndex.from_embeddings` precomputed embeddings.
+
+Conventions (all documented here once, and relied upon by the CLI and the tests):
+
+* **Scores are cosine similarities.** Corpus and query embeddings are always L2-normalised before they reach FAISS
+  (whether or not the model ends with a ``Normalize`` module), and every index uses the inner-product metric. A model
+  that differs from the index's model only by a final ``Normalize`` module is therefore compatible with it.
+* **Index types.** ``"flat"`` (default, exact), ``"ivf"`` and ``"hnsw"`` (approximate, for large corpora); their
+  parameters and defaults are described in :mod:`st_prompts.search.faiss_index`.
+* **Document ids.** 1-based line numbers for a text file (blank lines are skipped but keep their numbers, so
+  ``sed -n 'IDp' corpus.txt`` prints the document); 0-based positions for a list or a dataset without ``id_column``;
+  otherwise the given ids, which must be unique ``str`` or ``int`` values (duplicates are a
+  :class:`~st_prompts.errors.DataFormatError`).
+* **Blank documents** (empty or whitespace only) are skipped with a warning; a corpus with no non-blank document is a
+  :class:`~st_prompts.errors.DataFormatError`.
+* **Duplicate texts are kept**, each under its own id, with one warning saying how many there are: deduplicating
+  silently would lose ids the caller may rely on. A search can then return the same text twice.
+* **k larger than the corpus** is clamped to the corpus size with a warning. Slots FAISS leaves empty (id ``-1``,
+  possible with IVF/HNSW when too few candidates are visited) are dropped, so a query may get fewer than ``k`` hits but
+  never a made-up one.
+* **Model identity.** ``meta.json`` records the model's name/path and dimension and a fingerprint of its embeddings of
+  :data:`PROBE_SENTENCES` (:mod:`st_prompts.search.identity`). A model given to :meth:`SemanticIndex.load` (or used
+  for a search) must have the same dimension and give the same probe embeddings (cosine ≥
+  :data:`FINGERPRINT_MIN_COSINE` for every probe sentence, which tolerates CPU/GPU numeric noise), else
+  :class:`~st_prompts.errors.BackboneMismatchError`. A model given by name is loaded with
+  :func:`st_prompts.loading.load_sentence_model` (which decides whether to trust its code).
+
+Layout: :mod:`~st_prompts.search.identity` (model identity), :mod:`~st_prompts.search.corpus` (reading corpora and
+ids), :mod:`~st_prompts.search.encoding` (encoding and normalisation), :mod:`~st_prompts.search.faiss_index` (FAISS
+types, parameters, build), :mod:`~st_prompts.search.store` (atomic save/load), :mod:`~st_prompts.search.index`
+(:class:`SemanticIndex`).
+"""
+
+from st_prompts.search.faiss_index import (
+    DEFAULT_EF_CONSTRUCTION,
+    DEFAULT_EF_SEARCH,
+    DEFAULT_HNSW_M,
+    DEFAULT_NPROBE,
+    INDEX_TYPES,
+)
+from st_prompts.search.identity import FINGERPRINT_MIN_COSINE, PROBE_SENTENCES, ModelIdentity
+from st_prompts.search.index import SearchHit, SemanticIndex
+
+__all__ = [
+    "DEFAULT_EF_CONSTRUCTION",
+    "DEFAULT_EF_SEARCH",
+    "DEFAULT_HNSW_M",
+    "DEFAULT_NPROBE",
+    "FINGERPRINT_MIN_COSINE",
+    "INDEX_TYPES",
+    "PROBE_SENTENCES",
+    "ModelIdentity",
+    "SearchHit",
+    "SemanticIndex",
+]

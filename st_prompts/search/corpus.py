@@ -1,0 +1,180 @@
+"""Reading a corpus (a list, a ``datasets.Dataset`` column, a text file, a dataset file) and its document ids.
+
+Conventions: ids are 1-based line numbers for a text file (blank lines are skipped but keep their numbers), 0-based
+positions for a list or a dataset without ``id_column``, otherwise the given ids, which must be unique ``str`` or
+``int`` values. Blank documents are skipped with a warning; a corpus with no non-blank document is a
+:class:`~st_prompts.errors.DataFormatError`. Duplicate texts are kept, each under its own id, with one warning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.search._warnings import warn_at_caller
+
+#: Files read with ``datasets`` (by suffix); any other file is a text file with one document per line.
+DATASET_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A validated corpus: non-blank texts with unique ids, where they came from, and how the ids were made.
+
+    Attributes:
+        ids: one unique ``str``/``int`` id per text.
+        texts: the documents (blank ones dropped).
+        source: the file the corpus was read from, or ``"corpus"``.
+        id_source: ``"line_number"``, ``"position"``, ``"given"`` or ``"column:<name>"`` (saved in ``meta.json``).
+    """
+
+    ids: list[int | str]
+    texts: list[str]
+    source: str
+    id_source: str
+
+
+def is_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is a ``datasets.Dataset`` (without importing ``datasets`` when it is not installed)."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(obj, datasets.Dataset)
+
+
+def corpus_from_documents(
+    documents: Any,
+    ids: Iterable[Any] | None = None,
+    *,
+    text_column: str = "text",
+    id_column: str | None = None,
+    source: str = "corpus",
+) -> Corpus:
+    """A :class:`Corpus` from a list/iterable of strings or a ``datasets.Dataset`` (``text_column``, ``id_column``).
+
+    Ids default to 0-based positions. A bare string or path is rejected: a file is read by :func:`read_corpus_file`.
+    """
+    if isinstance(documents, (str, bytes, os.PathLike)):
+        raise ConfigurationError(
+            "documents must be a list of strings or a datasets.Dataset; to index a file use SemanticIndex.from_file()"
+        )
+    if is_dataset(documents):
+        if ids is not None:
+            raise ConfigurationError("pass either ids or id_column for a dataset, not both")
+        columns = documents.column_names
+        for column in (text_column, id_column):
+            if column is not None and column not in columns:
+                raise DataFormatError(f"{source}: no column {column!r} in the dataset (columns: {', '.join(columns)})")
+        ids = documents[id_column] if id_column is not None else None
+        documents = documents[text_column]
+    id_source = f"column:{id_column}" if id_column is not None else ("given" if ids is not None else "position")
+    kept_ids, kept_texts = prepare_corpus(documents, ids, source=source, id_kind="position")
+    return Corpus(kept_ids, kept_texts, source, id_source)
+
+
+def read_corpus_file(
+    path: str | os.PathLike, *, text_column: str = "text", id_column: str | None = None, encoding: str = "utf-8"
+) -> Corpus:
+    """Read a corpus file: ``.jsonl``/``.json``/``.csv``/``.parquet`` through ``datasets`` (``text_column``,
+    ``id_column``; ids = 0-based rows by default), anything else as ``encoding`` text with one document per line
+    (stripped; ids = 1-based line numbers)."""
+    path = Path(path)
+    if path.suffix.lower() in DATASET_SUFFIXES:
+        dataset = _load_dataset_file(path)
+        return corpus_from_documents(dataset, text_column=text_column, id_column=id_column, source=str(path))
+    if id_column is not None:
+        raise ConfigurationError(f"--id-column needs a dataset file (.jsonl/.csv/.parquet), not {path}")
+    lines = _read_text_file(path, encoding)
+    ids, texts = prepare_corpus(lines, None, source=str(path), id_kind="line_number")
+    return Corpus(ids, texts, str(path), "line_number")
+
+
+def _check_id(value: Any, where: str) -> int | str:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise DataFormatError(f"document ids must be str or int, got {type(value).__name__} ({value!r}) {where}")
+    return value
+
+
+def prepare_corpus(
+    texts: Iterable[Any], ids: Iterable[Any] | None, *, source: str, id_kind: str
+) -> tuple[list[int | str], list[str]]:
+    """Validate a corpus: drop blank documents (warning), reject duplicate ids, warn about duplicate texts.
+
+    ``id_kind`` (``"line_number"`` or ``"position"``) says how to number the documents when ``ids`` is ``None``.
+    """
+    texts = list(texts)
+    if ids is None:
+        ids = list(range(1, len(texts) + 1)) if id_kind == "line_number" else list(range(len(texts)))
+    else:
+        ids = list(ids)
+        if len(ids) != len(texts):
+            raise DataFormatError(f"{source}: got {len(ids)} ids for {len(texts)} documents")
+    kept_ids: list[int | str] = []
+    kept_texts: list[str] = []
+    blank = 0
+    for i, (doc_id, text) in enumerate(zip(ids, texts)):
+        if text is None or (isinstance(text, str) and not text.strip()):
+            blank += 1
+            continue
+        if not isinstance(text, str):
+            raise DataFormatError(f"{source}: document {i} is a {type(text).__name__}, not a string: {text!r:.80}")
+        kept_ids.append(_check_id(doc_id, f"(document {i} of {source})"))
+        kept_texts.append(text)
+    if not kept_texts:
+        raise DataFormatError(f"{source} is empty: it has no non-blank document to index")
+    if blank:
+        warn_at_caller(f"{source}: skipped {blank} blank document(s)")
+    seen: set[int | str] = set()
+    duplicates = []
+    for doc_id in kept_ids:
+        if doc_id in seen:
+            duplicates.append(doc_id)
+        seen.add(doc_id)
+    if duplicates:
+        shown = ", ".join(repr(d) for d in duplicates[:5]) + (", ..." if len(duplicates) > 5 else "")
+        raise DataFormatError(f"{source}: document ids must be unique; {len(duplicates)} duplicate(s): {shown}")
+    duplicate_texts = len(kept_texts) - len(set(kept_texts))
+    if duplicate_texts:
+        warn_at_caller(
+            f"{source}: {duplicate_texts} document(s) repeat the text of an earlier one; they are kept, each under "
+            "its own id"
+        )
+    return kept_ids, kept_texts
+
+
+def _read_text_file(path: Path, encoding: str) -> list[str]:
+    if not path.exists():
+        raise DataNotFoundError(f"corpus file not found: {path}")
+    if path.is_dir():
+        raise DataFormatError(f"corpus must be a text file with one document per line, got a directory: {path}")
+    try:
+        with path.open(encoding=encoding, newline=None) as handle:
+            return [line.rstrip("\n").strip() for line in handle]
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{path} is not a {encoding} text file: {exc}") from exc
+
+
+def _load_dataset_file(path: Path) -> Any:
+    """Load a .jsonl/.json/.csv/.parquet file as a :class:`datasets.Dataset`."""
+    import datasets
+
+    if not path.exists():
+        raise DataNotFoundError(f"corpus file not found: {path}")
+    loader = {
+        "json": datasets.Dataset.from_json,
+        "csv": datasets.Dataset.from_csv,
+        "parquet": datasets.Dataset.from_parquet,
+    }
+    try:
+        return loader[DATASET_SUFFIXES[path.suffix.lower()]](str(path))
+    except Exception as exc:  # datasets raises many different errors for a malformed file
+        raise DataFormatError(f"cannot read {path} as a dataset: {exc}") from exc

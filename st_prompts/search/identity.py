@@ -1,0 +1,164 @@
+"""Which model encoded an index: its name, path, dimension and a fingerprint of its probe-sentence embeddings.
+
+The fingerprint is the SHA-256 of the (rounded) normalised embeddings of :data:`PROBE_SENTENCES`; the embeddings
+themselves are kept too (``probe.npy`` in a saved index). A model matches an identity when it has the same
+dimension and gives the same probe embeddings up to numeric noise (cosine >= :data:`FINGERPRINT_MIN_COSINE` for
+every probe sentence), else :class:`~st_prompts.errors.BackboneMismatchError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from st_prompts.errors import BackboneMismatchError
+from st_prompts.search.encoding import encode_texts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+#: Minimum cosine between the stored and the recomputed embedding of every probe sentence for a model to match.
+FINGERPRINT_MIN_COSINE = 0.999
+#: Fixed sentences whose embeddings fingerprint a model.
+PROBE_SENTENCES = (
+    "A man is playing a guitar on the street.",
+    "The stock market fell sharply after the announcement.",
+    "How do I reset my password?",
+    "Photosynthesis converts light energy into chemical energy.",
+    "Der Hund schläft auf dem Sofa.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Scores were tied 2-2 at half time.",
+    "an unusually short one",
+)
+_FINGERPRINT_DECIMALS = 3
+
+
+def _config_name_or_path(model: SentenceTransformer) -> str | None:
+    """``_name_or_path`` of the first module's transformers config: where the backbone was loaded from."""
+    try:
+        first = model[0]
+    except (IndexError, TypeError, KeyError):  # pragma: no cover - exotic model without modules
+        return None
+    auto_model = getattr(first, "auto_model", None) or getattr(first, "model", None)
+    name = getattr(getattr(auto_model, "config", None), "_name_or_path", None)
+    return name if isinstance(name, str) and name else None
+
+
+def model_name(model: SentenceTransformer) -> str:
+    """A portable name for ``model``: ``minilm`` for the packaged MiniLM, else the hub id or path it came from."""
+    candidates = []
+    card = getattr(model, "model_card_data", None)
+    if card is not None:
+        candidates += [getattr(card, "model_id", None), getattr(card, "base_model", None)]
+    candidates.append(_config_name_or_path(model))
+    name = next((c for c in candidates if isinstance(c, str) and c), None)
+    if name is None:
+        return type(model).__name__
+    try:
+        from st_prompts.utils import packaged_minilm_path
+
+        if os.path.realpath(name) == os.path.realpath(packaged_minilm_path()):
+            return "minilm"
+    except Exception:  # pragma: no cover - packaged model absent
+        pass
+    return name
+
+
+def embedding_dimension(model: SentenceTransformer) -> int | None:
+    """The model's sentence-embedding dimension (``None`` when it cannot tell)."""
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return getter()
+
+
+def _loadable(name: str) -> bool:
+    """Whether ``name`` can plausibly be loaded: an alias, an existing path, or a hub-style id (not a dead path)."""
+    from st_prompts.utils import PACKAGED_MINILM_ALIASES
+
+    if name in PACKAGED_MINILM_ALIASES or os.path.exists(name):
+        return True
+    return not (os.path.isabs(name) or name.startswith((".", "~")))
+
+
+@dataclass
+class ModelIdentity:
+    """Who encoded an index: name, path, dimension and a fingerprint of the normalised probe-sentence embeddings."""
+
+    name: str
+    dimension: int
+    fingerprint: str
+    probe_embeddings: np.ndarray = field(repr=False)
+    path: str | None = None
+
+    @classmethod
+    def of(cls, model: SentenceTransformer, name: str | None = None) -> ModelIdentity:
+        """Compute the identity of ``model`` (encodes the :data:`PROBE_SENTENCES`, a few milliseconds)."""
+        probe = encode_texts(model, PROBE_SENTENCES, kind="document", batch_size=len(PROBE_SENTENCES), progress=False)
+        return cls(
+            name=name or model_name(model),
+            dimension=int(probe.shape[1]),
+            fingerprint=cls.fingerprint_of(probe),
+            probe_embeddings=probe,
+            path=_config_name_or_path(model),
+        )
+
+    @classmethod
+    def from_json(cls, info: dict[str, Any], probe_embeddings: np.ndarray) -> ModelIdentity:
+        """The identity saved by :meth:`to_json` (``meta.json``) and its probe embeddings (``probe.npy``)."""
+        return cls(
+            name=info["name"],
+            dimension=int(info["dimension"]),
+            fingerprint=info["fingerprint"],
+            probe_embeddings=probe_embeddings,
+            path=info.get("path"),
+        )
+
+    @staticmethod
+    def fingerprint_of(probe_embeddings: np.ndarray) -> str:
+        """SHA-256 of the probe embeddings rounded to 3 decimals (a quick identity; matching uses a tolerance)."""
+        rounded = np.round(np.asarray(probe_embeddings, dtype=np.float64) * 10**_FINGERPRINT_DECIMALS)
+        rounded = rounded.astype(np.int32) + 0  # "+ 0" turns -0 into 0
+        digest = hashlib.sha256(np.ascontiguousarray(rounded).tobytes()).hexdigest()
+        return f"sha256:{digest}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able part (the probe embeddings are saved separately, in ``probe.npy``)."""
+        return {
+            "name": self.name,
+            "path": self.path,
+            "dimension": self.dimension,
+            "fingerprint": self.fingerprint,
+            "probe_sentences": list(PROBE_SENTENCES),
+        }
+
+    def loadable_name(self) -> str:
+        """What to load this model from: the recorded name, or the recorded local path when the name is a path that
+        does not exist here but the path does."""
+        if self.path and not _loadable(self.name) and os.path.isdir(self.path):
+            return self.path
+        return self.name
+
+    def check_compatible(self, other: ModelIdentity) -> None:
+        """Raise :class:`BackboneMismatchError` unless ``other`` (a candidate model) encodes like ``self``."""
+        if other.dimension != self.dimension:
+            raise BackboneMismatchError(
+                f"model {other.name!r} produces {other.dimension}-dimensional embeddings but the index was built "
+                f"with {self.name!r} ({self.dimension} dimensions); use the index's model or rebuild the index"
+            )
+        if other.fingerprint == self.fingerprint:
+            return
+        cosines = np.sum(self.probe_embeddings * other.probe_embeddings, axis=1)
+        worst = float(np.min(cosines))
+        if worst < FINGERPRINT_MIN_COSINE:
+            raise BackboneMismatchError(
+                f"model {other.name!r} does not match the index's model {self.name!r}: its embeddings of the probe "
+                f"sentences differ (lowest cosine {worst:.4f} < {FINGERPRINT_MIN_COSINE}); use the index's model or "
+                "rebuild the index"
+            )
+        logger.debug("fingerprints differ only by numeric noise (lowest probe cosine %.6f)", worst)

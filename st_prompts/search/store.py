@@ -1,0 +1,234 @@
+"""Saving and loading an index directory, atomically.
+
+A saved index is a directory holding ``index.faiss`` (the FAISS index), ``docs.jsonl`` (one ``{"id", "text"}`` per
+row, in FAISS order), ``meta.json`` (format, model identity, index type and parameters, ...) and ``probe.npy`` (the
+model's probe-sentence embeddings; absent for an index built from bare embeddings). The files are written into a
+temporary directory next to the target, which is then renamed into place, so an interrupted save never leaves a
+half-written index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, factory_string
+from st_prompts.search.identity import ModelIdentity
+
+if TYPE_CHECKING:  # pragma: no cover
+    import faiss
+
+logger = logging.getLogger(__name__)
+
+FORMAT_NAME = "st-prompts-semantic-index"
+FORMAT_VERSION = 1
+INDEX_FILE = "index.faiss"
+DOCS_FILE = "docs.jsonl"
+META_FILE = "meta.json"
+PROBE_FILE = "probe.npy"
+# Keys of meta.json written by make_meta() itself; any other key is kept in StoredIndex.info.
+_CORE_META_KEYS = frozenset(
+    {
+        "format", "format_version", "model", "dimension", "num_docs", "index_type", "index_params",
+        "faiss_factory", "metric", "normalization", "score", "duplicate_texts", "created",
+        "st_prompts_version", "faiss_version",
+    }
+)  # fmt: skip
+
+
+@dataclass
+class StoredIndex:
+    """The parts of a saved index (see :func:`save_index_dir` / :func:`load_index_dir`).
+
+    Attributes:
+        faiss_index: the FAISS index (row ``i`` is document ``ids[i]``), search parameters applied.
+        ids, texts: the documents, in FAISS order.
+        index_type, index_params: ``"flat"``/``"ivf"``/``"hnsw"`` and the resolved parameters.
+        model_identity: the encoding model, or ``None`` for an index built from bare embeddings.
+        info: extra ``meta.json`` keys (e.g. ``id_source``, ``source``).
+    """
+
+    faiss_index: faiss.Index
+    ids: list[int | str]
+    texts: list[str]
+    index_type: str
+    index_params: dict[str, Any]
+    model_identity: ModelIdentity | None = None
+    info: dict[str, Any] | None = None
+
+
+def make_meta(stored: StoredIndex) -> dict[str, Any]:
+    """The ``meta.json`` content of ``stored``."""
+    import faiss
+
+    from st_prompts import __version__
+
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "model": stored.model_identity.to_json() if stored.model_identity is not None else None,
+        "dimension": int(stored.faiss_index.d),
+        "num_docs": len(stored.ids),
+        "index_type": stored.index_type,
+        "index_params": stored.index_params,
+        "faiss_factory": factory_string(stored.index_type, stored.index_params),
+        "metric": "inner_product",
+        "normalization": "l2",
+        "score": "cosine",
+        "duplicate_texts": len(stored.texts) - len(set(stored.texts)),
+        **(stored.info or {}),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "st_prompts_version": __version__,
+        "faiss_version": getattr(faiss, "__version__", None),
+    }
+
+
+def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write ``stored`` to ``directory`` atomically; return the directory.
+
+    An existing index at ``directory`` is replaced (unless ``overwrite=False``); an existing directory that is not
+    empty and not an index is never touched (:class:`ConfigurationError`).
+    """
+    import faiss
+
+    target = Path(directory)
+    if target.exists():
+        if not target.is_dir():
+            raise ConfigurationError(f"cannot save the index to {target}: it exists and is not a directory")
+        if not overwrite:
+            raise ConfigurationError(f"{target} already exists (pass overwrite=True / --overwrite to replace it)")
+        if any(target.iterdir()) and not (target / META_FILE).is_file():
+            raise ConfigurationError(
+                f"refusing to replace {target}: it is a non-empty directory that is not a semantic index"
+            )
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
+    try:
+        faiss.write_index(stored.faiss_index, str(tmp / INDEX_FILE))
+        with (tmp / DOCS_FILE).open("w", encoding="utf-8") as handle:
+            for doc_id, text in zip(stored.ids, stored.texts):
+                handle.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
+        if stored.model_identity is not None:
+            np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
+        with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
+            json.dump(make_meta(stored), handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        for name in os.listdir(tmp):
+            _fsync(tmp / name)
+        os.chmod(tmp, 0o755)
+        _swap_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _swap_into_place(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``; an existing ``target`` is moved aside first and restored if that fails."""
+    if not target.exists():
+        os.rename(tmp, target)
+        return
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_index_dir(directory: str | os.PathLike) -> StoredIndex:
+    """Read an index directory written by :func:`save_index_dir`, checking that it is complete and consistent.
+
+    Raises:
+        DataNotFoundError: the directory does not exist.
+        DataFormatError: it is not a complete, consistent semantic index (or was written by a newer version).
+    """
+    import faiss
+
+    root = Path(directory)
+    if not root.exists():
+        raise DataNotFoundError(f"index directory not found: {root}")
+    if not root.is_dir():
+        raise DataFormatError(f"{root} is not an index directory (expected {META_FILE}, {INDEX_FILE}, ...)")
+    for name in (META_FILE, INDEX_FILE, DOCS_FILE):
+        if not (root / name).is_file():
+            raise DataFormatError(f"{root} is not a complete semantic index: {name} is missing")
+    meta = read_meta(root)
+    try:
+        faiss_index = faiss.read_index(str(root / INDEX_FILE))
+    except RuntimeError as exc:
+        raise DataFormatError(f"cannot read {root / INDEX_FILE}: {str(exc).strip().splitlines()[-1]}") from exc
+    ids, texts = _read_docs(root / DOCS_FILE)
+    if not (faiss_index.ntotal == len(ids) == meta.get("num_docs")):
+        raise DataFormatError(
+            f"{root} is inconsistent: {faiss_index.ntotal} vectors, {len(ids)} documents, "
+            f"meta.json says {meta.get('num_docs')}"
+        )
+    identity = None
+    if meta.get("model") is not None:
+        if not (root / PROBE_FILE).is_file():
+            raise DataFormatError(f"{root} is not a complete semantic index: {PROBE_FILE} is missing")
+        identity = ModelIdentity.from_json(meta["model"], np.load(root / PROBE_FILE))
+    index_type = meta["index_type"]
+    params = dict(meta.get("index_params") or {})
+    if index_type not in INDEX_TYPES:
+        raise DataFormatError(f"{root / META_FILE}: unknown index_type {index_type!r}")
+    if params:
+        apply_search_params(faiss_index, index_type, params)
+    info = {key: value for key, value in meta.items() if key not in _CORE_META_KEYS}
+    return StoredIndex(faiss_index, ids, texts, index_type, params, identity, info)
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    """The ``meta.json`` of the index directory ``root``, checked to describe a semantic index this version reads."""
+    try:
+        meta = json.loads((root / META_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{root / META_FILE} is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise DataFormatError(f"{root / META_FILE} does not describe a st-prompts semantic index")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise DataFormatError(
+            f"{root} was written by a newer st-prompts (format {meta['format_version']} > {FORMAT_VERSION})"
+        )
+    return meta
+
+
+def _read_docs(path: Path) -> tuple[list[int | str], list[str]]:
+    ids, texts = [], []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                record = json.loads(line)
+                ids.append(record["id"])
+                texts.append(record["text"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataFormatError(f"{path}, line {number}: bad record ({exc})") from exc
+    return ids, texts
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)

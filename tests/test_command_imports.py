@@ -1,0 +1,37 @@
+"""The command modules import only light modules at top level, so that ``st-prompts --help`` is fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "sentence_transformers", "transformers", "faiss", "datasets", "matplotlib", "numpy")
+COMMANDS = ("evaluate", "plot", "index")
+
+# ``st_prompts/__init__.py`` may import heavy parts of the package; a bare package object stands in for it, so that
+# only what the command modules (and the modules they import) pull in is measured.
+PROBE = """
+import json, sys, types
+package = types.ModuleType("st_prompts")
+package.__path__ = [{package_dir!r}]
+sys.modules["st_prompts"] = package
+import argparse
+for name in {commands!r}:
+    module = __import__(f"st_prompts.commands.{{name}}", fromlist=["add_parser"])
+    parser = argparse.ArgumentParser()
+    module.add_parser(parser.add_subparsers())
+print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("commands", [COMMANDS, *((c,) for c in COMMANDS)])
+def test_command_modules_do_not_import_heavy_libraries(commands):
+    package_dir = str(Path(__file__).resolve().parents[1] / "st_prompts")
+    code = PROBE.format(package_dir=package_dir, commands=commands, heavy=HEAVY)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
