@@ -164,11 +164,17 @@ def load_sentence_model(
         reason = _untrusted_reason(model, kwargs)
         trust_remote_code = reason is None
         if reason is not None:
-            logger.info("loading %s without trust_remote_code: %s", name_or_path, reason)
+            logger.debug("loading %s without trust_remote_code: %s", name_or_path, reason)
     try:
         return SentenceTransformer(model, trust_remote_code=bool(trust_remote_code), device=device, **kwargs)
     except OSError as exc:
         raise DataNotFoundError(f"could not load model {name_or_path!r}: {_first_line(exc)}") from exc
+    except ImportError as exc:
+        # trusted code naming a module that is not installed: a message, not a traceback from importlib
+        raise DataNotFoundError(
+            f"could not load model {name_or_path!r}: its modules.json names code that cannot be imported "
+            f"({_first_line(exc)}); install the package that provides it."
+        ) from exc
     except ValueError as exc:
         if isinstance(exc, StPromptsError) or trust_remote_code or "trust_remote_code" not in str(exc):
             raise

@@ -157,3 +157,15 @@ def test_pooling_labels(st_folder, tiny_bert):
     mask = SentenceTransformer(modules=[transformer, MaskTokenPooling(32)], device="cpu")
     assert pooling_label(mask) == "[MASK]"
     assert pooling_label(object()) == "unknown"
+
+
+def test_trusted_but_missing_code_is_a_message_not_a_traceback(st_folder, tmp_path):
+    import shutil
+
+    from st_prompts.errors import DataNotFoundError
+
+    folder = tmp_path / "missing-code"
+    shutil.copytree(st_folder, folder)
+    _edit_modules(folder, Pooling="no_such_package_xyz.Module")
+    with pytest.raises(DataNotFoundError, match="cannot be imported"):
+        load_sentence_model(str(folder), trust_remote_code=True)

@@ -457,6 +457,8 @@ def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, 
     corpus_index.save(tmp_path / "idx")
     code, _, stderr = run_cli(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
     assert code == 2 and "--trust-remote-code" in stderr
-    # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package.
-    with pytest.raises(ImportError, match="not_installed_pkg"):
-        run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"], capsys)
+    # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package, which the
+    # command reports in one line (no importlib traceback).
+    code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"],
+                              capsys)
+    assert code == 2 and "not_installed_pkg" in stderr and "cannot be imported" in stderr and "Traceback" not in stderr
