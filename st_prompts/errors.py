@@ -29,3 +29,8 @@ class DataFormatError(StPromptsError, ValueError):
 
 class DataNotFoundError(StPromptsError, FileNotFoundError):
     """A file or directory the user pointed to does not exist."""
+
+
+class SKICacheMismatchError(StPromptsError, ValueError):
+    """A SKI cache file was generated with another model, prompt template or generation settings than the run that
+    would extend (or read) it: its rows must not be mixed with new ones."""
