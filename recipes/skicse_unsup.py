@@ -9,7 +9,8 @@ DCPCSE deep prefix trains.
 128 for sentences and SKI, 1 epoch; SimCSE's 1M sentences from the hub unless --data-dir, and a SKI file for them
 (--ski-file, from 'st-prompts ski generate').
 --scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 3e-5 (prompted 3e-2), sentences 32 tokens, SKI 64
-tokens; the SmolLM2 SKI shipped with st_prompts (first 2,000 shared Wikipedia sentences) unless --ski-file.
+tokens; the SmolLM2 SKI shipped with st_prompts (the first 2,080 lines of the shared Wikipedia sentences) unless
+--ski-file.
 
     st-prompts ski generate --llm smollm2 --input ../shared/data/train/wiki_sentences.txt --limit 2000 --output ski.jsonl
     python recipes/skicse_unsup.py --data-dir ../shared/data --ski-file ski.jsonl [--encoder prompted]

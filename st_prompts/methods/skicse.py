@@ -16,9 +16,9 @@ SimCSE/DCPCSE.
 Data: the method's loader reads the sentences (or NLI triplets) from ``data_dir`` and joins the SKI file by sentence
 (the premise for NLI). Rows whose SKI is recorded missing train with the SimCSE term alone; rows whose sentence is not
 in the SKI file are dropped (``uncached="drop"``, default) or treated like missing SKI (``uncached="fallback"``). Both
-counts are logged. The default SKI files are the SmolLM2 ones shipped in ``st_prompts/resources/ski`` (the first
-2,000 Wikipedia sentences and the premises of the first 2,000 NLI triplets of the shared data, which include the
-bundled demo data).
+counts are logged. The default SKI files are the SmolLM2 ones shipped in ``st_prompts/resources/ski`` (the 2,028
+distinct sentences of the first 2,080 Wikipedia lines and the premises of the first 2,000 NLI triplets of the shared
+data, which cover the bundled demo NLI data and most of the bundled Wikipedia sentences).
 
 SKI texts are paragraphs: they get their own token limit (``ski_max_seq_length``) through a per-column collator,
 while the sentences keep ``max_seq_length`` (the saved model's limit).
@@ -67,7 +67,7 @@ class SKICSESettings(TrainSettings):
     encoder: str = option("full", "full: fine-tune the whole backbone (the paper); prompted: frozen backbone + "
                           "deep prefix (DCPCSE)", ENCODERS)
     ski_file: str | None = option(None, "SKI cache from 'st-prompts ski generate' (default: the packaged SmolLM2 SKI "
-                                  "of the first 2,000 shared Wikipedia sentences / NLI premises)")
+                                  "of the first ~2,000 shared Wikipedia sentences / NLI premises)")
     ski_weight: float = option(0.15, "unsupervised lambda: weight of InfoNCE(x; x_ski) (Eq. 3)")
     ski_weight_1: float = option(0.1, "supervised lambda1: weight of L1, the SKI-anchored term (Eq. 5, 7)")
     ski_weight_2: float = option(0.3, "supervised lambda2: weight of L2, SKI as positive of x (Eq. 6, 7)")
