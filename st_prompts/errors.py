@@ -36,3 +36,8 @@ class UntrustedCodeError(StPromptsError, ValueError):
     or custom modelling code in a ``config.json``), it was loaded without ``trust_remote_code``, and
     sentence-transformers or transformers refused to import that code. Pass ``--trust-remote-code`` (or
     ``trust_remote_code=True``) only for a model whose code you trust."""
+
+
+class SKICacheMismatchError(StPromptsError, ValueError):
+    """A SKI cache file was generated with another model, prompt template or generation settings than the run that
+    would extend (or read) it: its rows must not be mixed with new ones."""

@@ -2,5 +2,13 @@
 
 from st_prompts.losses.contrastive import PromptContrastiveLoss
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
+from st_prompts.losses.multi_positive import (
+    SUPERVISED_READINGS,
+    InfoNCETerm,
+    MultiPositiveInfoNCELoss,
+    skicse_supervised_terms,
+    skicse_unsupervised_terms,
+)
 
-__all__ = ["MLMHead", "PromptContrastiveLoss", "TokenMasker", "mlm_weight"]
+__all__ = ["SUPERVISED_READINGS", "InfoNCETerm", "MLMHead", "MultiPositiveInfoNCELoss", "PromptContrastiveLoss",
+           "TokenMasker", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]

@@ -87,6 +87,8 @@ class Stage:
             with their own learning rate (sentence-transformers' ``learning_rate_mapping``).
         max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
+        collator: ``(model, settings) -> data collator`` (default: sentence-transformers' own), e.g. per-column
+            maximum lengths (:class:`st_prompts.training.collators.ColumnMaxLengthCollator`).
     """
 
     name: str
@@ -98,6 +100,7 @@ class Stage:
     learning_rates: Callable[[Any, TrainSettings], dict[str, float]] | None = None
     max_steps: Callable[[TrainSettings], int | None] | None = None
     select_model: bool = True
+    collator: Callable[[Any, TrainSettings], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -170,8 +170,10 @@ def train(
         if evaluator is not None:
             keep_best = KeepBestCallback(model, evaluator)
             callbacks.append(keep_best)
+        collator = stage.collator(model, settings) if stage.collator is not None else None
         trainer = SentenceTransformerTrainer(
             model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=callbacks,
+            data_collator=collator,
         )
         if len(stages) > 1:
             logger.info(f"Stage {index + 1}/{len(stages)}: {stage.name}")

@@ -1,0 +1,225 @@
+"""Weighted multi-positive InfoNCE: several InfoNCE terms over named columns, summed with weights (SKICSE).
+
+A term says, by column *name*: which column holds the anchors, which holds each anchor's positive, and which columns
+hold the candidates of the denominator (every row of every candidate column: in-batch negatives). For row ``i``::
+
+    ℓ_i = −s(a_i, p_i)/τ + log Σ_{c ∈ candidates} Σ_j exp(s(a_i, c_j)/τ)
+
+with cosine similarity ``s`` and τ = 0.05. When the positive column is one of the candidates this is the usual
+cross-entropy InfoNCE (``MultipleNegativesRankingLoss``); when it is not, the positive is left out of its own
+denominator (the printed Eq. 6 of SKICSE), which the class allows because the paper prints it.
+
+Columns are addressed by name, never by position: the loss is built with the dataset's column names, and a batch with
+another number of columns is an error, so an extra column can never silently become a hard negative (as it would in
+``MultipleNegativesRankingLoss``). :func:`st_prompts.training.train` checks that the dataset's columns are exactly
+these names, in this order.
+
+SKICSE configurations (:func:`skicse_unsupervised_terms`, :func:`skicse_supervised_terms`):
+
+* unsupervised (Eq. 1–3): ``(1−λ)·InfoNCE(x; x′) + λ·InfoNCE(x; x_ski)`` over columns ``(anchor, positive, ski)``,
+  ``positive`` = the sentence again (dropout makes x′), λ = 0.15;
+* supervised (Eq. 4–7): ``(1−λ1−λ2)·SupInfoNCE(x; x⁺, x⁻) + λ1·L1 + λ2·L2`` over ``(anchor, positive, negative,
+  ski)``, λ1 = 0.1, λ2 = 0.3, with two readings of L1 (Eq. 5) and L2 (Eq. 6):
+
+  ===========  ===================================================  ==========================================
+  reading      L1 (Eq. 5): anchor h_ski                             L2 (Eq. 6): anchor h
+  ===========  ===================================================  ==========================================
+  ``printed``  positive h⁻ (the contradiction), candidates h⁺, h⁻   positive h_ski, candidates h⁺, h⁻ (h_ski
+                                                                    not in its own denominator)
+  ``text``     positive h⁺ (the entailment), candidates h⁺, h⁻      positive h_ski, candidates h_ski, h⁻
+  (default)
+  ===========  ===================================================  ==========================================
+
+  The default is ``text``: the paper says x_ski is a *positive* example of x, so the SKI anchor must be pulled to the
+  entailment (which agrees with x) and pushed from the contradiction, not the reverse; and an InfoNCE term is a
+  softmax cross-entropy only when its positive is among its candidates. ``text``'s L2 is Eq. 4 with x_ski in the
+  place of x⁺, as Eq. 2 is Eq. 1 with x_ski in the place of x′; a row's own entailment is never its negative.
+
+Missing SKI: ``labels`` (the dataset's ``label`` column, which sentence-transformers passes to the loss) may hold a
+0/1 flag per row saying whether the ``presence_column`` (``ski``) holds a real text. A row without it leaves every
+term that uses that column as anchor or positive, its SKI is removed from every denominator, and the weights of the
+terms it keeps are scaled up so that they add up to the full weight: a row without SKI is trained with the plain
+SimCSE term alone (weight 1 in the SKICSE configurations). The number of such rows is counted in
+``missing_rows`` / ``rows``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from st_prompts.errors import ConfigurationError
+
+#: The two readings of SKICSE's supervised terms (Eq. 5 and 6), see the module docstring.
+SUPERVISED_READINGS = ("text", "printed")
+
+
+@dataclass(frozen=True)
+class InfoNCETerm:
+    """One weighted InfoNCE term: ``weight · InfoNCE(anchor; positive | candidates)``, columns by name."""
+
+    name: str
+    anchor: str
+    positive: str
+    candidates: tuple[str, ...]
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ConfigurationError(f"Term {self.name!r} has no candidate column.")
+        if self.weight < 0:
+            raise ConfigurationError(f"Term {self.name!r} has a negative weight {self.weight}.")
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+
+    def uses(self, column: str) -> bool:
+        return column in (self.anchor, self.positive) or column in self.candidates
+
+
+def skicse_unsupervised_terms(ski_weight: float = 0.15) -> list[InfoNCETerm]:
+    """Eq. 1–3 over columns ``(anchor, positive, ski)``: ``(1−λ)·InfoNCE(x; x′) + λ·InfoNCE(x; x_ski)``."""
+    if not 0 <= ski_weight <= 1:
+        raise ConfigurationError(f"The SKI weight λ must be in [0, 1], got {ski_weight}.")
+    return [
+        InfoNCETerm("simcse", "anchor", "positive", ("positive",), 1.0 - ski_weight),
+        InfoNCETerm("ski", "anchor", "ski", ("ski",), ski_weight),
+    ]
+
+
+def skicse_supervised_terms(ski_weight_1: float = 0.1, ski_weight_2: float = 0.3,
+                            reading: str = "text") -> list[InfoNCETerm]:
+    """Eq. 4–7 over columns ``(anchor, positive, negative, ski)`` in one of :data:`SUPERVISED_READINGS`."""
+    if reading not in SUPERVISED_READINGS:
+        raise ConfigurationError(f"Unknown reading {reading!r}; choose one of {', '.join(SUPERVISED_READINGS)}.")
+    if ski_weight_1 < 0 or ski_weight_2 < 0 or ski_weight_1 + ski_weight_2 > 1:
+        raise ConfigurationError(f"Need λ1, λ2 >= 0 and λ1 + λ2 <= 1, got {ski_weight_1}, {ski_weight_2}.")
+    both = ("positive", "negative")
+    if reading == "printed":
+        ski_anchor = InfoNCETerm("ski_anchor", "ski", "negative", both, ski_weight_1)
+        ski_positive = InfoNCETerm("ski_positive", "anchor", "ski", both, ski_weight_2)
+    else:
+        ski_anchor = InfoNCETerm("ski_anchor", "ski", "positive", both, ski_weight_1)
+        ski_positive = InfoNCETerm("ski_positive", "anchor", "ski", ("ski", "negative"), ski_weight_2)
+    return [InfoNCETerm("simcse", "anchor", "positive", both, 1.0 - ski_weight_1 - ski_weight_2), ski_anchor,
+            ski_positive]
+
+
+class MultiPositiveInfoNCELoss(nn.Module):
+    """A weighted sum of InfoNCE terms over named columns (see the module docstring).
+
+    Args:
+        model: the SentenceTransformer being trained.
+        columns: the dataset's text columns, in order (sentence-transformers passes one features dict per column, in
+            this order; the ``label`` column is not one of them).
+        terms: the :class:`InfoNCETerm` list; every column a term names must be in ``columns``, and every column
+            must be used by a term (an unused column would be encoded for nothing, or be a mistake).
+        scale: inverse temperature (20 → τ = 0.05).
+        presence_column: the column whose rows may be missing, flagged by ``labels`` (1 present, 0 missing).
+        mlp: SimCSE's training-only ``Linear(H, H) + Tanh`` over the embeddings (optimised, never saved).
+
+    ``forward`` returns ``{term name: weighted part}``; the trainer logs each part and optimises their sum, which is
+    the mean over rows of the weighted per-row losses.
+    """
+
+    def __init__(self, model, columns: Sequence[str], terms: Iterable[InfoNCETerm], scale: float = 20.0,
+                 presence_column: str | None = None, mlp: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.columns = tuple(columns)
+        self.terms = list(terms)
+        self.scale = scale
+        self.presence_column = presence_column
+        if len(set(self.columns)) != len(self.columns):
+            raise ConfigurationError(f"Duplicate column names in {self.columns}.")
+        if not self.terms:
+            raise ConfigurationError("MultiPositiveInfoNCELoss needs at least one term.")
+        if len({t.name for t in self.terms}) != len(self.terms):
+            raise ConfigurationError("Term names must be unique.")
+        for term in self.terms:
+            unknown = [c for c in (term.anchor, term.positive, *term.candidates) if c not in self.columns]
+            if unknown:
+                raise ConfigurationError(f"Term {term.name!r} names column(s) {unknown} that are not among the "
+                                         f"loss's columns {list(self.columns)}.")
+        unused = [c for c in self.columns if not any(t.uses(c) for t in self.terms)]
+        if unused:
+            raise ConfigurationError(f"Column(s) {unused} are used by no term: remove them from the dataset, or say "
+                                     "what they are in a term (they never become negatives by position).")
+        if presence_column is not None and presence_column not in self.columns:
+            raise ConfigurationError(f"presence_column {presence_column!r} is not among {list(self.columns)}.")
+        dim = model.get_embedding_dimension()
+        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if mlp else None
+        self.rows = 0
+        self.missing_rows = 0
+
+    @property
+    def total_weight(self) -> float:
+        return sum(t.weight for t in self.terms)
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]],
+                labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        sentence_features = list(sentence_features)
+        if len(sentence_features) != len(self.columns):
+            raise ConfigurationError(
+                f"MultiPositiveInfoNCELoss expects the columns {list(self.columns)} ({len(self.columns)}), the batch "
+                f"has {len(sentence_features)}: the dataset's columns must be exactly these names, in this order."
+            )
+        embeddings = {}
+        for column, features in zip(self.columns, sentence_features):
+            embedding = self.model(features)["sentence_embedding"]
+            if self.mlp is not None and self.model.training:
+                embedding = self.mlp(embedding)
+            embeddings[column] = nn.functional.normalize(embedding, dim=-1)
+        return self.compute_loss_from_embeddings(embeddings, labels)
+
+    def compute_loss_from_embeddings(self, embeddings: dict[str, torch.Tensor],
+                                     labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The parts from L2-normalised embeddings ``{column: (batch, dim)}`` and the presence flags."""
+        anchor = embeddings[self.columns[0]]
+        batch, device = anchor.shape[0], anchor.device
+        present = torch.ones(batch, dtype=torch.bool, device=device)
+        if self.presence_column is not None and labels is not None:
+            present = labels.to(device).reshape(-1).bool()
+        if self.model.training:
+            self.rows += batch
+            self.missing_rows += int((~present).sum())
+        # Per-row availability of each term, then weights rescaled so that every row has the full total weight.
+        available = torch.stack([self._available(t, present) for t in self.terms])  # (terms, batch)
+        weights = torch.tensor([t.weight for t in self.terms], device=device, dtype=anchor.dtype)
+        kept = (weights[:, None] * available).sum(0)
+        factor = torch.where(kept > 0, self.total_weight / kept.clamp_min(1e-12), torch.zeros_like(kept))
+        parts = {}
+        for index, term in enumerate(self.terms):
+            row_weight = weights[index] * available[index] * factor
+            if term.weight == 0 or not bool(available[index].any()):
+                parts[term.name] = anchor.sum() * 0.0
+                continue
+            losses = self._term_losses(term, embeddings, present)
+            losses = torch.where(available[index].bool(), losses, torch.zeros_like(losses))
+            parts[term.name] = (row_weight * losses).sum() / batch
+        return parts
+
+    def _available(self, term: InfoNCETerm, present: torch.Tensor) -> torch.Tensor:
+        if self.presence_column is None or self.presence_column not in (term.anchor, term.positive):
+            return torch.ones_like(present, dtype=torch.float32)
+        return present.float()
+
+    def _term_losses(self, term: InfoNCETerm, embeddings: dict[str, torch.Tensor],
+                     present: torch.Tensor) -> torch.Tensor:
+        a = embeddings[term.anchor]
+        positive_scores = (a * embeddings[term.positive]).sum(-1) * self.scale
+        blocks = []
+        for column in term.candidates:
+            scores = a @ embeddings[column].T * self.scale
+            if column == self.presence_column:
+                scores = scores.masked_fill(~present[None, :], float("-inf"))
+            blocks.append(scores)
+        return torch.logsumexp(torch.cat(blocks, dim=1), dim=1) - positive_scores
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"columns": list(self.columns), "scale": self.scale, "presence_column": self.presence_column,
+                "mlp": self.mlp is not None,
+                "terms": [{"name": t.name, "anchor": t.anchor, "positive": t.positive,
+                           "candidates": list(t.candidates), "weight": t.weight} for t in self.terms]}

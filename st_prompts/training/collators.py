@@ -1,0 +1,40 @@
+"""Data collators for the runner's stages (``Stage.collator``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+
+
+@dataclass
+class ColumnMaxLengthCollator(SentenceTransformerDataCollator):
+    """sentence-transformers' collator with a maximum token length per column.
+
+    sentence-transformers tokenises every column with the model's ``max_seq_length``. SKICSE's SKI texts are
+    paragraphs while its sentences are short, so the SKI column may get a longer limit (``{"ski": 96}``) while the
+    sentences keep the model's (which is also what the saved model uses at inference). Columns not named in
+    ``column_max_lengths`` keep the model's ``max_seq_length``.
+
+    Each column is tokenised by the stock collator with its own ``max_length`` override (the argument
+    ``Transformer.preprocess`` takes for that purpose), and the columns are put back in their dataset order, which
+    is the order the loss receives them in.
+    """
+
+    column_max_lengths: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        if not features or not self.column_max_lengths:
+            return super().__call__(features)
+        label_columns = [c for c in features[0] if c in self.valid_label_columns or c == "dataset_name"]
+        text_columns = [c for c in features[0] if c not in label_columns]
+        batch: dict[str, Any] = {}
+        for column in text_columns:
+            plain = replace(self, column_max_lengths={}, max_length=self.column_max_lengths.get(column))
+            rows = [{column: row[column], **{c: row[c] for c in label_columns}} for row in features]
+            part = SentenceTransformerDataCollator.__call__(plain, rows)
+            for key, value in part.items():
+                if key.startswith(f"{column}_") or key not in batch:
+                    batch[key] = value
+        return batch
