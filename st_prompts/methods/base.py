@@ -87,6 +87,10 @@ class Stage:
             with their own learning rate (sentence-transformers' ``learning_rate_mapping``).
         max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
+        prepare_loss: ``(loss, dataset, settings) -> report dict | None``, run once after the loss is built and before
+            the stage trains, with the stage's training data: a pre-pass whose result the loss needs (e.g. D2CSE's
+            replaced-token corruption of every training sentence). Its report lands in
+            ``TrainResult.stage_reports[stage name]``.
     """
 
     name: str
@@ -98,6 +102,7 @@ class Stage:
     learning_rates: Callable[[Any, TrainSettings], dict[str, float]] | None = None
     max_steps: Callable[[TrainSettings], int | None] | None = None
     select_model: bool = True
+    prepare_loss: Callable[[Any, Any, TrainSettings], dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)
