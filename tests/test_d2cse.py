@@ -297,6 +297,13 @@ def test_backbone_fallback_generator_trains_its_head_and_reports_heldout_accurac
     assert 0.0 < report["replaced_share"] < 0.3 + 1e-9
     changed = [n for n, p in generator.head.named_parameters() if not torch.equal(p, before[n])]
     assert set(changed) == set(trainable)
+    # It predicts only tokens of its training sentences (the corpus vocabulary), never a special token.
+    training_rows, _ = generator.split(list(dict.fromkeys(token_rows(model.preprocess, SENTENCES * 2 + [
+        s + " ." for s in SENTENCES]))))
+    vocabulary = {t for row in training_rows for t in row} - set(encoder.tokenizer.all_special_ids)
+    assert report["head_vocabulary"] == len(vocabulary)
+    for original, corrupted in cache.items():
+        assert set(corrupted[original != corrupted].tolist()) <= vocabulary
     assert all(torch.equal(p, backbone_before[n]) for n, p in encoder.auto_model.named_parameters())
 
 
@@ -474,3 +481,18 @@ def test_train_command_reports_a_foreign_generator(tiny_bert, data_dir, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "does not share the encoder's vocabulary" in err and "Traceback" not in err
+
+
+def test_d2cse_options_are_listed_without_importing_torch():
+    """The method file and its generated options stay light (the whole CLI's --help is tested in test_methods)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from st_prompts.commands.train import method_parser\n"
+            "print(method_parser('d2cse', 'D2CSE').format_help())\n"
+            "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out
+    for flag in ("--cls-prompt", "--crtd-weight", "--masking-ratio", "--generator", "--corruption-cache"):
+        assert flag in out

@@ -63,7 +63,7 @@ class D2CSESettings(TrainSettings):
                             "sharing the backbone's vocabulary (paper: distilbert-base-uncased), or backbone-mlm (offline "
                             "fallback: the frozen backbone with an MLM head trained briefly on the training sentences)")
     generator_steps: int = option(300, "backbone-mlm: training steps of the generator's MLM head")
-    generator_learning_rate: float = option(1e-3, "backbone-mlm: learning rate of the generator's MLM head")
+    generator_learning_rate: float = option(3e-3, "backbone-mlm: learning rate of the generator's MLM head")
     corruption_cache: str | None = option(None, "directory of the corruption cache (default: $ST_PROMPTS_CACHE/"
                                           "corruptions or ~/.cache/st_prompts/corruptions)")
 
