@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,17 +173,21 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
     Args:
         encoder: the :class:`~st_prompts.PromptedTransformer` being trained (its backbone and tokenizer are used).
-        steps, batch_size, learning_rate: head training (linear decay to 0).
+        steps: head training steps; ``None`` (default): ``epochs`` passes over the training split, at most
+            ``max_steps`` (2 epochs of 10.5k Wikipedia sentences at batch 64 is 330 → 300 steps; 256 sentences: 8).
+        epochs, max_steps: the automatic budget.
+        batch_size, learning_rate: head training (AdamW, linear decay to 0).
         masking_ratio, seed: as the corruption's.
         heldout_share, max_heldout: sentences kept out of the head's training for the accuracy measurement.
         corpus_vocabulary: predict only tokens of the training sentences (else the whole vocabulary).
     """
 
-    def __init__(self, encoder, steps: int = 300, batch_size: int = 64, learning_rate: float = 3e-3,
+    def __init__(self, encoder, steps: int | None = None, batch_size: int = 64, learning_rate: float = 3e-3,
                  masking_ratio: float = 0.3, seed: int = 42, heldout_share: float = 0.1, max_heldout: int = 1000,
-                 corpus_vocabulary: bool = True) -> None:
-        if steps < 0 or batch_size < 1 or learning_rate <= 0:
-            raise ConfigurationError("The fallback generator needs steps >= 0, batch_size >= 1 and learning_rate > 0.")
+                 corpus_vocabulary: bool = True, epochs: float = 2.0, max_steps: int = 300) -> None:
+        if (steps is not None and steps < 0) or batch_size < 1 or learning_rate <= 0 or epochs <= 0 or max_steps < 0:
+            raise ConfigurationError("The fallback generator needs steps >= 0, batch_size >= 1, learning_rate > 0, "
+                                     "epochs > 0 and max_steps >= 0.")
         if not 0.0 <= heldout_share < 1.0:
             raise ConfigurationError(f"heldout_share must be in [0, 1), got {heldout_share!r}.")
         self.encoder = encoder
@@ -190,7 +195,9 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         self.tokenizer = encoder.tokenizer
         self.name = f"{BACKBONE_GENERATOR} ({encoder.backbone_reference})"
         self.device = self.backbone.get_input_embeddings().weight.device
-        self.steps, self.batch_size, self.learning_rate = int(steps), int(batch_size), float(learning_rate)
+        self.requested_steps = None if steps is None else int(steps)
+        self.epochs, self.max_steps = float(epochs), int(max_steps)
+        self.batch_size, self.learning_rate = int(batch_size), float(learning_rate)
         self.masking_ratio, self.seed = float(masking_ratio), int(seed)
         self.heldout_share, self.max_heldout = float(heldout_share), int(max_heldout)
         self.corpus_vocabulary = bool(corpus_vocabulary)
@@ -237,6 +244,12 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         train = [rows[i] for i in order[count:]]
         return train, heldout
 
+    def steps_for(self, train_rows: int) -> int:
+        """The head's training steps for a training split of ``train_rows`` sentences."""
+        if self.requested_steps is not None:
+            return self.requested_steps
+        return min(self.max_steps, math.ceil(self.epochs * train_rows / self.batch_size))
+
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
             from st_prompts.data.corruption import rows_digest
@@ -247,7 +260,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
                 "backbone": backbone_fingerprint(self.backbone),
                 "head_from_checkpoint": bool(self.head.from_checkpoint),
                 "training_sentences": rows_digest(rows),
-                "steps": self.steps,
+                "steps": self.steps_for(len(self.split(rows)[0])),
                 "batch_size": self.batch_size,
                 "learning_rate": self.learning_rate,
                 "masking_ratio": self.masking_ratio,
@@ -278,6 +291,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         from tqdm.auto import tqdm
 
         train_rows, heldout = self.split(rows)
+        steps = self.steps_for(len(train_rows))
         if self.corpus_vocabulary:
             present = torch.tensor(sorted({t for row in train_rows for t in row}), dtype=torch.long)
             present = present[~torch.isin(present, self.special_ids)]
@@ -285,11 +299,11 @@ class BackboneMLMGenerator(MaskedLMGenerator):
                 self._set_candidates(present)
         parameters = [p for p in self.head.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(parameters, lr=self.learning_rate, weight_decay=0.0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(1, self.steps)))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(1, steps)))
         rng = np.random.default_rng(self.seed)
         self.head.train()
         order, cursor, last_loss = rng.permutation(len(train_rows)), 0, None
-        bar = tqdm(range(self.steps), desc="Training the generator's MLM head", unit="step",
+        bar = tqdm(range(steps), desc="Training the generator's MLM head", unit="step",
                    **({} if show_progress else {"disable": True}))
         for step in bar:
             if cursor + self.batch_size > len(order):
@@ -315,7 +329,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
             "generator": self.name,
             "generator_kind": BACKBONE_GENERATOR,
             "head_from_checkpoint": bool(self.head.from_checkpoint),
-            "head_training_steps": self.steps,
+            "head_training_steps": steps,
             "head_training_sentences": len(train_rows),
             "head_vocabulary": int(self._candidates.numel()) if self._candidates is not None else len(self.tokenizer),
             "head_final_loss": last_loss,
@@ -325,7 +339,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
             report["heldout_masked_token_accuracy"] = self.accuracy(heldout, masking)
         logger.info(
             f"Fallback generator: {self.name}, MLM head "
-            f"{'from the checkpoint' if self.head.from_checkpoint else 'freshly initialised'}, trained {self.steps} "
+            f"{'from the checkpoint' if self.head.from_checkpoint else 'freshly initialised'}, trained {steps} "
             f"steps on {len(train_rows):,} sentences"
             + (f"; held-out masked-token accuracy {100 * report['heldout_masked_token_accuracy']:.1f}% "
                f"({len(heldout):,} sentences)." if heldout else " (too few sentences to hold any out).")

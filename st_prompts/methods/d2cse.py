@@ -62,7 +62,8 @@ class D2CSESettings(TrainSettings):
     generator: str = option(BACKBONE_GENERATOR, "masked LM that corrupts the sentences: a Hugging Face name or path "
                             "sharing the backbone's vocabulary (paper: distilbert-base-uncased), or backbone-mlm (offline "
                             "fallback: the frozen backbone with an MLM head trained briefly on the training sentences)")
-    generator_steps: int = option(300, "backbone-mlm: training steps of the generator's MLM head")
+    generator_steps: int | None = option(None, "backbone-mlm: training steps of the generator's MLM head (default: 2 "
+                                         "epochs over the training sentences, at most 300)")
     generator_learning_rate: float = option(3e-3, "backbone-mlm: learning rate of the generator's MLM head")
     corruption_cache: str | None = option(None, "directory of the corruption cache (default: $ST_PROMPTS_CACHE/"
                                           "corruptions or ~/.cache/st_prompts/corruptions)")
@@ -73,7 +74,7 @@ class D2CSESettings(TrainSettings):
             raise ConfigurationError(f"masking_ratio must be in (0, 1), got {self.masking_ratio!r}.")
         if self.crtd_weight < 0:
             raise ConfigurationError(f"crtd_weight must be >= 0, got {self.crtd_weight!r}.")
-        if self.generator_steps < 0:
+        if self.generator_steps is not None and self.generator_steps < 0:
             raise ConfigurationError(f"generator_steps must be >= 0, got {self.generator_steps!r}.")
 
 
