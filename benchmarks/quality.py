@@ -8,6 +8,11 @@ Run by hand (about an hour on two CPU cores for all runs)::
 
     python benchmarks/quality.py --data-dir ../shared/data [--runs dcpcse-unsup simcse-unsup ...]
     python benchmarks/quality.py --data-dir ../shared/data --runs dcpcse-sup --set mlp_head=saved --tag -saved
+    python benchmarks/quality.py --data-dir ../shared/data --runs d2cse-unsup d2cse-sup
+    python benchmarks/quality.py --data-dir ../shared/data --runs d2cse-unsup --set cls_prompt=true --tag=-cls
+
+D2CSE runs record their corruption report (generator, its masked-token accuracy, share of tokens replaced) next to
+the metrics, and the markdown lists it under the table.
 
 Writes ``benchmarks/results/quality.json`` and ``quality.md`` after every run (so partial results survive), and keeps
 the trained models under ``outputs/quality/<run>``. Every run uses ``st_prompts.methods.settings(..., scale="cpu")``:
@@ -43,6 +48,8 @@ RUNS = {
     "simcse-sup": ("simcse", True),
     "dcpcse-sup": ("dcpcse", True),
     "scpcse-unsup": ("scpcse", False),
+    "d2cse-unsup": ("d2cse", False),
+    "d2cse-sup": ("d2cse", True),
 }
 
 
@@ -92,6 +99,18 @@ def write_report(report: dict, out_dir: Path) -> None:
             f"{m['align_alignment']:.3f} | {m['align_uniformity']:.3f} |"
         )
     lines += ["", "Retrieval: 55 queries (56 score-5 dev pairs, one identical pair dropped), pool 2,909 sentences.", ""]
+    corrupted = {name: r["corruption"] for name, r in report["runs"].items() if r.get("corruption")}
+    if corrupted:
+        lines += ["Replaced-token corruption of the D2CSE runs (generator; its masked-token accuracy, held out where it "
+                  "was trained on the training sentences; share of the tokens replaced):", ""]
+        for name, c in corrupted.items():
+            accuracy = c.get("heldout_masked_token_accuracy", c.get("masked_token_accuracy"))
+            where = (f"held-out {c['heldout_sentences']:,} sentences" if "heldout_masked_token_accuracy" in c
+                     else "training sentences")
+            lines.append(f"- {name}: {c.get('generator')}; masked-token accuracy {100 * accuracy:.1f}% ({where}); "
+                         f"{100 * c['replaced_share']:.1f}% of {c['eligible_tokens']:,} tokens replaced in "
+                         f"{c['sentences']:,} sentences")
+        lines.append("")
     tmp = out_dir / ".quality.md.tmp"
     tmp.write_text("\n".join(lines))
     os.replace(tmp, out_dir / "quality.md")
@@ -153,6 +172,7 @@ def main() -> None:
             "best_step": result.best_step,
             "settings": {k: v for k, v in result.settings.items() if k != "extra"},
             "train_examples": len(dataset),
+            "corruption": result.stage_reports.get("train"),
         }
         write_report(report, out_dir)
 

@@ -41,3 +41,13 @@ class UntrustedCodeError(StPromptsError, ValueError):
 class SKICacheMismatchError(StPromptsError, ValueError):
     """A SKI cache file was generated with another model, prompt template or generation settings than the run that
     would extend (or read) it: its rows must not be mixed with new ones."""
+
+
+class VocabularyMismatchError(StPromptsError, ValueError):
+    """A model that must share the encoder's vocabulary does not: e.g. a replaced-token generator whose tokenizer maps
+    tokens to other ids than the encoder's (replaced-token detection compares token ids position by position)."""
+
+
+class CorruptionCacheError(StPromptsError, ValueError):
+    """A replaced-token corruption cache does not fit the run: it was made with another generator, masking ratio or
+    tokenizer, or a training sentence has no corrupted copy in it (the pre-pass was not run over the training data)."""

@@ -1,6 +1,7 @@
 """Losses for prompt-based contrastive learning (they return dicts of named parts, which the trainer logs)."""
 
 from st_prompts.losses.contrastive import PromptContrastiveLoss
+from st_prompts.losses.crtd import BatchNormMLPPooler, CRTDLoss
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.losses.multi_positive import (
     SUPERVISED_READINGS,
@@ -10,5 +11,5 @@ from st_prompts.losses.multi_positive import (
     skicse_unsupervised_terms,
 )
 
-__all__ = ["SUPERVISED_READINGS", "InfoNCETerm", "MLMHead", "MultiPositiveInfoNCELoss", "PromptContrastiveLoss",
-           "TokenMasker", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]
+__all__ = ["SUPERVISED_READINGS", "BatchNormMLPPooler", "CRTDLoss", "InfoNCETerm", "MLMHead", "MultiPositiveInfoNCELoss",
+           "PromptContrastiveLoss", "TokenMasker", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]

@@ -89,6 +89,10 @@ class Stage:
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
         collator: ``(model, settings) -> data collator`` (default: sentence-transformers' own), e.g. per-column
             maximum lengths (:class:`st_prompts.training.collators.ColumnMaxLengthCollator`).
+        prepare_loss: ``(loss, dataset, settings) -> report dict | None``, run once after the loss is built and before
+            the stage trains, with the stage's training data: a pre-pass whose result the loss needs (e.g. D2CSE's
+            replaced-token corruption of every training sentence). Its report lands in
+            ``TrainResult.stage_reports[stage name]``.
     """
 
     name: str
@@ -101,6 +105,7 @@ class Stage:
     max_steps: Callable[[TrainSettings], int | None] | None = None
     select_model: bool = True
     collator: Callable[[Any, TrainSettings], Any] | None = None
+    prepare_loss: Callable[[Any, Any, TrainSettings], dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)

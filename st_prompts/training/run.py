@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -88,6 +88,8 @@ class TrainResult:
     trainable_parameters: int
     total_parameters: int
     settings: dict[str, Any]
+    #: What each stage's ``prepare_loss`` pre-pass reported (e.g. D2CSE's generator accuracy and replaced share).
+    stage_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
@@ -138,11 +140,16 @@ def train(
     stages = method.stages(settings)
     total_steps, seconds, log_history = 0, 0.0, []
     best: KeepBestCallback | None = None
+    stage_reports: dict[str, dict[str, Any]] = {}
     for index, stage in enumerate(stages):
         dataset = _stage_dataset(stage, train_dataset, settings, index)
         if stage.prepare is not None:
             stage.prepare(model, settings)
         loss = stage.build_loss(model, settings)
+        if stage.prepare_loss is not None:
+            report = stage.prepare_loss(loss, dataset, settings)
+            if report:
+                stage_reports[stage.name] = dict(report)
         stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
         learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
         evaluator = dev_evaluator if stage.select_model else None
@@ -203,6 +210,7 @@ def train(
         trainable_parameters=trainable,
         total_parameters=total,
         settings=asdict(settings),
+        stage_reports=stage_reports,
     )
     if best is not None:
         logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")

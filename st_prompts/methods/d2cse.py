@@ -1,0 +1,159 @@
+"""D2CSE (Lee, 2022): deep prompts, an optional [CLS] prompt, and conditional replaced-token detection (CRTD) by the
+same frozen encoder.
+
+The frozen backbone carries DCPCSE's deep continuous prompts (and, per table 7, a trainable [CLS] prompt initialised
+from the [CLS] embedding). Training optimises ``InfoNCE + λ · CRTD`` (:class:`~st_prompts.losses.CRTDLoss`): the
+corrupted copy of each sentence (30% masked, a generator's argmax, computed once before training and cached:
+:mod:`st_prompts.data.corruption`) goes through the same prompted encoder with its [CLS] input row replaced by the
+sentence vector, and a per-token ``Linear(H, 2)`` head detects the replaced tokens. DiffCSE's BatchNorm MLP pooler is
+used in training only; the saved model embeds with the [CLS] output before it. Only the prompts are saved (the CRTD
+head and the pooler live in the loss).
+
+Presets: the paper's table 7 at ``scale="paper"`` (generator DistilBERT-MLM: ``distilbert-base-uncased`` for BERT,
+``distilroberta-base`` for RoBERTa, which must share the backbone's vocabulary); at ``scale="cpu"`` the packaged MiniLM
+with the offline fallback generator ``backbone-mlm`` (the frozen backbone with a masked-LM head trained briefly on the
+training sentences) and DCPCSE's CPU budget (batch 64, one epoch), so the two compare at equal data, steps and batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.methods._contrastive import assemble, contrastive_columns, contrastive_data, seed_everything
+from st_prompts.methods.base import Method, Stage, TrainSettings, option
+
+#: D2CSE table 7, unsupervised: backbone -> (batch size, learning rate, prompt length, [CLS] prompt); 2 epochs
+UNSUPERVISED_TABLE = {
+    "bert-base-uncased": (144, 0.021, 16, False),
+    "bert-large-uncased": (144, 0.034, 16, False),
+    "roberta-base": (128, 0.044, 16, True),
+}
+#: D2CSE table 7, supervised: backbone -> (batch size, learning rate, prompt length, [CLS] prompt); 10 epochs
+SUPERVISED_TABLE = {
+    "bert-base-uncased": (256, 0.055, 12, True),
+    "roberta-base": (256, 0.024, 12, True),
+}
+#: Table 7 for every setting: masking ratio 0.3, λ 0.005. Epochs: 2 unsupervised, 10 supervised.
+PAPER_MASKING_RATIO = 0.3
+PAPER_CRTD_WEIGHT = 0.005
+#: The generator per backbone: "a distilled version of BERT" (D2CSE §3); for RoBERTa its distilled twin, which shares
+#: RoBERTa's vocabulary (DiffCSE's RoBERTa runs use distilroberta-base the same way).
+PAPER_GENERATORS = {
+    "bert-base-uncased": "distilbert-base-uncased",
+    "bert-large-uncased": "distilbert-base-uncased",
+    "roberta-base": "distilroberta-base",
+}
+#: ``generator`` value of the offline fallback (equal to ``st_prompts.data.generators.BACKBONE_GENERATOR``; repeated
+#: so that listing the methods does not import torch — a test checks they agree).
+BACKBONE_GENERATOR = "backbone-mlm"
+
+
+@dataclass
+class D2CSESettings(TrainSettings):
+    """D2CSE's options (see :class:`~st_prompts.methods.base.TrainSettings` for the shared ones)."""
+
+    prefix_length: int = option(16, "deep prompt positions per layer")
+    prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
+    prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
+    cls_prompt: bool = option(False, "trainable [CLS] prompt replacing the static [CLS] input embedding (table 7)")
+    crtd_weight: float = option(PAPER_CRTD_WEIGHT, "lambda: weight of the conditional replaced-token detection loss")
+    masking_ratio: float = option(PAPER_MASKING_RATIO, "share of tokens masked before the generator fills them")
+    generator: str = option(BACKBONE_GENERATOR, "masked LM that corrupts the sentences: a Hugging Face name or path "
+                            "sharing the backbone's vocabulary (paper: distilbert-base-uncased), or backbone-mlm (offline "
+                            "fallback: the frozen backbone with an MLM head trained briefly on the training sentences)")
+    generator_steps: int | None = option(None, "backbone-mlm: training steps of the generator's MLM head (default: 2 "
+                                         "epochs over the training sentences, at most 300)")
+    generator_learning_rate: float = option(3e-3, "backbone-mlm: learning rate of the generator's MLM head")
+    corruption_cache: str | None = option(None, "directory of the corruption cache (default: $ST_PROMPTS_CACHE/"
+                                          "corruptions or ~/.cache/st_prompts/corruptions)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.masking_ratio < 1.0:
+            raise ConfigurationError(f"masking_ratio must be in (0, 1), got {self.masking_ratio!r}.")
+        if self.crtd_weight < 0:
+            raise ConfigurationError(f"crtd_weight must be >= 0, got {self.crtd_weight!r}.")
+        if self.generator_steps is not None and self.generator_steps < 0:
+            raise ConfigurationError(f"generator_steps must be >= 0, got {self.generator_steps!r}.")
+
+
+def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
+    if scale == "cpu":
+        # Packaged all-MiniLM-L6-v2 on the shared data with DCPCSE's CPU budget (batch 64, one epoch, lr 3e-2, prefix
+        # 16 / 12) so that the two methods compare at equal data, steps and batch; [CLS] prompt as table 7's BERT-base
+        # column (off unsupervised, on supervised); the offline fallback generator.
+        return dict(backbone="minilm", batch_size=64, learning_rate=3e-2, prefix_length=12 if supervised else 16,
+                    cls_prompt=supervised, epochs=1.0, eval_steps=50, generator=BACKBONE_GENERATOR)
+    backbone = backbone or "bert-base-uncased"
+    table = SUPERVISED_TABLE if supervised else UNSUPERVISED_TABLE
+    if backbone not in table:
+        raise ConfigurationError(
+            f"No paper hyperparameters for {backbone!r} ({'supervised' if supervised else 'unsupervised'}); D2CSE's "
+            f"table 7 covers {', '.join(table)}. Pass --batch-size/--learning-rate/--prefix-length/--cls-prompt and "
+            "--generator explicitly with --scale cpu, or use one of those."
+        )
+    batch, lr, prefix, cls_prompt = table[backbone]
+    return dict(backbone=backbone, batch_size=batch, learning_rate=lr, prefix_length=prefix, cls_prompt=cls_prompt,
+                masking_ratio=PAPER_MASKING_RATIO, crtd_weight=PAPER_CRTD_WEIGHT, epochs=10.0 if supervised else 2.0,
+                eval_steps=125, generator=PAPER_GENERATORS[backbone])
+
+
+def build_model(settings: D2CSESettings):
+    """Frozen backbone + deep prefix (+ [CLS] prompt), [CLS] pooling; nothing else is saved."""
+    from st_prompts.modules import PromptedTransformer
+    from st_prompts.utils import resolve_model_name
+
+    seed_everything(settings.seed)
+    encoder = PromptedTransformer(
+        resolve_model_name(settings.backbone),
+        prefix_length=settings.prefix_length,
+        prefix_projection=settings.prefix_projection,
+        prefix_hidden_size=settings.prefix_hidden_size,
+        cls_prompt=settings.cls_prompt,
+        max_seq_length=settings.max_seq_length,
+    )
+    return assemble(settings, encoder, pooling_mode="cls")
+
+
+def build_loss(model, settings: D2CSESettings):
+    """:class:`~st_prompts.losses.CRTDLoss` (InfoNCE + λ · CRTD, training-only BatchNorm pooler and CRTD head)."""
+    from st_prompts.losses import CRTDLoss
+
+    return CRTDLoss(
+        model,
+        scale=1.0 / settings.temperature,
+        crtd_weight=settings.crtd_weight,
+        generator=settings.generator,
+        masking_ratio=settings.masking_ratio,
+        seed=settings.seed,
+        cache_dir=settings.corruption_cache,
+        generator_options={"steps": settings.generator_steps, "learning_rate": settings.generator_learning_rate},
+    )
+
+
+def prepare_corruption(loss, dataset, settings: D2CSESettings) -> dict:
+    """The corruption pre-pass over the stage's training data (cached; see :meth:`CRTDLoss.prepare`)."""
+    return loss.prepare(dataset)
+
+
+def stages(settings: D2CSESettings) -> list[Stage]:
+    return [
+        Stage(
+            name="train",
+            build_loss=build_loss,
+            columns=contrastive_columns,
+            load_data=contrastive_data,
+            prepare_loss=prepare_corruption,
+        )
+    ]
+
+
+METHOD = Method(
+    name="d2cse",
+    summary="deep prompts + [CLS] prompt + conditional replaced-token detection by the same frozen encoder (Lee 2022)",
+    settings_class=D2CSESettings,
+    presets=presets,
+    build_model=build_model,
+    stages=stages,
+)
