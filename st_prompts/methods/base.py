@@ -87,6 +87,9 @@ class Stage:
             with their own learning rate (sentence-transformers' ``learning_rate_mapping``).
         max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
+        learning_rate: ``settings -> peak learning rate`` of this stage (``None``: ``settings.learning_rate``).
+        batch_size: ``settings -> batch size`` of this stage (``None``: ``settings.batch_size``).
+        epochs: ``settings -> epochs`` of this stage when it has no step count (``None``: ``settings.epochs``).
     """
 
     name: str
@@ -98,6 +101,9 @@ class Stage:
     learning_rates: Callable[[Any, TrainSettings], dict[str, float]] | None = None
     max_steps: Callable[[TrainSettings], int | None] | None = None
     select_model: bool = True
+    learning_rate: Callable[[TrainSettings], float] | None = None
+    batch_size: Callable[[TrainSettings], int] | None = None
+    epochs: Callable[[TrainSettings], float] | None = None
 
 
 @dataclass(frozen=True)
