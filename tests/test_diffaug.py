@@ -407,3 +407,22 @@ def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, da
     assert backbone_fingerprint(model[0].auto_model) != marker["backbone_fingerprint"]  # stage 2 trained it
     assert model.encode(SENTENCES).shape == (len(SENTENCES), 32)
     assert type(model[1]).__name__ == "MaskTokenPooling" and model[0].template_denoising
+
+
+def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):
+    from st_prompts.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    history = [{"loss": 0.7, "step": 1, "stage": "stage1"}] + [
+        {"step": s, "diffaug_delta": d, "diffaug_kappa": k, "stage": "stage1"}
+        for s, d, k in ((0, 0.1, 3.0), (50, 0.4, 2.0), (100, 0.3, 1.0))] + [{"eval_score": 0.5, "stage": "stage2"}]
+    (run / "train_result.json").write_text(json.dumps({"log_history": history}))
+    out = tmp_path / "curves.png"
+    assert main(["plot", "diffaug-stage1", str(run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "3 measurements, last at step 100" in capsys.readouterr().out
+    (run / "train_result.json").write_text(json.dumps({"log_history": history[:1]}))
+    assert main(["plot", "diffaug-stage1", str(run), "--out", str(out)]) == 2
+    assert "no stage-1 diagnostics" in capsys.readouterr().err
+    assert main(["plot", "diffaug-stage1", str(tmp_path / "nope"), "--out", str(out)]) == 2
