@@ -10,6 +10,11 @@ Run by hand (about an hour on two CPU cores for all runs)::
     python benchmarks/quality.py --data-dir ../shared/data --runs dcpcse-sup --set mlp_head=saved --tag -saved
     python benchmarks/quality.py --data-dir ../shared/data --runs d2cse-unsup d2cse-sup
     python benchmarks/quality.py --data-dir ../shared/data --runs d2cse-unsup --set cls_prompt=true --tag=-cls
+    python benchmarks/quality.py --data-dir ../shared/data --runs diffaug-semi diffaug-semi-aux diffaug-sup \
+        diffaug-semi-same diffaug-semi-nostage1
+
+A run of several stages (DiffAug) loads each stage's data with the stage's own loader; DiffAug runs also write the
+delta/kappa curves of stage 1 to ``benchmarks/results/<run>-stage1.png``.
 
 D2CSE runs record their corruption report (generator, its masked-token accuracy, share of tokens replaced) next to
 the metrics, and the markdown lists it under the table.
@@ -42,6 +47,7 @@ from st_prompts.evaluation.sts import STSSuiteEvaluator  # noqa: F401  (document
 from st_prompts.training.run import train
 from st_prompts.utils import default_data_dir, packaged_minilm_path
 
+#: run name -> (method, supervised[, fixed settings of the run])
 RUNS = {
     "simcse-unsup": ("simcse", False),
     "dcpcse-unsup": ("dcpcse", False),
@@ -50,6 +56,11 @@ RUNS = {
     "scpcse-unsup": ("scpcse", False),
     "d2cse-unsup": ("d2cse", False),
     "d2cse-sup": ("d2cse", True),
+    "diffaug-semi": ("diffaug", False),
+    "diffaug-semi-aux": ("diffaug", False, {"aux_weight": 1e-3}),
+    "diffaug-sup": ("diffaug", True),
+    "diffaug-semi-same": ("diffaug", False, {"same_prefix": True}),
+    "diffaug-semi-nostage1": ("diffaug", False, {"skip_stage1": True}),
 }
 
 
@@ -155,14 +166,27 @@ def main() -> None:
 
     overrides = dict(_parse_assignment(a) for a in args.set)
     for name in args.runs:
-        method, supervised = RUNS[name]
+        method, supervised, *fixed = RUNS[name]
         settings = methods.settings(method, supervised=supervised, scale="cpu",
                                     output_dir=str(Path(args.models_dir) / (name + args.tag)),
-                                    max_steps=args.max_steps, learning_rate=args.lr, **overrides)
-        dataset = load_training_dataset(supervised, args.data_dir)
+                                    max_steps=args.max_steps, learning_rate=args.lr, **{**(fixed[0] if fixed else {}),
+                                                                                       **overrides})
+        stages = methods.get(method).stages(settings)
+        if len(stages) == 1:
+            dataset = load_training_dataset(supervised, args.data_dir)
+            examples = len(dataset)
+        else:
+            dataset = {stage.name: stage.load_data(settings, args.data_dir, None) for stage in stages}
+            examples = {stage: len(data) for stage, data in dataset.items()}
         start = time.perf_counter()
         model, result = train(settings, dataset, stsb_dev_evaluator(senteval, batch_size=128), show_progress_bar=False)
         save_run(model, result, settings.output_dir)
+        if any("diffaug_delta" in entry for entry in result.log_history):
+            from st_prompts.commands.plot import read_diffaug_stage1
+            from st_prompts.plots import plot_diffaug_stage1
+
+            plot_diffaug_stage1(read_diffaug_stage1(Path(settings.output_dir)), out_dir / f"{name}{args.tag}-stage1.png",
+                                title=f"DiffAug stage 1 ({name}{args.tag}, packaged MiniLM)")
         report["runs"][name + args.tag] = {
             "metrics": evaluate_all(model, senteval),
             "trainable_parameters": result.trainable_parameters,
@@ -171,7 +195,7 @@ def main() -> None:
             "seconds": time.perf_counter() - start,
             "best_step": result.best_step,
             "settings": {k: v for k, v in result.settings.items() if k != "extra"},
-            "train_examples": len(dataset),
+            "train_examples": examples,
             "corruption": result.stage_reports.get("train"),
         }
         write_report(report, out_dir)

@@ -312,3 +312,37 @@ def plot_alignment_uniformity(
     if note:
         _add_note(fig, note)
     return _save_png(fig, out_path)
+
+
+def plot_diffaug_stage1(rows: Sequence[Mapping[str, float]], out_path: str | os.PathLike,
+                        title: str | None = None) -> Path:
+    """DiffAug's stage-1 diagnostics against the step: δ (left axis) and κ (right axis), with the step where stage 1
+    ended and the step of the largest δ marked, so a reader sees why stage 1 stopped where it did.
+
+    Args:
+        rows: ``{"step", "diffaug_delta", "diffaug_kappa"}`` entries (see
+            :class:`~st_prompts.training.diagnostics.PrefixDiagnosticsCallback`).
+        out_path: the PNG to write.
+        title: figure title.
+    """
+    if not rows:
+        raise DataFormatError("No stage-1 diagnostics to draw.")
+    steps = [r["step"] for r in rows]
+    delta = [r["diffaug_delta"] for r in rows]
+    kappa = [r["diffaug_kappa"] for r in rows]
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(steps, delta, marker="o", markersize=3, color="tab:blue", label="δ representation divergence")
+    ax.set_xlabel("stage-1 step")
+    ax.set_ylabel("δ = E‖f(x;θ1) − f(x⁺;θ2)‖₂", color="tab:blue")
+    right = ax.twinx()
+    right.plot(steps, kappa, marker="s", markersize=3, color="tab:red", label="κ weight convergence")
+    right.set_ylabel("κ (ℓ2,1 gap, backbone − prefix)", color="tab:red")
+    peak = steps[int(np.argmax(delta))]
+    ax.axvline(peak, color="tab:blue", linestyle=":", linewidth=1)
+    ax.axvline(steps[-1], color="0.3", linestyle="--", linewidth=1)
+    handles = ax.get_lines()[:1] + right.get_lines()[:1]
+    ax.legend(handles, [h.get_label() for h in handles], loc="best", fontsize=8)
+    fig.suptitle(title or "DiffAug stage 1: representation divergence and weight convergence")
+    _add_note(fig, f"Dotted: largest δ (step {peak}); dashed: end of stage 1 (step {steps[-1]}).")
+    return _save_png(fig, out_path)

@@ -3,7 +3,9 @@
 * ``st-prompts plot similarity MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
   box plots of the predicted cosine similarity of STS pairs per gold-score bucket, models side by side;
 * ``st-prompts plot align-uniform MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
-  models in the alignment-uniformity plane (the numbers are also printed).
+  models in the alignment-uniformity plane (the numbers are also printed);
+* ``st-prompts plot diffaug-stage1 RUN_DIR --out curves.png``: DiffAug's stage-1 diagnostics, the representation
+  divergence δ and the weight convergence κ against the step, read from ``RUN_DIR/train_result.json``.
 
 ``MODEL`` is a local path or a hub id, loaded with :func:`st_prompts.loading.load_sentence_model` (code from
 outside sentence-transformers and st_prompts only with ``--trust-remote-code``); ``minilm`` names the packaged
@@ -78,6 +80,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--positive-threshold", type=float, default=4.0, help="gold score from which a pair is positive (default: 4)"
     )
     au.set_defaults(func=run_align_uniform)
+
+    stage1 = figures.add_parser(
+        "diffaug-stage1",
+        help="DiffAug's stage-1 curves: delta and kappa against the step",
+        description="Draw the representation divergence (delta) and the weight convergence (kappa) that a DiffAug "
+        "run logged during stage 1 (RUN_DIR/train_result.json), with the step where stage 1 ended.",
+    )
+    stage1.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'st-prompts train diffaug'")
+    stage1.add_argument("--out", required=True, type=Path, help="PNG file to write")
+    stage1.add_argument("--title", default=None, help="figure title")
+    stage1.set_defaults(func=run_diffaug_stage1)
     return parser
 
 
@@ -190,5 +203,42 @@ def run_align_uniform(args: argparse.Namespace) -> int:
     path = plot_alignment_uniformity(
         points, args.out, title=args.title, dataset_label=_dataset_label(args), note=note
     )
+    print(f"wrote {path}")
+    return 0
+
+
+def read_diffaug_stage1(run_dir: Path) -> list[dict[str, float]]:
+    """The ``{"step", "diffaug_delta", "diffaug_kappa"}`` entries of a DiffAug run's ``train_result.json``.
+
+    Raises:
+        DataNotFoundError: without ``RUN_DIR/train_result.json``.
+        DataFormatError: if the run logged no stage-1 diagnostics (not a DiffAug run, or stage 1 was skipped).
+    """
+    import json
+
+    from st_prompts.errors import DataFormatError
+
+    path = Path(run_dir) / "train_result.json"
+    if not path.is_file():
+        raise DataNotFoundError(f"{str(path)!r} does not exist: RUN_DIR must be the output folder of a training run.")
+    history = json.loads(path.read_text()).get("log_history", [])
+    rows = [e for e in history if "diffaug_delta" in e and "diffaug_kappa" in e]
+    if not rows:
+        raise DataFormatError(f"{str(path)!r} holds no stage-1 diagnostics (diffaug_delta/diffaug_kappa): not a "
+                              "DiffAug run, or one that skipped stage 1.")
+    return rows
+
+
+def run_diffaug_stage1(args: argparse.Namespace) -> int:
+    """Run ``st-prompts plot diffaug-stage1``."""
+    from st_prompts.plots import plot_diffaug_stage1
+
+    if args.out.suffix.lower() != ".png":
+        raise ConfigurationError(f"--out must be a .png file, got {str(args.out)!r}")
+    rows = read_diffaug_stage1(args.run_dir)
+    path = plot_diffaug_stage1(rows, args.out, title=args.title)
+    last = rows[-1]
+    print(f"stage 1: {len(rows)} measurements, last at step {last['step']} (delta={last['diffaug_delta']:.4f}, "
+          f"kappa={last['diffaug_kappa']:.4f})")
     print(f"wrote {path}")
     return 0

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import logging
 import random
+from collections import Counter
 from pathlib import Path
 
 from datasets import Dataset
 
 from st_prompts.errors import DataFormatError, DataNotFoundError
+
+logger = logging.getLogger(__name__)
 
 #: Hub repository holding SimCSE's full training files (1M Wikipedia sentences, 275k NLI triplets).
 SIMCSE_HUB_REPO = "princeton-nlp/datasets-for-simcse"
@@ -119,3 +123,92 @@ def load_training_dataset(
     if supervised:
         return supervised_dataset(read_nli_triplets(path, limit, seed))
     return unsupervised_dataset(read_sentences(path, limit, seed))
+
+
+#: Binary NLI labels of DiffAug's classifier: entailment = 1, contradiction = 0 (neutral and other labels are skipped).
+NLI_PAIR_LABELS = {"entailment": 1, "contradiction": 0}
+
+
+def sample_fraction(rows: list, fraction: float, seed: int) -> list:
+    """A random share ``fraction`` (0 < fraction <= 1) of ``rows``, at least one, drawn with ``seed`` (the
+    low-label setting: 1% or 10% of the NLI data)."""
+    if not 0.0 < fraction <= 1.0:
+        raise DataFormatError(f"label_fraction must be in (0, 1], got {fraction}.")
+    if fraction >= 1.0:
+        return rows
+    count = max(1, round(len(rows) * fraction))
+    return random.Random(seed).sample(rows, count)
+
+
+def read_nli_pairs(
+    path: str | Path, limit: int | None = None, seed: int = 42, fraction: float = 1.0
+) -> tuple[list[tuple[str, str, int]], Counter]:
+    """Labelled NLI pairs ``(premise, hypothesis, label)`` with entailment = 1 and contradiction = 0.
+
+    Reads either SimCSE's triplets (header ``sent0,sent1,hard_neg``: each row gives ``(premise, entailment, 1)`` and
+    ``(premise, contradiction, 0)``) or labelled pairs (header ``premise,hypothesis,label`` with textual labels
+    ``entailment``/``contradiction``/``neutral``). Rows with any other label (``neutral``, ``-``, numbers, ...) are
+    skipped, never mapped to a class; they are counted in the returned counter (and in the log).
+
+    ``fraction`` samples that share of the labelled rows (triplets or pairs) with ``seed`` first; ``limit`` then keeps
+    at most that many rows.
+
+    Returns:
+        ``(pairs, skipped)``: the pairs and a ``Counter`` of skipped labels.
+    """
+    with open(_existing(path), encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        header = [h.strip().lower() for h in (next(reader, None) or [])]
+        rows = [row for row in reader if row]
+    skipped: Counter = Counter()
+    if header[:3] == ["sent0", "sent1", "hard_neg"]:
+        for line, row in enumerate(rows, start=2):
+            if len(row) < 3:
+                raise DataFormatError(f"{path}, line {line}: expected 3 columns, got {len(row)}.")
+        rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)
+        pairs = [pair for p, e, c, *_ in rows for pair in ((p, e, 1), (p, c, 0))]
+    elif header[:3] == ["premise", "hypothesis", "label"]:
+        for line, row in enumerate(rows, start=2):
+            if len(row) < 3:
+                raise DataFormatError(f"{path}, line {line}: expected 3 columns, got {len(row)}.")
+        rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)
+        pairs = []
+        for premise, hypothesis, label, *_ in rows:
+            key = label.strip().lower()
+            if key in NLI_PAIR_LABELS:
+                pairs.append((premise, hypothesis, NLI_PAIR_LABELS[key]))
+            else:
+                skipped[label.strip()] += 1
+    else:
+        raise DataFormatError(f"{path}: expected a header 'sent0,sent1,hard_neg' or 'premise,hypothesis,label', got "
+                              f"{header!r}.")
+    if skipped:
+        logger.info(f"{path}: skipped {sum(skipped.values()):,} NLI rows whose label is neither entailment nor "
+                    f"contradiction ({', '.join(f'{k!r}: {v:,}' for k, v in skipped.most_common())}).")
+    if not pairs:
+        raise DataFormatError(f"{path} holds no entailment or contradiction pair.")
+    return pairs, skipped
+
+
+def nli_pairs_dataset(pairs: list[tuple[str, str, int]]) -> Dataset:
+    """A dataset with columns ``premise``, ``hypothesis`` and ``label`` (entailment = 1, contradiction = 0)."""
+    return Dataset.from_dict({"premise": [p[0] for p in pairs], "hypothesis": [p[1] for p in pairs],
+                              "label": [p[2] for p in pairs]})
+
+
+def nli_path(data_dir: str | Path | None) -> Path:
+    """``DATA_DIR/train/nli_triplets.csv`` (or ``DATA_DIR/nli_triplets.csv``), or SimCSE's hub file without one."""
+    if data_dir is None:
+        return download_simcse_file(NLI_FILE)
+    base = Path(data_dir)
+    base = base / "train" if (base / "train").is_dir() else base
+    return base / "nli_triplets.csv"
+
+
+def sentences_path(data_dir: str | Path | None) -> Path:
+    """``DATA_DIR/train/wiki_sentences.txt`` (or ``DATA_DIR/wiki_sentences.txt``), or SimCSE's hub file."""
+    if data_dir is None:
+        return download_simcse_file(WIKI_FILE)
+    base = Path(data_dir)
+    base = base / "train" if (base / "train").is_dir() else base
+    return base / "wiki_sentences.txt"

@@ -1,6 +1,7 @@
 """Losses for prompt-based contrastive learning (they return dicts of named parts, which the trainer logs)."""
 
 from st_prompts.losses.contrastive import PromptContrastiveLoss
+from st_prompts.losses.contrastive import apply_prefix_views
 from st_prompts.losses.crtd import BatchNormMLPPooler, CRTDLoss
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.losses.multi_positive import (
@@ -10,6 +11,8 @@ from st_prompts.losses.multi_positive import (
     skicse_supervised_terms,
     skicse_unsupervised_terms,
 )
+from st_prompts.losses.nli import NLI_LABELS, AuxiliaryLoss, PrefixViewSoftmaxLoss
 
-__all__ = ["SUPERVISED_READINGS", "BatchNormMLPPooler", "CRTDLoss", "InfoNCETerm", "MLMHead", "MultiPositiveInfoNCELoss",
-           "PromptContrastiveLoss", "TokenMasker", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]
+__all__ = ["NLI_LABELS", "SUPERVISED_READINGS", "AuxiliaryLoss", "BatchNormMLPPooler", "CRTDLoss", "InfoNCETerm",
+           "MLMHead", "MultiPositiveInfoNCELoss", "PrefixViewSoftmaxLoss", "PromptContrastiveLoss", "TokenMasker",
+           "apply_prefix_views", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]

@@ -13,6 +13,7 @@ from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.modules.prompted_transformer import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.modules.prompted_transformer import PromptedTransformer
+from st_prompts.prompts.prefix import prefix_view_mask
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -53,6 +54,10 @@ class PromptContrastiveLoss(nn.Module):
         mlm_decay, mlm_decay_steps: the weight decays as ``mlm_decay ** (step / mlm_decay_steps)``.
         mlm_probability: share of tokens masked for MLM.
         mlm_head_source: where to take the MLM head from (default: the encoder's ``backbone_name_or_path``).
+        prefix_views: one prefix view per column (e.g. ``(0, 1, 1)``: the anchor attends to the first half of the
+            prefix, the positive and the hard negative to the second half, as DiffAug does); ``None``: every column
+            attends to the whole prefix. See :func:`apply_prefix_views`.
+        num_views: how many views the prefix is cut into.
     """
 
     def __init__(
@@ -65,9 +70,15 @@ class PromptContrastiveLoss(nn.Module):
         mlm_decay_steps: int = 100,
         mlm_probability: float = 0.15,
         mlm_head_source: str | None = None,
+        prefix_views: tuple[int, ...] | None = None,
+        num_views: int = 2,
     ) -> None:
         super().__init__()
         self.model = model
+        self.prefix_views = tuple(prefix_views) if prefix_views is not None else None
+        self.num_views = num_views
+        if self.prefix_views is not None:
+            check_prefix_views(model, self.prefix_views, num_views)
         self.infonce = MultipleNegativesRankingLoss(model, scale=scale)
         dim = model.get_embedding_dimension()
         self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if mlp else None
@@ -102,6 +113,8 @@ class PromptContrastiveLoss(nn.Module):
             raise ConfigurationError(
                 f"PromptContrastiveLoss needs (anchor, positive[, negative]) columns, got {len(sentence_features)} column(s)."
             )
+        if self.prefix_views is not None:
+            apply_prefix_views(self.model, sentence_features, self.prefix_views, self.num_views)
         training = self.model.training
         with_mlm = self.mlm_head is not None and training
         # Keep each column's raw inputs before the model adds its outputs to the features dict.
@@ -144,6 +157,7 @@ class PromptContrastiveLoss(nn.Module):
             "mlm_weight": self.mlm_weight,
             "mlm_decay": self.mlm_decay,
             "mlm_decay_steps": self.mlm_decay_steps,
+            "prefix_views": self.prefix_views,
         }
 
     @property
@@ -154,3 +168,31 @@ class PromptContrastiveLoss(nn.Module):
     journal = {arXiv preprint arXiv:2203.06875},
     year = {2022},
 }"""
+
+
+def check_prefix_views(model, views: tuple[int, ...], num_views: int) -> None:
+    """Refuse prefix views on a model without a prefix, or views outside ``[0, num_views)``."""
+    encoder = model[0]
+    if not isinstance(encoder, PromptedTransformer) or encoder.prefix_encoder is None:
+        raise ConfigurationError("prefix_views need a PromptedTransformer with a prefix as the model's first module.")
+    if not 1 <= num_views <= encoder.prefix_length:
+        raise ConfigurationError(f"num_views={num_views} does not fit a prefix of {encoder.prefix_length} positions.")
+    if any(not 0 <= v < num_views for v in views):
+        raise ConfigurationError(f"prefix_views {views} must lie in [0, {num_views}).")
+
+
+def apply_prefix_views(model, sentence_features: list[dict[str, torch.Tensor]], views: tuple[int, ...],
+                       num_views: int = 2) -> None:
+    """Set ``features["prefix_attention_mask"]`` of column ``i`` to view ``views[i]`` of the prefix (in place).
+
+    The prefix keeps all its positions; a column's rows only attend to their view's block (see
+    :func:`~st_prompts.prompts.prefix.prefix_view_mask`), so positions are the same as at inference, where every
+    row attends to the whole prefix.
+    """
+    if len(views) != len(sentence_features):
+        raise ConfigurationError(f"{len(views)} prefix view(s) for {len(sentence_features)} column(s).")
+    prefix_length = model[0].prefix_length
+    for features, view in zip(sentence_features, views):
+        input_ids = features["input_ids"]
+        features["prefix_attention_mask"] = prefix_view_mask(input_ids.shape[0], prefix_length, view, num_views,
+                                                             device=input_ids.device)

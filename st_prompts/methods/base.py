@@ -93,6 +93,9 @@ class Stage:
             the stage trains, with the stage's training data: a pre-pass whose result the loss needs (e.g. D2CSE's
             replaced-token corruption of every training sentence). Its report lands in
             ``TrainResult.stage_reports[stage name]``.
+        learning_rate: ``settings -> peak learning rate`` of this stage (``None``: ``settings.learning_rate``).
+        batch_size: ``settings -> batch size`` of this stage (``None``: ``settings.batch_size``).
+        epochs: ``settings -> epochs`` of this stage when it has no step count (``None``: ``settings.epochs``).
     """
 
     name: str
@@ -106,6 +109,9 @@ class Stage:
     select_model: bool = True
     collator: Callable[[Any, TrainSettings], Any] | None = None
     prepare_loss: Callable[[Any, Any, TrainSettings], dict[str, Any] | None] | None = None
+    learning_rate: Callable[[TrainSettings], float] | None = None
+    batch_size: Callable[[TrainSettings], int] | None = None
+    epochs: Callable[[TrainSettings], float] | None = None
 
 
 @dataclass(frozen=True)

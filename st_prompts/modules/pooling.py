@@ -16,6 +16,10 @@ class MaskTokenPooling(Module):
     Reads ``features["prompt_mask_index"]``, which :class:`~st_prompts.PromptedTransformer` writes when it has a
     template (soft or hard; :meth:`~st_prompts.PromptedTransformer.template_only_features` writes it too).
 
+    When the encoder has ``template_denoising=True`` it also writes the template-only hidden states
+    (``features["template_token_embeddings"]``, ``features["template_mask_index"]``); the template-only ``[MASK]``
+    state is then subtracted (PromptBERT's template denoising): ``h = h_[MASK](sentence) - h_[MASK](template alone)``.
+
     Args:
         embedding_dimension: hidden size of the encoder (``encoder.get_embedding_dimension()``).
     """
@@ -33,7 +37,11 @@ class MaskTokenPooling(Module):
             )
         tokens = features["token_embeddings"]
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        features["sentence_embedding"] = tokens[rows, features["prompt_mask_index"].to(tokens.device)]
+        embedding = tokens[rows, features["prompt_mask_index"].to(tokens.device)]
+        if features.get("template_token_embeddings") is not None:
+            template = features["template_token_embeddings"]
+            embedding = embedding - template[rows, features["template_mask_index"].to(tokens.device)]
+        features["sentence_embedding"] = embedding
         return features
 
     def get_embedding_dimension(self) -> int:

@@ -49,6 +49,11 @@ POSITION_IDS = "position_ids"
 PREFIX_VALUES = "prefix_values"
 #: ``features`` key written by template tokenisation: index of the trainable vector placed at each position (-1: none).
 SOFT_PROMPT_POSITIONS = "soft_prompt_positions"
+#: ``features`` key written by ``forward`` with ``template_denoising=True``: the last hidden states of the template
+#: alone (:meth:`PromptedTransformer.template_only_features`), shape ``(batch, template tokens + 2, hidden)``.
+TEMPLATE_TOKEN_EMBEDDINGS = "template_token_embeddings"
+#: ``features`` key written with :data:`TEMPLATE_TOKEN_EMBEDDINGS`: the ``[MASK]`` index in those template-only rows.
+TEMPLATE_MASK_INDEX = "template_mask_index"
 
 
 def backbone_fingerprint(model: torch.nn.Module) -> str:
@@ -154,6 +159,11 @@ class PromptedTransformer(Transformer):
         template_mode: ``"soft"`` (template tokens are trainable vectors) or ``"hard"`` (real tokens, no parameter).
         cls_prompt: add a trainable [CLS] prompt (a vector replacing the input embedding at position 0, initialised
             from the [CLS] token's input embedding, so the output is unchanged before training).
+        template_denoising: with a template, also encode the template alone (every template token at the position
+            it has in the full input, same prefix view and prefix draw) and write it to
+            ``features["template_token_embeddings"]``/``features["template_mask_index"]``;
+            :class:`~st_prompts.modules.MaskTokenPooling` then subtracts the template-only ``[MASK]`` state
+            (PromptBERT's template denoising, used by DiffAug). Costs a second, short forward pass.
         freeze_backbone: keep the backbone's parameters out of training (``requires_grad=False``).
         backbone_name_or_path: where the backbone weights originally come from; recorded in the config (as the
             packaged alias, a hub id, or an absolute path) and used by prompts-only checkpoints (defaults to
@@ -178,6 +188,7 @@ class PromptedTransformer(Transformer):
         "template",
         "template_mode",
         "cls_prompt",
+        "template_denoising",
         "freeze_backbone",
         "backbone_name_or_path",
         "max_seq_length",
@@ -194,6 +205,7 @@ class PromptedTransformer(Transformer):
         template: str | None = None,
         template_mode: str = "soft",
         cls_prompt: bool = False,
+        template_denoising: bool = False,
         freeze_backbone: bool = True,
         backbone_name_or_path: str | None = None,
         max_seq_length: int | None = None,
@@ -219,12 +231,18 @@ class PromptedTransformer(Transformer):
         self.template = template
         self.template_mode = template_mode
         self.cls_prompt = bool(cls_prompt)
+        if template_denoising and template is None:
+            raise ConfigurationError("template_denoising needs a template (it subtracts the template-only representation).")
+        self.template_denoising = bool(template_denoising)
         #: Where the backbone can be loaded from here (aliases resolved); saved configs hold
         #: :attr:`backbone_reference` instead.
         self.backbone_name_or_path = (
             _resolve_quietly(str(backbone_name_or_path)) if backbone_name_or_path else model_name_or_path
         )
         self._prompts_only_save = False
+        # Whether the backbone's weights may differ from those at backbone_name_or_path: loaded from elsewhere (a full
+        # checkpoint) or made trainable at some point. save_prompts_only then checks them (see there).
+        self._backbone_may_differ = os.path.realpath(model_name_or_path) != os.path.realpath(self.backbone_name_or_path)
         self._position_offset = self._infer_flatten_position_offset()
 
         self.prefix_encoder: PrefixEncoder | None = None
@@ -280,6 +298,9 @@ class PromptedTransformer(Transformer):
     @freeze_backbone.setter
     def freeze_backbone(self, value: bool) -> None:
         self._freeze_backbone = bool(value)
+        if not self._freeze_backbone:
+            # Once trainable, the backbone may differ from the weights at backbone_name_or_path (save_prompts_only).
+            self._backbone_may_differ = True
         for parameter in self.auto_model.parameters():
             parameter.requires_grad = not self._freeze_backbone
 
@@ -301,6 +322,11 @@ class PromptedTransformer(Transformer):
             logger.warning(f"max_seq_length={value} exceeds what the backbone allows with the prefix; capping.")
             value = self.max_position_limit
         self.tokenizer.model_max_length = value
+
+    @property
+    def template_num_tokens(self) -> int:
+        """Tokens the template adds to every input (0 without a template; special tokens not counted)."""
+        return self._template.num_tokens if self._template is not None else 0
 
     def prompt_parameters(self) -> list[torch.nn.Parameter]:
         """The soft-prompt parameters (deep prefix, soft template tokens, [CLS] prompt), i.e. what prompt tuning trains."""
@@ -487,7 +513,25 @@ class PromptedTransformer(Transformer):
 
         With a prefix, ``features["prefix_values"]`` is set to the keys/values this pass used (see
         :meth:`PrefixEncoder.values`), so that a second pass over the same rows (e.g. DCPCSE's MLM pass) can share them.
+
+        With ``template_denoising``, the template alone (:meth:`template_only_features`, same positions, same prefix
+        view and prefix draw) is encoded too and written to ``features["template_token_embeddings"]`` and
+        ``features["template_mask_index"]``.
         """
+        features = self._encode(features)
+        if self.template_denoising:
+            if "prompt_mask_index" not in features:
+                raise ConfigurationError("template_denoising needs features from this module's template tokenisation.")
+            template_features = self.template_only_features(features)
+            if PREFIX_VALUES in features:
+                template_features[PREFIX_VALUES] = features[PREFIX_VALUES]
+            template_features = self._encode(template_features)
+            features[TEMPLATE_TOKEN_EMBEDDINGS] = template_features["token_embeddings"]
+            features[TEMPLATE_MASK_INDEX] = template_features["prompt_mask_index"]
+        return features
+
+    def _encode(self, features: dict[str, Any]) -> dict[str, Any]:
+        """One pass of the prompted backbone (see :meth:`forward`)."""
         input_ids = features["input_ids"]
         attention_mask = features["attention_mask"]
         batch_size = input_ids.shape[0]
@@ -552,6 +596,34 @@ class PromptedTransformer(Transformer):
         return slots
 
     # ------------------------------------------------------------------ saving / loading
+    def check_backbone_unchanged(self) -> None:
+        """Make sure the backbone's weights are those at :attr:`backbone_name_or_path` (what a prompts-only checkpoint
+        refers to); raise :class:`~st_prompts.errors.BackboneMismatchError` if they differ.
+
+        Cheap for the usual case: a backbone loaded from ``backbone_name_or_path`` and never made trainable is the
+        same by construction. Otherwise (made trainable at some point, or loaded from a full checkpoint) the weights
+        at ``backbone_name_or_path`` are loaded and their fingerprints compared; if they cannot be loaded, the
+        check refuses too (a prompts-only checkpoint could not be loaded either).
+        """
+        if not self._backbone_may_differ:
+            return
+        from transformers import AutoModel
+
+        source = self.backbone_name_or_path
+        try:
+            reference = AutoModel.from_pretrained(source)
+        except OSError as exc:
+            raise BackboneMismatchError(
+                f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint referring to it could "
+                "not be loaded either. Save the full model with model.save(path)."
+            ) from exc
+        if backbone_fingerprint(reference) != backbone_fingerprint(self.auto_model):
+            raise BackboneMismatchError(
+                f"The backbone's weights differ from those at {source!r} (it was trained, e.g. by DiffAug's stage 2, or "
+                "loaded from elsewhere): a prompts-only checkpoint would refer to weights it was not trained with and "
+                "could not be loaded. Save the full model with model.save(path)."
+            )
+
     def get_config_dict(self) -> dict[str, Any]:
         config = super().get_config_dict()
         config["backbone_name_or_path"] = self.backbone_reference
@@ -677,6 +749,7 @@ class PromptedTransformer(Transformer):
         return (
             f"PromptedTransformer(backbone={self.auto_model.__class__.__name__}, prefix_length={self.prefix_length}, "
             f"template={self.template!r}, template_mode={self.template_mode!r}, cls_prompt={self.cls_prompt}, "
+            f"template_denoising={self.template_denoising}, "
             f"freeze_backbone={self.freeze_backbone}, max_seq_length={self.max_seq_length})"
         )
 
@@ -688,16 +761,17 @@ def save_prompts_only(model, path: str) -> None:
     fingerprint of its weights): kilobytes per task instead of the whole backbone. Load it as usual with
     ``SentenceTransformer(path, trust_remote_code=True)``; loading fails clearly if the referenced backbone's weights
     differ from the ones the prompts were trained with.
+
+    A model whose backbone was trained (e.g. DiffAug's stage 2) cannot be saved this way: the checkpoint would name the
+    original backbone, whose weights differ, and would never load. This is refused with
+    :class:`~st_prompts.errors.BackboneMismatchError` before anything is written (see
+    :meth:`PromptedTransformer.check_backbone_unchanged`); save such a model with ``model.save(path)``.
     """
     encoders = [m for m in model.modules() if isinstance(m, PromptedTransformer)]
     if len(encoders) != 1:
         raise ConfigurationError(f"save_prompts_only needs exactly one PromptedTransformer in the model, found {len(encoders)}.")
     encoder = encoders[0]
-    if not encoder.freeze_backbone:
-        logger.warning(
-            "The backbone is trainable: if it was trained, a prompts-only checkpoint cannot restore it and loading will "
-            "fail the fingerprint check. Use model.save() for a full checkpoint."
-        )
+    encoder.check_backbone_unchanged()
     with encoder.prompts_only():
         model.save(path, create_model_card=False)
 

@@ -9,7 +9,10 @@ from typing import Any
 
 from st_prompts.training.callbacks import LossStepCallback
 
-__all__ = ["LossStepCallback", "TrainResult", "build_loss", "build_model", "count_parameters", "train"]
+__all__ = ["LossStepCallback", "PrefixDiagnosticsCallback", "TrainResult", "build_loss", "build_model",
+           "count_parameters", "representation_divergence", "train", "weight_convergence"]
+
+_DIAGNOSTICS = ("PrefixDiagnosticsCallback", "representation_divergence", "weight_convergence")
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from st_prompts.training import run
 
         return getattr(run, name)
+    if name in _DIAGNOSTICS:
+        from st_prompts.training import diagnostics
+
+        return getattr(diagnostics, name)
     raise AttributeError(f"module 'st_prompts.training' has no attribute {name!r}")

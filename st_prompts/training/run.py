@@ -153,12 +153,13 @@ def train(
         stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
         learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
         evaluator = dev_evaluator if stage.select_model else None
+        batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
         args = SentenceTransformerTrainingArguments(
             output_dir=settings.output_dir,
-            num_train_epochs=settings.epochs,
+            num_train_epochs=stage.epochs(settings) if stage.epochs is not None else settings.epochs,
             max_steps=stage_steps if stage_steps is not None else settings.max_steps,
-            per_device_train_batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate,
+            per_device_train_batch_size=batch_size,
+            learning_rate=stage.learning_rate(settings) if stage.learning_rate is not None else settings.learning_rate,
             learning_rate_mapping=learning_rates,
             warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
             weight_decay=0.0,
@@ -196,7 +197,7 @@ def train(
             best = keep_best
         total_steps += trainer.state.global_step
         log_history.extend({**entry, "stage": stage.name} for entry in trainer.state.log_history)
-        steps_per_epoch = math.ceil(len(dataset) / settings.batch_size)
+        steps_per_epoch = math.ceil(len(dataset) / batch_size)
         logger.info(f"{settings.method} {stage.name}: {trainer.state.global_step} steps ({steps_per_epoch} per epoch)"
                     f" in {time.perf_counter() - start:.0f}s.")
     model.eval()

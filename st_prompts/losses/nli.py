@@ -1,0 +1,97 @@
+"""NLI cross-entropy over ``(u, v, |u − v|)`` with prefix views (DiffAug's stage 1 and auxiliary loss), and a loss
+that adds a weighted auxiliary loss over extra columns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from sentence_transformers.sentence_transformer.losses import SoftmaxLoss
+from torch import nn
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.losses.contrastive import apply_prefix_views, check_prefix_views
+
+#: DiffAug's stage-1 labels: entailment = 1, contradiction = 0 (two classes; neutral pairs are not used).
+NLI_LABELS = {"entailment": 1, "contradiction": 0}
+
+
+class PrefixViewSoftmaxLoss(SoftmaxLoss):
+    """sentence-transformers' ``SoftmaxLoss`` (``Linear(3H, num_labels)`` over ``(u, v, |u − v|)``), with each of
+    the two columns attending to its own view of the prefix.
+
+    DiffAug's stage 1: the premise sees the first half of a ``2l`` prefix (``θ1``), the hypothesis the second
+    (``θ2``), labels entailment = 1 and contradiction = 0. The classifier lives in the loss: it trains but is not
+    saved with the model.
+
+    Args:
+        model: a SentenceTransformer whose first module is a :class:`~st_prompts.PromptedTransformer` with a prefix.
+        num_labels: number of classes (DiffAug: 2).
+        prefix_views: the view of each column (default ``(0, 1)``); ``None`` attends to the whole prefix.
+        num_views: how many views the prefix is cut into.
+    """
+
+    def __init__(self, model, num_labels: int = 2, prefix_views: tuple[int, int] | None = (0, 1),
+                 num_views: int = 2) -> None:
+        super().__init__(model, model.get_embedding_dimension(), num_labels)
+        self.prefix_views = tuple(prefix_views) if prefix_views is not None else None
+        self.num_views = num_views
+        if self.prefix_views is not None:
+            if len(self.prefix_views) != 2:
+                raise ConfigurationError(f"PrefixViewSoftmaxLoss takes two columns, got views {self.prefix_views}.")
+            check_prefix_views(model, self.prefix_views, num_views)
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None):
+        sentence_features = list(sentence_features)
+        if len(sentence_features) != 2:
+            raise ConfigurationError(
+                f"The NLI loss needs (premise, hypothesis) columns and a label, got {len(sentence_features)} column(s)."
+            )
+        if self.prefix_views is not None:
+            apply_prefix_views(self.model, sentence_features, self.prefix_views, self.num_views)
+        return super().forward(sentence_features, labels)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {**super().get_config_dict(), "prefix_views": self.prefix_views}
+
+
+class AuxiliaryLoss(nn.Module):
+    """``main`` over the first ``main_columns`` columns plus ``weight · auxiliary`` over the rest (with the labels).
+
+    DiffAug's semi-supervised stage 2: InfoNCE over (sentence, sentence) with two prefix views, plus ``1e-3`` times
+    the NLI cross-entropy over (premise, hypothesis, label) rows of the same batch. Returns a dict with the main
+    loss's parts and ``"auxiliary"`` (already weighted), which the trainer logs separately and sums.
+
+    Args:
+        model: the SentenceTransformer (registered first, so parameter names start with ``model.``).
+        main: a loss over the first ``main_columns`` columns (labels not passed).
+        auxiliary: a loss over the remaining columns, given the labels.
+        main_columns: how many leading columns belong to ``main``.
+        weight: weight of the auxiliary loss.
+    """
+
+    def __init__(self, model, main: nn.Module, auxiliary: nn.Module, main_columns: int, weight: float) -> None:
+        super().__init__()
+        if weight < 0:
+            raise ConfigurationError(f"The auxiliary loss weight must be >= 0, got {weight}.")
+        self.model = model
+        self.main = main
+        self.auxiliary = auxiliary
+        self.main_columns = main_columns
+        self.weight = weight
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None):
+        sentence_features = list(sentence_features)
+        if len(sentence_features) <= self.main_columns:
+            raise ConfigurationError(
+                f"AuxiliaryLoss needs {self.main_columns} main column(s) and the auxiliary ones; got "
+                f"{len(sentence_features)}."
+            )
+        main = self.main(sentence_features[: self.main_columns], None)
+        parts = dict(main) if isinstance(main, dict) else {"main": main}
+        parts["auxiliary"] = self.weight * self.auxiliary(sentence_features[self.main_columns :], labels)
+        return parts
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"main_columns": self.main_columns, "weight": self.weight}

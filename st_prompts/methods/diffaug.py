@@ -1,0 +1,406 @@
+"""DiffAug (Wang & Lu, 2022): two prefixes as a differentiable data augmentation, trained in two stages.
+
+* **Two prefixes, one encoder.** As in the official code, the two prefixes are one reparameterised prefix of ``2l``
+  positions: the anchor attends to the first half (``θ1``), the positive and the hard negative to the second
+  (``θ2``), every row attends to all ``2l`` at inference. The views are made by the per-row prefix attention mask,
+  so positions never shift. ``--same-prefix`` (the paper's "same" ablation) uses one prefix of ``l`` positions for
+  both sentences.
+* **PromptBERT template.** The hard template ``This sentence of "[X]" means [MASK].``, [MASK] pooling, and template
+  denoising (the template-only [MASK] state, with the same positions, is subtracted).
+* **Stage 1: prefix tuning on NLI.** The backbone is frozen; the prefix and a ``Linear(3H, 2)`` classifier over
+  ``(u, v, |u − v|)`` (sentence-transformers' ``SoftmaxLoss``) train on (premise, hypothesis) pairs with
+  entailment = 1, contradiction = 0; the premise sees view 0, the hypothesis view 1. δ and κ are logged
+  (:mod:`st_prompts.training.diagnostics`); stage 1 ends after ``--stage1-steps`` or, with
+  ``--stage1-switch diagnostics``, once δ has peaked and κ < ``--kappa-threshold``.
+* **Stage 2: joint contrastive tuning.** Backbone and prefix train together, the backbone at
+  ``--backbone-learning-rate``. Semi-supervised: unlabelled sentences, the two views of a sentence are the positive
+  pair, plus (``--aux-weight``, paper 1e-3) the NLI cross-entropy with the stage-1 classifier. Supervised: NLI
+  triplets (premise view 0, entailment and contradiction view 1). STS-B dev selects the best step and restores every
+  weight that trains, the backbone included.
+
+Since the backbone changes, a DiffAug model is always saved in full (``prompts_only=False``). The stage-1 result is
+saved beside the output as a prompts-only checkpoint (``OUTPUT-stage1``: its backbone is still the original);
+``--stage1-from DIR`` starts stage 2 from such a checkpoint (refused for another backbone), ``--skip-stage1`` runs
+stage 2 from a random prefix (the paper's "no stage 1" ablation).
+
+Presets: table 5 of the paper at ``scale="paper"`` (BERT-base, l = 8); the packaged MiniLM on the shared data at
+``scale="cpu"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
+from st_prompts.methods._contrastive import assemble, seed_everything
+from st_prompts.methods.base import Method, Stage, TrainSettings, option
+
+logger = logging.getLogger(__name__)
+
+#: The PromptBERT template (equal to ``st_prompts.prompts.shallow.PROMPTBERT_TEMPLATE``; repeated so that listing the
+#: methods imports no torch; a test checks they agree).
+PROMPTBERT_TEMPLATE = 'This sentence of "[X]" means [MASK].'
+#: ``--stage1-switch`` values.
+SWITCH_RULES = ("steps", "diagnostics")
+#: Table 5 (BERT-base): setting -> (stage-1 steps, stage-2 lr, stage-2 batch, stage-2 epochs); stage 1: lr 1e-3, batch 128.
+PAPER_TABLE = {
+    "semi": (2000, 1e-5, 256, 1.0),
+    "semi_aux": (1500, 1e-5, 256, 1.0),
+    "sup": (1250, 5e-5, 128, 3.0),
+}
+#: Files of a stage-1 checkpoint besides the prompts-only model.
+STAGE1_MARKER = "diffaug_stage1.json"
+STAGE1_CLASSIFIER = "nli_classifier.safetensors"
+#: Suffix of the stage-1 checkpoint written beside the output folder.
+STAGE1_SUFFIX = "-stage1"
+
+
+@dataclass
+class DiffAugSettings(TrainSettings):
+    """DiffAug's options. ``learning_rate``, ``batch_size``, ``epochs`` and ``max_steps`` are those of stage 2."""
+
+    prefix_length: int = option(8, "prefix positions per view l (the encoder holds 2l: one half per view)")
+    same_prefix: bool = option(False, "ablation 'same prefix': one prefix of l positions seen by both sentences")
+    prefix_projection: bool = option(True, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
+    prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
+    template: str = option(PROMPTBERT_TEMPLATE, "hard template with one [X] (sentence) and one [MASK] (pooled)")
+    template_denoising: bool = option(True, "subtract the template-only [MASK] representation (same positions)")
+    stage1_steps: int | None = option(None, "stage-1 steps (the most, with --stage1-switch diagnostics); default: "
+                                      "table 5 (2000 semi, 1500 semi with aux, 1250 sup)")
+    stage1_learning_rate: float = option(1e-3, "stage-1 learning rate (prefix and NLI classifier)")
+    stage1_batch_size: int = option(128, "stage-1 batch size (NLI pairs)")
+    stage1_switch: str = option("steps", "end stage 1 after --stage1-steps, or by the delta/kappa rule (diagnostics)",
+                                SWITCH_RULES)
+    kappa_threshold: float = option(0.0, "diagnostics rule: end stage 1 once delta has peaked and kappa < this")
+    diagnostics_steps: int = option(50, "compute delta and kappa every this many stage-1 steps")
+    diagnostics_samples: int = option(64, "probe pairs for delta and kappa")
+    backbone_learning_rate: float | None = option(None, "stage-2 learning rate of the backbone (default: "
+                                                  "--learning-rate; table 5: 1e-5 semi, 5e-5 sup)")
+    aux_weight: float = option(0.0, "semi-supervised stage 2: weight of the auxiliary NLI cross-entropy (paper: 1e-3)")
+    label_fraction: float = option(1.0, "share of the NLI triplets used (low-label setting: 0.01 or 0.1), drawn with "
+                                   "--seed")
+    skip_stage1: bool = option(False, "ablation 'no stage 1': stage 2 from a randomly initialised prefix")
+    stage1_from: str | None = option(None, "start stage 2 from this stage-1 checkpoint (OUTPUT-stage1 of a run) "
+                                     "instead of running stage 1")
+    save_stage1: bool = option(True, "save the stage-1 result beside the output (OUTPUT-stage1)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stage1_steps is None:
+            key = "sup" if self.supervised else ("semi_aux" if self.aux_weight > 0 else "semi")
+            self.stage1_steps = PAPER_TABLE[key][0] if self.scale == "paper" else 200
+        if self.prefix_length < 1:
+            raise ConfigurationError(f"prefix_length must be >= 1, got {self.prefix_length}.")
+        if self.aux_weight < 0:
+            raise ConfigurationError(f"aux_weight must be >= 0, got {self.aux_weight}.")
+        if self.aux_weight > 0 and self.supervised:
+            raise ConfigurationError("The auxiliary NLI loss belongs to the semi-supervised setting (DiffAug's "
+                                     "supervised stage 2 already trains on NLI triplets).")
+        if not 0.0 < self.label_fraction <= 1.0:
+            raise ConfigurationError(f"label_fraction must be in (0, 1], got {self.label_fraction}.")
+        if self.skip_stage1 and self.stage1_from:
+            raise ConfigurationError("Give either --skip-stage1 or --stage1-from, not both.")
+        if self.stage1_steps < 1 and not (self.skip_stage1 or self.stage1_from):
+            raise ConfigurationError(
+                f"stage1_steps={self.stage1_steps}: DiffAug's stage 2 needs the prefix trained by stage 1. Pass "
+                "--skip-stage1 for the paper's 'no stage 1' ablation, or --stage1-from a stage-1 checkpoint."
+            )
+        if self.stage1_batch_size < 2:
+            raise ConfigurationError("stage1_batch_size must be >= 2.")
+
+    @property
+    def num_views(self) -> int:
+        """Views of the prefix: 2 (two prefixes), or 1 with ``same_prefix``."""
+        return 1 if self.same_prefix else 2
+
+    @property
+    def encoder_prefix_length(self) -> int:
+        """Positions of the encoder's prefix: ``2l`` (``l`` with ``same_prefix``)."""
+        return self.prefix_length * self.num_views
+
+
+def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
+    if scale == "cpu":
+        # Packaged all-MiniLM-L6-v2 on the shared data (11.9k sentences, 5.9k triplets): stage 1 200 steps of 64 NLI
+        # pairs at 1e-3, stage 2 one epoch of batch 64, STS-B dev every 50 steps.
+        return dict(backbone="minilm", batch_size=64, learning_rate=5e-5 if supervised else 1e-5, epochs=1.0,
+                    eval_steps=50, stage1_batch_size=64, stage1_learning_rate=1e-3, prefix_length=8)
+    stage1, lr, batch, epochs = PAPER_TABLE["sup" if supervised else "semi"]
+    return dict(backbone=backbone or "bert-base-uncased", batch_size=batch, learning_rate=lr, epochs=epochs,
+                eval_steps=125, stage1_batch_size=128, stage1_learning_rate=1e-3, prefix_length=8,
+                max_seq_length=32)
+
+
+# ---------------------------------------------------------------------------------------------------------- model
+def build_model(settings: DiffAugSettings):
+    """Frozen backbone + reparameterised prefix of ``2l`` positions + hard PromptBERT template, denoised [MASK]
+    pooling."""
+    from st_prompts.modules import PromptedTransformer
+    from st_prompts.utils import resolve_model_name
+
+    seed_everything(settings.seed)
+    encoder = PromptedTransformer(
+        resolve_model_name(settings.backbone),
+        prefix_length=settings.encoder_prefix_length,
+        prefix_projection=settings.prefix_projection,
+        prefix_hidden_size=settings.prefix_hidden_size,
+        template=settings.template,
+        template_mode="hard",
+        template_denoising=settings.template_denoising,
+        freeze_backbone=True,
+    )
+    # max_seq_length counts the sentence's tokens; the template and special tokens come on top.
+    encoder.max_seq_length = settings.max_seq_length + encoder.template_num_tokens + 2
+    return assemble(settings, encoder, pooling_mode="mask")
+
+
+# ------------------------------------------------------------------------------------------- per-model run state
+#: model -> {"nli_loss": the NLI loss shared by stage 1 and the auxiliary loss, "stage1_done": bool}
+_RUN_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _state(model) -> dict:
+    return _RUN_STATE.setdefault(model, {})
+
+
+def nli_loss(model, settings: DiffAugSettings):
+    """The stage-1 NLI loss (one per model: the auxiliary loss of stage 2 reuses its classifier)."""
+    state = _state(model)
+    if "nli_loss" not in state:
+        from st_prompts.losses import PrefixViewSoftmaxLoss
+
+        views = None if settings.same_prefix else (0, 1)
+        state["nli_loss"] = PrefixViewSoftmaxLoss(model, num_labels=2, prefix_views=views, num_views=2)
+    return state["nli_loss"]
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def _nli_pairs(settings: DiffAugSettings, data_dir, limit):
+    from st_prompts.data.training_data import nli_path, read_nli_pairs
+
+    pairs, _ = read_nli_pairs(nli_path(data_dir), limit=limit, seed=settings.seed, fraction=settings.label_fraction)
+    return pairs
+
+
+def stage1_data(settings: DiffAugSettings, data_dir, limit):
+    """(premise, hypothesis, label) pairs from the NLI triplets (entailment = 1, contradiction = 0)."""
+    from st_prompts.data.training_data import nli_pairs_dataset
+
+    return nli_pairs_dataset(_nli_pairs(settings, data_dir, limit))
+
+
+def stage2_columns(settings: DiffAugSettings) -> tuple[str, ...]:
+    if settings.supervised:
+        return ("anchor", "positive", "negative")
+    if settings.aux_weight > 0:
+        return ("anchor", "positive", "premise", "hypothesis")
+    return ("anchor", "positive")
+
+
+def stage2_data(settings: DiffAugSettings, data_dir, limit):
+    """Supervised: NLI triplets (a share ``label_fraction``). Semi-supervised: unlabelled sentences paired with
+    themselves, plus (with ``aux_weight``) one NLI pair per row, cycled over the (sampled) NLI pairs."""
+    import random
+
+    from datasets import Dataset
+
+    from st_prompts.data.training_data import (
+        nli_path,
+        read_nli_triplets,
+        read_sentences,
+        sample_fraction,
+        sentences_path,
+        supervised_dataset,
+    )
+
+    if settings.supervised:
+        triplets = read_nli_triplets(nli_path(data_dir), limit, settings.seed)
+        return supervised_dataset(sample_fraction(triplets, settings.label_fraction, settings.seed))
+    sentences = read_sentences(sentences_path(data_dir), limit, settings.seed)
+    columns = {"anchor": sentences, "positive": list(sentences)}
+    if settings.aux_weight > 0:
+        pairs = _nli_pairs(settings, data_dir, None)
+        random.Random(settings.seed).shuffle(pairs)
+        cycled = [pairs[i % len(pairs)] for i in range(len(sentences))]
+        columns.update(premise=[p[0] for p in cycled], hypothesis=[p[1] for p in cycled],
+                       label=[p[2] for p in cycled])
+    return Dataset.from_dict(columns)
+
+
+# -------------------------------------------------------------------------------------------------------- stage 1
+def stage1_prepare(model, settings: DiffAugSettings) -> None:
+    model[0].freeze_backbone = True
+
+
+def stage1_callbacks(loss, settings: DiffAugSettings) -> list:
+    from transformers import TrainerCallback
+
+    from st_prompts.training.callbacks import LossStepCallback
+    from st_prompts.training.diagnostics import PrefixDiagnosticsCallback
+
+    model = loss.model
+
+    class _Done(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            _state(model)["stage1_done"] = True
+            _state(model)["stage1_steps"] = state.global_step
+
+    views = (None, None) if settings.same_prefix else (0, 1)
+    diagnostics = PrefixDiagnosticsCallback(
+        model, every=settings.diagnostics_steps, samples=settings.diagnostics_samples,
+        pair_columns=("premise", "hypothesis") if settings.supervised else ("premise", "premise"),
+        positive_label=1 if settings.supervised else None, num_views=2, views=views,
+        stop_rule=settings.stage1_switch == "diagnostics", kappa_threshold=settings.kappa_threshold,
+    )
+    return [LossStepCallback(loss), diagnostics, _Done()]
+
+
+# -------------------------------------------------------------------------------------------------------- stage 2
+def stage2_prepare(model, settings: DiffAugSettings) -> None:
+    """Start stage 2: from the stage-1 checkpoint ``stage1_from``, from the stage 1 just run (saved beside the
+    output), or (``skip_stage1``) from the random prefix; then unfreeze the backbone."""
+    state = _state(model)
+    if settings.stage1_from:
+        load_stage1(model, settings, settings.stage1_from)
+    elif state.get("stage1_done"):
+        if settings.save_stage1:
+            save_stage1(model, settings, settings.output_dir.rstrip("/") + STAGE1_SUFFIX)
+    elif not settings.skip_stage1:
+        raise ConfigurationError(
+            "DiffAug's stage 2 needs a trained stage 1: run both stages, pass --stage1-from a stage-1 checkpoint, or "
+            "--skip-stage1 for the paper's 'no stage 1' ablation."
+        )
+    model[0].freeze_backbone = False
+
+
+def stage2_loss(model, settings: DiffAugSettings):
+    """InfoNCE with the two views (anchor: view 0; positive and negative: view 1), plus the auxiliary NLI loss."""
+    from st_prompts.losses import AuxiliaryLoss, PromptContrastiveLoss
+
+    columns = 3 if settings.supervised else 2
+    views = None if settings.same_prefix else (0,) + (1,) * (columns - 1)
+    contrastive = PromptContrastiveLoss(model, scale=1.0 / settings.temperature, prefix_views=views, num_views=2)
+    if settings.aux_weight > 0 and not settings.supervised:
+        return AuxiliaryLoss(model, contrastive, nli_loss(model, settings), main_columns=2, weight=settings.aux_weight)
+    return contrastive
+
+
+def stage2_learning_rates(model, settings: DiffAugSettings) -> dict[str, float]:
+    """The backbone's own learning rate (regex over the loss's parameter names: ``model.0.model.*``)."""
+    if settings.backbone_learning_rate is None:
+        return {}
+    return {r"^model\.0\.model\.": settings.backbone_learning_rate}
+
+
+# -------------------------------------------------------------------------------------------- stage-1 checkpoints
+def _identity(settings: DiffAugSettings) -> dict:
+    return {"prefix_length": settings.prefix_length, "same_prefix": settings.same_prefix,
+            "prefix_projection": settings.prefix_projection, "prefix_hidden_size": settings.prefix_hidden_size,
+            "template": settings.template}
+
+
+def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
+    """Save the stage-1 result: a prompts-only checkpoint (the backbone is still the original), the NLI classifier
+    and ``diffaug_stage1.json`` (the prefix options, the backbone's reference and fingerprint)."""
+    from safetensors.torch import save_file
+
+    from st_prompts.modules import backbone_fingerprint, save_prompts_only
+
+    encoder = model[0]
+    save_prompts_only(model, path)
+    classifier = _state(model).get("nli_loss")
+    if classifier is not None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in classifier.classifier.state_dict().items()},
+                  os.path.join(path, STAGE1_CLASSIFIER))
+    marker = {"method": "diffaug", "stage": 1, "steps": _state(model).get("stage1_steps"),
+              "backbone": encoder.backbone_reference, "backbone_fingerprint": backbone_fingerprint(encoder.auto_model),
+              **_identity(settings)}
+    Path(path, STAGE1_MARKER).write_text(json.dumps(marker, indent=2))
+    logger.info(f"Saved the stage-1 checkpoint to {path}.")
+    return path
+
+
+def load_stage1(model, settings: DiffAugSettings, path: str) -> None:
+    """Put a stage-1 checkpoint's prefix (and NLI classifier) into ``model``.
+
+    Raises:
+        DataNotFoundError: if ``path`` is not a DiffAug stage-1 checkpoint.
+        BackboneMismatchError: if it was trained on another backbone (its fingerprint differs from this model's).
+        ConfigurationError: if its prefix options differ from ``settings``.
+    """
+    from safetensors.torch import load_file
+
+    from st_prompts.modules import PROMPTS_FILE, backbone_fingerprint
+
+    marker_path = Path(path, STAGE1_MARKER)
+    if not marker_path.is_file():
+        raise DataNotFoundError(f"{path!r} is not a DiffAug stage-1 checkpoint (no {STAGE1_MARKER}); a run writes one "
+                                f"to OUTPUT{STAGE1_SUFFIX}.")
+    marker = json.loads(marker_path.read_text())
+    encoder = model[0]
+    actual = backbone_fingerprint(encoder.auto_model)
+    if marker.get("backbone_fingerprint") != actual:
+        raise BackboneMismatchError(
+            f"The stage-1 checkpoint {path!r} was trained on the backbone {marker.get('backbone')!r} (fingerprint "
+            f"{marker.get('backbone_fingerprint')}), but this run's backbone {encoder.backbone_reference!r} has "
+            f"fingerprint {actual}: stage 2 must start from a stage 1 of the same backbone (or pass --skip-stage1)."
+        )
+    expected = _identity(settings)
+    differing = {k: (marker.get(k), v) for k, v in expected.items() if marker.get(k) != v}
+    if differing:
+        raise ConfigurationError(f"The stage-1 checkpoint {path!r} differs from this run in "
+                                 + ", ".join(f"{k} (checkpoint {a!r}, run {b!r})" for k, (a, b) in differing.items()))
+    state = load_file(os.path.join(path, PROMPTS_FILE))
+    own = encoder.prompt_state_dict()
+    if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v.shape) for k, v in own.items()}:
+        raise ConfigurationError(f"The prompts in {path!r} do not fit this model's prefix.")
+    encoder.load_state_dict(state, strict=False)
+    classifier_path = os.path.join(path, STAGE1_CLASSIFIER)
+    if os.path.isfile(classifier_path):
+        nli_loss(model, settings).classifier.load_state_dict(load_file(classifier_path))
+    _state(model)["stage1_done"] = True
+    logger.info(f"Stage 2 starts from the stage-1 checkpoint {path} ({marker.get('steps')} steps).")
+
+
+def stages(settings: DiffAugSettings) -> list[Stage]:
+    """Stage 1 (prefix tuning on NLI, frozen backbone) unless skipped or loaded, then stage 2 (joint tuning)."""
+    stage2 = Stage(
+        name="stage2",
+        build_loss=stage2_loss,
+        columns=stage2_columns,
+        load_data=stage2_data,
+        prepare=stage2_prepare,
+        learning_rates=stage2_learning_rates,
+        select_model=True,
+    )
+    if settings.skip_stage1 or settings.stage1_from:
+        return [stage2]
+    stage1 = Stage(
+        name="stage1",
+        build_loss=nli_loss,
+        columns=lambda s: ("premise", "hypothesis"),
+        load_data=stage1_data,
+        prepare=stage1_prepare,
+        callbacks=stage1_callbacks,
+        max_steps=lambda s: s.stage1_steps,
+        select_model=False,
+        learning_rate=lambda s: s.stage1_learning_rate,
+        batch_size=lambda s: s.stage1_batch_size,
+    )
+    return [stage1, stage2]
+
+
+METHOD = Method(
+    name="diffaug",
+    summary="two prefixes as a differentiable augmentation, prefix tuning then joint tuning (Wang & Lu 2022)",
+    settings_class=DiffAugSettings,
+    presets=presets,
+    build_model=build_model,
+    stages=stages,
+    prompts_only=False,
+)

@@ -1,0 +1,428 @@
+"""DiffAug (issue 9) on tiny random backbones: prefix views, [MASK] pooling and template denoising, the two stages,
+delta/kappa, model selection over a trainable backbone, stage-1 checkpoints and bad input, end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+from st_prompts import methods
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.prompts.prefix import prefix_view_mask
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
+             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
+
+
+def settings_for(backbone, supervised=False, **overrides):
+    values = dict(backbone=backbone, prefix_length=2, prefix_hidden_size=16, batch_size=4, stage1_batch_size=4,
+                  eval_steps=1, diagnostics_steps=1, diagnostics_samples=4)
+    values.update(overrides)
+    return methods.settings("diffaug", supervised=supervised, scale="cpu", **values)
+
+
+def build(backbone, **overrides):
+    settings = settings_for(backbone, **overrides)
+    return settings, methods.get("diffaug").build_model(settings)
+
+
+def features_of(model, texts, view=None, num_views=2):
+    features = model.preprocess(list(texts))
+    if view is not None:
+        features["prefix_attention_mask"] = prefix_view_mask(len(texts), model[0].prefix_length, view, num_views)
+    return features
+
+
+def embed(model, texts, view=None):
+    with torch.no_grad():
+        return model(features_of(model, texts, view))["sentence_embedding"]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
+    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
+    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
+    return tmp_path
+
+
+def test_template_constant_and_paper_presets():
+    from st_prompts.methods.diffaug import PROMPTBERT_TEMPLATE as light
+    from st_prompts.prompts.shallow import PROMPTBERT_TEMPLATE
+
+    assert light == PROMPTBERT_TEMPLATE
+    semi = methods.settings("diffaug", False, "paper")
+    assert (semi.backbone, semi.prefix_length, semi.stage1_steps, semi.stage1_learning_rate, semi.stage1_batch_size,
+            semi.learning_rate, semi.batch_size, semi.epochs) == ("bert-base-uncased", 8, 2000, 1e-3, 128, 1e-5, 256, 1)
+    assert methods.settings("diffaug", False, "paper", aux_weight=1e-3).stage1_steps == 1500
+    sup = methods.settings("diffaug", True, "paper")
+    assert (sup.stage1_steps, sup.learning_rate, sup.batch_size, sup.epochs) == (1250, 5e-5, 128, 3)
+    assert semi.prefix_projection and semi.encoder_prefix_length == 16
+    assert methods.get("diffaug").prompts_only is False
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigurationError, match="skip-stage1"):
+        methods.settings("diffaug", False, "cpu", stage1_steps=0)
+    assert methods.settings("diffaug", False, "cpu", stage1_steps=0, skip_stage1=True).skip_stage1
+    with pytest.raises(ConfigurationError, match="semi-supervised"):
+        methods.settings("diffaug", True, "cpu", aux_weight=1e-3)
+    with pytest.raises(ConfigurationError, match="label_fraction"):
+        methods.settings("diffaug", False, "cpu", label_fraction=0.0)
+    with pytest.raises(ConfigurationError, match="not both"):
+        methods.settings("diffaug", False, "cpu", skip_stage1=True, stage1_from="x")
+
+
+def test_two_views_differ_and_each_equals_the_row_alone(tiny_bert):
+    settings, model = build(tiny_bert)
+    encoder = model[0]
+    assert encoder.prefix_length == 4 and encoder.prefix_encoder.projection and encoder.template_mode == "hard"
+    model.eval()  # dropout off
+    texts = SENTENCES[:3]
+    # one padded batch, every sentence twice: rows 0-2 with view 0, rows 3-5 with view 1
+    features = model.preprocess(texts + texts)
+    features["prefix_attention_mask"] = prefix_view_mask(6, 4, [0, 0, 0, 1, 1, 1])
+    with torch.no_grad():
+        both = model(features)["sentence_embedding"]
+    for i, text in enumerate(texts):
+        alone0, alone1 = embed(model, [text], view=0)[0], embed(model, [text], view=1)[0]
+        torch.testing.assert_close(both[i], alone0, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(both[3 + i], alone1, atol=1e-5, rtol=1e-5)
+        assert (alone0 - alone1).abs().max() > 1e-4
+
+
+def test_inference_attends_to_all_prefix_positions(tiny_bert):
+    _, model = build(tiny_bert)
+    model.eval()
+    encoder = model[0]
+    plain = torch.from_numpy(model.encode(SENTENCES[:2]))
+    torch.testing.assert_close(plain, embed(model, SENTENCES[:2], view=None), atol=1e-5, rtol=1e-5)
+    for view in (0, 1):
+        assert (plain - embed(model, SENTENCES[:2], view=view)).abs().max() > 1e-4
+    weight = encoder.prefix_encoder.embedding.weight
+    for position in range(encoder.prefix_length):  # every one of the 2l positions is attended at inference
+        with torch.no_grad():
+            saved = weight[position].clone()
+            weight[position] += 1.0
+            changed = torch.from_numpy(model.encode(SENTENCES[:2]))
+            weight[position] = saved
+        assert (changed - plain).abs().max() > 1e-4, position
+
+
+def test_mask_pooling_picks_the_mask_for_every_length(tiny_bert):
+    _, model = build(tiny_bert, template_denoising=False)
+    model.eval()
+    encoder, mask_id = model[0], model[0].tokenizer.mask_token_id
+    texts = ["dog", "the man plays guitar", "a cat sits", "the big red car and the small blue house in the park"]
+    features = model.preprocess(texts)
+    assert features["attention_mask"].sum(1).unique().numel() == len(texts)  # padded, all lengths differ
+    index = features["prompt_mask_index"]
+    assert (features["input_ids"][torch.arange(len(texts)), index] == mask_id).all()
+    with torch.no_grad():
+        out = model(dict(features))
+    tokens = out["token_embeddings"]
+    torch.testing.assert_close(out["sentence_embedding"], tokens[torch.arange(len(texts)), index])
+    for i, text in enumerate(texts):
+        torch.testing.assert_close(out["sentence_embedding"][i], embed(model, [text])[0], atol=1e-5, rtol=1e-5)
+    assert encoder.template_num_tokens > 0
+
+
+def test_denoising_subtracts_exactly_the_template_only_representation(tiny_bert):
+    _, model = build(tiny_bert, template_denoising=True)
+    model.eval()
+    encoder = model[0]
+    features = features_of(model, SENTENCES[:4], view=1)
+    with torch.no_grad():
+        denoised = model(dict(features))["sentence_embedding"]
+        encoder.template_denoising = False
+        full = model(dict(features))["sentence_embedding"]
+        template = encoder.template_only_features(features)
+        assert (template["prefix_attention_mask"] == features["prefix_attention_mask"]).all()
+        alone = model(template)["sentence_embedding"]
+        encoder.template_denoising = True
+    torch.testing.assert_close(denoised, full - alone)
+    assert alone.abs().max() > 1e-3
+
+
+def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_bert):
+    from st_prompts.methods.diffaug import nli_loss, stage1_data, stage1_prepare, stages
+
+    settings, model = build(tiny_bert)
+    stage1 = stages(settings)[0]
+    assert stage1.name == "stage1" and stage1.prepare is stage1_prepare and not stage1.select_model
+    stage1.prepare(model, settings)
+    loss = stage1.build_loss(model, settings)
+    assert loss is nli_loss(model, settings)  # shared with the auxiliary loss of stage 2
+    assert loss.classifier.in_features == 3 * 32 and loss.classifier.out_features == 2
+    backbone = {k: v.clone() for k, v in model[0].auto_model.state_dict().items()}
+    trainable = [p for p in loss.parameters() if p.requires_grad]
+    assert {id(p) for p in trainable} == {id(p) for p in model[0].prompt_parameters()} | {
+        id(p) for p in loss.classifier.parameters()}
+    optimizer = torch.optim.AdamW(trainable, lr=5e-2)
+    premises = SENTENCES[:4] * 2
+    hypotheses = SENTENCES[1:5] + SENTENCES[4:8]
+    labels = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
+    model.eval()  # no dropout noise: the same batch gives a comparable loss at every step
+    losses = []
+    for _ in range(20):
+        value = loss([model.preprocess(premises), model.preprocess(hypotheses)], labels)
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    assert losses[-1] < losses[0] - 0.05
+    for name, tensor in model[0].auto_model.state_dict().items():
+        assert torch.equal(tensor, backbone[name]), name
+
+
+def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+    for supervised, aux in ((False, 1e-3), (True, 0.0)):
+        settings, model = build(tiny_bert, supervised=supervised, skip_stage1=True, learning_rate=1e-2,
+                                backbone_learning_rate=3e-3, aux_weight=aux)
+        stage = methods.get("diffaug").stages(settings)[0]
+        assert stage.name == "stage2"
+        stage.prepare(model, settings)
+        assert not model[0].freeze_backbone
+        loss = stage.build_loss(model, settings)
+        columns = stage.columns(settings)
+        data = {c: SENTENCES for c in columns}
+        if "premise" in columns:
+            data["label"] = [1, 0] * 4
+        args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none",
+                                                    per_device_train_batch_size=4, learning_rate=settings.learning_rate,
+                                                    learning_rate_mapping=stage.learning_rates(model, settings),
+                                                    use_cpu=True)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(data), loss=loss)
+        optimizer = trainer.create_optimizer()
+        lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+        backbone_params = list(model[0].auto_model.parameters())
+        assert all(lr_of[id(p)] == 3e-3 for p in backbone_params)
+        assert all(lr_of[id(p)] == 1e-2 for p in model[0].prompt_parameters())
+        if aux:
+            assert all(lr_of[id(p)] == 1e-2 for p in loss.auxiliary.classifier.parameters())
+        before = {k: v.clone() for k, v in model[0].auto_model.named_parameters()}
+        trainer.train()
+        changed = [k for k, v in model[0].auto_model.named_parameters() if not torch.equal(v, before[k])]
+        assert len(changed) > len(before) // 2
+
+
+def test_delta_and_kappa_match_a_direct_computation(tiny_bert):
+    from st_prompts.training.diagnostics import representation_divergence, weight_convergence
+
+    _, model = build(tiny_bert)
+    model.train()  # the diagnostics switch to eval mode and back
+    firsts, seconds = SENTENCES[:4], SENTENCES[4:]
+    delta = representation_divergence(model, firsts, seconds)
+    assert model.training
+    model.eval()
+    expected = (embed(model, firsts, 0) - embed(model, seconds, 1)).norm(dim=-1).mean().item()
+    assert delta == pytest.approx(expected, rel=1e-5)
+
+    encoder = model[0]
+    kappa = weight_convergence(model, firsts)
+    features = model.preprocess(firsts)
+    mask = features["attention_mask"]
+    prefix = encoder.prefix_encoder
+    with torch.no_grad():
+        inputs = encoder.auto_model.get_input_embeddings()(features["input_ids"])
+        out = encoder.auto_model(inputs_embeds=inputs, position_ids=encoder.position_ids(mask),
+                                 token_type_ids=features.get("token_type_ids"),
+                                 attention_mask=torch.cat([torch.ones(4, prefix.prefix_length, dtype=mask.dtype), mask], 1),
+                                 past_key_values=prefix(4), output_hidden_states=True)
+        rows = prefix.key_values()
+    gaps = []
+    for m, layer in enumerate(encoder.auto_model.encoder.layer):
+        hidden = out.hidden_states[m][mask.bool()]
+        for j, projection in enumerate((layer.attention.self.key, layer.attention.self.value)):
+            backbone_rows = projection(hidden)
+            prefix_rows = rows[:, 2 * m + j].reshape(prefix.prefix_length, -1)
+            l21 = lambda a: torch.sqrt((a ** 2).sum(dim=1)).sum()  # noqa: E731  ||A||_{2,1}
+            gaps.append(l21(backbone_rows) / len(backbone_rows) - l21(prefix_rows) / len(prefix_rows))
+    assert kappa == pytest.approx(torch.stack(gaps).mean().item(), rel=1e-4)
+
+
+def scripted_evaluator(scores):
+    """An STS-B dev stand-in with scripted scores that snapshots the model's whole state at every evaluation."""
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+    class ScriptedEvaluator(BaseEvaluator):
+        def __init__(self):
+            super().__init__()
+            self.primary_metric = "score"
+            self.scores = list(scores)
+            self.snapshots = []
+
+        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
+            self.snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            return {"score": self.scores[len(self.snapshots) - 1]}
+
+    return ScriptedEvaluator()
+
+
+def test_model_selection_restores_the_best_step_backbone_included(tiny_bert, tmp_path):
+    from datasets import Dataset
+
+    from st_prompts.training.run import train
+
+    settings = settings_for(tiny_bert, skip_stage1=True, learning_rate=1e-2, max_steps=4, eval_steps=1,
+                            output_dir=str(tmp_path / "run"))
+    evaluator = scripted_evaluator([0.1, 0.9, 0.2, 0.3])
+    data = Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES})
+    model, result = train(settings, data, evaluator, show_progress_bar=False)
+    assert result.best_step == 2 and len(evaluator.snapshots) == 4
+    best, last = evaluator.snapshots[1], evaluator.snapshots[3]
+    state = model.state_dict()
+    backbone_keys = [k for k in state if k.startswith("0.model.")]
+    assert any(not torch.equal(best[k], last[k]) for k in backbone_keys)  # the backbone moved after the best step
+    for key, value in state.items():
+        assert torch.equal(value, best[key]), key
+    path = tmp_path / "saved"
+    model.save(str(path))
+    loaded = SentenceTransformer(str(path), trust_remote_code=True)
+    np.testing.assert_allclose(loaded.encode(SENTENCES), model.encode(SENTENCES), atol=1e-6)
+
+
+def test_save_prompts_only_refuses_a_changed_backbone(tiny_bert, tmp_path):
+    from st_prompts import save_prompts_only
+
+    _, model = build(tiny_bert)
+    model[0].freeze_backbone = False
+    save_prompts_only(model, str(tmp_path / "unchanged"))  # trainable but not trained: fine, and loads
+    SentenceTransformer(str(tmp_path / "unchanged"), trust_remote_code=True)
+    with torch.no_grad():
+        next(model[0].auto_model.parameters()).add_(0.01)
+    with pytest.raises(BackboneMismatchError, match="model.save"):
+        save_prompts_only(model, str(tmp_path / "changed"))
+    assert not (tmp_path / "changed").exists()
+    # a full checkpoint of a changed backbone, loaded again, is refused too
+    model.save(str(tmp_path / "full"))
+    loaded = SentenceTransformer(str(tmp_path / "full"), trust_remote_code=True)
+    with pytest.raises(BackboneMismatchError):
+        save_prompts_only(loaded, str(tmp_path / "changed2"))
+
+
+def test_nli_pairs_skip_and_count_other_labels(tmp_path, caplog):
+    from st_prompts.data.training_data import read_nli_pairs
+
+    path = tmp_path / "pairs.csv"
+    path.write_text("premise,hypothesis,label\na,b,entailment\nc,d,neutral\ne,f,contradiction\ng,h,-\ni,j,2\n"
+                    "k,l,Entailment\n")
+    with caplog.at_level("INFO"):
+        pairs, skipped = read_nli_pairs(path)
+    assert pairs == [("a", "b", 1), ("e", "f", 0), ("k", "l", 1)]
+    assert skipped == {"neutral": 1, "-": 1, "2": 1}
+    assert "skipped 3 NLI rows" in caplog.text
+    triplets = tmp_path / "triplets.csv"
+    triplets.write_text("sent0,sent1,hard_neg\np,e,c\nq,f,d\n")
+    pairs, skipped = read_nli_pairs(triplets)
+    assert pairs == [("p", "e", 1), ("p", "c", 0), ("q", "f", 1), ("q", "d", 0)] and not skipped
+    path.write_text("premise,hypothesis,label\nc,d,neutral\n")
+    with pytest.raises(DataFormatError, match="no entailment or contradiction"):
+        read_nli_pairs(path)
+
+
+def test_label_fraction_samples_with_the_seed(tmp_path):
+    from st_prompts.data.training_data import read_nli_pairs
+
+    path = tmp_path / "triplets.csv"
+    path.write_text("sent0,sent1,hard_neg\n" + "".join(f"p{i},e{i},c{i}\n" for i in range(200)))
+    one, _ = read_nli_pairs(path, fraction=0.01, seed=1)
+    ten, _ = read_nli_pairs(path, fraction=0.1, seed=1)
+    assert len(one) == 2 * 2 and len(ten) == 2 * 20
+    assert read_nli_pairs(path, fraction=0.1, seed=1)[0] == ten
+    assert read_nli_pairs(path, fraction=0.1, seed=2)[0] != ten
+
+
+def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_backbones, data_dir, tmp_path):
+    from st_prompts.methods.diffaug import STAGE1_MARKER, stage2_prepare
+    from st_prompts.training.run import train
+
+    first = tiny_backbones("bert")
+    other = tiny_backbones("bert", seed=1)
+    settings, model = build(first)
+    with pytest.raises(ConfigurationError, match="--skip-stage1"):
+        stage2_prepare(model, settings)
+    # a real stage 1 on the first backbone, then stage 2 from its checkpoint
+    out = tmp_path / "run"
+    settings = settings_for(first, stage1_steps=2, max_steps=1, output_dir=str(out))
+    stages = methods.get("diffaug").stages(settings)
+    datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
+    train(settings, datasets, scripted_evaluator([0.5, 0.5]), show_progress_bar=False)
+    checkpoint = str(out) + "-stage1"
+    marker = json.loads(Path(checkpoint, STAGE1_MARKER).read_text())
+    assert marker["steps"] == 2
+    resumed = settings_for(first, stage1_from=checkpoint, max_steps=1)
+    assert [s.name for s in methods.get("diffaug").stages(resumed)] == ["stage2"]
+    model = methods.get("diffaug").build_model(resumed)
+    stage2_prepare(model, resumed)
+    saved = SentenceTransformer(checkpoint, trust_remote_code=True)  # the stage-1 checkpoint loads on its own
+    for key, value in saved[0].prompt_state_dict().items():
+        torch.testing.assert_close(model[0].prompt_state_dict()[key], value)
+    wrong = settings_for(other, stage1_from=checkpoint)
+    with pytest.raises(BackboneMismatchError, match="same backbone"):
+        stage2_prepare(methods.get("diffaug").build_model(wrong), wrong)
+    longer = settings_for(first, stage1_from=checkpoint, prefix_length=3)
+    with pytest.raises(ConfigurationError, match="prefix_length"):
+        stage2_prepare(methods.get("diffaug").build_model(longer), longer)
+
+
+@pytest.mark.parametrize("extra", [[], ["--aux-weight", "0.001", "--stage1-switch", "diagnostics"], ["--supervised"],
+                                   ["--same-prefix"]])
+def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, capsys, extra):
+    from st_prompts.cli import main
+    from st_prompts.modules import backbone_fingerprint
+
+    out = tmp_path / "model"
+    argv = ["train", "diffaug", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "3",
+            "--stage1-steps", "2", "--limit", "256", "--batch-size", "4", "--stage1-batch-size", "4",
+            "--eval-steps", "1", "--diagnostics-steps", "1", "--prefix-length", "2", "--prefix-hidden-size", "16",
+            "--output", str(out), "--prompts-only", "--no-progress"]
+    assert main(argv + extra) == 0
+    printed = capsys.readouterr()
+    assert "no prompts-only checkpoint was written" in printed.err
+    assert not Path(str(out) + "-prompts").exists()
+    result = json.loads((out / "train_result.json").read_text())
+    stage1 = [e for e in result["log_history"] if e.get("stage") == "stage1"]
+    diagnostics = [e for e in stage1 if "diffaug_delta" in e]
+    assert [e["step"] for e in diagnostics][:2] == [0, 1] and all("diffaug_kappa" in e for e in diagnostics)
+    assert result["steps"] <= 5 and result["best_metric"] is not None
+    # stage 1 left the backbone untouched (its checkpoint records the original weights' fingerprint)
+    marker = json.loads((Path(str(out) + "-stage1") / "diffaug_stage1.json").read_text())
+    original = SentenceTransformer(tiny_bert)
+    assert marker["backbone_fingerprint"] == backbone_fingerprint(original[0].auto_model)
+    model = SentenceTransformer(str(out), trust_remote_code=True)
+    assert backbone_fingerprint(model[0].auto_model) != marker["backbone_fingerprint"]  # stage 2 trained it
+    assert model.encode(SENTENCES).shape == (len(SENTENCES), 32)
+    assert type(model[1]).__name__ == "MaskTokenPooling" and model[0].template_denoising
+
+
+def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):
+    from st_prompts.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    history = [{"loss": 0.7, "step": 1, "stage": "stage1"}] + [
+        {"step": s, "diffaug_delta": d, "diffaug_kappa": k, "stage": "stage1"}
+        for s, d, k in ((0, 0.1, 3.0), (50, 0.4, 2.0), (100, 0.3, 1.0))] + [{"eval_score": 0.5, "stage": "stage2"}]
+    (run / "train_result.json").write_text(json.dumps({"log_history": history}))
+    out = tmp_path / "curves.png"
+    assert main(["plot", "diffaug-stage1", str(run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "3 measurements, last at step 100" in capsys.readouterr().out
+    (run / "train_result.json").write_text(json.dumps({"log_history": history[:1]}))
+    assert main(["plot", "diffaug-stage1", str(run), "--out", str(out)]) == 2
+    assert "no stage-1 diagnostics" in capsys.readouterr().err
+    assert main(["plot", "diffaug-stage1", str(tmp_path / "nope"), "--out", str(out)]) == 2
