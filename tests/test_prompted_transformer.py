@@ -258,3 +258,34 @@ def test_prefix_cache_broadcasts_in_eval_and_draws_dropout_per_example_in_traini
     encoder.train()
     keys = encoder(5).layers[0].keys
     assert not torch.equal(keys[0], keys[1])  # independent dropout masks per example
+
+
+def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
+    """transformers drops past_key_values in checkpointed layers unless they only read the cache: with the read-only
+    prefix cache, checkpointing gives the same outputs and prompt gradients as without, and the prompts still act."""
+    from st_prompts.prompts.prefix import PrefixCache
+
+    def run(checkpointing: bool):
+        torch.manual_seed(0)
+        encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_dropout=0.0)
+        encoder.auto_model.config.hidden_dropout_prob = 0.0
+        for module in encoder.auto_model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        if checkpointing:
+            encoder.auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        encoder.train()
+        features = encoder.tokenize(["the man plays guitar", "a dog"])
+        out = encoder(dict(features))["token_embeddings"]
+        out.sum().backward()
+        return out.detach(), encoder.prefix_encoder.embedding.weight.grad.clone()
+
+    plain_out, plain_grad = run(False)
+    ckpt_out, ckpt_grad = run(True)
+    assert torch.allclose(plain_out, ckpt_out, atol=1e-6)
+    assert torch.allclose(plain_grad, ckpt_grad, atol=1e-6) and plain_grad.abs().sum() > 0
+
+    cache = PrefixCache([(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))])
+    keys, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
+    again, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
+    assert keys.shape == again.shape == (1, 2, 8, 4) and cache.get_seq_length() == 3  # never written

@@ -222,6 +222,7 @@ class PromptedTransformer(Transformer):
         model_name_or_path = utils.resolve_model_name(str(model_name_or_path))
         super().__init__(model_name_or_path, **kwargs)
         _check_architecture(self.auto_model.config)
+        _allow_checkpointing_with_prefix(self.auto_model)
 
         config = self.auto_model.config
         self.prefix_length = prefix_length
@@ -793,6 +794,22 @@ def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt,
         raise ConfigurationError(f"prefix_hidden_size must be a positive integer, got {prefix_hidden_size!r}.")
     if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
         raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
+
+
+def _allow_checkpointing_with_prefix(model: torch.nn.Module) -> None:
+    """Keep the deep prompts when activation (gradient) checkpointing is on.
+
+    transformers' checkpointed layers drop ``past_key_values`` (silently, apart from a log line) unless the layer
+    declares that it only reads the cache, because a recomputed layer would append to a stateful cache a second time.
+    The prefix cache is read-only (:class:`~st_prompts.prompts.prefix.PrefixCache`), so the layers of a prompted
+    backbone may keep it: ``model.gradient_checkpointing_enable()`` (or the trainer's ``gradient_checkpointing=True``)
+    then trades compute for activation memory without losing the prompts.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module._can_checkpoint_with_cache = True
 
 
 def _check_architecture(config) -> None:

@@ -158,20 +158,29 @@ def prefix_view_mask(
 
 
 class PrefixCache(DynamicCache):
-    """A ``DynamicCache`` pre-filled with the prefix keys/values of every layer, without copying them.
+    """A ``DynamicCache`` pre-filled with the prefix keys/values of every layer, without copying them, and read-only.
 
     ``DynamicCache(ddp_cache_data)`` would concatenate every layer's prefix onto an empty tensor (one copy per key and
-    value tensor, per layer, per forward pass); here each layer starts out holding the (possibly batch-broadcast)
-    prefix tensors themselves, and the only copy left is the one transformers makes when it appends the real tokens.
+    value tensor, per layer, per forward pass); here each layer holds the (possibly batch-broadcast) prefix tensors
+    themselves, and the only copy left is the concatenation with the real tokens' keys/values that attention needs.
+
+    The cache is never written: :meth:`_PrefixLayer.update` returns ``prefix + new states`` without storing them (an
+    encoder never reuses them). So a layer may run twice on the same cache, which is what activation (gradient)
+    checkpointing does when it recomputes a layer in the backward pass; a stateful cache would append the tokens a
+    second time there.
     """
 
     def __init__(self, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
-        self.layers = [_PrefilledLayer(keys, values) for keys, values in key_values]
+        self.layers = [_PrefixLayer(keys, values) for keys, values in key_values]
 
 
-class _PrefilledLayer(DynamicLayer):
+class _PrefixLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
         self.keys, self.values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # Read-only: the prefix followed by this pass's keys/values (see PrefixCache).
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
