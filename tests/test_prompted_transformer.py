@@ -289,3 +289,17 @@ def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
     keys, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
     again, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
     assert keys.shape == again.shape == (1, 2, 8, 4) and cache.get_seq_length() == 3  # never written
+
+
+def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
+    from st_prompts.prompts.prefix import PrefixEncoder
+
+    encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5, shared_dropout=True)
+    encoder.train()
+    values = encoder.values(5)
+    assert values.stride(1) == 0  # still a view over the batch: one prefix, one mask
+    assert torch.equal(values[:, 0], values[:, 4])
+    assert (values[:, 0] == 0).any() and not torch.equal(values[:, 0], encoder.eval().values(1)[:, 0])
+    # saved with the module config and restored on load
+    prompted = PromptedTransformer(tiny_bert, prefix_length=2, prefix_dropout_shared=True)
+    assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout

@@ -54,6 +54,8 @@ class TrainSettings:
     seed: int = option(42, "random seed (prompt initialisation, data order, dropout)")
     output_dir: str = option("outputs/run", "where trainer files and the model go", cli=False)
     logging_steps: int = option(10, "log the loss every this many steps")
+    gradient_checkpointing: bool = option(False, "activation checkpointing: recompute each layer in the backward pass "
+                                          "(less training memory, more time)")
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:

@@ -40,6 +40,8 @@ class DCPCSESettings(TrainSettings):
     prefix_length: int = option(16, "deep prompt positions per layer")
     prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
     prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
+    prefix_dropout_shared: bool = option(False, "one prefix dropout mask per batch instead of per example (less memory "
+                                         "and time; the official code draws one per example)")
     mlp_head: str = option("train_only", "SimCSE MLP over [CLS]: train_only, saved (kept at inference) or none",
                            MLP_HEAD_MODES)
     head_learning_rate: float | None = option(None, "learning rate of the MLP head (default: --learning-rate)")
@@ -78,6 +80,7 @@ def build_model(settings: DCPCSESettings):
         prefix_length=settings.prefix_length,
         prefix_projection=settings.prefix_projection,
         prefix_hidden_size=settings.prefix_hidden_size,
+        prefix_dropout_shared=settings.prefix_dropout_shared,
         max_seq_length=settings.max_seq_length,
     )
     return assemble(settings, encoder, pooling_mode="cls")

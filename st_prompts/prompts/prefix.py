@@ -32,6 +32,8 @@ class PrefixEncoder(nn.Module):
             (Li & Liang's reparameterisation, DCPCSE's ``--prefix_projection``); otherwise a plain ``Embedding(l, 2·L·H)``.
         projection_hidden_size: ``P`` above (DCPCSE: 512).
         dropout: dropout applied to the keys/values in training (DCPCSE: the backbone's hidden dropout probability).
+        shared_dropout: draw one dropout mask per forward pass for the whole batch instead of one per example (DCPCSE
+            draws one per example). Saves materialising the prefix once per row: ``2L·batch·l·H`` numbers per pass.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class PrefixEncoder(nn.Module):
         projection: bool = False,
         projection_hidden_size: int = 512,
         dropout: float = 0.1,
+        shared_dropout: bool = False,
     ) -> None:
         super().__init__()
         self.prefix_length = prefix_length
@@ -63,6 +66,7 @@ class PrefixEncoder(nn.Module):
             self.embedding = nn.Embedding(prefix_length, out_size)
             self.transform = None
         self.dropout = nn.Dropout(dropout)
+        self.shared_dropout = shared_dropout
         self.register_buffer("prefix_tokens", torch.arange(prefix_length), persistent=False)
 
     def key_values(self) -> torch.Tensor:
@@ -81,9 +85,12 @@ class PrefixEncoder(nn.Module):
         """
         values = self.key_values()  # (l, 2L, heads, hd)
         values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
+        dropout = self.training and self.dropout.p > 0
+        if dropout and self.shared_dropout:
+            values = self.dropout(values)  # one mask for the batch; the expand below stays a view
         values = values.expand(-1, batch_size, -1, -1, -1)
-        if self.training and self.dropout.p > 0:
-            values = self.dropout(values)
+        if dropout and not self.shared_dropout:
+            values = self.dropout(values)  # one mask per example (materialises the prefix per row)
         return values
 
     def cache(self, values: torch.Tensor) -> PrefixCache:
@@ -103,7 +110,7 @@ class PrefixEncoder(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"prefix_length={self.prefix_length}, num_layers={self.num_layers}, num_heads={self.num_heads}, "
-            f"head_dim={self.head_dim}, projection={self.projection}"
+            f"head_dim={self.head_dim}, projection={self.projection}, shared_dropout={self.shared_dropout}"
         )
 
 

@@ -48,6 +48,8 @@ class KeepBestCallback(TrainerCallback):
         self.evaluator = evaluator
         self.best: float | None = None
         self.best_step: int | None = None
+        #: The step of the last evaluation seen (the trainer evaluates the last step itself in some configurations).
+        self.last_step: int | None = None
         self._state: dict[str, torch.Tensor] | None = None
 
     @property
@@ -62,6 +64,7 @@ class KeepBestCallback(TrainerCallback):
 
     def consider(self, value: float, step: int) -> None:
         """Offer the model's current weights with their score (e.g. a final evaluation after the last step)."""
+        self.last_step = step
         greater = getattr(self.evaluator, "greater_is_better", True)
         if self.best is None or (value > self.best if greater else value < self.best):
             self.best, self.best_step = value, step
@@ -121,6 +124,7 @@ def train(
     dev_evaluator=None,
     model: SentenceTransformer | None = None,
     show_progress_bar: bool = True,
+    callbacks: list[TrainerCallback] | None = None,
 ) -> tuple[SentenceTransformer, TrainResult]:
     """Train a registered method with ``SentenceTransformerTrainer``, stage after stage.
 
@@ -131,6 +135,7 @@ def train(
         dev_evaluator: STS-B dev evaluator; the stages with ``select_model`` keep their best weights (every trainable
             parameter, the backbone too when it trains) and restore them at the end of the stage.
         model: a model built earlier (default: the method's builder).
+        callbacks: extra trainer callbacks for every stage (e.g. timing or profiling).
 
     Returns the trained model (in eval mode) and a :class:`TrainResult`.
     """
@@ -172,15 +177,19 @@ def train(
             report_to="none",
             disable_tqdm=not show_progress_bar,
             use_cpu=not torch.cuda.is_available(),
+            gradient_checkpointing=settings.gradient_checkpointing,
+            # non-reentrant: a frozen backbone's layer inputs need no gradient, the prompts inside the layers do
+            gradient_checkpointing_kwargs={"use_reentrant": False} if settings.gradient_checkpointing else None,
         )
-        callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
+        stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
+        stage_callbacks += list(callbacks or [])
         keep_best = None
         if evaluator is not None:
             keep_best = KeepBestCallback(model, evaluator)
-            callbacks.append(keep_best)
+            stage_callbacks.append(keep_best)
         collator = stage.collator(model, settings) if stage.collator is not None else None
         trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=callbacks,
+            model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=stage_callbacks,
             data_collator=collator,
         )
         if len(stages) > 1:
@@ -189,8 +198,9 @@ def train(
         trainer.train()
         seconds += time.perf_counter() - start
         if keep_best is not None:
-            # The final weights are not evaluated by the trainer unless the last step is a multiple of eval_steps.
-            if trainer.state.global_step % settings.eval_steps:
+            # The trainer does not always evaluate the final weights (e.g. when the last step is not a multiple of
+            # eval_steps): evaluate them here unless it did.
+            if keep_best.last_step != trainer.state.global_step:
                 final = evaluator(model)
                 keep_best.consider(final[evaluator.primary_metric], trainer.state.global_step)
             keep_best.restore()
