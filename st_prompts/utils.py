@@ -57,3 +57,12 @@ def default_data_dir() -> Path | None:
     """
     candidate = Path(__file__).resolve().parents[2] / "shared" / "data"
     return candidate if candidate.is_dir() else None
+
+
+def is_main_process() -> bool:
+    """Whether this process is rank 0 of a distributed run (``torchrun``), or the only process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0

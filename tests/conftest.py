@@ -49,14 +49,20 @@ def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
     return CONFIGS[model_type](**kwargs)
 
 
-def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False) -> str:
-    """Save a randomly initialised tiny backbone + a small WordPiece tokenizer to ``path``; return the path."""
+def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False,
+                       dropout: float | None = None) -> str:
+    """Save a randomly initialised tiny backbone + a small WordPiece tokenizer to ``path``; return the path.
+
+    ``dropout`` sets the hidden and attention dropout (default: the config class's).
+    """
     os.makedirs(path, exist_ok=True)
     tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
     assert tokenizer.convert_tokens_to_ids("guitar") == SPECIAL.index("[MASK]") + 1 + WORDS.index("guitar")
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = tiny_config(model_type, len(SPECIAL) + len(WORDS), max_positions)
+    if dropout is not None:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     if head:
         from transformers import AutoModelForMaskedLM
 

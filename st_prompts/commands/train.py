@@ -146,10 +146,16 @@ def run_training(method_name: str, args: argparse.Namespace):
 def save_run(model, result, output: str, prompts_only: bool = False) -> None:
     """Save the model (safetensors) and ``train_result.json`` next to it; optionally a prompts-only checkpoint.
 
+    In a distributed run (``torchrun``) only the process of rank 0 writes.
+
     Each folder is written under a temporary name beside its destination and renamed when complete, so an
     interrupted save never leaves a half-written model (an existing folder of that name is replaced).
     """
     from st_prompts.modules import save_prompts_only
+    from st_prompts.utils import is_main_process
+
+    if not is_main_process():
+        return  # under torchrun every process holds the same model: only rank 0 writes it
 
     def atomic(destination: str, write) -> None:
         destination = destination.rstrip("/") or destination

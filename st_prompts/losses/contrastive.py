@@ -123,6 +123,9 @@ class PromptContrastiveLoss(nn.Module):
         embeddings = [out["sentence_embedding"] for out in outputs]
         if self.mlp is not None and training:
             embeddings = [self.mlp(e) for e in embeddings]
+        # Under DDP every process uses the other processes' rows as negatives too (SimCSE's official code gathers
+        # them as well), so N processes of batch B train like one process of batch N*B.
+        self.infonce.gather_across_devices = distributed_training()
         losses = {"contrastive": self.infonce.compute_loss_from_embeddings(embeddings, labels)}
         if with_mlm:
             reuse = [out.get(PREFIX_VALUES_KEY) for out in outputs]
@@ -168,6 +171,13 @@ class PromptContrastiveLoss(nn.Module):
     journal = {arXiv preprint arXiv:2203.06875},
     year = {2022},
 }"""
+
+
+def distributed_training() -> bool:
+    """Whether this process is one of several of a ``torch.distributed`` run (e.g. ``torchrun``, the trainer's DDP)."""
+    from sentence_transformers.util.distributed import get_world_size
+
+    return get_world_size() > 1
 
 
 def check_prefix_views(model, views: tuple[int, ...], num_views: int) -> None:

@@ -46,6 +46,7 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
 from st_prompts.modules.prompted_transformer import CLS_OVERRIDE, PromptedTransformer
+from st_prompts.losses.contrastive import distributed_training
 
 #: Inputs of a column the corrupted pass reuses (the rest of a features dict are the model's outputs).
 _INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -209,6 +210,7 @@ class CRTDLoss(nn.Module):
             # One BatchNorm batch over every column, as DiffCSE pools its (batch * num_sent) rows together.
             sizes = [e.shape[0] for e in cls_embeddings]
             embeddings = list(self.pooler(torch.cat(cls_embeddings)).split(sizes))
+        self.infonce.gather_across_devices = distributed_training()  # negatives of every process (see contrastive.py)
         losses = {"contrastive": self.infonce.compute_loss_from_embeddings(embeddings, labels)}
         if with_crtd:
             conditions = embeddings if self.condition == "pooled" else cls_embeddings

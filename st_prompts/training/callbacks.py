@@ -18,3 +18,38 @@ class LossStepCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         for loss in self.losses:
             loss.global_step = state.global_step
+
+
+class SyncLossParametersCallback(TrainerCallback):
+    """Average the gradients of a loss's own trainable parameters over the processes of a distributed run.
+
+    The trainer wraps only the model in ``DistributedDataParallel``; parameters that live in the loss (SimCSE's
+    training-only MLP, the MLM, CRTD and NLI heads) are optimised but their gradients are never synchronised, so each
+    process's copy would drift apart. This callback all-reduces them right before every optimizer step (after the
+    model's gradients are clipped, which the trainer does for the model's parameters only). Without
+    ``torch.distributed`` (one process) it does nothing. :func:`st_prompts.training.train` adds it by itself.
+    """
+
+    def __init__(self, loss, model) -> None:
+        model_parameters = {id(p) for p in model.parameters()}
+        self.parameters = [p for p in loss.parameters() if p.requires_grad and id(p) not in model_parameters]
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        import torch
+        import torch.distributed as dist
+
+        if not self.parameters or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        # One flat buffer (and a has-gradient flag per parameter) so that every process makes the same two calls.
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        present = torch.tensor([p.grad is not None for p in self.parameters], dtype=torch.float32, device=flat.device)
+        dist.all_reduce(flat)
+        dist.all_reduce(present)
+        flat /= dist.get_world_size()
+        offset = 0
+        for parameter, seen in zip(self.parameters, present.tolist()):
+            size = parameter.numel()
+            if seen:
+                parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
+            offset += size

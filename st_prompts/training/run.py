@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Stage, TrainSettings
+from st_prompts.training.callbacks import SyncLossParametersCallback
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def train(
         )
         stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
         stage_callbacks += list(callbacks or [])
+        stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
         keep_best = None
         if evaluator is not None:
             keep_best = KeepBestCallback(model, evaluator)
