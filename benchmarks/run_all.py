@@ -456,8 +456,21 @@ def plan(rows: list[Row], args) -> list[tuple[Row, int, str, Path]]:
             if key in by_key and not args.force:
                 write_json(path, {**by_key[key], "row": row.name, "copied_from": by_key[key]["row"]})
                 continue
+            if any(k == key for _, _, k, _ in todo):
+                args.duplicates.append((key, row, path))  # same settings as a queued run: copied when it is done
+                continue
             todo.append((row, seed, key, path))
     return todo
+
+
+def copy_duplicates(args) -> None:
+    """Give the rows whose runs were identical to another queued run that run's result."""
+    for key, row, path in args.duplicates:
+        for source in (args.results_dir / "runs").glob("*/seed*.json"):
+            record = load_record(source)
+            if record and record.get("key") == key and source != path:
+                write_json(path, {**record, "row": row.name, "copied_from": record["row"]})
+                break
 
 
 def launch(row: Row, seed: int, key: str, path: Path, args, threads: int) -> tuple[subprocess.Popen, Path]:
@@ -803,11 +816,13 @@ def main(argv: list[str] | None = None) -> int:
     args.results_dir = QUICK_DIR if args.quick else RESULTS_DIR
     rows = select_rows(args.only, args.ablations, args.quick)
     if not args.report_only:
+        args.duplicates = []
         todo = plan(rows, args)
         print(f"{len(todo)} run(s) to do ({len(rows)} row(s) selected; cached runs are skipped); results in "
               f"{args.results_dir}", flush=True)
         started = time.perf_counter()
         failures = run_plan(todo, args)
+        copy_duplicates(args)
         print(f"runs finished in {time.perf_counter() - started:.0f}s", flush=True)
         if failures:
             report(rows, args)
