@@ -348,6 +348,9 @@ def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Pat
                                   stsb_dev_evaluator(str(eval_senteval), batch_size=128), model=model,
                                   show_progress_bar=False)
             trainable, total = count_parameters(model)
+            diagnostics = [e for e in result.log_history if "diffaug_delta" in e]
+            if diagnostics:  # DiffAug's stage-1 delta/kappa, plotted by the report
+                record["stage1_diagnostics"] = diagnostics
             record.update(
                 steps=result.steps, best_step=result.best_step, train_seconds=result.seconds,
                 examples={name: len(d) for name, d in data.items()},
@@ -747,6 +750,18 @@ def plots(summary: dict[str, Any], results: Path) -> None:
     plt.close(fig)
 
 
+def stage1_plots(results: Path) -> None:
+    """DiffAug's stage-1 delta/kappa curves of the seed-42 runs (``<row>-stage1.png``)."""
+    from st_prompts.plots import plot_diffaug_stage1
+
+    for path in sorted((results / "runs").glob("diffaug-*/seed42.json")):
+        record = load_record(path)
+        if record and record.get("stage1_diagnostics"):
+            row = record["row"]
+            plot_diffaug_stage1(record["stage1_diagnostics"], results / f"{row}-stage1.png",
+                                title=f"DiffAug stage 1 ({row}, packaged MiniLM, seed 42)")
+
+
 def splice_readme(readme: Path, text: str) -> bool:
     content = readme.read_text(encoding="utf-8")
     if README_BEGIN not in content or README_END not in content:
@@ -773,6 +788,7 @@ def report(rows: list[Row], args) -> dict[str, Any]:
     (args.results_dir / "run_all.md").write_text(text, encoding="utf-8")
     if summary:
         plots(summary, args.results_dir)
+        stage1_plots(args.results_dir)
     if not args.quick and not args.no_readme:
         splice_readme(REPO / "README.md", text)
     return summary
