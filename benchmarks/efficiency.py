@@ -78,25 +78,31 @@ class StepProbe:
         from transformers import TrainerCallback
 
         class _Probe(TrainerCallback):
-            def __init__(self, warmup: int, profile: bool) -> None:
-                self.warmup, self.profile = warmup, profile
+            def __init__(self, warmup: int, profile: bool, last_step: int) -> None:
+                self.warmup, self.profile, self.last_step = warmup, profile, last_step
                 self.times: list[float] = []
                 self._start = 0.0
                 self.profiler = None
+                self.op_profiler = None
 
             def on_step_begin(self, args, state, control, **kw):
-                if self.profile and state.global_step == 0:
-                    from torch.profiler import ProfilerActivity, profile
+                from torch.profiler import ProfilerActivity, profile
 
+                if self.profile and state.global_step == 0:
                     gc.collect()
                     self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True,
                                             record_shapes=True, with_stack=True)
                     self.profiler.start()
+                if state.global_step == self.last_step - 1:  # the last step: where the time goes, by operator
+                    self.op_profiler = profile(activities=[ProfilerActivity.CPU])
+                    self.op_profiler.start()
                 self._start = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kw):
                 elapsed = time.perf_counter() - self._start
-                if state.global_step > self.warmup:
+                if self.op_profiler is not None and state.global_step == self.last_step:
+                    self.op_profiler.stop()
+                elif state.global_step > self.warmup:
                     self.times.append(elapsed)
                 if self.profiler is not None and state.global_step == 2:
                     self.profiler.stop()
@@ -131,6 +137,16 @@ def peak_live_tensors(profiler) -> dict[str, Any]:
                 at_peak[name] = at_peak.get(name, 0) + size_
     return {"peak_mib": peak / MiB,
             "breakdown_mib": {k: v / MiB for k, v in sorted(at_peak.items(), key=lambda kv: -kv[1])}}
+
+
+def top_operators(profiler, count: int = 8) -> dict[str, float]:
+    """Self CPU milliseconds of the most expensive operators of the profiled step (``aten::`` ops only)."""
+    averages = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+    averages.sort(key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in averages)
+    out = {e.key.removeprefix("aten::"): e.self_cpu_time_total / 1000 for e in averages[:count]}
+    out["(all aten ops)"] = total / 1000
+    return out
 
 
 def directory_bytes(path: Path) -> int:
@@ -209,7 +225,7 @@ def child(row: Row, args) -> dict[str, Any]:
 
     data_dir = Path(args.data_dir)
     steps = args.warmup + args.steps
-    overrides = dict(max_steps=steps, eval_steps=10**6, logging_steps=10**6)
+    overrides = dict(max_steps=steps + 1, eval_steps=10**6, logging_steps=10**6)  # + 1 step profiled by operator
     if row.method == "diffaug":
         overrides["skip_stage1"] = True  # stage 2: the joint tuning
     if row.method == "d2cse":
@@ -220,17 +236,18 @@ def child(row: Row, args) -> dict[str, Any]:
         method = methods.get(row.method)
         stages = method.stages(settings)
         stage = stages[-1]
-        data = stage.load_data(settings, str(data_dir), steps * settings.batch_size)
+        data = stage.load_data(settings, str(data_dir), (steps + 1) * settings.batch_size)
         model = method.build_model(settings)
         if row.adapter:
             model = run_all.attach_adapter(model, row)
         if row.note == "compile":
             model[0].auto_model.forward = torch.compile(model[0].auto_model.forward, dynamic=True)
-        probe = StepProbe(args.warmup, profile=not args.no_memory)
+        probe = StepProbe(args.warmup, profile=not args.no_memory, last_step=steps + 1)
         load = os.getloadavg()
         model, _ = train(settings, data if len(stages) == 1 else {stage.name: data}, None, model=model,
                          show_progress_bar=False, callbacks=[probe])
     memory = peak_live_tensors(probe.profiler) if probe.profiler is not None else None
+    operators = top_operators(probe.op_profiler) if probe.op_profiler is not None else None
     trainable, total = count_parameters(model)
     sentences = read_sentences(data_dir / "train" / "wiki_sentences.txt")[: args.encode_sentences]
     gc.collect()
@@ -238,6 +255,7 @@ def child(row: Row, args) -> dict[str, Any]:
         "row": row.name, "label": row.label, "setting": row.setting,
         "step_seconds": {"median": statistics.median(probe.times), "all": probe.times},
         "memory": memory,
+        "operators_ms": operators,
         "throughput": throughput(model, sentences, args.repeats),
         "checkpoints": {} if row.note == "compile" else checkpoints(model, row),
         "trainable_parameters": trainable, "total_parameters": total,
@@ -306,6 +324,12 @@ def markdown(report: dict[str, Any]) -> str:
     for name, r in results.items():
         if r.get("memory"):
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["memory"]["breakdown_mib"].items() if v >= 0.05)
+            lines.append(f"- `{name}`: {parts}")
+    lines += ["", "Where one training step's time goes (self CPU ms of the top operators in one profiled step; the "
+              "profiler slows the step, so compare rows rather than read absolute times):", ""]
+    for name, r in results.items():
+        if r.get("operators_ms"):
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in r["operators_ms"].items())
             lines.append(f"- `{name}`: {parts}")
     checks = report.get("targets")
     if checks:

@@ -136,7 +136,7 @@ LORA_LR_CANDIDATES = (2e-4, 1e-3, 5e-3)
 def _rows() -> list[Row]:
     rows = [
         Row("backbone-cls", "all-MiniLM-L6-v2, untrained, [CLS] pooling", None, pooling="cls"),
-        Row("backbone-mean", "all-MiniLM-L6-v2, untrained, mean pooling (as shipped)", None, pooling="mean"),
+        Row("backbone-mean", "all-MiniLM-L6-v2, untrained, mean pooling (its own; max length 32)", None, pooling="mean"),
     ]
     for sup in (False, True):
         s = "sup" if sup else "unsup"
