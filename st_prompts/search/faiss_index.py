@@ -161,14 +161,15 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimens
 
 def factory_string(index_type: str, params: dict[str, Any]) -> str:
     """The ``faiss.index_factory`` description of an index (``"Flat"``, ``"IVF400,Flat"``, ``"HNSW32,Flat"``,
-    ``"OPQ48,IVF1024,PQ48"``)."""
+    ``"OPQ48,IVF1024,PQ48np"``)."""
     if index_type == "ivf":
         return f"IVF{params['nlist']},Flat"
     if index_type == "hnsw":
         return f"HNSW{params['m']},Flat"
     if index_type == "ivfpq":
         opq = f"OPQ{params['pq_m']}," if params.get("opq") else ""
-        return f"{opq}IVF{params['nlist']},PQ{params['pq_m']}"
+        # "np": no polysemous training (a code-permutation annealing FAISS otherwise runs; slow, and unused here)
+        return f"{opq}IVF{params['nlist']},PQ{params['pq_m']}np"
     return "Flat"
 
 
