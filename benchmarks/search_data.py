@@ -200,4 +200,14 @@ def encode_cached(model, texts: list[str], *, kind: str, cache_dir: Path | None,
         "processes": processes or 1,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
+    # Keep the timing of the run that encoded the chunks beside them, so that a re-run reports it too.
+    if cache_dir is not None:
+        import json
+
+        sidecar = cache_dir / name / "timing.json"
+        if result.chunks_encoded:
+            history = json.loads(sidecar.read_text()) if sidecar.exists() else []
+            sidecar.write_text(json.dumps(history + [info], indent=2))
+        elif sidecar.exists():
+            info["earlier_runs_that_encoded"] = json.loads(sidecar.read_text())
     return result.embeddings, info

@@ -183,7 +183,9 @@ def encode_in_chunks(
             ``chunk_size``; a cache made with another model or chunking is refused). ``None``: nothing is cached.
         processes: encode with sentence-transformers' multi-process pool of this many CPU workers
             (``model.start_multi_process_pool(["cpu"] * processes)``; each worker gets ``cpu_count // processes``
-            threads). ``None`` or ``1``: in this process.
+            threads). ``None`` or ``1``: in this process. The workers are *spawned* processes that import the
+            calling script again: a script that uses this must guard its top level with
+            ``if __name__ == "__main__":``.
         pool: an already started pool (``model.start_multi_process_pool(...)``, e.g. over several GPUs); it is used
             and left running. Overrides ``processes``.
         progress: show a progress bar (documents; chunks read from the cache count as done at once).
