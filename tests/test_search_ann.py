@@ -184,7 +184,7 @@ def test_ivfpq_with_reranking_returns_the_exact_top1_for_documents_queried_with_
     ids = [f"doc-{i}" for i in range(len(corpus))]
     index = SemanticIndex.from_embeddings(doc_emb, corpus, ids, index_type="ivfpq", model=minilm,
                                           calibration_queries=query_emb[:60])  # fmt: skip
-    assert index.index_params["pq_m"] == 48 and index.index_params["rerank"] == 100
+    assert index.index_params["pq_m"] == 48 and index.index_params["rerank"] == 200
     assert index.vectors.dtype == np.float16 and index.vectors.shape == (1200, 384)
     chosen = list(range(0, 1200, 6))  # 200 documents
     results = index.search([corpus[i] for i in chosen], k=5)

@@ -79,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--pq-m", type=int, default=None, help="IVF-PQ: bytes per vector code (default: 48)")
     build.add_argument("--opq", action="store_true", default=None, help="IVF-PQ: learn an OPQ rotation first")
     build.add_argument("--rerank", type=int, default=None,
-                       help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 100; 0 = off)")
+                       help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 200; 0 = off)")
     build.add_argument("--target-recall", type=float, default=None,
                        help="approximate indexes: calibrate nprobe / ef_search to the smallest value reaching this "
                        "recall@10 against exact search (default: 0.95, unless --nprobe / --ef-search is given)")

@@ -28,7 +28,7 @@ Conventions (all documented here once, and relied upon by the CLI and the tests)
   (whether or not the model ends with a ``Normalize`` module), and every index uses the inner-product metric. A model
   that differs from the index's model only by a final ``Normalize`` module is therefore compatible with it.
 * **Index types.** ``"flat"`` (default, exact), ``"ivf"`` and ``"hnsw"`` (approximate, for large corpora),
-  ``"ivfpq"`` (approximate and compressed: 48-byte product-quantization codes in RAM, the best 100 candidates
+  ``"ivfpq"`` (approximate and compressed: 48-byte product-quantization codes in RAM, the best 200 candidates
   re-scored exactly with float16 vectors memory-mapped from disk); their parameters and defaults are described in
   :mod:`st_prompts.search.faiss_index`.
 * **Recall calibration.** An approximate index is built with a *target recall*: by default its ``nprobe`` /

@@ -798,6 +798,8 @@ def _resolve_target(index_type: str, target_recall: Any, params: dict[str, Any],
     """The calibration target of a build: ``"auto"`` -> 0.95 for an approximate index without an explicit search
     parameter, else none."""
     explicit = [name for name in ("nprobe", "ef_search") if params.get(name) is not None]
+    if queries is not None and index_type not in APPROXIMATE_TYPES:
+        raise ConfigurationError(f"calibration_queries apply to an approximate index; a {index_type!r} index is exact")
     if isinstance(target_recall, str):
         if target_recall != "auto":
             raise ConfigurationError(f"target_recall must be a number in (0, 1], 'auto' or None, got {target_recall!r}")
