@@ -1,7 +1,7 @@
 """Tests of the approximate-search features of st_prompts.search: recall calibration, IVF-PQ with exact re-ranking,
 add / remove, memory-mapped loading, drift warnings, chunked resumable encoding, and their CLI commands.
 
-Real-text fixtures (``tests/fixtures/search/real_*.txt``, copied from the shared data): 1,200 distinct sentences
+Real-text fixtures (``tests/fixtures/search/real_*.txt``, copied from the shared data): 800 distinct sentences
 (Wikipedia, SNLI triplets, STS-B train) as the corpus and 120 STS-B dev sentences, not in the corpus, as queries.
 """
 
@@ -82,7 +82,7 @@ def minilm():
 def real_text(minilm):
     """The real-text corpus and queries with their MiniLM embeddings (encoded once per module)."""
     corpus, queries = read_lines(REAL_CORPUS), read_lines(REAL_QUERIES)
-    assert len(set(corpus)) == len(corpus) == 1200 and not set(queries) & set(corpus)
+    assert len(set(corpus)) == len(corpus) == 800 and not set(queries) & set(corpus)
     doc_emb = minilm.encode_document(corpus, batch_size=64, convert_to_numpy=True)
     query_emb = minilm.encode_query(queries, batch_size=64, convert_to_numpy=True)
     return corpus, queries, doc_emb, query_emb
@@ -185,8 +185,8 @@ def test_ivfpq_with_reranking_returns_the_exact_top1_for_documents_queried_with_
     index = SemanticIndex.from_embeddings(doc_emb, corpus, ids, index_type="ivfpq", model=minilm,
                                           calibration_queries=query_emb[:60])  # fmt: skip
     assert index.index_params["pq_m"] == 48 and index.index_params["rerank"] == 200
-    assert index.vectors.dtype == np.float16 and index.vectors.shape == (1200, 384)
-    chosen = list(range(0, 1200, 6))  # 200 documents
+    assert index.vectors.dtype == np.float16 and index.vectors.shape == (800, 384)
+    chosen = list(range(0, 800, 4))  # 200 documents
     results = index.search([corpus[i] for i in chosen], k=5)
     for row, hits in zip(chosen, results):
         assert hits[0].id == ids[row] and hits[0].text == corpus[row]
