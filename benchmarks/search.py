@@ -473,8 +473,9 @@ def write_markdown(report: dict, path: Path) -> None:
         "into RAM); RssFile counts pages of the mapped files (inverted lists, `vectors.npy`, `docs.jsonl`) that are "
         "resident right now, which the OS evicts under memory pressure. The baseline of a Python process with numpy "
         "and faiss imported is included. The index files are dropped from the page cache (`posix_fadvise` "
-        "DONTNEED, these files only) before each probe, so the cgroup is charged for the pages the probe maps; its "
-        "peak usage stays under the limit while the files are larger.",
+        "DONTNEED, these files only) before each probe, so the cgroup is charged for the pages the probe maps. "
+        "Where the files are larger than the cgroup's limit, the index serves all the same: mapped pages are evicted "
+        "and read again as needed (compare the files and the peak columns).",
         "",
         "## Encoding",
         "",
