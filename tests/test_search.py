@@ -46,12 +46,17 @@ def corpus_index(minilm):
         return SemanticIndex.from_file(minilm, CORPUS_TXT, show_progress_bar=False)
 
 
-def clustered_vectors(n: int, dim: int = 64, clusters: int = 40, seed: int = 0) -> np.ndarray:
-    """Random-ish vectors with structure (Gaussian blobs), like real embeddings; pure noise is unrealistically hard."""
+def clustered_vectors(
+    n: int, dim: int = 64, clusters: int = 40, seed: int = 0, sample_seed: int | None = None, spread: float = 0.6
+) -> np.ndarray:
+    """Random-ish vectors with structure (Gaussian blobs), like real embeddings; pure noise is unrealistically hard.
+    ``seed`` fixes the blob centres; ``sample_seed`` (default: ``seed``) draws other points around the same centres."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(clusters, dim))
+    if sample_seed is not None:
+        rng = np.random.default_rng(sample_seed)
     labels = rng.integers(clusters, size=n)
-    return (centers[labels] + 0.6 * rng.normal(size=(n, dim))).astype(np.float32)
+    return (centers[labels] + spread * rng.normal(size=(n, dim))).astype(np.float32)
 
 
 def brute_force(doc_emb: np.ndarray, query_emb: np.ndarray, k: int):
@@ -124,7 +129,7 @@ def test_duplicate_texts_are_kept_with_a_warning(minilm):
 def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_path):
     before = corpus_index.search(QUERIES, k=6)
     corpus_index.save(tmp_path / "idx")
-    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "index.faiss", "meta.json", "probe.npy"]
+    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "docs.offsets.npy", "index.faiss", "meta.json", "probe.npy"]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["model"]["name"] == "minilm"
     assert meta["model"]["dimension"] == meta["dimension"] == 384
@@ -233,7 +238,8 @@ def test_model_without_final_normalize_is_compatible(minilm, corpus_index, tmp_p
 @pytest.fixture(scope="module")
 def ann_data():
     vectors = clustered_vectors(4000, dim=64)
-    queries = clustered_vectors(200, dim=64, seed=123)
+    # Queries about the corpus's topics (same blobs) but not copies of documents (other, wider draws).
+    queries = clustered_vectors(200, dim=64, sample_seed=123, spread=0.8)
     exact = SemanticIndex.from_embeddings(vectors, [str(i) for i in range(len(vectors))])
     return vectors, queries, exact.search_embeddings(queries, k=10)
 

@@ -1,12 +1,18 @@
-"""``st-prompts index``: build a FAISS semantic-search index over a corpus, query it, describe it.
+"""``st-prompts index``: build a FAISS semantic-search index over a corpus, query it, update it, describe it.
 
 Examples::
 
     st-prompts index build minilm corpus.txt corpus.index                 # one document per line, exact search
     st-prompts index build minilm docs.jsonl docs.index --column body --id-column doc_id --index-type hnsw
+    st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache
+    st-prompts index build minilm corpus.txt corpus.index --index-type ivf --target-recall 0.97 \
+        --calibration-queries my_questions.txt
     st-prompts index search corpus.index "how do cats sleep?" "bread recipe" -k 5
-    st-prompts index search corpus.index "how do cats sleep?" --json
-    st-prompts index info corpus.index
+    st-prompts index search big.index "how do cats sleep?" --json --mmap
+    st-prompts index add corpus.index more.txt                             # encode and append, saved atomically
+    st-prompts index remove corpus.index 12 57
+    st-prompts index calibrate corpus.index --target-recall 0.98
+    st-prompts index info corpus.index                                     # shows the calibration
 
 See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping). Models are loaded
 with :func:`st_prompts.loading.load_sentence_model`: their code is trusted only when it all comes from
@@ -59,8 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("model", metavar="MODEL", help="model name or path ('minilm' = the packaged all-MiniLM-L6-v2)")
     build.add_argument("corpus", metavar="CORPUS", type=Path, help="text file or dataset file to index")
     build.add_argument("out", metavar="OUT", type=Path, help="index directory to write")
-    build.add_argument("--index-type", choices=("flat", "ivf", "hnsw"), default="flat",
-                       help="flat = exact (default); ivf / hnsw = approximate, for large corpora")
+    build.add_argument("--index-type", choices=("flat", "ivf", "hnsw", "ivfpq"), default="flat",
+                       help="flat = exact (default); ivf / hnsw = approximate, for large corpora; ivfpq = compressed "
+                       "(product quantization, re-ranked exactly), for corpora too large for float vectors in RAM")
     build.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     build.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
     build.add_argument("--id-column", default=None, help="id column of a dataset file (default: row numbers)")
@@ -69,6 +76,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--m", type=int, default=None, help="HNSW: neighbours per node")
     build.add_argument("--ef-construction", type=int, default=None, help="HNSW: build-time candidate list size")
     build.add_argument("--ef-search", type=int, default=None, help="HNSW: search-time candidate list size")
+    build.add_argument("--pq-m", type=int, default=None, help="IVF-PQ: bytes per vector code (default: 48)")
+    build.add_argument("--opq", action="store_true", default=None, help="IVF-PQ: learn an OPQ rotation first")
+    build.add_argument("--rerank", type=int, default=None,
+                       help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 200; 0 = off)")
+    build.add_argument("--target-recall", type=float, default=None,
+                       help="approximate indexes: calibrate nprobe / ef_search to the smallest value reaching this "
+                       "recall@10 against exact search (default: 0.95, unless --nprobe / --ef-search is given)")
+    build.add_argument("--no-calibration", action="store_true",
+                       help="approximate indexes: do not calibrate; use --nprobe / --ef-search or their defaults")
+    build.add_argument("--calibration-queries", type=Path, default=None, metavar="FILE",
+                       help="text file of queries (one per line) to calibrate on (default: perturbed held-out "
+                       "documents)")
+    build.add_argument("--encode-cache", type=Path, default=None, metavar="DIR",
+                       help="keep encoded chunks here so that an interrupted build resumes instead of re-encoding")
+    build.add_argument("--chunk-size", type=int, default=None, help="documents per cached chunk (default: 10000)")
+    build.add_argument("--processes", type=int, default=None,
+                       help="encode with sentence-transformers' multi-process pool of N CPU workers")
     build.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
     add_trust_remote_code_argument(build)
     build.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds an index")
@@ -88,10 +112,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "match the index's model")
     search.add_argument("--nprobe", type=int, default=None, help="IVF: lists visited per query (this search only)")
     search.add_argument("--ef-search", type=int, default=None, help="HNSW: candidate list size (this search only)")
+    search.add_argument("--rerank", type=int, default=None, help="IVF-PQ: candidates re-ranked (this search only)")
+    search.add_argument("--mmap", action="store_true",
+                        help="memory-map the index instead of reading it into RAM (for indexes larger than RAM)")
     search.add_argument("--device", default=None, help="device to encode on")
     add_trust_remote_code_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
     search.set_defaults(func=run_search)
+
+    add = commands.add_parser(
+        "add",
+        help="add documents to an index",
+        description="Encode the documents of FILE with the index's model and add them to the index at OUT, without "
+        "rebuilding it; the index is saved again atomically. FILE is read like 'index build' reads CORPUS. Ids: "
+        "--id-column of a dataset file, else the integers following the index's largest id (a text file's blank "
+        "lines are skipped and take no id). An IVF / IVF-PQ index warns when the new documents lie far from its "
+        "trained centroids.",
+    )
+    add.add_argument("index", metavar="OUT", type=Path, help="index directory written by 'index build'")
+    add.add_argument("file", metavar="FILE", type=Path, help="text file or dataset file with the new documents")
+    add.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
+    add.add_argument("--id-column", default=None, help="id column of a dataset file")
+    add.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    add.add_argument("--model", default=None, help="model to encode with (default: the index's); it must match")
+    add.add_argument("--device", default=None, help="device to encode on")
+    add_trust_remote_code_argument(add)
+    add_no_progress_argument(add)
+    add.set_defaults(func=run_add)
+
+    remove = commands.add_parser(
+        "remove", help="remove documents from an index",
+        description="Remove the documents with the given ids from the index at OUT; it is saved again atomically.",
+    )  # fmt: skip
+    remove.add_argument("index", metavar="OUT", type=Path, help="index directory")
+    remove.add_argument("ids", metavar="ID", nargs="+", help="ids of the documents to remove")
+    remove.set_defaults(func=run_remove)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="re-calibrate an approximate index",
+        description="Set nprobe / ef_search of the approximate index at OUT to the smallest value whose recall@10 "
+        "against exact search reaches --target-recall, on perturbed held-out documents or --queries; saved atomically.",
+    )  # fmt: skip
+    calibrate.add_argument("index", metavar="OUT", type=Path, help="index directory")
+    calibrate.add_argument("--target-recall", type=float, default=0.95, help="recall@10 to reach (default: 0.95)")
+    calibrate.add_argument("--queries", type=Path, default=None, metavar="FILE",
+                           help="text file of queries, one per line (default: perturbed held-out documents)")
+    calibrate.add_argument("--model", default=None, help="model to encode with (default: the index's)")
+    calibrate.add_argument("--device", default=None, help="device to encode on")
+    add_trust_remote_code_argument(calibrate)
+    calibrate.set_defaults(func=run_calibrate)
 
     info = commands.add_parser("info", help="describe an index", description="Print an index's metadata.")
     info.add_argument("index", metavar="OUT", type=Path, help="index directory")
@@ -146,8 +215,20 @@ def run_build(args: argparse.Namespace) -> int:
         "m": args.m,
         "ef_construction": args.ef_construction,
         "ef_search": args.ef_search,
+        "pq_m": args.pq_m,
+        "opq": args.opq,
+        "rerank": args.rerank,
     }
     params = {key: value for key, value in params.items() if value is not None}
+    if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
+        raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
+    target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
+    if args.calibration_queries is not None and target == "auto" and args.index_type != "flat":
+        target = 0.95
+    calibration_queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
+    encoding = {"encode_cache_dir": args.encode_cache, "processes": args.processes}
+    if args.chunk_size is not None:
+        encoding["chunk_size"] = args.chunk_size
     with _warnings_as_messages():
         model = load_sentence_model(args.model, args.trust_remote_code, device=args.device)
         index = SemanticIndex.from_file(
@@ -159,6 +240,9 @@ def run_build(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             show_progress_bar=not args.no_progress,
             model_name=_recorded_model_name(args.model),
+            target_recall=target,
+            calibration_queries=calibration_queries,
+            **encoding,
             **params,
         )
         index.save(args.out, overwrite=True)
@@ -167,7 +251,34 @@ def run_build(args: argparse.Namespace) -> int:
         f"Indexed {len(index)} documents from {args.corpus} with {args.model} ({index.dimension} dims, "
         f"{index.index_type}{' ' + details if details else ''}) -> {args.out}"
     )
+    if "calibration" in index.info:
+        print(_calibration_line(index.info["calibration"]))
     return 0
+
+
+def _read_queries(path: Path) -> list[str]:
+    """Non-blank lines of a query file."""
+    if not path.is_file():
+        raise DataNotFoundError(f"query file not found: {path}")
+    try:
+        queries = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"{path} is not a UTF-8 text file: {exc}") from exc
+    if not queries:
+        raise ConfigurationError(f"{path} holds no query")
+    return queries
+
+
+def _calibration_line(record: dict) -> str:
+    """One line describing a calibration record (meta.json's ``calibration``)."""
+    queries = record.get("queries") or {}
+    rerank = f", rerank={record['rerank']}" if "rerank" in record else ""
+    status = "reached" if record.get("reached") else "NOT reached"
+    return (
+        f"Calibrated: {record['parameter']}={record['value']}{rerank} -> recall@{record['k']} "
+        f"{record['measured_recall']:.4f} (target {record['target_recall']}, {status}) on {queries.get('count')} "
+        f"{str(queries.get('kind', '?')).replace('_', ' ')} queries, {record.get('num_docs')} documents"
+    )
 
 
 def run_search(args: argparse.Namespace) -> int:
@@ -175,9 +286,9 @@ def run_search(args: argparse.Namespace) -> int:
     from st_prompts.search import SemanticIndex
 
     with _warnings_as_messages():
-        index = SemanticIndex.load(args.index)
-        if args.nprobe is not None or args.ef_search is not None:
-            index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search)
+        index = SemanticIndex.load(args.index, mmap=args.mmap)
+        if args.nprobe is not None or args.ef_search is not None or args.rerank is not None:
+            index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search, rerank=args.rerank)
         if args.model is not None:
             index.set_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
         elif index.model_identity is not None:
@@ -209,11 +320,80 @@ def run_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_model_for(index, args: argparse.Namespace) -> None:
+    if args.model is not None:
+        index.set_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    elif index.model_identity is not None:
+        index.use_recorded_model(device=args.device, trust_remote_code=args.trust_remote_code)
+
+
+def run_add(args: argparse.Namespace) -> int:
+    """Run ``st-prompts index add``."""
+    from st_prompts.search import SemanticIndex
+    from st_prompts.search.corpus import read_corpus_file
+
+    if not args.file.exists():
+        raise DataNotFoundError(f"file not found: {args.file}")
+    with _warnings_as_messages():
+        index = SemanticIndex.load(args.index)
+        corpus = read_corpus_file(args.file, text_column=args.column, id_column=args.id_column)
+        _load_model_for(index, args)
+        ids = corpus.ids if args.id_column is not None else None
+        added = index.add(corpus.texts, ids, batch_size=args.batch_size, show_progress_bar=not args.no_progress)
+        index.save(args.index, overwrite=True)
+    span = f"ids {added[0]}..{added[-1]}" if added and all(isinstance(i, int) for i in added) else "their ids"
+    print(f"Added {len(added)} documents from {args.file} to {args.index} ({span}); it now holds {len(index)}")
+    if "calibration" in index.info:
+        print("The calibration was measured before this update; re-run 'st-prompts index calibrate' to refresh it")
+    return 0
+
+
+def _parse_ids(index, values: list[str]) -> list:
+    """Command-line ids as the index stores them: the string if the index has it, else the integer."""
+    known = set(index.ids)
+    out = []
+    for value in values:
+        if value in known:
+            out.append(value)
+        elif value.lstrip("-").isdigit() and int(value) in known:
+            out.append(int(value))
+        else:
+            out.append(value)  # reported as unknown by remove()
+    return out
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    """Run ``st-prompts index remove``."""
+    from st_prompts.search import SemanticIndex
+
+    with _warnings_as_messages():
+        index = SemanticIndex.load(args.index)
+        removed = index.remove(_parse_ids(index, args.ids))
+        index.save(args.index, overwrite=True)
+    print(f"Removed {removed} documents from {args.index}; it now holds {len(index)}")
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Run ``st-prompts index calibrate``."""
+    from st_prompts.search import SemanticIndex
+
+    queries = _read_queries(args.queries) if args.queries is not None else None
+    with _warnings_as_messages():
+        index = SemanticIndex.load(args.index)
+        if index.model_identity is not None:
+            _load_model_for(index, args)
+        index.calibrate(args.target_recall, queries)
+        index.save(args.index, overwrite=True)
+    print(_calibration_line(index.info["calibration"]))
+    return 0
+
+
 def run_info(args: argparse.Namespace) -> int:
     """Run ``st-prompts index info``."""
     from st_prompts.search import SemanticIndex
 
-    index = SemanticIndex.load(args.index)  # validates the directory
+    index = SemanticIndex.load(args.index, mmap=True)  # validates the directory without reading it all into RAM
     meta = json.loads((args.index / "meta.json").read_text(encoding="utf-8"))
     if args.json:
         print(json.dumps(meta, ensure_ascii=False, indent=2))
@@ -227,4 +407,25 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"Model:      {model.name} ({model.fingerprint[:19]}…)")
     else:
         print("Model:      none (built from bare embeddings)")
+    sizes = meta.get("bytes_per_vector") or {}
+    if sizes:
+        line = f"{sizes.get('faiss_codes_and_ids')} B/vector of FAISS codes + ids in RAM"
+        if "rerank_vectors_on_disk" in sizes:
+            line += f"; {sizes['rerank_vectors_on_disk']} B/vector of re-ranking vectors on disk (memory-mapped)"
+        print(f"Memory:     {line}")
+    record = meta.get("calibration")
+    if record:
+        print(_calibration_line(record).replace("Calibrated: ", "Calibration: ", 1))
+        current = index.index_params.get(record["parameter"])
+        if current != record["value"] or ("rerank" in record and index.index_params.get("rerank") != record["rerank"]):
+            print(f"            (the index now uses {record['parameter']}={current}: set by hand after calibrating)")
+        if record.get("num_docs") != len(index):
+            print(f"            (measured on {record.get('num_docs')} documents; the index now holds {len(index)}: "
+                  "re-run 'st-prompts index calibrate')")  # fmt: skip
+    elif index.index_type != "flat":
+        print("Calibration: none (search parameters set by hand or defaults)")
+    drift = meta.get("drift")
+    if drift:
+        print(f"Drift:      last added documents: mean squared distance to the IVF centroids "
+              f"{drift['ratio_to_training']}x that of the training documents")  # fmt: skip
     return 0

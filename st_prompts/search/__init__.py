@@ -14,15 +14,32 @@ in a FAISS index and answers queries with ranked :class:`SearchHit` s::
         print(hit.score, hit.id, hit.text)
 
 :meth:`SemanticIndex.build` indexes a list of strings or a ``datasets.Dataset`` column instead of a file, and
-:meth:`SemanticIndex.from_embeddings` precomputed embeddings.
+:meth:`SemanticIndex.from_embeddings` precomputed embeddings. Large corpora::
+
+    index = SemanticIndex.from_file(model, "big.txt", index_type="ivfpq",      # <= 64 B/vector in RAM, re-ranked
+                                    encode_cache_dir="big.cache", processes=2) # resumable, multi-process encoding
+    index.save("big.index")
+    index = SemanticIndex.load("big.index", mmap=True)                         # serves an index larger than RAM
+    index.add(["a new document"]); index.remove([17]); index.calibrate(0.97)  # (on an index loaded without mmap)
 
 Conventions (all documented here once, and relied upon by the CLI and the tests):
 
 * **Scores are cosine similarities.** Corpus and query embeddings are always L2-normalised before they reach FAISS
   (whether or not the model ends with a ``Normalize`` module), and every index uses the inner-product metric. A model
   that differs from the index's model only by a final ``Normalize`` module is therefore compatible with it.
-* **Index types.** ``"flat"`` (default, exact), ``"ivf"`` and ``"hnsw"`` (approximate, for large corpora); their
-  parameters and defaults are described in :mod:`st_prompts.search.faiss_index`.
+* **Index types.** ``"flat"`` (default, exact), ``"ivf"`` and ``"hnsw"`` (approximate, for large corpora),
+  ``"ivfpq"`` (approximate and compressed: 48-byte product-quantization codes in RAM, the best 200 candidates
+  re-scored exactly with float16 vectors memory-mapped from disk); their parameters and defaults are described in
+  :mod:`st_prompts.search.faiss_index`.
+* **Recall calibration.** An approximate index is built with a *target recall*: by default its ``nprobe`` /
+  ``ef_search`` is set to the smallest value whose recall@10 against exact search reaches 0.95 (one-sided 95 % lower
+  confidence bound) on 500 perturbed held-out documents *and* on 500 two-document blends, a sample that needs no
+  query from the user; ``calibration_queries=`` gives one's own queries instead (recommended when queries come from
+  another distribution than the documents), ``target_recall=None`` or an explicit ``nprobe`` / ``ef_search`` turns
+  it off. The calibration (target, measured recall, sample, chosen value) is saved in ``meta.json``.
+* **Updates.** :meth:`SemanticIndex.add` / :meth:`SemanticIndex.remove` change an index in place (no retraining;
+  ids and texts stay aligned with the FAISS rows; :meth:`SemanticIndex.save` writes it atomically). Documents added to
+  an IVF index that lie far from its trained centroids trigger a warning.
 * **Document ids.** 1-based line numbers for a text file (blank lines are skipped but keep their numbers, so
   ``sed -n 'IDp' corpus.txt`` prints the document); 0-based positions for a list or a dataset without ``id_column``;
   otherwise the given ids, which must be unique ``str`` or ``int`` values (duplicates are a
@@ -47,11 +64,15 @@ types, parameters, build), :mod:`~st_prompts.search.store` (atomic save/load), :
 (:class:`SemanticIndex`).
 """
 
+from st_prompts.search.encoding import ChunkedEncoding, encode_in_chunks
 from st_prompts.search.faiss_index import (
     DEFAULT_EF_CONSTRUCTION,
     DEFAULT_EF_SEARCH,
     DEFAULT_HNSW_M,
     DEFAULT_NPROBE,
+    DEFAULT_PQ_M,
+    DEFAULT_RERANK,
+    DEFAULT_TARGET_RECALL,
     INDEX_TYPES,
 )
 from st_prompts.search.identity import FINGERPRINT_MIN_COSINE, PROBE_SENTENCES, ModelIdentity
@@ -62,10 +83,15 @@ __all__ = [
     "DEFAULT_EF_SEARCH",
     "DEFAULT_HNSW_M",
     "DEFAULT_NPROBE",
+    "DEFAULT_PQ_M",
+    "DEFAULT_RERANK",
+    "DEFAULT_TARGET_RECALL",
     "FINGERPRINT_MIN_COSINE",
     "INDEX_TYPES",
     "PROBE_SENTENCES",
+    "ChunkedEncoding",
     "ModelIdentity",
     "SearchHit",
     "SemanticIndex",
+    "encode_in_chunks",
 ]

@@ -1,4 +1,5 @@
-"""The FAISS side of an index: index types, their parameters and defaults, the factory string, building.
+"""The FAISS side of an index: index types, their parameters and defaults, the factory string, building, recall
+calibration, updates (add / remove) and drift checks.
 
 Every index uses the inner-product metric on L2-normalised vectors, so scores are cosine similarities.
 
@@ -9,13 +10,28 @@ Every index uses the inner-product metric on L2-normalised vectors, so scores ar
   :class:`~st_prompts.errors.ConfigurationError`; the default adapts to small corpora (down to a single list, i.e.
   an exact search);
 * ``"hnsw"`` (``HNSW{M},Flat`` graph; ``M`` = :data:`DEFAULT_HNSW_M`, ``ef_construction`` =
-  :data:`DEFAULT_EF_CONSTRUCTION`, ``ef_search`` = :data:`DEFAULT_EF_SEARCH`).
+  :data:`DEFAULT_EF_CONSTRUCTION`, ``ef_search`` = :data:`DEFAULT_EF_SEARCH`);
+* ``"ivfpq"`` (``[OPQ{pq_m},]IVF{nlist},PQ{pq_m}``: inverted lists of product-quantised codes, ``pq_m`` bytes per
+  vector (default :data:`DEFAULT_PQ_M`), optionally with an OPQ rotation, for corpora too large to keep float
+  vectors in RAM; ``nlist`` defaults to ``2·sqrt(n)`` (capped like IVF's), trained on a seeded sample of 64
+  documents per list). Its scores are approximate, so by default the best ``rerank`` candidates (default
+  :data:`DEFAULT_RERANK`) are re-scored exactly against the original vectors, kept beside the index as a float16
+  ``vectors.npy`` that is memory-mapped and read only for those candidates. In RAM: ``pq_m`` bytes of code + 8 bytes
+  of id per vector (56 with the default ``pq_m=48``), the centroids and the OPQ matrix.
+
+**Calibration** (:func:`calibrate`). Instead of a fixed ``nprobe`` / ``ef_search``, an approximate index can be given
+a *target recall@k*: the search parameter is set to the smallest value whose recall@k against exact search, on a
+sample of queries, reaches the target — more precisely, whose one-sided 95 % lower confidence bound of the mean
+recall reaches it in every group (kind) of queries of the sample. Recall is counted tie-aware: a returned document
+counts as a hit when its exact cosine is at least the exact k-th best cosine (minus 1e-6), so duplicate documents are
+interchangeable.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,17 +44,41 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 #: Index types accepted by :meth:`SemanticIndex.build <st_prompts.search.SemanticIndex.build>` and friends.
-INDEX_TYPES = ("flat", "ivf", "hnsw")
-#: Default number of inverted lists visited per query by an IVF index (tuned with ``benchmarks/search.py``).
+INDEX_TYPES = ("flat", "ivf", "hnsw", "ivfpq")
+#: Approximate index types (those with a search-time parameter that calibration sets).
+APPROXIMATE_TYPES = ("ivf", "hnsw", "ivfpq")
+#: Default number of inverted lists visited per query by an IVF index when no target recall is given.
 DEFAULT_NPROBE = 64
 #: Default number of neighbours per node of an HNSW graph.
 DEFAULT_HNSW_M = 32
 #: Default size of the candidate list while building an HNSW graph.
 DEFAULT_EF_CONSTRUCTION = 80
-#: Default size of the candidate list while searching an HNSW graph (tuned with ``benchmarks/search.py``).
+#: Default size of the candidate list while searching an HNSW graph when no target recall is given.
 DEFAULT_EF_SEARCH = 128
+#: Default bytes per vector of an IVF-PQ code (384 dims / 48 = 8 dims per sub-quantizer, 8 bits each).
+DEFAULT_PQ_M = 48
+#: Default number of IVF-PQ candidates re-scored exactly with the stored vectors (0 = no re-ranking). Measured on
+#: real text (``benchmarks/results/search_real.md``): with 100, PQ's ranking errors alone cost ~0.01 of recall@10 on
+#: queries from another distribution than the corpus; 200 keeps the calibrated index above 0.95.
+DEFAULT_RERANK = 200
+#: Default recall@10 an approximate index is calibrated to at build time.
+DEFAULT_TARGET_RECALL = 0.95
+#: Default number of calibration queries.
+DEFAULT_CALIBRATION_QUERIES = 500
+#: ``k`` of the calibrated recall@k.
+CALIBRATION_K = 10
+#: Warn when documents added to an IVF index are, on average, this many times farther (squared distance to their
+#: nearest centroid) from the centroids than the documents the lists were trained on.
+DRIFT_WARN_RATIO = 1.5
 #: Parameters each index type accepts.
-_PARAMETERS = {"flat": set(), "ivf": {"nlist", "nprobe"}, "hnsw": {"m", "ef_construction", "ef_search"}}
+_PARAMETERS = {
+    "flat": set(),
+    "ivf": {"nlist", "nprobe"},
+    "hnsw": {"m", "ef_construction", "ef_search"},
+    "ivfpq": {"nlist", "nprobe", "pq_m", "opq", "rerank"},
+}
+#: The search-time parameter calibration sets, per approximate type.
+SEARCH_PARAMETER = {"ivf": "nprobe", "hnsw": "ef_search", "ivfpq": "nprobe"}
 
 
 def check_positive_int(value: Any, name: str) -> int:
@@ -48,9 +88,28 @@ def check_positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def resolve_index_params(index_type: str, n: int, params: dict[str, Any]) -> dict[str, Any]:
+def check_target_recall(value: Any) -> float:
+    """``value`` as a ``float`` in (0, 1], else :class:`ConfigurationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 < float(value) <= 1:
+        raise ConfigurationError(f"target_recall must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def default_nlist(n: int) -> int:
+    """``4·sqrt(n)`` lists, at most ``n // 39`` (FAISS wants 39 training points per centroid), at least 1."""
+    return max(1, min(int(round(4 * math.sqrt(n))), n // 39))
+
+
+def default_nlist_pq(n: int) -> int:
+    """IVF-PQ: ``2·sqrt(n)`` lists (at most ``n // 39``). Half of IVF's: a PQ list entry is a 48-byte code, not a
+    1,536-byte vector, so longer lists cost little to scan, and fewer centroids keep k-means affordable at 1M
+    documents (2,000 lists, trained on 64 points each)."""
+    return max(1, min(int(round(2 * math.sqrt(n))), n // 39))
+
+
+def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimension: int | None = None) -> dict[str, Any]:
     """Fill in the defaults of ``index_type`` for a corpus of ``n`` documents and validate the given values
-    (``None`` values count as not given)."""
+    (``None`` values count as not given). ``dimension`` (when known) is checked against ``pq_m``."""
     if index_type not in INDEX_TYPES:
         raise ConfigurationError(f"unknown index_type {index_type!r}; choose one of {', '.join(INDEX_TYPES)}")
     allowed = _PARAMETERS[index_type]
@@ -62,8 +121,15 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any]) -> dic
             + (f" (accepted: {', '.join(sorted(allowed))})" if allowed else "")
         )
     for key, value in params.items():
-        check_positive_int(value, key)
-    if index_type == "ivf":
+        if key == "opq":
+            if not isinstance(value, (bool, np.bool_)):
+                raise ConfigurationError(f"opq must be True or False, got {value!r}")
+        elif key == "rerank":
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigurationError(f"rerank must be a non-negative integer (0 = off), got {value!r}")
+        else:
+            check_positive_int(value, key)
+    if index_type in ("ivf", "ivfpq"):
         if "nlist" in params:
             nlist = int(params["nlist"])
             if nlist > n:
@@ -72,9 +138,28 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any]) -> dic
                     f"{39 * nlist}); the corpus has {n}. Use a smaller nlist, or index_type='flat'"
                 )
         else:
-            nlist = max(1, min(int(round(4 * math.sqrt(n))), n // 39))
+            nlist = default_nlist(n) if index_type == "ivf" else default_nlist_pq(n)
         nprobe = min(int(params.get("nprobe", DEFAULT_NPROBE)), nlist)
-        return {"nlist": nlist, "nprobe": nprobe}
+        if index_type == "ivf":
+            return {"nlist": nlist, "nprobe": nprobe}
+        pq_m = int(params.get("pq_m", DEFAULT_PQ_M))
+        if dimension is not None and dimension % pq_m:
+            raise ConfigurationError(
+                f"pq_m={pq_m} must divide the embedding dimension {dimension} (e.g. "
+                f"{', '.join(str(m) for m in (8, 16, 24, 32, 48, 64, 96) if dimension % m == 0)})"
+            )
+        if n < 256:
+            raise ConfigurationError(
+                f"an IVF-PQ index needs at least 256 documents to train its 256-centroid sub-quantizers (ideally "
+                f"thousands); the corpus has {n}. Use index_type='flat' or 'hnsw'"
+            )
+        return {
+            "nlist": nlist,
+            "nprobe": nprobe,
+            "pq_m": pq_m,
+            "opq": bool(params.get("opq", False)),
+            "rerank": int(params.get("rerank", DEFAULT_RERANK)),
+        }
     if index_type == "hnsw":
         return {
             "m": int(params.get("m", DEFAULT_HNSW_M)),
@@ -85,45 +170,224 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any]) -> dic
 
 
 def factory_string(index_type: str, params: dict[str, Any]) -> str:
-    """The ``faiss.index_factory`` description of an index (``"Flat"``, ``"IVF400,Flat"``, ``"HNSW32,Flat"``)."""
+    """The ``faiss.index_factory`` description of an index (``"Flat"``, ``"IVF400,Flat"``, ``"HNSW32,Flat"``,
+    ``"OPQ48,IVF1024,PQ48np"``)."""
     if index_type == "ivf":
         return f"IVF{params['nlist']},Flat"
     if index_type == "hnsw":
         return f"HNSW{params['m']},Flat"
+    if index_type == "ivfpq":
+        opq = f"OPQ{params['pq_m']}," if params.get("opq") else ""
+        # "np": no polysemous training (a code-permutation annealing FAISS otherwise runs; slow, and unused here)
+        return f"{opq}IVF{params['nlist']},PQ{params['pq_m']}np"
     return "Flat"
 
 
 def apply_search_params(index: faiss.Index, index_type: str, params: dict[str, Any]) -> None:
-    """Set the search-time parameters (``nprobe`` of IVF, ``ef_search`` of HNSW) on a FAISS index."""
+    """Set the search-time parameters (``nprobe`` of IVF / IVF-PQ, ``ef_search`` of HNSW) on a FAISS index."""
     import faiss
 
-    if index_type == "ivf":
+    if index_type in ("ivf", "ivfpq"):
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
     elif index_type == "hnsw":
         faiss.downcast_index(index).hnsw.efSearch = int(params["ef_search"])
 
 
+def code_bytes_per_vector(index: faiss.Index, index_type: str) -> int:
+    """Bytes per vector the FAISS index keeps for its codes and ids (graph links not included)."""
+    import faiss
+
+    if index_type in ("ivf", "ivfpq"):
+        return int(faiss.extract_index_ivf(index).code_size) + 8  # + the int64 id stored in the inverted list
+    return int(index.d) * 4
+
+
 def build_faiss_index(
     embeddings: np.ndarray, index_type: str, params: dict[str, Any], *, progress: bool
 ) -> faiss.Index:
-    """Create, train (IVF, seeded) and fill an inner-product FAISS index with ``embeddings`` (already normalised)."""
+    """Create, train (IVF / IVF-PQ, seeded) and fill an inner-product FAISS index with ``embeddings`` (already
+    normalised)."""
     import faiss
 
     n, dim = embeddings.shape
     index = faiss.index_factory(dim, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
-    if index_type == "ivf":
-        logger.info("training IVF index (%d lists) on %d vectors", params["nlist"], n)
-        faiss.extract_index_ivf(index).cp.seed = 1234
-        index.train(embeddings)
+    if index_type in ("ivf", "ivfpq"):
+        ivf = faiss.extract_index_ivf(index)
+        ivf.cp.seed = 1234
+        training = embeddings
+        if index_type == "ivfpq":
+            # Train the coarse k-means, PQ (and OPQ) on a seeded sample of 64 points per list (at least 20k): what
+            # FAISS would sample (256 per list) makes a 1M-document build spend most of its time in k-means.
+            limit = max(20_000, 64 * int(params["nlist"]))
+            if n > limit:
+                rows = np.sort(np.random.default_rng(1234).choice(n, size=limit, replace=False))
+                training = embeddings[rows]
+            # FAISS asks for 39 points per PQ centroid (~10k) and prints a warning below that; a small corpus
+            # (>= 256 documents, checked in resolve_index_params) trains fine with fewer.
+            faiss.downcast_index(ivf).pq.cp.min_points_per_centroid = max(1, min(39, len(training) // 256))
+            outer = faiss.downcast_index(index)
+            if isinstance(outer, faiss.IndexPreTransform):  # OPQ: 10 alternations instead of FAISS's 50 (slow on CPU)
+                faiss.downcast_VectorTransform(outer.chain.at(0)).niter = 10
+        logger.info("training %s index (%d lists) on %d vectors", index_type, params["nlist"], len(training))
+        index.train(np.ascontiguousarray(training, dtype=np.float32))
     elif index_type == "hnsw":
         faiss.downcast_index(index).hnsw.efConstruction = int(params["ef_construction"])
     apply_search_params(index, index_type, params)
+    add_vectors(index, embeddings, index_type, progress=progress)
+    return index
+
+
+def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, progress: bool) -> None:
+    """Add ``embeddings`` (normalised) to a trained index, in chunks with a progress bar when there are many."""
+    n = len(embeddings)
     chunk = n if index_type == "flat" else 10_000
-    starts = range(0, n, chunk)
+    starts = range(0, n, max(1, chunk))
     if progress and len(starts) > 1:
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc=f"Adding to {index_type} index", unit="chunk")
     for start in starts:
-        index.add(embeddings[start : start + chunk])
+        index.add(np.ascontiguousarray(embeddings[start : start + chunk], dtype=np.float32))
+
+
+def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vectors: Callable[[], np.ndarray],
+                params: dict[str, Any]) -> faiss.Index:  # fmt: skip
+    """Remove the given row positions from ``index`` so that the remaining rows keep their order and are numbered
+    ``0 .. n-1`` again (row ``i`` of the index stays document ``i`` of the caller's lists); return the index (a new
+    one for HNSW, which FAISS cannot delete from: its graph is rebuilt from ``exact_vectors()`` without the rows)."""
+    import faiss
+
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    if index_type == "flat":
+        index.remove_ids(faiss.IDSelectorBatch(rows))  # IndexFlat compacts, keeping the order
+        return index
+    if index_type == "hnsw":
+        keep = np.ones(index.ntotal, dtype=bool)
+        keep[rows] = False
+        vectors = exact_vectors()[keep]
+        rebuilt = build_faiss_index(np.ascontiguousarray(vectors, dtype=np.float32), "hnsw", params, progress=False)
+        return rebuilt
+    ivf = faiss.extract_index_ivf(index)
+    removed = ivf.remove_ids(faiss.IDSelectorBatch(rows))
+    if removed != len(rows):  # pragma: no cover - would mean the lists and the caller's rows disagree
+        raise RuntimeError(f"removed {removed} vectors from the IVF lists, expected {len(rows)}")
+    invlists = ivf.invlists
+    for list_no in range(ivf.nlist):
+        size = invlists.list_size(list_no)
+        if size:
+            ids = faiss.rev_swig_ptr(invlists.get_ids(list_no), size)  # a writable view of the list's ids
+            ids -= np.searchsorted(rows, ids)  # renumber: minus the number of removed rows before each id
+    if isinstance(index, faiss.IndexPreTransform) or faiss.downcast_index(index) is not ivf:
+        index.ntotal = ivf.ntotal
     return index
+
+
+def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """Squared distance of each (normalised) vector to its nearest IVF centroid, in the space the lists live in
+    (after the OPQ rotation, if any)."""
+    import faiss
+
+    ivf = faiss.extract_index_ivf(index)
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    outer = faiss.downcast_index(index)
+    if isinstance(outer, faiss.IndexPreTransform):
+        for position in range(outer.chain.size()):
+            x = faiss.downcast_VectorTransform(outer.chain.at(position)).apply(x)
+    centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist)
+    norms = np.sum(centroids * centroids, axis=1)
+    similarities, assigned = ivf.quantizer.search(x, 1)
+    sq = np.sum(x * x, axis=1) + norms[assigned[:, 0]] - 2 * similarities[:, 0]
+    return np.maximum(sq, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------- calibration
+def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit."""
+    import faiss
+
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    for start in range(0, len(vectors), 100_000):
+        flat.add(np.ascontiguousarray(vectors[start : start + 100_000], dtype=np.float32))
+    scores, _ = flat.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    return scores[:, k - 1]
+
+
+def tie_aware_recall(positions: np.ndarray, queries: np.ndarray, vectors: np.ndarray, kth: np.ndarray) -> np.ndarray:
+    """Per-query recall@k of approximate results ``positions`` (n_queries × k, -1 = empty): the fraction of the k
+    slots holding a document whose exact cosine is at least the exact k-th best one (``kth``) minus 1e-6."""
+    k = positions.shape[1]
+    valid = positions >= 0
+    gathered = np.asarray(vectors[np.where(valid, positions, 0).ravel()], dtype=np.float32)
+    gathered = gathered.reshape(positions.shape[0], k, -1)
+    exact = np.einsum("qkd,qd->qk", gathered, queries.astype(np.float32))
+    hits = valid & (exact >= kth[:, None] - 1e-6)
+    return hits.sum(axis=1) / k
+
+
+#: z of the one-sided 95 % confidence bound calibration applies to each query group's mean recall.
+CONFIDENCE_Z = 1.645
+
+
+def recall_lower_bound(per_query: np.ndarray) -> float:
+    """One-sided 95 % lower confidence bound of the mean of per-query recalls (normal approximation)."""
+    if len(per_query) < 2:
+        return float(np.mean(per_query))
+    return float(np.mean(per_query) - CONFIDENCE_Z * np.std(per_query, ddof=1) / np.sqrt(len(per_query)))
+
+
+def calibrate(
+    search: Callable[[np.ndarray, int, int], np.ndarray],
+    queries: np.ndarray,
+    vectors: np.ndarray,
+    *,
+    target: float,
+    low: int,
+    high: int,
+    k: int = CALIBRATION_K,
+    groups: np.ndarray | None = None,
+) -> tuple[int, dict[str, Any], list[tuple[int, float]]]:
+    """The smallest search parameter value in ``[low, high]`` that meets ``target`` on every query group.
+
+    ``search(queries, k, value)`` returns the approximate result positions with the parameter set to ``value``.
+    A value meets the target when, for each group of queries (``groups``: one label per query; default one group),
+    the one-sided 95 % lower confidence bound of the group's mean recall@k is at least ``target``: a margin for the
+    sampling error of the sample, and no group (kind of query) may fall short because another is easy. Recall is
+    assumed to grow with the parameter (it does for ``nprobe`` and ``ef_search``): the value is found by doubling
+    from ``low``, then bisection. Returns ``(value, stats at value, [(value, mean recall), ...] tried)``; the stats
+    hold the mean recall, the criterion (smallest group lower bound) and each group's mean recall. When even ``high``
+    misses the target, ``high`` is returned (the caller reports it).
+    """
+    k = min(k, len(vectors))
+    kth = exact_top_k(vectors, queries, k)
+    labels = np.zeros(len(queries), dtype=int) if groups is None else np.asarray(groups)
+    names = list(dict.fromkeys(labels.tolist()))
+    tried: dict[int, dict[str, Any]] = {}
+
+    def stats(value: int) -> dict[str, Any]:
+        if value not in tried:
+            per_query = tie_aware_recall(search(queries, k, value), queries, vectors, kth)
+            by_group = {name: per_query[labels == name] for name in names}
+            tried[value] = {
+                "recall": float(np.mean(per_query)),
+                "criterion": min(recall_lower_bound(values) for values in by_group.values()),
+                "groups": {str(name): round(float(np.mean(values)), 4) for name, values in by_group.items()},
+            }
+            logger.debug("calibration: %d -> %s", value, tried[value])
+        return tried[value]
+
+    def meets(value: int) -> bool:
+        return stats(value)["criterion"] >= target
+
+    value, failed = low, None
+    while not meets(value) and value < high:
+        failed, value = value, min(high, value * 2)
+    if meets(value) and failed is not None:
+        lo, hi = failed, value  # lo misses the target, hi meets it
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if meets(mid):
+                hi = mid
+            else:
+                lo = mid
+        value = hi
+    return value, tried[value], sorted((v, s["recall"]) for v, s in tried.items())
