@@ -33,8 +33,9 @@ Conventions (all documented here once, and relied upon by the CLI and the tests)
   :mod:`st_prompts.search.faiss_index`.
 * **Recall calibration.** An approximate index is built with a *target recall*: by default its ``nprobe`` /
   ``ef_search`` is set to the smallest value whose recall@10 against exact search reaches 0.95 (one-sided 95 % lower
-  confidence bound) on 500 perturbed held-out documents *and* on 500 two-document blends, a sample that needs no
-  query from the user; ``calibration_queries=`` gives one's own queries instead (recommended when queries come from
+  confidence bound) on 500 perturbed held-out documents, on 500 two-document blends *and* on 500 real sentences of
+  another genre (SNLI captions shipped with the package), never below ``nprobe=64`` / ``ef_search=128``, a sample
+  that needs no query from the user; ``calibration_queries=`` gives one's own queries instead (recommended when queries come from
   another distribution than the documents), ``target_recall=None`` or an explicit ``nprobe`` / ``ef_search`` turns
   it off. The calibration (target, measured recall, sample, chosen value) is saved in ``meta.json``.
 * **Updates.** :meth:`SemanticIndex.add` / :meth:`SemanticIndex.remove` change an index in place (no retraining;

@@ -17,6 +17,8 @@ from st_prompts.search.faiss_index import (
     APPROXIMATE_TYPES,
     CALIBRATION_K,
     DEFAULT_CALIBRATION_QUERIES,
+    DEFAULT_EF_SEARCH,
+    DEFAULT_NPROBE,
     DEFAULT_TARGET_RECALL,
     DRIFT_WARN_RATIO,
     SEARCH_PARAMETER,
@@ -465,8 +467,11 @@ class SemanticIndex:
                 embeddings. Default (``None``): ``sample_size`` documents drawn with ``seed`` and *perturbed* so that
                 they are not copies of indexed documents: each text keeps a random contiguous 60-80 % of its words
                 and loses about 10 % of those at random, then is encoded as a query; an index without a model
-                perturbs the document vectors instead (Gaussian noise, cosine ~0.8 to the original).
-            sample_size: number of default queries (at most the corpus size).
+                perturbs the document vectors instead (Gaussian noise, cosine ~0.8 to the original). The default sample
+                also holds ``sample_size`` blends of two documents and (with a model) ``sample_size`` real sentences
+                of another genre (SNLI captions shipped with the package); every group must reach the target, and the
+                parameter never goes below the former fixed defaults (``nprobe`` 64 or all lists, ``ef_search`` 128).
+            sample_size: number of default queries per group (at most the corpus size).
             seed: seed of the default sample.
 
         Returns:
@@ -500,10 +505,15 @@ class SemanticIndex:
                 finally:
                     self.index_params = saved
 
+            # Never below the former fixed defaults (nprobe 64, ef_search 128): the default sample only models real
+            # queries, and on real queries from another genre than the corpus those defaults held up better than
+            # values calibrated below them (benchmarks/results/search_real.md).
             if parameter == "nprobe":
-                low, high = 1, int(self.index_params["nlist"])
+                high = int(self.index_params["nlist"])
+                low = min(high, DEFAULT_NPROBE) if queries is None else 1
             else:
-                low, high = k, max(4096, len(self))
+                high = max(4096, len(self))
+                low = max(k, DEFAULT_EF_SEARCH) if queries is None else k
             return calibrate(search, query_vectors, vectors, target=target, low=low, high=high, k=k, groups=groups)
 
         current = dict(self.index_params)
@@ -565,9 +575,16 @@ class SemanticIndex:
             vectors = self._exact_vectors()
             blends = l2_normalize(np.asarray(vectors[pairs[:, 0]], dtype=np.float32)
                                   + np.asarray(vectors[pairs[:, 1]], dtype=np.float32))  # fmt: skip
-            groups = np.array([first_kind] * sample_size + ["document_blends"] * sample_size)
-            sample = {"kind": f"{first_kind}+document_blends", "count": 2 * int(sample_size), "seed": seed}
-            return np.concatenate([perturbed, blends]), groups, sample
+            parts, kinds = [perturbed, blends], [first_kind, "document_blends"]
+            if first_kind == "perturbed_documents":
+                # Real sentences of another genre than most corpora (image captions of SNLI, shipped with st_prompts):
+                # users query with their own words, and such queries fall between the documents' clusters.
+                foreign = foreign_sentences(sample_size, rng)
+                parts.append(self._encode_queries(foreign, batch_size=batch_size, progress=progress))
+                kinds.append("foreign_sentences")
+            groups = np.concatenate([np.array([kind] * len(part)) for kind, part in zip(kinds, parts)])
+            sample = {"kind": "+".join(kinds), "count": int(len(groups)), "seed": seed}
+            return np.concatenate(parts), groups, sample
         if isinstance(queries, (list, tuple)) and queries and all(isinstance(q, str) for q in queries):
             vectors = self._encode_queries(list(queries), batch_size=batch_size, progress=progress)
             return vectors, None, {"kind": "given_texts", "count": len(queries)}
@@ -725,6 +742,20 @@ class SemanticIndex:
             f"SemanticIndex(type={self.index_type!r}, params={self.index_params}, docs={len(self)}, "
             f"dim={self.dimension}, model={model!r})"
         )
+
+
+def foreign_sentences(count: int, rng: np.random.Generator) -> list[str]:
+    """``count`` distinct real sentences shipped with st_prompts (the SNLI hypotheses of the bundled demo data:
+    short image captions), drawn with ``rng``: the default calibration's model of queries from another genre."""
+    import csv
+    from importlib import resources
+
+    path = resources.files("st_prompts") / "resources" / "demo" / "nli_triplets.csv"
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    sentences = sorted({text.strip() for row in rows for text in row[1:3] if text.strip()})
+    picks = rng.choice(len(sentences), size=min(count, len(sentences)), replace=False)
+    return [sentences[i] for i in sorted(picks)]
 
 
 def perturb_text(text: str, rng: np.random.Generator) -> str:
