@@ -663,7 +663,9 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         f"{environment}. Packaged all-MiniLM-L6-v2, [CLS] pooling (mean pooling only where stated), batch "
         f"{BATCH_SIZE}, max length 32, τ = 0.05; one epoch of the setting's training set in optimizer steps for "
         "every row (unsupervised: 187 steps over 11,914 Wikipedia sentences; supervised: 92 steps over 5,864 SNLI "
-        "triplets); best STS-B dev checkpoint (evaluated every 50 steps). Mean ± std over seeds 42, 43, 44. "
+        "triplets); best STS-B dev checkpoint (evaluated every 50 steps). Mean ± std over the runs counted in the "
+        f"`seeds` column (seeds {', '.join(map(str, SEEDS))} planned per main row; a row with one seed shows a single "
+        "run, and differences of a few tenths between single runs are within seed noise). "
         "Spearman and recall × 100. SICK-R trial is a second set model selection never sees. Recall@k: the 55 "
         "STS-B dev score-5 pairs as queries over its 2,909 distinct sentences. Alignment/uniformity on STS-B dev "
         "(lower is better for both). Train wall s: mean wall seconds of training per run, on a shared machine "
@@ -676,13 +678,21 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         if names:
             title = {"none": "No training"}.get(setting, setting.capitalize())
             lines += [f"**{title}**", "", *quality_table(summary, names), ""]
+    missing = [n for n in main if n not in summary]
+    if missing:
+        lines += ["Not run yet (the full run takes hours on two cores and is run in parts; rerunning the command "
+                  "resumes it): " + ", ".join(f"`{n}`" for n in missing) + ".", ""]
+    lr_rows = [n for n in summary if n.startswith(("lora-unsup-lr", "lora-sup-lr"))]
+    lr_note = ("LoRA's learning rate was selected on STS-B dev with seed 42 (the `lora-*-lr*` rows below); PEFT "
+               "prefix tuning uses DCPCSE's learning rate." if lr_rows else
+               "LoRA's learning rate (1e-3) is not selected yet: the `lora-*-lr*` selection rows have not run; PEFT "
+               "prefix tuning uses DCPCSE's learning rate.")
     lines += [
         "Notes: SKICSE rows train on the rows that have SmolLM2 SKI (2,028 Wikipedia sentences / 2,000 NLI "
         "premises) for the same number of steps; their λ = 0 ablations below are SimCSE / DCPCSE on that data. "
         "DiffAug's stage 1 (200 steps of 64 NLI pairs, prefix only) comes on top of the budget, and its semi-"
         "supervised setting uses those NLI labels. DiffAug trains its backbone in stage 2, so it is counted as "
-        "100% trainable; LoRA and PEFT prefix tuning learning rates were selected on STS-B dev with seed 42 "
-        "(the `*-lr*` rows).",
+        "100% trainable. " + lr_note,
         "",
     ]
     ablations = [r.name for r in rows if r.ablation and r.name in summary]
