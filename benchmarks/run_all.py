@@ -795,7 +795,8 @@ def report(rows: list[Row], args) -> dict[str, Any]:
     if records:
         threads = sorted({r.get("torch_threads") for r in records})
         loads = [max(r["load_average_start"][0], r["load_average_end"][0]) for r in records]
-        environment = (f"{records[0].get('machine')}, torch {records[0].get('torch')} with {threads} threads per "
+        threads_text = "/".join(map(str, threads))
+        environment = (f"{records[0].get('machine')}, torch {records[0].get('torch')} with {threads_text} thread(s) per "
                        f"run; 1-min load average during the runs {min(loads):.1f}-{max(loads):.1f}")
     write_json(args.results_dir / "summary.json", {"environment": environment, "rows": summary})
     text = markdown(summary, list(ROWS.values()), args, environment)
