@@ -36,3 +36,39 @@ def test_prepare_loss_runs_once_with_the_loss_and_data_before_training(tiny_bert
     loss, anchors, _, name = calls[0]
     assert anchors == SENTENCES and name == "hooked" and loss.__class__.__name__ == "PromptContrastiveLoss"
     assert result.stage_reports == {"one": {"seen": 4}}
+
+
+def _train_tiny(tiny_bert, tmp_path, checkpointing: bool):
+    from transformers import TrainerCallback
+
+    from st_prompts.training.run import train
+
+    seen = []
+
+    class Probe(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            backbone = model[0].auto_model
+            name = "is_activation_checkpointing" if hasattr(type(backbone), "is_activation_checkpointing") else (
+                "is_gradient_checkpointing")
+            seen.append(getattr(backbone, name))
+
+    settings = DCPCSESettings(method="dcpcse", backbone=tiny_bert, prefix_length=2, batch_size=2, max_steps=1,
+                              output_dir=str(tmp_path), gradient_checkpointing=checkpointing)
+    data = Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES})
+    train(settings, data, show_progress_bar=False, callbacks=[Probe()])
+    return seen
+
+
+def test_gradient_checkpointing_setting_reaches_the_backbone_without_deprecation_warnings(tiny_bert, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _train_tiny(tiny_bert, tmp_path / "off", False) == [False]
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _train_tiny(tiny_bert, tmp_path / "on", True) == [True]
+    # the training argument's own deprecated name is not used (sentence-transformers' model still warns that it only
+    # defines `gradient_checkpointing_enable`; that one is upstream's)
+    assert not [str(w.message) for w in caught if str(w.message).startswith("`gradient_checkpointing` is deprecated")]

@@ -178,9 +178,7 @@ def train(
             report_to="none",
             disable_tqdm=not show_progress_bar,
             use_cpu=not torch.cuda.is_available(),
-            gradient_checkpointing=settings.gradient_checkpointing,
-            # non-reentrant: a frozen backbone's layer inputs need no gradient, the prompts inside the layers do
-            gradient_checkpointing_kwargs={"use_reentrant": False} if settings.gradient_checkpointing else None,
+            **_checkpointing_arguments(settings.gradient_checkpointing),
         )
         stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
         stage_callbacks += list(callbacks or [])
@@ -228,3 +226,19 @@ def train(
     if best is not None:
         logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")
     return model, result
+
+
+def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
+    """The training arguments that turn activation checkpointing on, under the name this transformers uses
+    (``activation_checkpointing`` in recent releases, ``gradient_checkpointing`` before; the old name warns). Nothing
+    when it is off, so no deprecation warning is printed for the default."""
+    if not enabled:
+        return {}
+    import dataclasses
+
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(SentenceTransformerTrainingArguments)}
+    name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    # non-reentrant: a frozen backbone's layer inputs need no gradient, the prompts inside the layers do
+    return {name: True, f"{name}_kwargs": {"use_reentrant": False}}
