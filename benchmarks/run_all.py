@@ -726,17 +726,24 @@ def plots(summary: dict[str, Any], results: Path) -> None:
     main = {n: e for n, e in summary.items() if not e["ablation"] and e["setting"] != "none"}
     colors = {"unsupervised": "tab:blue", "semi-supervised": "tab:green", "supervised": "tab:red"}
     fig, ax = plt.subplots(figsize=(8, 5))
+    placed: list[tuple[float, float]] = []
     for name, e in main.items():
         if "stsb_dev" not in e:
             continue
         x = max(e["trainable_parameters"], 1)
         ax.errorbar(x, 100 * e["stsb_dev"]["mean"], yerr=100 * e["stsb_dev"]["std"], fmt="o",
                     color=colors[e["setting"]], capsize=3)
-        ax.annotate(name, (x, 100 * e["stsb_dev"]["mean"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+        y = 100 * e["stsb_dev"]["mean"]
+        crowd = sum(1 for px, py in placed if px == x and abs(py - y) < 0.5)  # same parameter count, close scores
+        placed.append((x, y))
+        left = crowd % 2 == 1  # points of one parameter count with close scores: labels alternate sides
+        ax.annotate(name, (x, y), fontsize=7, xytext=(-4 if left else 4, 2 - 6 * (crowd // 2)),
+                    textcoords="offset points", ha="right" if left else "left")
     for name in ("backbone-cls", "backbone-mean"):
         if name in summary:
             ax.axhline(100 * summary[name]["stsb_dev"]["mean"], ls="--", lw=0.8, color="grey")
-            ax.annotate(name, (1e4, 100 * summary[name]["stsb_dev"]["mean"]), fontsize=7, color="grey")
+            ax.text(0.01, 100 * summary[name]["stsb_dev"]["mean"] + 0.05, name, fontsize=7, color="grey",
+                    transform=ax.get_yaxis_transform())
     ax.set_xscale("log")
     ax.set_xlabel("trainable parameters (log)")
     ax.set_ylabel("STS-B dev Spearman x 100 (mean ± std over seeds)")
