@@ -190,3 +190,21 @@ def test_column_max_length_collator_gives_ski_its_own_limit(model):
     assert [k for k in batch if k.endswith("_input_ids")] == ["anchor_input_ids", "positive_input_ids",
                                                               "ski_input_ids"]
     assert batch["label"].tolist() == [1, 1]
+
+
+def test_column_max_length_collator_checks_column_order_once_for_the_whole_row(model, caplog):
+    import logging
+
+    from st_prompts.training.collators import ColumnMaxLengthCollator
+
+    collator = ColumnMaxLengthCollator(preprocess_fn=model.preprocess, column_max_lengths={"ski": 48})
+    with caplog.at_level(logging.WARNING, logger="sentence_transformers"):
+        for _ in range(3):
+            collator([{"anchor": "a dog runs", "positive": "a dog runs", "ski": "dogs run fast"}] * 2)
+    assert not [r for r in caplog.records if "is at index" in r.getMessage()]
+    # a row whose own order is unusual is still reported, once
+    with caplog.at_level(logging.WARNING, logger="sentence_transformers"):
+        for _ in range(3):
+            collator([{"positive": "a dog runs", "anchor": "a dog runs", "ski": "dogs run fast"}] * 2)
+    assert len({r.getMessage() for r in caplog.records if "is at index" in r.getMessage()}) >= 1
+    assert len([r for r in caplog.records if "is at index" in r.getMessage()]) <= 2  # one call: one per column

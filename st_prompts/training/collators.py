@@ -29,9 +29,18 @@ class ColumnMaxLengthCollator(SentenceTransformerDataCollator):
             return super().__call__(features)
         label_columns = [c for c in features[0] if c in self.valid_label_columns or c == "dataset_name"]
         text_columns = [c for c in features[0] if c not in label_columns]
+        # The column-order check belongs to the whole row, once (as the stock collator does it); the one-column
+        # collators below would otherwise warn on every batch that 'positive' is not at index 1.
+        names = tuple(c for c in features[0] if c != "dataset_name")
+        warned = getattr(self, "_warned_columns", None)
+        if warned is not None and names not in warned:
+            self.maybe_warn_about_column_order(list(names))
+            warned.add(names)
         batch: dict[str, Any] = {}
         for column in text_columns:
             plain = replace(self, column_max_lengths={}, max_length=self.column_max_lengths.get(column))
+            if warned is not None:
+                plain._warned_columns.add((column, *(c for c in label_columns if c != "dataset_name")))
             rows = [{column: row[column], **{c: row[c] for c in label_columns}} for row in features]
             part = SentenceTransformerDataCollator.__call__(plain, rows)
             for key, value in part.items():
