@@ -42,9 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search_data import default_data_dir, encode_cached, real_corpus, real_queries  # noqa: E402
+from search_data import K, default_data_dir, encode_cached, latency, real_corpus, real_queries, recalls  # noqa: E402
 
-K = 10
 SWEEPS = {"ivf": ("nprobe", (16, 32, 48, 64, 96, 128, 192, 256)),
           "hnsw": ("ef_search", (16, 24, 32, 48, 64, 96, 128, 192)),
           "ivfpq": ("nprobe", (16, 32, 48, 64, 96, 128, 192, 256))}  # fmt: skip
@@ -56,36 +55,6 @@ def rss_bytes() -> int | None:
     except ImportError:  # pragma: no cover
         return None
     return psutil.Process().memory_info().rss
-
-
-def percentiles(samples_s: list[float]) -> dict[str, float]:
-    values = np.asarray(samples_s) * 1000.0
-    return {"p50_ms": round(float(np.percentile(values, 50)), 4), "p99_ms": round(float(np.percentile(values, 99)), 4),
-            "mean_ms": round(float(values.mean()), 4)}  # fmt: skip
-
-
-def recalls(positions: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    """recall@1 (is the exact best document first?) and recall@10 (overlap of the top 10 sets), by id."""
-    r1 = float(np.mean(positions[:, 0] == truth[:, 0]))
-    r10 = float(np.mean([len(set(a[a >= 0]) & set(b)) / K for a, b in zip(positions, truth)]))
-    return {"recall_at_1": round(r1, 4), "recall_at_10": round(r10, 4)}
-
-
-def latency(index, queries: np.ndarray, *, single: int, batch: int) -> dict:
-    index.search_embeddings(queries[:batch], K)  # warm-up
-    singles = []
-    for row in queries[:single]:
-        start = time.perf_counter()
-        index.search_embeddings(row[None, :], K)
-        singles.append(time.perf_counter() - start)
-    batches = []
-    for start_row in range(0, len(queries) - batch + 1, batch):
-        start = time.perf_counter()
-        index.search_embeddings(queries[start_row : start_row + batch], K)
-        batches.append(time.perf_counter() - start)
-    batched = percentiles(batches)
-    batched["per_query_ms"] = round(batched["mean_ms"] / batch, 4)
-    return {"single": percentiles(singles), "batched": batched}
 
 
 def serialized_mb(index) -> float:
