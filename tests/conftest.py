@@ -97,3 +97,12 @@ def minilm_path() -> str:
     from st_prompts.utils import packaged_minilm_path
 
     return packaged_minilm_path()
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path):
+    """The packaged all-MiniLM-L6-v2 as a ``SentenceTransformer`` on CPU (one instance for the session: tests only
+    encode with it, never train or change it)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(minilm_path, device="cpu")

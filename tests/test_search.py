@@ -17,7 +17,6 @@ from st_prompts.errors import (
     ConfigurationError,
     DataFormatError,
     DataNotFoundError,
-    StPromptsError,
 )
 from st_prompts.search import SearchHit, SemanticIndex
 
@@ -25,18 +24,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "search"
 CORPUS_TXT = FIXTURES / "corpus.txt"
 CORPUS_JSONL = FIXTURES / "corpus.jsonl"
 QUERIES = ["where do cats sleep?", "bread recipe", "stock prices dropped", "how do plants make oxygen"]
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    sentence_transformers = pytest.importorskip("sentence_transformers")
-    from st_prompts.utils import packaged_minilm_path
-
-    try:
-        path = packaged_minilm_path()
-    except StPromptsError:
-        pytest.skip("packaged MiniLM not installed")
-    return sentence_transformers.SentenceTransformer(path, device="cpu")
 
 
 @pytest.fixture(scope="module")

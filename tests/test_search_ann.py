@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
+from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.search import SemanticIndex
 from st_prompts.search.encoding import encode_in_chunks
 
@@ -64,18 +64,6 @@ def _detach_cli_log_handler():
         logging.getLogger().removeHandler(cli._handler)
         cli._handler = None
         logging.getLogger("st_prompts").setLevel(logging.NOTSET)
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    sentence_transformers = pytest.importorskip("sentence_transformers")
-    from st_prompts.utils import packaged_minilm_path
-
-    try:
-        path = packaged_minilm_path()
-    except StPromptsError:
-        pytest.skip("packaged MiniLM not installed")
-    return sentence_transformers.SentenceTransformer(path, device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from st_prompts.data.senteval import STS_TASKS, STSPairs, load_sts
 from st_prompts.errors import ConfigurationError, DataNotFoundError
 from st_prompts.evaluation import sts as sts_module
 from st_prompts.evaluation.sts import STSSuiteEvaluator, format_results_table, sts_table_rows, stsb_dev_evaluator
-from st_prompts.utils import packaged_minilm_path
 
 FIXTURE = Path(__file__).parent / "fixtures" / "senteval"
 
@@ -35,11 +34,6 @@ def static_model(word_vectors: dict[str, list[float]]) -> SentenceTransformer:
     dim = len(next(iter(word_vectors.values())))
     weights = np.array([[0.0] * dim, *word_vectors.values()], dtype=np.float32)
     return SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)], device="cpu")
-
-
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformer:
-    return SentenceTransformer(packaged_minilm_path(), device="cpu")
 
 
 def _embed(model: SentenceTransformer, pairs: list[STSPairs]) -> dict[str, np.ndarray]:
