@@ -32,7 +32,6 @@ Results: ``benchmarks/results/run_all/efficiency.json`` and ``efficiency.md`` (`
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os

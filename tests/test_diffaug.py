@@ -154,7 +154,7 @@ def test_denoising_subtracts_exactly_the_template_only_representation(tiny_bert)
 
 
 def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_bert):
-    from st_prompts.methods.diffaug import nli_loss, stage1_data, stage1_prepare, stages
+    from st_prompts.methods.diffaug import nli_loss, stage1_prepare, stages
 
     settings, model = build(tiny_bert)
     stage1 = stages(settings)[0]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from st_prompts import methods
-from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import SCALES, cli_fields
 
 logger = logging.getLogger(__name__)
