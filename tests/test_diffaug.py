@@ -184,6 +184,29 @@ def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_be
         assert torch.equal(tensor, backbone[name]), name
 
 
+def test_stage1_classifies_plain_mask_states_and_stage2_denoises(tiny_bert):
+    """As the official code: template denoising in stage 2 and at inference only (``stage1_template_denoising``
+    turns it on in stage 1)."""
+    from st_prompts.methods.diffaug import stage1_prepare, stage2_prepare
+
+    settings, model = build(tiny_bert, skip_stage1=True)
+    model.eval()
+    features = features_of(model, SENTENCES[:4], view=0)
+    with torch.no_grad():
+        denoised = model(dict(features))["sentence_embedding"]
+        stage1_prepare(model, settings)
+        assert model[0].template_denoising is False
+        plain = model(dict(features))["sentence_embedding"]
+        alone = model(model[0].template_only_features(features))["sentence_embedding"]
+        torch.testing.assert_close(denoised, plain - alone)
+        stage2_prepare(model, settings)
+        assert model[0].template_denoising is True
+        torch.testing.assert_close(model(dict(features))["sentence_embedding"], denoised)
+    opted, model = build(tiny_bert, stage1_template_denoising=True)
+    stage1_prepare(model, opted)
+    assert model[0].template_denoising is True
+
+
 def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path):
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer

@@ -6,7 +6,8 @@
   so positions never shift. ``--same-prefix`` (the paper's "same" ablation) uses one prefix of ``l`` positions for
   both sentences.
 * **PromptBERT template.** The hard template ``This sentence of "[X]" means [MASK].``, [MASK] pooling, and template
-  denoising (the template-only [MASK] state, with the same positions, is subtracted).
+  denoising (the template-only [MASK] state, with the same positions, is subtracted) in stage 2 and at inference;
+  stage 1 classifies the plain [MASK] states, as the official code does.
 * **Stage 1: prefix tuning on NLI.** The backbone is frozen; the prefix and a ``Linear(3H, 2)`` classifier over
   ``(u, v, |u − v|)`` (sentence-transformers' ``SoftmaxLoss``) train on (premise, hypothesis) pairs with
   entailment = 1, contradiction = 0; the premise sees view 0, the hypothesis view 1. δ and κ are logged
@@ -69,7 +70,10 @@ class DiffAugSettings(TrainSettings):
     prefix_projection: bool = option(True, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
     prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
     template: str = option(PROMPTBERT_TEMPLATE, "hard template with one [X] (sentence) and one [MASK] (pooled)")
-    template_denoising: bool = option(True, "subtract the template-only [MASK] representation (same positions)")
+    template_denoising: bool = option(True, "subtract the template-only [MASK] representation (same positions) in "
+                                      "stage 2 and at inference")
+    stage1_template_denoising: bool = option(False, "also denoise in stage 1 (the official code does not: the paper "
+                                             "applies denoising 'for contrastive learning')")
     stage1_steps: int | None = option(None, "stage-1 steps (the most, with --stage1-switch diagnostics); default: "
                                       "table 5 (2000 semi, 1500 semi with aux, 1250 sup)")
     stage1_learning_rate: float = option(1e-3, "stage-1 learning rate (prefix and NLI classifier)")
@@ -234,7 +238,14 @@ def stage2_data(settings: DiffAugSettings, data_dir, limit):
 
 # -------------------------------------------------------------------------------------------------------- stage 1
 def stage1_prepare(model, settings: DiffAugSettings) -> None:
+    """Freeze the backbone; template denoising only with ``stage1_template_denoising``.
+
+    The official code subtracts the template-only state in stage 2 and at inference, never in stage 1 (the paper:
+    denoising "for contrastive learning"), so stage 1 classifies the plain [MASK] states. With dropout on, the
+    template-only pass would also add a second, independent dropout draw to every vector the classifier sees.
+    """
     model[0].freeze_backbone = True
+    model[0].template_denoising = bool(settings.template_denoising and settings.stage1_template_denoising)
 
 
 def stage1_callbacks(loss, settings: DiffAugSettings) -> list:
@@ -276,6 +287,7 @@ def stage2_prepare(model, settings: DiffAugSettings) -> None:
             "--skip-stage1 for the paper's 'no stage 1' ablation."
         )
     model[0].freeze_backbone = False
+    model[0].template_denoising = settings.template_denoising  # stage 2 and the saved model
 
 
 def stage2_loss(model, settings: DiffAugSettings):
