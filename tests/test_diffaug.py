@@ -207,6 +207,31 @@ def test_stage1_classifies_plain_mask_states_and_stage2_denoises(tiny_bert):
     assert model[0].template_denoising is True
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_pooling_without_template_is_the_last_layer_cls_or_mean(tiny_bert, pooling):
+    """``pooling="cls"`` is the official code's ``apply_prompt=False``: no template, the last layer's [CLS] state."""
+    from st_prompts.methods.diffaug import stage1_prepare, stage2_prepare
+
+    settings, model = build(tiny_bert, pooling=pooling, stage1_template_denoising=True)
+    assert not settings.uses_template and model[0].template_num_tokens == 0 and not model[0].template_denoising
+    stage1_prepare(model, settings)
+    assert model[0].template_denoising is False
+    stage2_prepare(model, settings_for(tiny_bert, pooling=pooling, skip_stage1=True))
+    assert model[0].template_denoising is False
+    model.eval()
+    features = features_of(model, SENTENCES[:3], view=1)
+    with torch.no_grad():
+        tokens = model[0](dict(features))["token_embeddings"]
+        pooled = model(dict(features))["sentence_embedding"]
+    # the sentence alone: [CLS] sentence [SEP], nothing of a template
+    assert features["input_ids"][0, 1:4].tolist() == model.tokenizer(SENTENCES[0])["input_ids"][1:4]
+    mask = features["attention_mask"].unsqueeze(-1).float()
+    expected = tokens[:, 0] if pooling == "cls" else (tokens * mask).sum(1) / mask.sum(1)
+    torch.testing.assert_close(pooled, expected)
+    with pytest.raises(ConfigurationError, match="pooling"):
+        settings_for(tiny_bert, pooling="max")
+
+
 def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path):
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer
@@ -403,7 +428,7 @@ def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_b
 
 
 @pytest.mark.parametrize("extra", [[], ["--aux-weight", "0.001", "--stage1-switch", "diagnostics"], ["--supervised"],
-                                   ["--same-prefix"]])
+                                   ["--same-prefix"], ["--pooling", "cls"]])
 def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, capsys, extra):
     from st_prompts.cli import main
     from st_prompts.modules import backbone_fingerprint
@@ -429,7 +454,11 @@ def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, da
     model = SentenceTransformer(str(out), trust_remote_code=True)
     assert backbone_fingerprint(model[0].auto_model) != marker["backbone_fingerprint"]  # stage 2 trained it
     assert model.encode(SENTENCES).shape == (len(SENTENCES), 32)
-    assert type(model[1]).__name__ == "MaskTokenPooling" and model[0].template_denoising
+    if "--pooling" in extra:
+        assert type(model[1]).__name__ == "Pooling" and model[1].pooling_mode == "cls"
+        assert model[0].template_num_tokens == 0 and not model[0].template_denoising
+    else:
+        assert type(model[1]).__name__ == "MaskTokenPooling" and model[0].template_denoising
 
 
 def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):

@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 PROMPTBERT_TEMPLATE = 'This sentence of "[X]" means [MASK].'
 #: ``--stage1-switch`` values.
 SWITCH_RULES = ("steps", "diagnostics")
+#: ``--pooling`` values: the template's [MASK] state (the paper), or no template and [CLS] / mean pooling of the last
+#: layer (the official code's ``apply_prompt=False``, which takes the last layer's [CLS] state).
+POOLINGS = ("mask", "cls", "mean")
 #: Table 5 (BERT-base): setting -> (stage-1 steps, stage-2 lr, stage-2 batch, stage-2 epochs); stage 1: lr 1e-3, batch 128.
 PAPER_TABLE = {
     "semi": (2000, 1e-5, 256, 1.0),
@@ -69,7 +72,10 @@ class DiffAugSettings(TrainSettings):
     same_prefix: bool = option(False, "ablation 'same prefix': one prefix of l positions seen by both sentences")
     prefix_projection: bool = option(True, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
     prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
-    template: str = option(PROMPTBERT_TEMPLATE, "hard template with one [X] (sentence) and one [MASK] (pooled)")
+    pooling: str = option("mask", "sentence vector: the template's [MASK] state (paper), or no template and the "
+                          "last layer's [CLS] state or mean (the official code's apply_prompt=False)", POOLINGS)
+    template: str = option(PROMPTBERT_TEMPLATE, "hard template with one [X] (sentence) and one [MASK] (pooled); "
+                           "used only with --pooling mask")
     template_denoising: bool = option(True, "subtract the template-only [MASK] representation (same positions) in "
                                       "stage 2 and at inference")
     stage1_template_denoising: bool = option(False, "also denoise in stage 1 (the official code does not: the paper "
@@ -118,6 +124,11 @@ class DiffAugSettings(TrainSettings):
             raise ConfigurationError("stage1_batch_size must be >= 2.")
 
     @property
+    def uses_template(self) -> bool:
+        """Whether the PromptBERT template (and its denoising) is used: only with [MASK] pooling."""
+        return self.pooling == "mask"
+
+    @property
     def num_views(self) -> int:
         """Views of the prefix: 2 (two prefixes), or 1 with ``same_prefix``."""
         return 1 if self.same_prefix else 2
@@ -143,7 +154,7 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 # ---------------------------------------------------------------------------------------------------------- model
 def build_model(settings: DiffAugSettings):
     """Frozen backbone + reparameterised prefix of ``2l`` positions + hard PromptBERT template, denoised [MASK]
-    pooling."""
+    pooling (or, with ``pooling`` ``"cls"`` / ``"mean"``, no template)."""
     from st_prompts.modules import PromptedTransformer
     from st_prompts.utils import resolve_model_name
 
@@ -153,14 +164,14 @@ def build_model(settings: DiffAugSettings):
         prefix_length=settings.encoder_prefix_length,
         prefix_projection=settings.prefix_projection,
         prefix_hidden_size=settings.prefix_hidden_size,
-        template=settings.template,
+        template=settings.template if settings.uses_template else None,
         template_mode="hard",
-        template_denoising=settings.template_denoising,
+        template_denoising=settings.template_denoising and settings.uses_template,
         freeze_backbone=True,
     )
     # max_seq_length counts the sentence's tokens; the template and special tokens come on top.
     encoder.max_seq_length = settings.max_seq_length + encoder.template_num_tokens + 2
-    return assemble(settings, encoder, pooling_mode="mask")
+    return assemble(settings, encoder, pooling_mode=settings.pooling)
 
 
 # ------------------------------------------------------------------------------------------- per-model run state
@@ -245,7 +256,9 @@ def stage1_prepare(model, settings: DiffAugSettings) -> None:
     template-only pass would also add a second, independent dropout draw to every vector the classifier sees.
     """
     model[0].freeze_backbone = True
-    model[0].template_denoising = bool(settings.template_denoising and settings.stage1_template_denoising)
+    model[0].template_denoising = bool(
+        settings.uses_template and settings.template_denoising and settings.stage1_template_denoising
+    )
 
 
 def stage1_callbacks(loss, settings: DiffAugSettings) -> list:
@@ -287,7 +300,7 @@ def stage2_prepare(model, settings: DiffAugSettings) -> None:
             "--skip-stage1 for the paper's 'no stage 1' ablation."
         )
     model[0].freeze_backbone = False
-    model[0].template_denoising = settings.template_denoising  # stage 2 and the saved model
+    model[0].template_denoising = settings.uses_template and settings.template_denoising  # stage 2, saved model
 
 
 def stage2_loss(model, settings: DiffAugSettings):
