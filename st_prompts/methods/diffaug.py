@@ -7,7 +7,9 @@
   both sentences.
 * **PromptBERT template.** The hard template ``This sentence of "[X]" means [MASK].``, [MASK] pooling, and template
   denoising (the template-only [MASK] state, with the same positions, is subtracted) in stage 2 and at inference;
-  stage 1 classifies the plain [MASK] states, as the official code does.
+  stage 1 classifies the plain [MASK] states, as the official code does. ``--pooling cls`` (or ``mean``) drops the
+  template and pools the last layer (the official code's ``apply_prompt=False``), for backbones whose [MASK] state
+  carries little (e.g. all-MiniLM-L6-v2, which has no MLM head: ``benchmarks/diffaug_probe.py``).
 * **Stage 1: prefix tuning on NLI.** The backbone is frozen; the prefix and a ``Linear(3H, 2)`` classifier over
   ``(u, v, |u − v|)`` (sentence-transformers' ``SoftmaxLoss``) train on (premise, hypothesis) pairs with
   entailment = 1, contradiction = 0; the premise sees view 0, the hypothesis view 1. δ and κ are logged
