@@ -70,6 +70,18 @@ def test_template_constant_and_paper_presets():
     assert methods.get("diffaug").prompts_only is False
 
 
+def test_template_pooling_everywhere_but_the_packaged_minilm():
+    """The paper's template [MASK] pooling is the default; only the CPU preset on the packaged MiniLM (no MLM head,
+    [MASK] state at chance in benchmarks/diffaug_probe.py) pools [CLS] without the template, and says so."""
+    assert methods.settings("diffaug", False, "paper").pooling == "mask"
+    assert methods.settings("diffaug", True, "paper", backbone="minilm").pooling == "mask"
+    for supervised in (False, True):
+        cpu = methods.settings("diffaug", supervised, "cpu")
+        assert (cpu.backbone, cpu.pooling, cpu.uses_template) == ("minilm", "cls", False)
+        assert methods.settings("diffaug", supervised, "cpu", pooling="mask").uses_template
+    assert methods.settings("diffaug", False, "cpu", backbone="bert-base-uncased").pooling == "mask"
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ConfigurationError, match="skip-stage1"):
         methods.settings("diffaug", False, "cpu", stage1_steps=0)
