@@ -708,7 +708,8 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         "premises) for the same number of steps; their λ = 0 ablations below are SimCSE / DCPCSE on that data. "
         "DiffAug's stage 1 (200 steps of 64 NLI pairs, prefix only) comes on top of the budget, and its semi-"
         "supervised setting uses those NLI labels. DiffAug trains its backbone in stage 2, so it is counted as "
-        "100% trainable. " + lr_note,
+        "100% trainable; on MiniLM it pools [CLS] without the PromptBERT template (the paper's template runs are "
+        "the `diffaug-*-template` ablations; see the DiffAug reading). " + lr_note,
         "",
     ]
     ablations = [r.name for r in rows if r.ablation and r.name in summary]
