@@ -698,6 +698,11 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
     if missing:
         lines += ["Not run yet (the full run takes hours on two cores and is run in parts; rerunning the command "
                   "resumes it): " + ", ".join(f"`{n}`" for n in missing) + ".", ""]
+    by_name = {r.name: r for r in rows}
+    short = [f"`{n}` ({len(summary[n]['seeds'])} of {len(by_name[n].seeds)})" for n in main
+             if n in summary and len(summary[n]["seeds"]) < len(by_name[n].seeds)]
+    if short and not args.quick:
+        lines += ["Seeds still to run (the same command resumes them): " + ", ".join(short) + ".", ""]
     lr_rows = [n for n in summary if n.startswith(("lora-unsup-lr", "lora-sup-lr"))]
     lr_note = ("LoRA's learning rate was selected on STS-B dev with seed 42 (the `lora-*-lr*` rows below); PEFT "
                "prefix tuning uses DCPCSE's learning rate." if lr_rows else
