@@ -10,8 +10,8 @@ sentences (the two prefix views of a sentence are its positive pair), optionally
     stage 2: lr 1e-5 (backbone and prefix), batch 256, 1 epoch
 --scale cpu (default): packaged all-MiniLM-L6-v2; stage 1 200 steps of 64 pairs at 1e-3, stage 2 one epoch of batch
 64 at 1e-5; [CLS] pooling without the template on that backbone (its [MASK] state carries no NLI signal; --pooling
-mask for the paper's template). Model selection: STS-B dev every 125 (paper) / 50 (cpu) steps of stage 2, restoring every weight that
-trained, the backbone included. Ablations: --same-prefix, --skip-stage1; --stage1-switch diagnostics ends stage 1 by
+mask for the paper's template). Model selection: STS-B dev every 125 (paper) / 50 (cpu) steps of stage 2, restoring
+every weight that trained, the backbone included. Ablations: --same-prefix, --skip-stage1; --stage1-switch diagnostics ends stage 1 by
 the delta/kappa rule. The model is saved in full (the backbone changes); the stage-1 result goes to OUTPUT-stage1.
 """
 
