@@ -400,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
     path = out_dir / "efficiency.json"
     previous = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
     results = dict(previous.get("rows", {}))
-    loads = []
     for name in args.rows:
         print(f"measuring {name} ...", flush=True)
         results[name] = measure(ALL[name], args)
@@ -408,12 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"  failed: {r['error']}", flush=True)
         else:
-            loads += [r["load_average_start"][0], r["load_average_end"][0]]
             print(f"  step {r['step_seconds']['median']:.3f}s, memory "
                   f"{r['memory']['peak_mib'] if r.get('memory') else float('nan'):.0f} MiB, encode x "
                   f"{r['throughput']['ratio']:.3f}", flush=True)
     order = [n for n in ALL if n in results]
     results = {n: results[n] for n in order}
+    # the header's load range covers every row in the report, also those kept from an earlier invocation
+    loads = [r[key][0] for r in results.values() if "error" not in r
+             for key in ("load_average_start", "load_average_end")]
     checks = ratios(results)
     import torch
 
