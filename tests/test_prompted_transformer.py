@@ -256,8 +256,52 @@ def test_prefix_cache_broadcasts_in_eval_and_draws_dropout_per_example_in_traini
     expected = encoder.key_values().view(3, 4, 2, 4)[:, 2]  # layer 1 keys = row 2 of the 2L axis
     assert torch.equal(keys[0], expected.permute(1, 0, 2))
     encoder.train()
-    keys = encoder(5).layers[0].keys
-    assert not torch.equal(keys[0], keys[1])  # independent dropout masks per example
+    keys, _ = encoder(5).layers[0].update(torch.zeros(5, 2, 1, 4), torch.zeros(5, 2, 1, 4))
+    assert keys.shape == (5, 2, 4, 4)
+    assert not torch.equal(keys[0, :, :3], keys[1, :, :3])  # independent dropout masks per example
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_prefix_dropout_equals_nn_dropout_then_cat(shared):
+    """The fused prefix dropout (a boolean draw applied inside each layer's concatenation) gives exactly what the
+    plain route gives: ``nn.Dropout`` on the prefix broadcast over the batch (on the prefix itself when shared), then
+    ``torch.cat`` with the tokens' keys/values -- the same random numbers, values and gradients, bit for bit."""
+    from st_prompts.prompts.prefix import PrefixEncoder
+
+    batch, layers, heads, length, head_dim, tokens = 6, 3, 2, 4, 8, 5
+    encoder = PrefixEncoder(length, layers, heads, head_dim, projection=True, projection_hidden_size=16, dropout=0.3,
+                            shared_dropout=shared).train()
+    states = [torch.randn(batch, heads, tokens, head_dim, requires_grad=True) for _ in range(2 * layers)]
+    weights = [torch.randn(batch, heads, length + tokens, head_dim) for _ in range(2 * layers)]
+
+    def run(fused: bool):
+        torch.manual_seed(7)
+        encoder.zero_grad()
+        for s in states:
+            s.grad = None
+        if fused:
+            cache = encoder(batch)
+            outs = [t for layer, i in zip(cache.layers, range(layers))
+                    for t in layer.update(states[2 * i], states[2 * i + 1])]
+        else:  # the reference: nn.Dropout on the dense tensor, then cat
+            values = encoder.key_values().permute(1, 2, 0, 3).unsqueeze(1)
+            if shared:
+                values = encoder.dropout(values).expand(-1, batch, -1, -1, -1)
+            else:
+                values = encoder.dropout(values.expand(-1, batch, -1, -1, -1))
+            outs = [torch.cat([v, s], dim=-2) for v, s in zip(values.unbind(0), states)]
+        sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        grads = [p.grad.clone() for p in encoder.parameters()] + [s.grad.clone() for s in states]
+        return [o.detach() for o in outs], grads, torch.rand(3)
+
+    (fused_out, fused_grads, fused_next), (ref_out, ref_grads, ref_next) = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(fused_out, ref_out))
+    assert all(torch.equal(a, b) for a, b in zip(fused_grads, ref_grads))
+    assert torch.equal(fused_next, ref_next)  # the same random numbers were drawn
+    dropped = (fused_out[0][:, :, :length] == 0).float().mean().item()
+    assert 0.1 < dropped < 0.5  # dropout is really on (p = 0.3)
+    # per example: rows differ; shared: every row has the same mask
+    assert torch.equal(fused_out[0][0, :, :length], fused_out[0][1, :, :length]) is shared
 
 
 def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
@@ -296,10 +340,12 @@ def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
 
     encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5, shared_dropout=True)
     encoder.train()
-    values = encoder.values(5)
+    draw = encoder.values(5)
+    assert draw.keep is None and draw.prefix.shape[1] == 1  # dropped out once, before the broadcast
+    values = draw.dense()
     assert values.stride(1) == 0  # still a view over the batch: one prefix, one mask
     assert torch.equal(values[:, 0], values[:, 4])
-    assert (values[:, 0] == 0).any() and not torch.equal(values[:, 0], encoder.eval().values(1)[:, 0])
+    assert (values[:, 0] == 0).any() and not torch.equal(values[:, 0], encoder.eval().values(1).dense()[:, 0])
     # saved with the module config and restored on load
     prompted = PromptedTransformer(tiny_bert, prefix_length=2, prefix_dropout_shared=True)
     assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout

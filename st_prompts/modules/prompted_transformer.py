@@ -516,10 +516,12 @@ class PromptedTransformer(Transformer):
         Optional ``features`` keys: ``prefix_attention_mask`` (``(batch, prefix_length)``, 1 = attend: a view of the
         prefix per row), ``cls_override`` (``(batch, hidden)``: replaces the input row at position 0, gradient kept),
         ``position_ids`` (``(batch, seq)``: explicit positions, prefix offset included), ``prefix_values`` (the
-        prefix keys/values of an earlier pass, to reuse its dropout draw).
+        prefix keys/values of an earlier pass, to reuse its dropout draw: a :class:`~st_prompts.prompts.PrefixDraw`, or
+        a dense ``(2L, batch, heads, l, head_dim)`` tensor).
 
-        With a prefix, ``features["prefix_values"]`` is set to the keys/values this pass used (see
-        :meth:`PrefixEncoder.values`), so that a second pass over the same rows (e.g. DCPCSE's MLM pass) can share them.
+        With a prefix, ``features["prefix_values"]`` is set to the keys/values this pass used (a
+        :class:`~st_prompts.prompts.PrefixDraw` from :meth:`PrefixEncoder.values`), so that a second pass over the same
+        rows (e.g. DCPCSE's MLM pass) can share them.
 
         With ``template_denoising``, the template alone (:meth:`template_only_features`, same positions, same prefix
         view and prefix draw) is encoded too and written to ``features["template_token_embeddings"]`` and

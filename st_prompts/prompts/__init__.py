@@ -1,6 +1,6 @@
 """Soft prompts: deep key/value prefixes (:mod:`.prefix`) and input-embedding prompts and templates (:mod:`.shallow`)."""
 
-from st_prompts.prompts.prefix import PrefixCache, PrefixEncoder, prefix_view_mask
+from st_prompts.prompts.prefix import PrefixCache, PrefixDraw, PrefixEncoder, prefix_view_mask
 from st_prompts.prompts.shallow import (
     PROMPTBERT_TEMPLATE,
     SCPCSE_TEMPLATE,
@@ -15,6 +15,7 @@ __all__ = [
     "SCPCSE_TEMPLATE",
     "TEMPLATE_MODES",
     "PrefixCache",
+    "PrefixDraw",
     "PrefixEncoder",
     "ShallowPrompt",
     "parse_template",

@@ -76,38 +76,49 @@ class PrefixEncoder(nn.Module):
             values = self.transform(values)
         return values.view(self.prefix_length, 2 * self.num_layers, self.num_heads, self.head_dim)
 
-    def values(self, batch_size: int) -> torch.Tensor:
-        """The prefix keys/values for a batch, dropout applied in training: ``(2L, batch, heads, l, head_dim)``.
+    def values(self, batch_size: int) -> PrefixDraw:
+        """The prefix keys/values for a batch, with this pass's dropout draw in training (see :class:`PrefixDraw`).
 
-        Pass the result to :meth:`cache` to build the cache of a forward pass; giving the same tensor to several
-        passes shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and
-        MLM passes, which reuse one ``past_key_values``).
+        Pass the result to :meth:`cache` to build the cache of a forward pass; giving the same draw to several passes
+        shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and MLM
+        passes, which reuse one ``past_key_values``).
         """
         values = self.key_values()  # (l, 2L, heads, hd)
         values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
-        dropout = self.training and self.dropout.p > 0
-        if dropout and self.shared_dropout:
-            values = self.dropout(values)  # one mask for the batch; the expand below stays a view
-        values = values.expand(-1, batch_size, -1, -1, -1)
-        if dropout and not self.shared_dropout:
-            values = self.dropout(values)  # one mask per example (materialises the prefix per row)
-        return values
+        if not (self.training and self.dropout.p > 0):
+            return PrefixDraw(values, batch_size)
+        if self.shared_dropout:
+            return PrefixDraw(self.dropout(values), batch_size)  # one mask for the batch; broadcast, never copied
+        # One mask per example: the draw nn.Dropout would make on the prefix broadcast over the batch (the same random
+        # numbers, in the same order), kept as a boolean mask -- a quarter of the float noise nn.Dropout keeps for its
+        # backward -- and the dropped-out prefix itself is never stored: each layer writes its rows straight into its
+        # key/value concatenation (see PrefixDraw).
+        keep = torch.empty_like(values.expand(-1, batch_size, -1, -1, -1), dtype=torch.bool)
+        keep.bernoulli_(1 - self.dropout.p)
+        # 1 / (1 - p), rounded as nn.Dropout's noise.div_(1 - p)
+        scale = torch.ones((), dtype=values.dtype, device=values.device).div_(1 - self.dropout.p)
+        return PrefixDraw(values, batch_size, keep, scale)
 
-    def cache(self, values: torch.Tensor) -> PrefixCache:
-        """A fresh (read-only) cache over ``values`` (from :meth:`values`); ``values`` stay intact."""
+    def cache(self, values: PrefixDraw | torch.Tensor) -> PrefixCache:
+        """A fresh (read-only) cache over ``values`` (a :class:`PrefixDraw` from :meth:`values`, or a dense
+        ``(2L, batch, heads, l, head_dim)`` tensor); ``values`` stay intact."""
+        if isinstance(values, torch.Tensor):
+            values = PrefixDraw(values, values.shape[1])
         # unbind, not values[i]: the backward of 2L separate index ops allocates and zero-fills a gradient of the whole
         # (2L, batch, heads, l, head_dim) tensor for each of them (measured: a sixth of a DCPCSE step on MiniLM);
         # unbind's backward stacks the 2L slices once.
-        slices = values.unbind(0)
-        return PrefixCache([(slices[2 * i], slices[2 * i + 1]) for i in range(self.num_layers)])
+        prefix = values.prefix.expand(-1, values.batch_size, -1, -1, -1).unbind(0)
+        keep = values.keep.unbind(0) if values.keep is not None else [None] * len(prefix)
+        return PrefixCache([_PrefixLayer(prefix[2 * i], prefix[2 * i + 1], (keep[2 * i], keep[2 * i + 1]), values.scale)
+                            for i in range(self.num_layers)])
 
     def forward(self, batch_size: int) -> PrefixCache:
         """Build a fresh key/value cache holding the prefix for a batch.
 
-        A new cache is needed for every forward pass: transformers appends the real tokens' keys/values to it in place.
-        Dropout (in training mode) is drawn independently for every example, as in DCPCSE; without dropout the prefix
-        is broadcast over the batch without a copy. Which prefix positions a row attends to is decided by the attention
-        mask (see :func:`prefix_view_mask`), not here.
+        A new cache is needed for every forward pass (it holds that pass's dropout draw). Dropout (in training mode) is
+        drawn independently for every example, as in DCPCSE (one mask for the batch with ``shared_dropout``); without
+        dropout the prefix is broadcast over the batch without a copy. Which prefix positions a row attends to is
+        decided by the attention mask (see :func:`prefix_view_mask`), not here.
         """
         return self.cache(self.values(batch_size))
 
@@ -168,6 +179,47 @@ def prefix_view_mask(
     return (owner.unsqueeze(0) == views.unsqueeze(1)).long()
 
 
+class PrefixDraw:
+    """The prefix keys/values of one forward pass, kept factorised rather than as a dense per-row tensor.
+
+    Attributes:
+        prefix: ``(2L, 1, heads, l, head_dim)``, the prefix every row starts from (a graph node over the trainable
+            parameters; with a shared dropout mask, already dropped out), or a dense ``(2L, batch, ...)`` tensor.
+        batch_size: rows of the pass.
+        keep: with a dropout mask per example (training), the draw: a boolean ``(2L, batch, heads, l, head_dim)``
+            mask; ``None`` otherwise.
+        scale: ``1 / (1 - p)`` as a 0-d tensor, with ``keep``.
+
+    Why not simply ``dropout(prefix.expand(batch, ...))`` (what the official DCPCSE code does): on the CPU, nn.Dropout
+    keeps a float noise tensor and the dropped-out prefix, ``2L·batch·l·H`` numbers each (36 MiB each for MiniLM,
+    batch 128 and 16 positions), alive until the backward pass. Here each layer writes its rows into the
+    concatenation with the real tokens' keys/values, which attention needs anyway, and only the boolean mask is kept:
+    the same random numbers, values and gradients (``tests/test_prompted_transformer.py`` checks them bit for bit
+    against nn.Dropout and torch.cat), a fraction of the memory.
+    """
+
+    __slots__ = ("prefix", "batch_size", "keep", "scale")
+
+    def __init__(self, prefix: torch.Tensor, batch_size: int, keep: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None) -> None:
+        if prefix.dim() != 5 or prefix.shape[1] not in (1, batch_size):
+            raise ConfigurationError(f"prefix values must have shape (2L, 1 or batch={batch_size}, heads, length, "
+                                     f"head_dim), got {tuple(prefix.shape)}.")
+        self.prefix, self.batch_size, self.keep, self.scale = prefix, int(batch_size), keep, scale
+
+    @property
+    def shape(self) -> torch.Size:
+        """``(2L, batch, heads, l, head_dim)``, the shape of :meth:`dense`."""
+        two_layers, _, heads, length, head_dim = self.prefix.shape
+        return torch.Size((two_layers, self.batch_size, heads, length, head_dim))
+
+    def dense(self) -> torch.Tensor:
+        """The keys/values every row sees, ``(2L, batch, heads, l, head_dim)``: materialised with a mask per example,
+        a broadcast view of the prefix otherwise (for inspection; the forward pass never builds it)."""
+        values = self.prefix.expand(-1, self.batch_size, -1, -1, -1)
+        return values if self.keep is None else values * self.scale * self.keep
+
+
 class PrefixCache(DynamicCache):
     """A ``DynamicCache`` pre-filled with the prefix keys/values of every layer, without copying them, and read-only.
 
@@ -181,17 +233,59 @@ class PrefixCache(DynamicCache):
     second time there.
     """
 
-    def __init__(self, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, key_values: list[tuple[torch.Tensor, torch.Tensor] | _PrefixLayer]) -> None:
         super().__init__()
-        self.layers = [_PrefixLayer(keys, values) for keys, values in key_values]
+        self.layers = [kv if isinstance(kv, _PrefixLayer) else _PrefixLayer(*kv) for kv in key_values]
 
 
 class _PrefixLayer(DynamicLayer):
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor,
+                 keep: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+                 scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
+        # keys/values: (batch, heads, l, head_dim), usually the prefix broadcast over the batch (a view); keep: with a
+        # dropout mask per example, the boolean masks each pass applies while concatenating.
         self.keys, self.values = keys, values
+        self.keep, self.scale = keep, scale
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # Read-only: the prefix followed by this pass's keys/values (see PrefixCache).
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        return self._cat(self.keys, self.keep[0], key_states), self._cat(self.values, self.keep[1], value_states)
+
+    def _cat(self, prefix: torch.Tensor, keep: torch.Tensor | None, states: torch.Tensor) -> torch.Tensor:
+        if keep is None:
+            return torch.cat([prefix, states], dim=-2)
+        return _DroppedPrefixCat.apply(prefix, keep, self.scale, states)
+
+
+class _DroppedPrefixCat(torch.autograd.Function):
+    """``torch.cat([nn.Dropout(prefix), states], dim=-2)`` with a given per-example draw, writing the dropped-out
+    prefix straight into the result and keeping only the boolean mask for the backward pass.
+
+    Written by hand because no torch op fuses a masked broadcast into a concatenation. Value for value what
+    nn.Dropout (kept entries times its noise ``1 / (1 - p)``) and torch.cat compute, forward and backward.
+
+    prefix: ``(batch, heads, l, hd)`` (usually a broadcast view); keep: the same shape, bool; scale: 0-d; states:
+    ``(batch, heads, length, hd)``.
+    """
+
+    @staticmethod
+    def forward(ctx, prefix, keep, scale, states):
+        batch, heads, length, head_dim = states.shape
+        prefix_length = prefix.shape[-2]
+        out = states.new_empty(batch, heads, prefix_length + length, head_dim,
+                               dtype=torch.promote_types(prefix.dtype, states.dtype))
+        rows = prefix[:1] if prefix.stride(0) == 0 else prefix  # one row of a broadcast view is enough
+        torch.mul(rows * scale, keep, out=out[:, :, :prefix_length])  # nn.Dropout: input * noise, noise in {0, scale}
+        out[:, :, prefix_length:] = states
+        ctx.save_for_backward(keep, scale)
+        ctx.prefix_length = prefix_length
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        keep, scale = ctx.saved_tensors
+        length = ctx.prefix_length
+        # the gradient of the (broadcast) prefix rows; autograd sums it over the batch, as for nn.Dropout's input
+        return (grad[:, :, :length] * scale).mul_(keep), None, None, grad[:, :, length:]
