@@ -58,6 +58,8 @@ TARGETS = {"memory_vs_simcse": 0.70, "throughput_vs_backbone": 0.95}
 VARIANTS = [
     Row("dcpcse-unsup+shared-dropout", "DCPCSE, one prefix dropout mask per batch", "dcpcse", False,
         (("prefix_dropout_shared", True),)),
+    Row("dcpcse-sup+shared-dropout", "DCPCSE, one prefix dropout mask per batch", "dcpcse", True,
+        (("prefix_dropout_shared", True),)),
     Row("dcpcse-unsup+checkpointing", "DCPCSE, activation checkpointing", "dcpcse", False,
         (("gradient_checkpointing", True),)),
     Row("dcpcse-unsup+compile", "DCPCSE, torch.compile of the backbone", "dcpcse", False, note="compile"),
@@ -67,6 +69,12 @@ VARIANTS = [
         (("gradient_checkpointing", True),)),
 ]
 ALL = {**{r.name: r for r in ROWS.values() if not r.ablation and r.method is not None}, **{r.name: r for r in VARIANTS}}
+#: The rows whose step times the targets compare, timed step by step in one process (see paired_child).
+PAIRED = {
+    setting: [f"simcse-{setting}", f"lora-{setting}", f"peft-prefix-{setting}", f"dcpcse-{setting}",
+              f"dcpcse-{setting}+shared-dropout"]
+    for setting in ("unsup", "sup")
+}
 
 
 # ------------------------------------------------------------------------------------------------- child
@@ -265,6 +273,72 @@ def child(row: Row, args) -> dict[str, Any]:
     return result
 
 
+def paired_child(setting: str, args) -> dict[str, Any]:
+    """Step times of the rows of ``PAIRED[setting]`` measured in one process, interleaved step by step on the same
+    batches, so that load drifts and batch lengths cancel out of the comparison.
+
+    Each row gets the trainer :func:`st_prompts.training.run.train` would build (``stage_trainer``) and its own
+    optimizer; a step is what the trainer's loop does: ``trainer.training_step`` (forward, loss, backward), gradient
+    clipping, the optimizer and scheduler steps. Round ``k`` runs batch ``k`` through every row, starting with a
+    different row each round; the first ``--warmup`` rounds are not timed.
+    """
+    import torch
+
+    from st_prompts import methods
+    from st_prompts.training.run import stage_trainer
+
+    data_dir = Path(args.data_dir)
+    rounds = args.warmup + args.steps
+    entries = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in PAIRED[setting]:
+            row = ALL[name]
+            settings = run_all.run_settings(row, 42, data_dir, False, os.path.join(tmp, name))
+            settings = settings.replace(max_steps=rounds, eval_steps=10**6, logging_steps=10**6)
+            method = methods.get(row.method)
+            stage = method.stages(settings)[-1]
+            data = stage.load_data(settings, str(data_dir), rounds * settings.batch_size)
+            torch.manual_seed(settings.seed)
+            model = method.build_model(settings)
+            if row.adapter:
+                model = run_all.attach_adapter(model, row)
+            trainer, _, _ = stage_trainer(settings, stage, data, model, show_progress_bar=False)
+            trainer.create_optimizer_and_scheduler(num_training_steps=rounds)
+            trainer.current_gradient_accumulation_steps = 1  # set by the trainer's loop, read by training_step
+            batches = [batch for _, batch in zip(range(rounds), trainer.get_train_dataloader())]
+            entries[name] = (trainer, batches, [])
+
+        def step(trainer, batch) -> float:
+            model = trainer.model
+            start = time.perf_counter()
+            trainer.training_step(model, batch)
+            if trainer.args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
+            trainer.optimizer.step()
+            trainer.lr_scheduler.step()
+            model.zero_grad()
+            return time.perf_counter() - start
+
+        names = list(entries)
+        load = os.getloadavg()
+        for k in range(rounds):
+            for name in names[k % len(names):] + names[:k % len(names)]:
+                trainer, batches, times = entries[name]
+                elapsed = step(trainer, batches[k])
+                if k >= args.warmup:
+                    times.append(elapsed)
+    base = entries[names[0]][2]
+    out: dict[str, Any] = {"setting": setting, "rows": {}, "base": names[0], "load_average_start": load,
+                           "load_average_end": os.getloadavg(), "torch_threads": torch.get_num_threads()}
+    for name, (_, _, times) in entries.items():
+        per_batch = [t / b for t, b in zip(times, base)]
+        quartiles = statistics.quantiles(per_batch, n=4) if len(per_batch) > 1 else [per_batch[0]] * 3
+        out["rows"][name] = {"seconds": times, "median_seconds": statistics.median(times),
+                             "vs_base": per_batch, "median_vs_base": statistics.median(per_batch),
+                             "quartiles_vs_base": [quartiles[0], quartiles[2]]}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- parent
 def measure(row: Row, args) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--_child", row.name, "--data-dir", str(args.data_dir),
@@ -281,6 +355,20 @@ def measure(row: Row, args) -> dict[str, Any]:
             return json.loads(line[len(CHILD_MARKER):])
     return {"row": row.name, "label": row.label, "setting": row.setting,
             "error": f"exit {done.returncode}: " + (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+
+
+def measure_paired(setting: str, args) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--_paired", setting, "--data-dir", str(args.data_dir),
+               "--steps", str(args.paired_steps), "--warmup", str(args.warmup)]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    env = {**os.environ, "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(CHILD_MARKER):
+            return json.loads(line[len(CHILD_MARKER):])
+    last = (done.stderr.strip().splitlines() or ["?"])[-1][:300]
+    return {"setting": setting, "error": f"exit {done.returncode}: {last}"}
 
 
 def human_bytes(n: int | None) -> str:
@@ -331,14 +419,36 @@ def markdown(report: dict[str, Any]) -> str:
         if r.get("operators_ms"):
             parts = ", ".join(f"{k} {v:.0f}" for k, v in r["operators_ms"].items())
             lines.append(f"- `{name}`: {parts}")
+    paired = {k: v for k, v in report.get("paired", {}).items() if "error" not in v}
+    if paired:
+        lines += ["", f"Paired step times (the rows the targets compare, in one process, interleaved step by step on "
+                  f"the same batches: {report.get('paired_steps')} timed batches after {report['warmup']} warm-up; "
+                  "the ratio is taken per batch, then the median and the quartiles across batches; load drifts and "
+                  "batch lengths cancel out of it):", "",
+                  "| row | median step (s) | × SimCSE, median | quartiles |", "|---|---:|---:|---|"]
+        for setting, result in paired.items():
+            for name, r in result["rows"].items():
+                q1, q3 = r["quartiles_vs_base"]
+                lines.append(f"| `{name}` {ALL[name].label} | {r['median_seconds']:.3f} | {r['median_vs_base']:.3f} | "
+                             f"{q1:.3f}-{q3:.3f} |")
     checks = report.get("targets")
     if checks:
         lines += ["", "Targets:", ""] + [f"- {text}: **{'met' if ok else 'not met'}**" for text, ok in checks]
     return "\n".join(lines) + "\n"
 
 
-def ratios(results: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Fill in the ratios against SimCSE of the same setting; return the target checks."""
+def paired_ratio(paired: dict[str, Any] | None, name: str, other: str) -> tuple[float, float, float] | None:
+    """Median and quartiles over batches of ``name``'s step time / ``other``'s on the same batch (paired run)."""
+    if not paired or "error" in paired or name not in paired["rows"] or other not in paired["rows"]:
+        return None
+    values = [a / b for a, b in zip(paired["rows"][name]["seconds"], paired["rows"][other]["seconds"])]
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return statistics.median(values), q[0], q[2]
+
+
+def ratios(results: dict[str, Any], paired: dict[str, Any] | None = None) -> list[tuple[str, bool]]:
+    """Fill in the ratios against SimCSE of the same setting; return the target checks (the step-time ones from the
+    paired measurement when there is one)."""
     for r in results.values():
         if "error" in r:
             continue
@@ -352,10 +462,20 @@ def ratios(results: dict[str, Any]) -> list[tuple[str, bool]]:
         ours, lora, prefix = (results.get(f"{m}-{setting}") for m in ("dcpcse", "lora", "peft-prefix"))
         if not all(x and "error" not in x for x in (ours, lora, prefix)):
             continue
-        fastest = min(lora["step_seconds"]["median"], prefix["step_seconds"]["median"])
-        checks.append((f"DCPCSE {setting} step time ≤ LoRA's and PEFT prefix's ({ours['step_seconds']['median']:.3f} s "
-                       f"vs {lora['step_seconds']['median']:.3f} / {prefix['step_seconds']['median']:.3f})",
-                       ours["step_seconds"]["median"] <= fastest))
+        pair = (paired or {}).get(setting)
+        vs_lora, vs_prefix = (paired_ratio(pair, f"dcpcse-{setting}", f"{m}-{setting}")
+                              for m in ("lora", "peft-prefix"))
+        if vs_lora and vs_prefix:
+            checks.append((f"DCPCSE {setting} step time ≤ LoRA's and PEFT prefix's (paired, median per batch: "
+                           f"{vs_lora[0]:.3f} × LoRA [quartiles {vs_lora[1]:.3f}-{vs_lora[2]:.3f}], "
+                           f"{vs_prefix[0]:.3f} × PEFT prefix [{vs_prefix[1]:.3f}-{vs_prefix[2]:.3f}])",
+                           vs_lora[0] <= 1.0 and vs_prefix[0] <= 1.0))
+        else:
+            fastest = min(lora["step_seconds"]["median"], prefix["step_seconds"]["median"])
+            checks.append((f"DCPCSE {setting} step time ≤ LoRA's and PEFT prefix's "
+                           f"({ours['step_seconds']['median']:.3f} s vs {lora['step_seconds']['median']:.3f} / "
+                           f"{prefix['step_seconds']['median']:.3f})",
+                           ours["step_seconds"]["median"] <= fastest))
         if ours.get("memory") and lora.get("memory") and prefix.get("memory"):
             least = min(lora["memory"]["peak_mib"], prefix["memory"]["peak_mib"])
             checks.append((f"DCPCSE {setting} memory ≤ LoRA's and PEFT prefix's ({ours['memory']['peak_mib']:.0f} MiB "
@@ -382,18 +502,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's default)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiler")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 warm-up + 2 steps, 256 sentences")
+    parser.add_argument("--paired-steps", type=int, default=20,
+                        help="timed batches of the paired step-time comparison (the rows the targets compare)")
+    parser.add_argument("--no-paired", action="store_true", help="skip the paired step-time comparison")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
+    parser.add_argument("--_paired", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.data_dir is None:
         parser.error("pass --data-dir")
     if args.quick:
-        args.steps, args.warmup, args.encode_sentences, args.repeats = 2, 1, 256, 1
+        args.steps, args.warmup, args.encode_sentences, args.repeats, args.paired_steps = 2, 1, 256, 1, 2
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     if args._child:
         print(CHILD_MARKER + json.dumps(child(ALL[args._child], args), default=str), flush=True)
+        return 0
+    if args._paired:
+        print(CHILD_MARKER + json.dumps(paired_child(args._paired, args), default=str), flush=True)
         return 0
 
     out_dir = run_all.QUICK_DIR if args.quick else run_all.RESULTS_DIR
@@ -410,12 +537,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  step {r['step_seconds']['median']:.3f}s, memory "
                   f"{r['memory']['peak_mib'] if r.get('memory') else float('nan'):.0f} MiB, encode x "
                   f"{r['throughput']['ratio']:.3f}", flush=True)
+    paired = dict(previous.get("paired", {}))
+    if not args.no_paired:
+        settings = [s for s in PAIRED if any(n in args.rows for n in PAIRED[s])]
+        for setting in settings:
+            print(f"paired step times, {setting}: {', '.join(PAIRED[setting])} ...", flush=True)
+            paired[setting] = measure_paired(setting, args)
+            if "error" in paired[setting]:
+                print(f"  failed: {paired[setting]['error']}", flush=True)
+            else:
+                print("  " + ", ".join(f"{n} {r['median_vs_base']:.3f}" for n, r in paired[setting]["rows"].items()),
+                      flush=True)
     order = [n for n in ALL if n in results]
     results = {n: results[n] for n in order}
     # the header's load range covers every row in the report, also those kept from an earlier invocation
-    loads = [r[key][0] for r in results.values() if "error" not in r
+    loads = [r[key][0] for r in (*results.values(), *paired.values()) if "error" not in r
              for key in ("load_average_start", "load_average_end")]
-    checks = ratios(results)
+    checks = ratios(results, paired)
     import torch
 
     report = {
@@ -424,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{args.threads or torch.get_num_threads()} threads",
         "load_min": min(loads) if loads else float("nan"), "load_max": max(loads) if loads else float("nan"),
         "steps": args.steps, "warmup": args.warmup, "encode_sentences": args.encode_sentences,
-        "repeats": args.repeats, "rows": results, "targets": checks,
+        "repeats": args.repeats, "rows": results, "paired": paired, "paired_steps": args.paired_steps,
+        "targets": checks,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     run_all.write_json(path, report)

@@ -149,49 +149,11 @@ def train(
     stage_reports: dict[str, dict[str, Any]] = {}
     for index, stage in enumerate(stages):
         dataset = _stage_dataset(stage, train_dataset, settings, index)
-        if stage.prepare is not None:
-            stage.prepare(model, settings)
-        loss = stage.build_loss(model, settings)
-        if stage.prepare_loss is not None:
-            report = stage.prepare_loss(loss, dataset, settings)
-            if report:
-                stage_reports[stage.name] = dict(report)
-        stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
-        learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
-        evaluator = dev_evaluator if stage.select_model else None
-        batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
-        args = SentenceTransformerTrainingArguments(
-            output_dir=settings.output_dir,
-            num_train_epochs=stage.epochs(settings) if stage.epochs is not None else settings.epochs,
-            max_steps=stage_steps if stage_steps is not None else settings.max_steps,
-            per_device_train_batch_size=batch_size,
-            learning_rate=stage.learning_rate(settings) if stage.learning_rate is not None else settings.learning_rate,
-            learning_rate_mapping=learning_rates,
-            warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
-            weight_decay=0.0,
-            lr_scheduler_type="linear",
-            seed=settings.seed,
-            eval_strategy="steps" if evaluator is not None else "no",
-            eval_steps=settings.eval_steps,
-            save_strategy="no",
-            logging_steps=settings.logging_steps,
-            report_to="none",
-            disable_tqdm=not show_progress_bar,
-            use_cpu=not torch.cuda.is_available(),
-            **_checkpointing_arguments(settings.gradient_checkpointing),
-        )
-        stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
-        stage_callbacks += list(callbacks or [])
-        stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
-        keep_best = None
-        if evaluator is not None:
-            keep_best = KeepBestCallback(model, evaluator)
-            stage_callbacks.append(keep_best)
-        collator = stage.collator(model, settings) if stage.collator is not None else None
-        trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=stage_callbacks,
-            data_collator=collator,
-        )
+        trainer, keep_best, report = stage_trainer(settings, stage, dataset, model, dev_evaluator, callbacks,
+                                                   show_progress_bar)
+        if report:
+            stage_reports[stage.name] = dict(report)
+        batch_size = trainer.args.per_device_train_batch_size
         if len(stages) > 1:
             logger.info(f"Stage {index + 1}/{len(stages)}: {stage.name}")
         start = time.perf_counter()
@@ -201,8 +163,8 @@ def train(
             # The trainer does not always evaluate the final weights (e.g. when the last step is not a multiple of
             # eval_steps): evaluate them here unless it did.
             if keep_best.last_step != trainer.state.global_step:
-                final = evaluator(model)
-                keep_best.consider(final[evaluator.primary_metric], trainer.state.global_step)
+                final = keep_best.evaluator(model)
+                keep_best.consider(final[keep_best.evaluator.primary_metric], trainer.state.global_step)
             keep_best.restore()
             best = keep_best
         total_steps += trainer.state.global_step
@@ -226,6 +188,65 @@ def train(
     if best is not None:
         logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")
     return model, result
+
+
+def stage_trainer(
+    settings: TrainSettings,
+    stage: Stage,
+    dataset,
+    model: SentenceTransformer,
+    dev_evaluator=None,
+    callbacks: list[TrainerCallback] | None = None,
+    show_progress_bar: bool = True,
+) -> tuple[SentenceTransformerTrainer, KeepBestCallback | None, dict[str, Any] | None]:
+    """What :func:`train` does for one stage before ``trainer.train()``: the stage's preparation, its loss (and the
+    loss's pre-pass), the training arguments, callbacks and collator, and the trainer.
+
+    Returns ``(trainer, keep_best, report)``: ``keep_best`` is the callback keeping the best STS-B dev weights (``None``
+    when the stage selects no model), ``report`` what the loss's pre-pass reported. The benchmarks use it to time the
+    trainer's own steps (``trainer.training_step``) exactly as :func:`train` runs them.
+    """
+    if stage.prepare is not None:
+        stage.prepare(model, settings)
+    loss = stage.build_loss(model, settings)
+    report = stage.prepare_loss(loss, dataset, settings) if stage.prepare_loss is not None else None
+    stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
+    learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
+    evaluator = dev_evaluator if stage.select_model else None
+    batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
+    args = SentenceTransformerTrainingArguments(
+        output_dir=settings.output_dir,
+        num_train_epochs=stage.epochs(settings) if stage.epochs is not None else settings.epochs,
+        max_steps=stage_steps if stage_steps is not None else settings.max_steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=stage.learning_rate(settings) if stage.learning_rate is not None else settings.learning_rate,
+        learning_rate_mapping=learning_rates,
+        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
+        weight_decay=0.0,
+        lr_scheduler_type="linear",
+        seed=settings.seed,
+        eval_strategy="steps" if evaluator is not None else "no",
+        eval_steps=settings.eval_steps,
+        save_strategy="no",
+        logging_steps=settings.logging_steps,
+        report_to="none",
+        disable_tqdm=not show_progress_bar,
+        use_cpu=not torch.cuda.is_available(),
+        **_checkpointing_arguments(settings.gradient_checkpointing),
+    )
+    stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
+    stage_callbacks += list(callbacks or [])
+    stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
+    keep_best = None
+    if evaluator is not None:
+        keep_best = KeepBestCallback(model, evaluator)
+        stage_callbacks.append(keep_best)
+    collator = stage.collator(model, settings) if stage.collator is not None else None
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=stage_callbacks,
+        data_collator=collator,
+    )
+    return trainer, keep_best, report
 
 
 def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
