@@ -514,11 +514,43 @@ def launch(row: Row, seed: int, key: str, path: Path, args, threads: int) -> tup
     return process, log
 
 
+def claim(path: Path, key: str, force: bool) -> Path | None:
+    """Claim the run whose result goes to ``path`` for this process; ``None`` if it is done (another invocation
+    finished it since the plan was made) or another live invocation is running it.
+
+    Invocations sharing one results folder (two terminals, or a long run split in parts) thereby never run the same
+    run twice: the claim is a file beside the result, created atomically, holding the claiming process's id; a claim
+    whose process is gone is taken over.
+    """
+    if not force:
+        cached = load_record(path)
+        if cached and cached.get("key") == key:
+            return None
+    marker = path.with_name(f".{path.name}.claim")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = int(marker.read_text() or 0)
+                os.kill(owner, 0)  # raises if that process is gone
+                return None
+            except (OSError, ValueError):
+                marker.unlink(missing_ok=True)  # a stale claim: take it over
+                continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        return marker
+    return None
+
+
 def run_plan(todo: list[tuple[Row, int, str, Path]], args) -> list[str]:
-    """Run the planned runs, ``args.jobs`` at a time; returns the failures."""
+    """Run the planned runs, ``args.jobs`` at a time (skipping those another invocation finished or is running, see
+    :func:`claim`); returns the failures."""
     jobs = max(1, args.jobs)
     threads = args.threads or max(1, (os.cpu_count() or 1) // jobs)
-    running: list[tuple[subprocess.Popen, Path, Row, int, float]] = []
+    running: list[tuple[subprocess.Popen, Path, Row, int, float, Path]] = []
     failures: list[str] = []
     queue = list(todo)
     total = len(queue)
@@ -526,14 +558,21 @@ def run_plan(todo: list[tuple[Row, int, str, Path]], args) -> list[str]:
     while queue or running:
         while queue and len(running) < jobs:
             row, seed, key, path = queue.pop(0)
+            marker = claim(path, key, args.force)
+            if marker is None:
+                done += 1
+                print(f"[{done}/{total}] skipped {row.name} seed {seed}: done or running elsewhere", flush=True)
+                continue
             process, log = launch(row, seed, key, path, args, threads)
-            running.append((process, log, row, seed, time.perf_counter()))
+            marker.write_text(str(process.pid))  # the claim lives as long as the run, even if this process dies
+            running.append((process, log, row, seed, time.perf_counter(), marker))
             print(f"[{done + len(running)}/{total}] started {row.name} seed {seed} (log: {log})", flush=True)
         time.sleep(1.0)
         for item in list(running):
-            process, log, row, seed, start = item
+            process, log, row, seed, start, marker = item
             if process.poll() is None:
                 continue
+            marker.unlink(missing_ok=True)
             running.remove(item)
             done += 1
             elapsed = time.perf_counter() - start
