@@ -290,6 +290,7 @@ def paired_child(setting: str, args) -> dict[str, Any]:
     data_dir = Path(args.data_dir)
     rounds = args.warmup + args.steps
     entries = {}
+    draws: dict[str, list[int]] = {}  # prefix dropout draws of each pass, per row with a prefix
     with tempfile.TemporaryDirectory() as tmp:
         for name in PAIRED[setting]:
             row = ALL[name]
@@ -307,6 +308,9 @@ def paired_child(setting: str, args) -> dict[str, Any]:
             trainer.current_gradient_accumulation_steps = 1  # set by the trainer's loop, read by training_step
             batches = [batch for _, batch in zip(range(rounds), trainer.get_train_dataloader())]
             entries[name] = (trainer, batches, [])
+            prefix = getattr(model[0], "prefix_encoder", None)
+            if prefix is not None:
+                draws[name] = count_prefix_draws(prefix)
 
         def step(trainer, batch) -> float:
             model = trainer.model
@@ -336,7 +340,43 @@ def paired_child(setting: str, args) -> dict[str, Any]:
         out["rows"][name] = {"seconds": times, "median_seconds": statistics.median(times),
                              "vs_base": per_batch, "median_vs_base": statistics.median(per_batch),
                              "quartiles_vs_base": [quartiles[0], quartiles[2]]}
+        if name in draws:
+            # What the prefix dropout draws cost by themselves: one step's Bernoulli numbers, drawn alone
+            per_step = sum(draws[name]) // rounds
+            out["rows"][name]["prefix_dropout_draws_per_step"] = per_step
+            out["rows"][name]["prefix_dropout_draw_ms"] = 1000 * bernoulli_seconds(per_step)
     return out
+
+
+def count_prefix_draws(prefix) -> list[int]:
+    """Wrap ``prefix.values`` to record how many dropout numbers each pass draws (one per example and prefix entry
+    with a mask per example; one per prefix entry with a shared mask)."""
+    counts: list[int] = []
+    original = prefix.values
+
+    def values(batch_size: int):
+        draw = original(batch_size)
+        if prefix.training and prefix.dropout.p > 0:
+            counts.append(draw.keep.numel() if draw.keep is not None else draw.prefix.numel())
+        return draw
+
+    prefix.values = values
+    return counts
+
+
+def bernoulli_seconds(count: int, repeats: int = 5) -> float:
+    """Median seconds of drawing ``count`` Bernoulli numbers into a boolean tensor (how the prefix mask is drawn)."""
+    import torch
+
+    if count == 0:
+        return 0.0
+    target = torch.empty(count, dtype=torch.bool)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.bernoulli_(0.9)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------------------- parent
@@ -425,12 +465,16 @@ def markdown(report: dict[str, Any]) -> str:
                   f"the same batches: {report.get('paired_steps')} timed batches after {report['warmup']} warm-up; "
                   "the ratio is taken per batch, then the median and the quartiles across batches; load drifts and "
                   "batch lengths cancel out of it):", "",
-                  "| row | median step (s) | × SimCSE, median | quartiles |", "|---|---:|---:|---|"]
+                  "| row | median step (s) | × SimCSE, median | quartiles | prefix dropout draws per step | "
+                  "drawing them alone (ms) |", "|---|---:|---:|---|---:|---:|"]
         for setting, result in paired.items():
             for name, r in result["rows"].items():
                 q1, q3 = r["quartiles_vs_base"]
+                count = r.get("prefix_dropout_draws_per_step")
+                drawn = "–" if count is None else f"{count / 1e6:.2f}M"
+                draw_ms = "–" if count is None else f"{r['prefix_dropout_draw_ms']:.0f}"
                 lines.append(f"| `{name}` {ALL[name].label} | {r['median_seconds']:.3f} | {r['median_vs_base']:.3f} | "
-                             f"{q1:.3f}-{q3:.3f} |")
+                             f"{q1:.3f}-{q3:.3f} | {drawn} | {draw_ms} |")
     checks = report.get("targets")
     if checks:
         lines += ["", "Targets:", ""] + [f"- {text}: **{'met' if ok else 'not met'}**" for text, ok in checks]
