@@ -567,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
         print(CHILD_MARKER + json.dumps(paired_child(args._paired, args), default=str), flush=True)
         return 0
 
+    problem = run_all.lora_route_problem() if any(ALL[name].adapter for name in args.rows) else None
+    if problem:
+        parser.error(problem)
     out_dir = run_all.QUICK_DIR if args.quick else run_all.RESULTS_DIR
     path = out_dir / "efficiency.json"
     previous = json.loads(path.read_text()) if path.is_file() else {"rows": {}}

@@ -308,6 +308,34 @@ def attach_adapter(model, row: Row):
     return model
 
 
+def lora_route_problem() -> str | None:
+    """Why ``model.add_adapter(LoraConfig(...))`` would fail with the installed versions, or None.
+
+    transformers checks the PEFT version only when the adapter is added, i.e. minutes into a benchmark (and inside a
+    child process): transformers 5.24 requires peft >= 0.22, which PyPI did not have on 2026-11-24 (0.21.2 was the
+    newest). Checked up front so that the benchmark stops with this message instead of a traceback per LoRA run.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        installed = version("peft")
+    except PackageNotFoundError:
+        return "the LoRA and PEFT prefix-tuning rows need peft: pip install -e '.[bench]'"
+    try:
+        from transformers.integrations.peft import MIN_PEFT_VERSION
+    except ImportError:  # moved or removed: let add_adapter itself decide
+        return None
+    if Version(installed) < Version(MIN_PEFT_VERSION):
+        import transformers
+
+        return (f"transformers {transformers.__version__} needs peft >= {MIN_PEFT_VERSION} for model.add_adapter (the "
+                f"LoRA rows), but peft {installed} is installed: install the benchmark's pinned versions with "
+                f"pip install -e '.[bench]' (transformers < 5.24), or a newer peft")
+    return None
+
+
 def evaluate_all(model, senteval: str) -> dict[str, float]:
     """STS-B dev Spearman, SICK-R trial Spearman, recall@1/3/5 and alignment/uniformity on STS-B dev."""
     import numpy as np
@@ -928,6 +956,9 @@ def main(argv: list[str] | None = None) -> int:
     args.results_dir = QUICK_DIR if args.quick else RESULTS_DIR
     rows = select_rows(args.only, args.ablations, args.quick)
     if not args.report_only:
+        problem = lora_route_problem() if any(row.adapter for row in rows) else None
+        if problem:
+            parser.error(problem)
         args.duplicates = []
         todo = plan(rows, args)
         print(f"{len(todo)} run(s) to do ({len(rows)} row(s) selected; cached runs are skipped); results in "

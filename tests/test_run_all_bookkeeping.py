@@ -52,3 +52,16 @@ def test_all_seeds_changes_the_seeds_not_the_run_key(run_all, tmp_path):
     (tmp_path / "train" / "wiki_sentences.txt").write_text("one sentence\nanother sentence\n")
     data = tmp_path  # the evaluation files are missing: the fingerprint says so, the key is still defined
     assert run_all.run_key(row, 42, data, False) == run_all.run_key(single, 42, data, False)
+
+
+def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypatch):
+    """transformers checks the PEFT version only inside add_adapter; the benchmark checks it up front."""
+    import peft
+    import transformers.integrations.peft as integration
+
+    monkeypatch.setattr(integration, "MIN_PEFT_VERSION", "0.0.1")
+    assert run_all.lora_route_problem() is None
+    monkeypatch.setattr(integration, "MIN_PEFT_VERSION", "99.0.0")
+    problem = run_all.lora_route_problem()
+    assert problem is not None and "peft >= 99.0.0" in problem and f"peft {peft.__version__} is installed" in problem
+    assert ".[bench]" in problem
