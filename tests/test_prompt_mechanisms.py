@@ -11,7 +11,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 
 from st_prompts import MaskTokenPooling, PromptedTransformer, save_prompts_only
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules import CLS_OVERRIDE, PREFIX_ATTENTION_MASK, prefix_view_mask
+from st_prompts.modules import CLS_OVERRIDE, PREFIX_ATTENTION_MASK, cache_argument, prefix_view_mask
 from st_prompts.prompts import PROMPTBERT_TEMPLATE, SCPCSE_TEMPLATE
 
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat", "this is happy music and the dog sits"]
@@ -72,7 +72,7 @@ def test_prefix_only_equals_transformers_own_position_computation(tiny_backbones
     with torch.no_grad():
         theirs = model(
             input_ids=features["input_ids"], attention_mask=mask, token_type_ids=features["token_type_ids"],
-            past_key_values=encoder.prefix_encoder(len(SENTENCES)),
+            **{cache_argument(model): encoder.prefix_encoder(len(SENTENCES))},
         ).last_hidden_state
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
@@ -319,7 +319,8 @@ def test_template_only_features_keep_the_template_positions(tiny_backbones, mode
         with torch.no_grad():
             reference = encoder.auto_model(
                 input_ids=only["input_ids"], position_ids=only["position_ids"], attention_mask=mask,
-                token_type_ids=only["token_type_ids"], past_key_values=encoder.prefix_encoder(2),
+                token_type_ids=only["token_type_ids"],
+                **{cache_argument(encoder.auto_model): encoder.prefix_encoder(2)},
             ).last_hidden_state
         torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
 

@@ -131,7 +131,7 @@ def test_probe_catches_a_backbone_that_ignores_the_cache(tiny_bert, monkeypatch)
     def ignoring_model(self):
         forward = self.auto_model.forward
 
-        def forward_without_cache(*args, past_key_values=None, attention_mask=None, **kwargs):
+        def forward_without_cache(*args, past_key_values=None, cache=None, attention_mask=None, **kwargs):
             if attention_mask is not None:
                 attention_mask = attention_mask[:, -kwargs["input_ids"].shape[1]:]
             return forward(*args, attention_mask=attention_mask, **kwargs)

@@ -13,6 +13,7 @@ from st_prompts.modules.prompted_transformer import (
     TEMPLATE_TOKEN_EMBEDDINGS,
     PromptedTransformer,
     backbone_fingerprint,
+    cache_argument,
     portable_backbone_reference,
     save_prompts_only,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "MaskTokenPooling",
     "PromptedTransformer",
     "backbone_fingerprint",
+    "cache_argument",
     "portable_backbone_reference",
     "prefix_view_mask",
     "save_prompts_only",

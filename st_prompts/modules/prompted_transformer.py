@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import logging
 import os
 import re
@@ -415,7 +417,8 @@ class PromptedTransformer(Transformer):
                                       self.prefix_encoder.head_dim, dropout=0.0).to(device)
                 cache = probe(1)
                 mask = torch.ones(1, 3, dtype=torch.long, device=device)
-                prompted = model(input_ids=input_ids, attention_mask=mask, past_key_values=cache).last_hidden_state
+                prompted = model(input_ids=input_ids, attention_mask=mask,
+                                 **{cache_argument(model): cache}).last_hidden_state
         except Exception as exc:  # the architecture rejects a cache
             raise UnsupportedArchitectureError(
                 f"The backbone {type(model).__name__} rejected the deep-prompt key/value cache ({exc}). "
@@ -572,7 +575,7 @@ class PromptedTransformer(Transformer):
                 raise ConfigurationError(f"features['{PREFIX_VALUES}'] holds a prefix for {values.shape[1]} rows, the "
                                          f"batch has {batch_size}.")
             features[PREFIX_VALUES] = values
-            model_inputs["past_key_values"] = self.prefix_encoder.cache(values)
+            model_inputs[cache_argument(self.auto_model)] = self.prefix_encoder.cache(values)
             if prefix_mask is None:
                 prefix_mask = attention_mask.new_ones(batch_size, self.prefix_length)
             elif tuple(prefix_mask.shape) != (batch_size, self.prefix_length):
@@ -802,6 +805,21 @@ def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt,
         raise ConfigurationError(f"prefix_hidden_size must be a positive integer, got {prefix_hidden_size!r}.")
     if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
         raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword under which ``model.forward`` takes the key/value cache that carries the deep prompts.
+
+    transformers 5.24 renamed ``past_key_values`` to ``cache`` on the encoders (the old name is deprecated and goes in
+    5.40); earlier 5.x releases only know ``past_key_values``. Read off the signature (through the deprecation
+    wrapper) once per model class.
+    """
+    return _cache_argument(type(getattr(model, "_orig_mod", model)))  # torch.compile's wrapper: the model's own
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _allow_checkpointing_with_prefix(model: torch.nn.Module) -> None:
