@@ -136,6 +136,7 @@ class Row:
 LORA_LR = {False: 5e-3, True: 1e-2}
 PEFT_PREFIX_LR = {False: 3e-2, True: 3e-2}
 LORA_LR_CANDIDATES = (2e-4, 1e-3, 5e-3, 1e-2)
+DCPCSE_LR_CANDIDATES = (1e-2, 1e-1)  # and 3e-2, the preset: the main rows
 
 
 def _rows() -> list[Row]:
@@ -201,6 +202,11 @@ def _rows() -> list[Row]:
             rows.append(Row(f"lora-{s}-lr{lr:g}", f"LoRA {s}, lr {lr:g} (selection)", "simcse", sup,
                             (("learning_rate", lr),), adapter="lora", ablation=True, issue="11",
                             compare=f"lora-{s}"))
+        # DCPCSE's CPU learning rate (3e-2, the preset, i.e. the main row) against its neighbours on a log scale, so
+        # that the comparison with LoRA does not rest on one side's tuning alone
+        for lr in DCPCSE_LR_CANDIDATES:
+            rows.append(Row(f"dcpcse-{s}-lr{lr:g}", f"DCPCSE {s}, lr {lr:g} (selection check)", "dcpcse", sup,
+                            (("learning_rate", lr),), ablation=True, issue="11", compare=f"dcpcse-{s}"))
     return rows
 
 
