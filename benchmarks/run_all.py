@@ -136,7 +136,7 @@ class Row:
 LORA_LR = {False: 5e-3, True: 1e-2}
 PEFT_PREFIX_LR = {False: 3e-2, True: 3e-2}
 LORA_LR_CANDIDATES = (2e-4, 1e-3, 5e-3, 1e-2)
-DCPCSE_LR_CANDIDATES = (1e-2, 1e-1)  # and 3e-2, the preset: the main rows
+DCPCSE_LR_CANDIDATES = (1e-2, 1e-1, 3e-1)  # and 3e-2, the preset: the main rows (3e-1 added: 1e-1 led)
 
 
 def _rows() -> list[Row]:
