@@ -135,7 +135,8 @@ class Row:
 #: (without its dropout), so it gets DCPCSE's CPU learning rate.
 LORA_LR = {False: 5e-3, True: 1e-2}
 PEFT_PREFIX_LR = {False: 3e-2, True: 3e-2}
-LORA_LR_CANDIDATES = (2e-4, 1e-3, 5e-3, 1e-2)
+#: per setting (supervised?): each grid was extended while its best value sat at the edge
+LORA_LR_CANDIDATES = {False: (2e-4, 1e-3, 5e-3, 1e-2), True: (2e-4, 1e-3, 5e-3, 1e-2, 3e-2)}
 DCPCSE_LR_CANDIDATES = (1e-2, 1e-1, 3e-1)  # and 3e-2, the preset: the main rows (3e-1 added: 1e-1 led)
 
 
@@ -198,7 +199,7 @@ def _rows() -> list[Row]:
             rows.append(Row(f"skicse-{encoder}-{s}-lambda0", f"SKICSE {encoder} {s}, λ = 0 (= {twin} on the SKI subset)",
                             "skicse", sup, (("encoder", encoder), *zero), ablation=True, issue="10",
                             compare=f"skicse-{encoder}-{s}"))
-        for lr in LORA_LR_CANDIDATES:
+        for lr in LORA_LR_CANDIDATES[sup]:
             rows.append(Row(f"lora-{s}-lr{lr:g}", f"LoRA {s}, lr {lr:g} (selection)", "simcse", sup,
                             (("learning_rate", lr),), adapter="lora", ablation=True, issue="11",
                             compare=f"lora-{s}"))
