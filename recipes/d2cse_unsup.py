@@ -9,7 +9,7 @@ replaced tokens. DiffCSE's BatchNorm MLP pooler in training only; the saved mode
     bert-base-uncased   batch 144, lr 0.021, prompt length 16, no [CLS] prompt, generator distilbert-base-uncased
     bert-large-uncased  batch 144, lr 0.034, prompt length 16, no [CLS] prompt, generator distilbert-base-uncased
     roberta-base        batch 128, lr 0.044, prompt length 16, [CLS] prompt,    generator distilroberta-base
---scale cpu (default): packaged all-MiniLM-L6-v2 with DCPCSE's CPU budget (batch 64, lr 3e-2, prefix 16, 1 epoch),
+--scale cpu (default): packaged all-MiniLM-L6-v2 with DCPCSE's CPU budget (batch 64, prefix 16, 1 epoch; lr 3e-2),
 no [CLS] prompt, and the offline fallback generator backbone-mlm (the frozen backbone with an MLM head trained
 briefly on the training sentences; its held-out masked-token accuracy is reported in train_result.json).
 Model selection: STS-B dev every 125 (paper) / 50 (cpu) steps.

@@ -9,7 +9,8 @@ uses it in training only (the CPU default, chosen on STS-B dev and checked on SI
     bert-base-uncased / bert-large-uncased  batch 256, lr 5e-3, prefix 12
     roberta-base                            batch 256, lr 1e-2, prefix 10
     roberta-large                           batch 256, lr 5e-3, prefix 10
---scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 3e-2, prefix 12, 1 epoch over the 5.9k SNLI triplets.
+--scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 1e-1 (selected on STS-B dev), prefix 12, 1 epoch over the
+5.9k SNLI triplets.
 
     python recipes/dcpcse_sup.py --data-dir ../shared/data
 """
