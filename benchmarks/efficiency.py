@@ -291,6 +291,7 @@ def paired_child(setting: str, args) -> dict[str, Any]:
     rounds = args.warmup + args.steps
     entries = {}
     draws: dict[str, list[int]] = {}  # prefix dropout draws of each pass, per row with a prefix
+    shared: set[str] = set()  # the rows drawing one prefix dropout mask per batch
     with tempfile.TemporaryDirectory() as tmp:
         for name in PAIRED[setting]:
             row = ALL[name]
@@ -311,6 +312,8 @@ def paired_child(setting: str, args) -> dict[str, Any]:
             prefix = getattr(model[0], "prefix_encoder", None)
             if prefix is not None:
                 draws[name] = count_prefix_draws(prefix)
+                if prefix.shared_dropout:
+                    shared.add(name)
 
         def step(trainer, batch) -> float:
             model = trainer.model
@@ -341,10 +344,13 @@ def paired_child(setting: str, args) -> dict[str, Any]:
                              "vs_base": per_batch, "median_vs_base": statistics.median(per_batch),
                              "quartiles_vs_base": [quartiles[0], quartiles[2]]}
         if name in draws:
-            # What the prefix dropout draws cost by themselves: one step's Bernoulli numbers, drawn alone
+            # What the prefix dropout draws cost by themselves: one step's keep decisions, drawn alone
             per_step = sum(draws[name]) // rounds
             out["rows"][name]["prefix_dropout_draws_per_step"] = per_step
-            out["rows"][name]["prefix_dropout_draw_ms"] = 1000 * bernoulli_seconds(per_step)
+            seconds = draw_seconds(per_step)
+            # a shared mask is drawn by nn.Dropout (bernoulli_) on the prefix itself
+            out["rows"][name]["prefix_dropout_draw_ms"] = 1000 * seconds["bernoulli" if name in shared else "package"]
+            out["rows"][name]["prefix_dropout_bernoulli_ms"] = 1000 * seconds["bernoulli"]
     return out
 
 
@@ -364,19 +370,28 @@ def count_prefix_draws(prefix) -> list[int]:
     return counts
 
 
-def bernoulli_seconds(count: int, repeats: int = 5) -> float:
-    """Median seconds of drawing ``count`` Bernoulli numbers into a boolean tensor (how the prefix mask is drawn)."""
+def draw_seconds(count: int, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of drawing ``count`` dropout keep decisions alone: as the prefix encoder draws them
+    (``st_prompts.prompts.prefix.draw_keep_mask``, 16 random bits each) and with ``torch.bernoulli_`` into a boolean
+    tensor (what ``nn.Dropout`` draws, one random number each), for comparison."""
     import torch
 
+    from st_prompts.prompts.prefix import draw_keep_mask
+
     if count == 0:
-        return 0.0
+        return {"package": 0.0, "bernoulli": 0.0}
     target = torch.empty(count, dtype=torch.bool)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        target.bernoulli_(0.9)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    ways = {"package": lambda: draw_keep_mask((count,), 0.1), "bernoulli": lambda: target.bernoulli_(0.9)}
+    out = {}
+    for name, draw in ways.items():
+        draw()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            draw()
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- parent
@@ -466,15 +481,17 @@ def markdown(report: dict[str, Any]) -> str:
                   "the ratio is taken per batch, then the median and the quartiles across batches; load drifts and "
                   "batch lengths cancel out of it):", "",
                   "| row | median step (s) | × SimCSE, median | quartiles | prefix dropout draws per step | "
-                  "drawing them alone (ms) |", "|---|---:|---:|---|---:|---:|"]
+                  "drawing them alone (ms) | with `bernoulli_` (ms) |", "|---|---:|---:|---|---:|---:|---:|"]
         for setting, result in paired.items():
             for name, r in result["rows"].items():
                 q1, q3 = r["quartiles_vs_base"]
                 count = r.get("prefix_dropout_draws_per_step")
                 drawn = "–" if count is None else f"{count / 1e6:.2f}M"
                 draw_ms = "–" if count is None else f"{r['prefix_dropout_draw_ms']:.0f}"
+                bern = r.get("prefix_dropout_bernoulli_ms")
+                bern_ms = "–" if bern is None else f"{bern:.0f}"
                 lines.append(f"| `{name}` {ALL[name].label} | {r['median_seconds']:.3f} | {r['median_vs_base']:.3f} | "
-                             f"{q1:.3f}-{q3:.3f} | {drawn} | {draw_ms} |")
+                             f"{q1:.3f}-{q3:.3f} | {drawn} | {draw_ms} | {bern_ms} |")
     checks = report.get("targets")
     if checks:
         lines += ["", "Targets:", ""] + [f"- {text}: **{'met' if ok else 'not met'}**" for text, ok in checks]

@@ -262,11 +262,12 @@ def test_prefix_cache_broadcasts_in_eval_and_draws_dropout_per_example_in_traini
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_prefix_dropout_equals_nn_dropout_then_cat(shared):
+def test_prefix_dropout_equals_dropout_then_cat(shared):
     """The fused prefix dropout (a boolean draw applied inside each layer's concatenation) gives exactly what the
-    plain route gives: ``nn.Dropout`` on the prefix broadcast over the batch (on the prefix itself when shared), then
-    ``torch.cat`` with the tokens' keys/values -- the same random numbers, values and gradients, bit for bit."""
-    from st_prompts.prompts.prefix import PrefixEncoder
+    plain route gives, values and gradients bit for bit, from the same random numbers: with a mask per example, the
+    prefix broadcast over the batch times ``draw_keep_mask``'s draw times ``1 / P(keep)``, then ``torch.cat`` with
+    the tokens' keys/values; with a shared mask, ``nn.Dropout`` on the prefix itself, then ``torch.cat``."""
+    from st_prompts.prompts.prefix import PrefixEncoder, draw_keep_mask
 
     batch, layers, heads, length, head_dim, tokens = 6, 3, 2, 4, 8, 5
     encoder = PrefixEncoder(length, layers, heads, head_dim, projection=True, projection_hidden_size=16, dropout=0.3,
@@ -283,12 +284,14 @@ def test_prefix_dropout_equals_nn_dropout_then_cat(shared):
             cache = encoder(batch)
             outs = [t for layer, i in zip(cache.layers, range(layers))
                     for t in layer.update(states[2 * i], states[2 * i + 1])]
-        else:  # the reference: nn.Dropout on the dense tensor, then cat
+        else:  # the reference: dropout on the dense tensor, then cat
             values = encoder.key_values().permute(1, 2, 0, 3).unsqueeze(1)
             if shared:
                 values = encoder.dropout(values).expand(-1, batch, -1, -1, -1)
             else:
-                values = encoder.dropout(values.expand(-1, batch, -1, -1, -1))
+                dense = values.expand(-1, batch, -1, -1, -1)
+                keep, keep_probability = draw_keep_mask(dense.shape, 0.3)
+                values = dense * keep * torch.tensor(1 / keep_probability)
             outs = [torch.cat([v, s], dim=-2) for v, s in zip(values.unbind(0), states)]
         sum((o * w).sum() for o, w in zip(outs, weights)).backward()
         grads = [p.grad.clone() for p in encoder.parameters()] + [s.grad.clone() for s in states]
@@ -296,12 +299,70 @@ def test_prefix_dropout_equals_nn_dropout_then_cat(shared):
 
     (fused_out, fused_grads, fused_next), (ref_out, ref_grads, ref_next) = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(fused_out, ref_out))
-    assert all(torch.equal(a, b) for a, b in zip(fused_grads, ref_grads))
+    # the fused backward sums the batch's rows itself, in another order than autograd's expand: equal up to rounding
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(fused_grads, ref_grads))
+    assert all(a.abs().sum() > 0 for a in fused_grads)
     assert torch.equal(fused_next, ref_next)  # the same random numbers were drawn
     dropped = (fused_out[0][:, :, :length] == 0).float().mean().item()
     assert 0.1 < dropped < 0.5  # dropout is really on (p = 0.3)
     # per example: rows differ; shared: every row has the same mask
     assert torch.equal(fused_out[0][0, :, :length], fused_out[0][1, :, :length]) is shared
+
+
+def test_per_example_prefix_dropout_gradient_matches_a_hand_written_sum():
+    """The gradient of the broadcast prefix is the batch's masked, scaled gradients summed: checked against the
+    formula written out, and on a prefix given per row (dense) where nothing may be summed."""
+    from st_prompts.prompts.prefix import _DroppedPrefixCat
+
+    torch.manual_seed(0)
+    batch, heads, length, head_dim, tokens = 5, 2, 3, 4, 6
+    keep = torch.rand(batch, heads, length, head_dim) > 0.4
+    scale = torch.tensor(1 / 0.6)
+    upstream = torch.randn(batch, heads, length + tokens, head_dim)
+    for rows in (1, batch):
+        prefix = torch.randn(rows, heads, length, head_dim, requires_grad=True)
+        states = torch.randn(batch, heads, tokens, head_dim, requires_grad=True)
+        out = _DroppedPrefixCat.apply(prefix, keep, scale, states)
+        assert torch.equal(out[:, :, :length], prefix.detach().expand(batch, -1, -1, -1) * scale * keep)
+        assert torch.equal(out[:, :, length:], states.detach())
+        (out * upstream).sum().backward()
+        expected = upstream[:, :, :length] * keep * scale
+        expected = expected.sum(0, keepdim=True) if rows == 1 else expected
+        assert prefix.grad.shape == prefix.shape
+        assert torch.allclose(prefix.grad, expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(states.grad, upstream[:, :, length:])
+
+
+def test_draw_keep_mask_is_bernoulli_with_the_stated_probability():
+    """Every entry is kept with the returned probability (p rounded to 2**-16), independently of its neighbours
+    (four entries share one 64-bit random word) and of the lane it came from; seeded draws repeat."""
+    from st_prompts.errors import ConfigurationError
+    from st_prompts.prompts.prefix import draw_keep_mask
+
+    n = 1 << 21
+    torch.manual_seed(3)
+    keep, keep_probability = draw_keep_mask((n,), 0.3)
+    assert keep.dtype == torch.bool and keep.shape == (n,)
+    assert keep_probability == 1 - round(0.3 * 2**16) / 2**16 and abs(keep_probability - 0.7) < 2**-16
+    drop = 1 - keep_probability
+    sigma = (drop * (1 - drop) / n) ** 0.5
+    assert abs((~keep).float().mean().item() - drop) < 5 * sigma
+    for lane in range(4):  # each 16-bit lane of the 64-bit words
+        assert abs((~keep[lane::4]).float().mean().item() - drop) < 5 * 2 * sigma
+    both = ((~keep[:-1]) & (~keep[1:])).float().mean().item()  # neighbours (mostly in one word) independent
+    assert abs(both - drop * drop) < 5 * (drop * drop * (1 - drop * drop) / n) ** 0.5
+    # the kept entries scaled by 1 / P(keep) keep the mean exactly in expectation
+    assert abs(keep.float().mean().item() / keep_probability - 1) < 5 * sigma / keep_probability
+    torch.manual_seed(3)
+    assert torch.equal(draw_keep_mask((n,), 0.3)[0], keep)
+    assert not torch.equal(draw_keep_mask((n,), 0.3)[0], keep)
+    assert draw_keep_mask((2, 3, 5), 0.1)[0].shape == (2, 3, 5)  # shapes whose size is no multiple of 4
+    every, one = draw_keep_mask((7,), 0.0)
+    assert one == 1.0 and every.all()
+    none, zero = draw_keep_mask((7,), 1.0)
+    assert zero == 0.0 and not none.any()
+    with pytest.raises(ConfigurationError, match="dropout probability"):
+        draw_keep_mask((3,), 1.5)
 
 
 def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
