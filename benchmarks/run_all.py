@@ -446,6 +446,7 @@ def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Pat
         load_average_start=load_start, load_average_end=os.getloadavg(),
         torch_threads=torch.get_num_threads(), torch=torch.__version__,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        prefix_dropout_draw=PREFIX_DROPOUT_DRAW,
         finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
     return record
@@ -768,7 +769,7 @@ def efficiency_section(results: Path) -> list[str]:
             for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -> str:
+def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str, notes: list[str] = ()) -> str:
     main = [r.name for r in rows if not r.ablation]
     lines = [
         "### Quality under one protocol and one budget",
@@ -788,6 +789,7 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         "(see `load_average` in the run files); CPU s: CPU seconds of the run up to the final evaluation (all "
         "threads; model loading, pre-passes, training and the in-training evaluations), less sensitive to load.",
         "",
+        *notes,
     ]
     for setting in ("none", "unsupervised", "semi-supervised", "supervised"):
         names = [n for n in main if summary.get(n, {}).get("setting") == setting]
@@ -925,6 +927,45 @@ def splice_readme(readme: Path, text: str) -> bool:
     return True
 
 
+#: How this code draws the per-example prefix dropout mask (recorded in every run file; runs without it predate it).
+PREFIX_DROPOUT_DRAW = "draw_keep_mask (16 random bits per entry)"
+
+
+def per_example_prefix_dropout(record: dict[str, Any]) -> bool:
+    """Whether a run trained a prefix with a dropout mask per example (DCPCSE, D2CSE, DiffAug, SKICSE prompted)."""
+    settings = record.get("settings") or {}
+    if not isinstance(settings, dict) or settings.get("prefix_dropout_shared"):
+        return False
+    method = settings.get("method")
+    return method in ("dcpcse", "d2cse", "diffaug") or (method == "skicse" and settings.get("encoder") == "prompted")
+
+
+def draw_provenance(records: list[dict[str, Any]], quick: bool = False) -> list[str]:
+    """A note naming the rows whose runs drew the per-example prefix dropout mask with the earlier ``bernoulli_``
+    draw (before ``draw_keep_mask``), and those re-run with the current one; empty when no run predates it."""
+    older: dict[str, list[int]] = {}
+    current: dict[str, list[int]] = {}
+    for record in records:
+        if per_example_prefix_dropout(record):
+            target = current if record.get("prefix_dropout_draw") else older
+            target.setdefault(record["row"], []).append(record["seed"])
+    if not older or quick:
+        return []
+
+    def names(runs: dict[str, list[int]]) -> str:
+        return ", ".join(f"`{row}` (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))})"
+                         for row, seeds in sorted(runs.items()))
+
+    text = ("Prefix dropout draw: the per-example prefix dropout mask is now drawn by "
+            "`st_prompts.prompts.prefix.draw_keep_mask` (16 random bits per entry, drop probability 0.1 rounded to "
+            "0.1000061); earlier runs drew it with `torch.bernoulli_` (one random number per entry): the same "
+            "distribution, other random numbers, so a rerun differs from them as another seed would. "
+            f"Runs with the earlier draw: {names(older)}.")
+    if current:
+        text += f" Runs with the current draw: {names(current)}."
+    return [text, ""]
+
+
 def report(rows: list[Row], args) -> dict[str, Any]:
     summary = collect(args.results_dir, list(ROWS.values()), args.data_dir, args.quick)
     environment = "no run yet"
@@ -937,7 +978,7 @@ def report(rows: list[Row], args) -> dict[str, Any]:
         environment = (f"{records[0].get('machine')}, torch {records[0].get('torch')} with {threads_text} thread(s) per "
                        f"run; 1-min load average during the runs {min(loads):.1f}-{max(loads):.1f}")
     write_json(args.results_dir / "summary.json", {"environment": environment, "rows": summary})
-    text = markdown(summary, list(ROWS.values()), args, environment)
+    text = markdown(summary, list(ROWS.values()), args, environment, draw_provenance(records, args.quick))
     (args.results_dir / "run_all.md").write_text(text, encoding="utf-8")
     if summary:
         plots(summary, args.results_dir)

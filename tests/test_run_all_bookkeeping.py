@@ -65,3 +65,30 @@ def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypat
     problem = run_all.lora_route_problem()
     assert problem is not None and "peft >= 99.0.0" in problem and f"peft {peft.__version__} is installed" in problem
     assert ".[bench]" in problem
+
+
+def test_draw_provenance_names_the_prefix_dropout_runs_made_with_the_earlier_draw(run_all):
+    """Runs that trained a prefix with a mask per example and lack the recorded draw are named as made with the
+    earlier bernoulli_ draw; runs without per-example prefix dropout never are."""
+    def record(row, seed, drawn, **settings):
+        out = {"row": row, "seed": seed, "settings": settings}
+        if drawn:
+            out["prefix_dropout_draw"] = run_all.PREFIX_DROPOUT_DRAW
+        return out
+
+    records = [
+        record("dcpcse-unsup", 42, True, method="dcpcse"),
+        record("dcpcse-unsup", 43, False, method="dcpcse"),
+        record("d2cse-sup", 42, False, method="d2cse"),
+        record("skicse-prompted-sup", 44, False, method="skicse", encoder="prompted"),
+        record("skicse-full-sup", 42, False, method="skicse", encoder="full"),  # no prefix
+        record("dcpcse-sup-shared-dropout", 42, False, method="dcpcse", prefix_dropout_shared=True),  # nn.Dropout
+        record("simcse-unsup", 42, False, method="simcse"),
+        {"row": "backbone-cls", "seed": 42},
+    ]
+    text = " ".join(run_all.draw_provenance(records)).strip()
+    older, current = text.split("Runs with the earlier draw: ")[1].split(" Runs with the current draw: ")
+    assert older == "`d2cse-sup` (seed 42), `dcpcse-unsup` (seed 43), `skicse-prompted-sup` (seed 44)."
+    assert current == "`dcpcse-unsup` (seed 42)."
+    assert run_all.draw_provenance([r for r in records if r.get("prefix_dropout_draw")]) == []
+    assert run_all.draw_provenance(records, quick=True) == []
