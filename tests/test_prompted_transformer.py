@@ -410,3 +410,41 @@ def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
     # saved with the module config and restored on load
     prompted = PromptedTransformer(tiny_bert, prefix_length=2, prefix_dropout_shared=True)
     assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type,
+                                                                                   monkeypatch):
+    """At inference the prefix gets masked-out zero positions so that prefix + tokens is a multiple of 16 keys (the
+    CPU attention kernel's fast case); the token embeddings are those of the unpadded prefix, with padded sentences
+    and with a per-row prefix view mask too. Training never pads."""
+    from st_prompts.modules import prompted_transformer as module
+    from st_prompts.prompts.prefix import key_padding
+
+    assert [key_padding(12, t) for t in (32, 4, 20, 37)] == [4, 0, 0, 15]
+    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5).eval()
+    torch.nn.init.normal_(encoder.prefix_encoder.embedding.weight)
+    features = encoder.tokenize(["a man plays the guitar on a stage", "a dog", "two women are talking quietly"])
+    lengths = []
+    real_cache = encoder.prefix_encoder.cache
+    monkeypatch.setattr(encoder.prefix_encoder, "cache",
+                        lambda values: lengths.append(values.shape[3]) or real_cache(values))
+
+    def run(pad: bool, **extra):
+        if not pad:
+            monkeypatch.setattr(module, "key_padding", lambda *a, **k: 0)
+        with torch.no_grad():
+            out = encoder({**features, **extra})["token_embeddings"]
+        monkeypatch.setattr(module, "key_padding", key_padding)
+        return out
+
+    tokens = features["input_ids"].shape[1]
+    padded, plain = run(True), run(False)
+    assert lengths == [5 + key_padding(5, tokens), 5] and (lengths[0] + tokens) % 16 == 0 and lengths[0] > 5
+    assert torch.allclose(padded, plain, atol=1e-5) and not torch.allclose(padded, padded.roll(1, 0), atol=1e-3)
+    view = {"prefix_attention_mask": torch.tensor([[1, 1, 0, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])}
+    assert torch.allclose(run(True, **view), run(False, **view), atol=1e-5)
+    lengths.clear()
+    encoder.train()
+    encoder({**features})
+    assert lengths == [5]

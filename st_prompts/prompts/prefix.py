@@ -225,6 +225,34 @@ def prefix_view_mask(
     owner = torch.arange(prefix_length, device=views.device) * num_views // prefix_length  # view of each position
     return (owner.unsqueeze(0) == views.unsqueeze(1)).long()
 
+#: At inference the prefix is padded with masked-out positions so that ``prefix + tokens`` is a multiple of this.
+KEY_LENGTH_MULTIPLE = 16
+
+
+def key_padding(prefix_length: int, token_length: int, multiple: int = KEY_LENGTH_MULTIPLE) -> int:
+    """How many masked-out prefix positions make ``prefix_length + token_length`` keys a multiple of ``multiple``.
+
+    Why: torch's CPU attention kernel (``scaled_dot_product_attention``'s flash path) runs at its full speed only
+    when the number of keys is a multiple of 16; between two multiples it is up to twice as slow (measured on MiniLM's
+    shapes, batch 128 and 32 queries: 32 keys 1.9 ms, 44 keys 4.6 ms, 48 keys 2.7 ms). A prefix adds ``l`` keys to
+    every sentence, so without padding a 12-position prefix on 32-token batches cost 9 % of the plain backbone's
+    encode throughput. The padded keys are zeros that the attention mask excludes: the output does not change.
+    """
+    return -(prefix_length + token_length) % multiple
+
+
+def pad_prefix(values: PrefixDraw | torch.Tensor, positions: int) -> PrefixDraw:
+    """``values`` (without a per-example dropout mask) with ``positions`` zero positions appended to the prefix of
+    every layer (mask them out of attention; see :func:`key_padding`)."""
+    if isinstance(values, torch.Tensor):
+        values = PrefixDraw(values, values.shape[1])
+    if values.keep is not None:
+        raise ConfigurationError("a prefix with a dropout mask per example cannot be padded.")
+    if positions == 0:
+        return values
+    prefix = torch.nn.functional.pad(values.prefix, (0, 0, 0, positions))  # (2L, 1 or batch, heads, l + pad, hd)
+    return PrefixDraw(prefix, values.batch_size)
+
 
 class PrefixDraw:
     """The prefix keys/values of one forward pass, kept factorised rather than as a dense per-row tensor.
