@@ -1,6 +1,6 @@
 """Soft prompts: deep key/value prefixes (:mod:`.prefix`) and input-embedding prompts and templates (:mod:`.shallow`)."""
 
-from st_prompts.prompts.prefix import PrefixCache, PrefixDraw, PrefixEncoder, prefix_view_mask
+from st_prompts.prompts.prefix import PrefixCache, PrefixDraw, PrefixEncoder, draw_keep_mask, prefix_view_mask
 from st_prompts.prompts.shallow import (
     PROMPTBERT_TEMPLATE,
     SCPCSE_TEMPLATE,
@@ -18,6 +18,7 @@ __all__ = [
     "PrefixDraw",
     "PrefixEncoder",
     "ShallowPrompt",
+    "draw_keep_mask",
     "parse_template",
     "place_vectors",
     "prefix_view_mask",
