@@ -10,6 +10,7 @@ as the independent reference for the attention arithmetic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -130,6 +131,7 @@ class PrefixEncoder(nn.Module):
             f"head_dim={self.head_dim}, projection={self.projection}, shared_dropout={self.shared_dropout}"
         )
 
+
 #: Resolution of :func:`draw_keep_mask`: a drop probability is rounded to a multiple of ``1 / 2**16``.
 KEEP_MASK_LEVELS = 1 << 16
 
@@ -164,9 +166,7 @@ def draw_keep_mask(shape: Sequence[int], p: float, device: torch.device | str | 
     if not 0.0 <= p <= 1.0:
         raise ConfigurationError(f"dropout probability must be in [0, 1], got {p!r}.")
     drop_levels = round(p * KEEP_MASK_LEVELS)
-    count = 1
-    for size in shape:
-        count *= int(size)
+    count = math.prod(shape)
     if drop_levels == KEEP_MASK_LEVELS:  # p = 1 (or within 2**-17 of it): drop everything, as nn.Dropout(1) does
         return torch.zeros(tuple(shape), dtype=torch.bool, device=device), 0.0
     words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device)
@@ -224,6 +224,7 @@ def prefix_view_mask(
         raise ConfigurationError(f"views must be in [0, {num_views}), got {views.tolist()}.")
     owner = torch.arange(prefix_length, device=views.device) * num_views // prefix_length  # view of each position
     return (owner.unsqueeze(0) == views.unsqueeze(1)).long()
+
 
 #: At inference the prefix is padded with masked-out positions so that ``prefix + tokens`` is a multiple of this.
 KEY_LENGTH_MULTIPLE = 16
@@ -360,7 +361,7 @@ class _DroppedPrefixCat(torch.autograd.Function):
         out[:, :, prefix_length:] = states
         ctx.save_for_backward(keep, scale)
         ctx.prefix_length = prefix_length
-        ctx.prefix_shape = prefix.shape
+        ctx.broadcast = prefix.shape[0] != batch  # one prefix row for the whole batch
         return out
 
     @staticmethod
@@ -368,6 +369,6 @@ class _DroppedPrefixCat(torch.autograd.Function):
         keep, scale = ctx.saved_tensors
         length = ctx.prefix_length
         grad_prefix = grad[:, :, :length] * keep.view(torch.uint8)
-        if ctx.prefix_shape[0] != grad_prefix.shape[0]:  # a prefix broadcast over the batch: sum the rows' gradients
+        if ctx.broadcast:  # sum the rows' gradients into the one prefix row
             grad_prefix = grad_prefix.sum(0, keepdim=True)
-        return grad_prefix.mul_(scale).reshape(ctx.prefix_shape), None, None, grad[:, :, length:]
+        return grad_prefix.mul_(scale), None, None, grad[:, :, length:]
