@@ -1,23 +1,26 @@
-"""Load a sentence-transformers model for a command, deciding whether to trust its code; describe its pooling.
+"""Load a sentence-transformers model without running code that ships with it; describe its pooling.
 
-Every ``st-prompts`` command that loads a model goes through :func:`load_sentence_model`. With
-``trust_remote_code=True``, sentence-transformers imports whatever class a model's ``modules.json`` names, and
-transformers runs the modelling code a ``config.json`` points to with ``auto_map``: loading then executes code that
-came with the model. st_prompts' own modules (``st_prompts.modules.PromptedTransformer``, ``MaskTokenPooling``) sit
-outside ``sentence_transformers.*``, so sentence-transformers 6 needs ``trust_remote_code=True`` for them too. The
-rule, when the caller does not decide (``trust_remote_code=None``, the default; :func:`should_trust_remote_code`):
+Every ``st-prompts`` command that loads a model goes through :func:`load_sentence_model`, and Python users can too::
 
-* the ``minilm`` alias is resolved first (:func:`st_prompts.utils.resolve_model_name`);
-* the model's ``modules.json`` is read: from the folder for a local path, through ``huggingface_hub.hf_hub_download``
-  (the cached copy when there is one) for a hub id;
-* trust is given only when that file can be read, every module ``type`` in it names a class in
-  ``sentence_transformers.*`` or ``st_prompts.*``, and no module's ``config.json`` has an ``auto_map`` (custom
-  transformers code);
-* otherwise the model is loaded without trust, so that sentence-transformers (or transformers) refuses to import the
-  foreign code; the refusal reaches the user as :class:`~st_prompts.errors.UntrustedCodeError`, which says why and
-  how to override.
+    from st_prompts.loading import load_sentence_model
+    model = load_sentence_model("runs/dcpcse")          # st_prompts' and sentence-transformers' own classes only
 
-An explicit ``trust_remote_code=True`` (the commands' ``--trust-remote-code``) or ``False`` is passed on as is.
+Why not ``SentenceTransformer(path, trust_remote_code=True)``: sentence-transformers 6 wants that flag for any module
+class outside ``sentence_transformers.*`` (so for st_prompts' ``PromptedTransformer`` too), and the flag then also
+lets the model import any class its ``modules.json`` names, any ``Dense`` activation, and lets transformers run the
+``auto_map`` code of its configuration, its tokenizer or (for a prompts-only checkpoint) its backbone. Here:
+
+* **the decision comes first** (:func:`untrusted_reason`): every file that can name code is read before anything is
+  loaded: ``modules.json`` (every type must be a class of ``sentence_transformers.*`` or ``st_prompts.*``), each
+  module's configuration (a ``Dense`` activation must be a ``torch.*`` class; a ``Router``'s types are checked like
+  ``modules.json``), the ``auto_map`` / ``custom_pipelines`` of ``config.json``, ``tokenizer_config.json`` and the
+  processor configurations of every folder involved, and the backbone a prompts-only checkpoint refers to;
+* **nothing is granted**: the model is then loaded with ``trust_remote_code=False``. sentence-transformers loads its
+  own classes as usual; a model with st_prompts modules is assembled here from its modules (each loaded by its own
+  class with ``trust_remote_code=False``), so that sentence-transformers never needs the global flag;
+* a model that names code is refused with :class:`~st_prompts.errors.UntrustedCodeError`, one line naming what and
+  where, unless the user passed ``trust_remote_code=True`` (``--trust-remote-code``), which is handed to
+  sentence-transformers as is.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from st_prompts.errors import DataNotFoundError, StPromptsError, UntrustedCodeError
+from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError
 from st_prompts.utils import resolve_model_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,9 +39,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRUSTED_MODULE_PREFIXES", "load_sentence_model", "pooling_label", "should_trust_remote_code"]
+__all__ = ["TRUSTED_MODULE_PREFIXES", "load_sentence_model", "pooling_label", "should_trust_remote_code",
+           "untrusted_reason"]
 
-#: Module classes from these packages are trusted without asking: they are installed code, not code from the model.
+#: Module classes from these packages are installed code, not code from the model: they may be loaded.
 TRUSTED_MODULE_PREFIXES = ("sentence_transformers.", "st_prompts.")
 #: Keyword arguments of ``SentenceTransformer`` that say where to read a hub model's files from.
 _HUB_KWARGS = {
@@ -46,6 +51,15 @@ _HUB_KWARGS = {
     "token": "token",
     "local_files_only": "local_files_only",
 }
+#: Configuration files transformers reads beside a model, any of which can point to code (``auto_map``). On the hub
+#: they are fetched by name; in a local folder every ``*.json`` file is read.
+_CODE_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+#: Keys of a configuration that make transformers import code from the model's folder.
+_CODE_KEYS = ("auto_map", "custom_pipelines")
+#: ``SentenceTransformer`` keyword arguments :func:`load_sentence_model` passes on when it assembles a model itself.
+_ASSEMBLY_KWARGS = ("cache_folder", "revision", "token", "local_files_only", "model_kwargs", "processor_kwargs",
+                    "config_kwargs", "backend", "prompts", "default_prompt_name", "similarity_fn_name",
+                    "truncate_dim", "model_card_data")
 #: How :func:`pooling_label` names sentence-transformers' ``Pooling`` modes.
 _POOLING_MODE_LABELS = {
     "cls": "[CLS]",
@@ -65,6 +79,10 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _is_local(model: str) -> bool:
+    return os.path.isdir(model) or os.path.exists(model) or model.startswith((".", "/", "~"))
+
+
 def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
     """Local path of ``filename`` of ``model`` (a folder or a hub id; hub files via the cache or a download).
 
@@ -77,96 +95,212 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
         if not os.path.isfile(path):
             raise _Missing(path)
         return path
-    if os.path.exists(model) or model.startswith((".", "/", "~")):
+    if _is_local(model):
         raise OSError(f"{model} is not a model folder")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError
 
     options = {target: hub[source] for source, target in _HUB_KWARGS.items() if hub.get(source) is not None}
     try:
         return hf_hub_download(model, filename, **options)
-    except LocalEntryNotFoundError:
-        raise  # not in the cache and no network: unknown, not missing
     except EntryNotFoundError as exc:
         raise _Missing(f"{model}/{filename}") from exc
 
 
-def _untrusted_reason(model: str, hub: dict[str, Any]) -> str | None:
-    """Why ``model`` should not be loaded with ``trust_remote_code=True`` (``None``: it may be)."""
+def _read_json(model: str, filename: str, hub: dict[str, Any]) -> Any:
+    """The parsed JSON file, or ``None`` if it does not exist; raises ``_Unreadable`` when it cannot be read."""
     try:
-        with open(_model_file(model, "modules.json", hub), encoding="utf-8") as handle:
-            modules = json.load(handle)
+        path = _model_file(model, filename, hub)
     except _Missing:
-        return "it has no modules.json, so the classes it would load are unknown"
-    except Exception as exc:  # any failure to read it: do not trust
-        return f"its modules.json could not be read ({_first_line(exc)})"
-    if not isinstance(modules, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("path", ""), str) for m in modules
-    ):
-        return "its modules.json is not a list of modules with a 'type'"
-    foreign = [m["type"] for m in modules if not m["type"].startswith(TRUSTED_MODULE_PREFIXES)]
-    if foreign:
-        return f"its modules.json names classes outside sentence_transformers and st_prompts: {', '.join(foreign)}"
-    for module in modules:
-        folder = module.get("path", "")
-        if os.path.isabs(folder) or ".." in folder.replace("\\", "/").split("/"):
-            return f"its modules.json has a module path outside the model: {folder!r}"
+        return None
+    except Exception as exc:  # any failure to reach it
+        raise _Unreadable(f"{filename} could not be read ({_first_line(exc)})") from exc
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise _Unreadable(f"{filename} could not be read ({_first_line(exc)})") from exc
+
+
+class _Unreadable(Exception):
+    """A file that may name code could not be read: the model cannot be checked."""
+
+
+def _config_files(model: str, folder: str) -> list[str]:
+    """The JSON files of ``folder`` in ``model`` to check: every ``*.json`` of a local folder, the known names on the
+    hub."""
+    if os.path.isdir(model):
+        directory = os.path.join(model, folder)
         try:
-            config_path = _model_file(model, f"{folder}/config.json" if folder else "config.json", hub)
-            with open(config_path, encoding="utf-8") as handle:
-                config = json.load(handle)
-        except _Missing:
-            continue
-        except Exception as exc:
-            return f"{folder or '.'}/config.json could not be read ({_first_line(exc)})"
-        if isinstance(config, dict) and config.get("auto_map"):
-            return f"{folder or '.'}/config.json points to custom modelling code (auto_map)"
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+        except OSError:
+            return []
+        return [f"{folder}/{n}" if folder else n for n in names]
+    return [f"{folder}/{n}" if folder else n for n in _CODE_CONFIG_FILES + ("router_config.json",)]
+
+
+def _code_in_config(name: str, config: Any) -> str | None:
+    """Why the configuration ``name`` (parsed) makes something import code from the model, or ``None``."""
+    if not isinstance(config, dict):
+        return None
+    for key in _CODE_KEYS:
+        if config.get(key):
+            return f"{name} points to custom code ({key})"
+    activation = config.get("activation_function")
+    if isinstance(activation, str) and not activation.startswith("torch."):
+        return f"{name} names the activation function {activation!r}, which is not a torch class"
+    tokenizer_class = config.get("tokenizer_class")
+    if name.rsplit("/", 1)[-1] == "config.json" and isinstance(tokenizer_class, str) and "." in tokenizer_class:
+        if not tokenizer_class.startswith("sentence_transformers."):
+            return f"{name} names the tokenizer class {tokenizer_class!r}"
+    return None
+
+
+def _foreign_types(types: list[Any]) -> list[str]:
+    return [str(t) for t in types if not (isinstance(t, str) and t.startswith(TRUSTED_MODULE_PREFIXES))]
+
+
+def _check_folder(model: str, folder: str, hub: dict[str, Any], seen: set[str], depth: int = 0) -> str | None:
+    """Why the module folder ``folder`` of ``model`` would run code that ships with it, or ``None``."""
+    if os.path.isabs(folder) or ".." in folder.replace("\\", "/").split("/"):
+        return f"modules.json has a module path outside the model: {folder!r}"
+    for name in _config_files(model, folder):
+        config = _read_json(model, name, hub)
+        reason = _code_in_config(name, config)
+        if reason:
+            return reason
+        if isinstance(config, dict) and name.endswith("router_config.json"):
+            types = config.get("types") or {}
+            foreign = _foreign_types(list(types.values()) if isinstance(types, dict) else [types])
+            if foreign:
+                return f"{name} names classes outside sentence_transformers and st_prompts: {', '.join(foreign)}"
+            for sub in types:
+                reason = _check_folder(model, f"{folder}/{sub}" if folder else str(sub), hub, seen, depth + 1)
+                if reason:
+                    return reason
+        if isinstance(config, dict) and config.get("prompts_only") and depth < 2:
+            reason = _check_backbone(config.get("backbone_name_or_path"), hub, seen)
+            if reason:
+                return f"{name}: the backbone it refers to: {reason}"
+    return None
+
+
+def _check_backbone(reference: Any, hub: dict[str, Any], seen: set[str]) -> str | None:
+    """Why the backbone a prompts-only checkpoint refers to would run code that ships with it, or ``None``."""
+    if not isinstance(reference, str) or not reference or reference in seen:
+        return None
+    seen.add(reference)
+    try:
+        backbone = os.path.expanduser(resolve_model_name(reference))
+    except DataNotFoundError:
+        return None  # the packaged alias without its package: loading says so
+    if _is_local(backbone) and not os.path.isdir(backbone):
+        return None  # a missing local backbone: loading says so
+    for name in _config_files(backbone, ""):
+        try:
+            config = _read_json(backbone, name, {k: v for k, v in hub.items() if k != "revision"})
+        except _Unreadable:
+            if _is_local(backbone):
+                return f"{backbone}/{name} could not be read"
+            continue  # an unreachable hub backbone cannot be loaded either: loading says so
+        reason = _code_in_config(f"{backbone}/{name}", config)
+        if reason:
+            return reason
+    return None
+
+
+def untrusted_reason(name_or_path: str, **hub: Any) -> str | None:
+    """Why loading ``name_or_path`` would run code that ships with the model, or ``None`` if it would not.
+
+    Reads, without loading anything: ``modules.json`` (every type must be a class of ``sentence_transformers.*`` or
+    ``st_prompts.*``), the JSON configuration files of the model's folder and of every module folder (no ``auto_map``
+    or ``custom_pipelines``, no ``Dense`` activation outside ``torch.*``, no foreign ``Router`` type), and the same
+    files of the backbone a prompts-only checkpoint refers to (``model_kwargs={"backbone_name_or_path": ...}``
+    included). A file that cannot be read counts as a reason. ``**hub``: ``cache_folder``, ``revision``, ``token``,
+    ``local_files_only`` (and ``model_kwargs``), as for ``SentenceTransformer``.
+    """
+    model = os.path.expanduser(resolve_model_name(name_or_path))
+    seen: set[str] = set()
+    try:
+        modules = _read_json(model, "modules.json", hub)
+        if modules is None:  # a plain transformers model: sentence-transformers adds mean pooling
+            return _check_folder(model, "", hub, seen)
+        if not isinstance(modules, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("path", ""), str)
+            for m in modules
+        ):
+            return "its modules.json is not a list of modules with a 'type'"
+        foreign = _foreign_types([m["type"] for m in modules])
+        if foreign:
+            return f"its modules.json names classes outside sentence_transformers and st_prompts: {', '.join(foreign)}"
+        for folder in dict.fromkeys([""] + [m.get("path", "") for m in modules]):
+            reason = _check_folder(model, folder, hub, seen)
+            if reason:
+                return reason
+        override = (hub.get("model_kwargs") or {}).get("backbone_name_or_path")
+        if override:
+            reason = _check_backbone(override, hub, seen)
+            if reason:
+                return f"the backbone given in model_kwargs: {reason}"
+    except _Unreadable as exc:
+        return f"its {exc}, so the code it would load is unknown"
     return None
 
 
 def should_trust_remote_code(name_or_path: str, **hub: Any) -> bool:
-    """Whether :func:`load_sentence_model` would pass ``trust_remote_code=True`` for ``name_or_path`` by itself.
-
-    True only when the model's ``modules.json`` can be read and names only ``sentence_transformers.*`` and
-    ``st_prompts.*`` classes, and no module's ``config.json`` has an ``auto_map`` (see the module docstring).
-    ``**hub``: ``cache_folder``, ``revision``, ``token``, ``local_files_only``, as for ``SentenceTransformer``.
-    """
-    model = os.path.expanduser(resolve_model_name(name_or_path))
-    return _untrusted_reason(model, hub) is None
+    """Whether ``name_or_path`` loads without running any code that ships with it (:func:`untrusted_reason` is
+    ``None``): what :func:`load_sentence_model` needs to load it without ``trust_remote_code=True``."""
+    return untrusted_reason(name_or_path, **hub) is None
 
 
 def load_sentence_model(
     name_or_path: str,
-    trust_remote_code: bool | None = None,
+    trust_remote_code: bool | None = False,
     *,
     device: str | None = None,
     **kwargs: Any,
 ) -> SentenceTransformer:
-    """Load ``name_or_path`` (``minilm`` = the packaged all-MiniLM-L6-v2) as a ``SentenceTransformer``.
+    """Load ``name_or_path`` (``minilm`` = the packaged all-MiniLM-L6-v2) as a ``SentenceTransformer``, running no
+    code that ships with it unless ``trust_remote_code=True`` (see the module docstring).
 
     Args:
         name_or_path: a local folder, a hub id or an alias of :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`.
-        trust_remote_code: ``None`` (default): decided by :func:`should_trust_remote_code`; ``True``/``False``:
-            passed on as given (the user's explicit choice).
+        trust_remote_code: ``True``: the user trusts the model's code; it is passed to sentence-transformers as is.
+            ``False``/``None`` (default): only sentence-transformers' and st_prompts' own classes are loaded; a model
+            that names any other code is refused before anything of it is loaded.
         device: device to put the model on (default: sentence-transformers' choice).
         **kwargs: further ``SentenceTransformer`` arguments (``cache_folder``, ``revision``, ``model_kwargs``, ...).
 
     Raises:
         DataNotFoundError: the model cannot be found or read.
-        UntrustedCodeError: the model needs code outside sentence_transformers/st_prompts, it was not trusted, and
-            sentence-transformers (or transformers) refused to import that code.
+        DataFormatError: one of its weight files is damaged.
+        UntrustedCodeError: it names code that ships with it, and ``trust_remote_code`` is not ``True``.
     """
     from sentence_transformers import SentenceTransformer
 
+    from st_prompts.storage import interrupted_save_hint
+
     model = os.path.expanduser(resolve_model_name(name_or_path))
-    reason = None
-    if trust_remote_code is None:
-        reason = _untrusted_reason(model, kwargs)
-        trust_remote_code = reason is None
-        if reason is not None:
-            logger.debug("loading %s without trust_remote_code: %s", name_or_path, reason)
+    if _is_local(model) and not os.path.isdir(model):
+        hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
+        raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
     try:
-        return SentenceTransformer(model, trust_remote_code=bool(trust_remote_code), device=device, **kwargs)
+        if trust_remote_code is True:
+            return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
+        reason = untrusted_reason(model, **kwargs)
+        if reason is not None:
+            raise UntrustedCodeError(
+                f"refused to load model {name_or_path!r}: {reason}. Nothing of it was run; pass --trust-remote-code "
+                "(trust_remote_code=True in Python) only if you trust that code."
+            )
+        modules = _read_json(model, "modules.json", kwargs) or []
+        if any(m["type"].startswith("st_prompts.") for m in modules):
+            return _assemble(model, modules, device, kwargs)
+        return SentenceTransformer(model, trust_remote_code=False, device=device, **kwargs)
+    except StPromptsError:
+        raise
+    except _Unreadable as exc:
+        raise DataNotFoundError(f"could not load model {name_or_path!r}: its {exc}") from exc
     except OSError as exc:
         raise DataNotFoundError(f"could not load model {name_or_path!r}: {_first_line(exc)}") from exc
     except ImportError as exc:
@@ -175,15 +309,64 @@ def load_sentence_model(
             f"could not load model {name_or_path!r}: its modules.json names code that cannot be imported "
             f"({_first_line(exc)}); install the package that provides it."
         ) from exc
-    except ValueError as exc:
-        if isinstance(exc, StPromptsError) or trust_remote_code or "trust_remote_code" not in str(exc):
-            raise
-        refusal = " ".join(str(exc).split())
-        why = f"it was loaded without trust_remote_code because {reason}. " if reason else ""
-        raise UntrustedCodeError(
-            f"refused to load model {name_or_path!r}: {refusal} ({why}If you trust this code, pass "
-            "--trust-remote-code, or trust_remote_code=True in Python.)"
-        ) from exc
+    except Exception as exc:
+        if _is_damaged_weights(exc):
+            raise DataFormatError(f"could not load model {name_or_path!r}: a weight file is damaged "
+                                  f"({_first_line(exc)}); save or download it again.") from exc
+        raise
+
+
+def _is_damaged_weights(exc: BaseException) -> bool:
+    """Whether ``exc`` is safetensors' (or torch's) complaint about an unreadable weight file."""
+    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
+    return bool(names & {"SafetensorError", "HeaderTooLarge", "HeaderTooSmall", "InvalidHeaderDeserialization",
+                         "UnpicklingError"}) or "deserializ" in str(exc).lower()
+
+
+def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | None,
+              kwargs: dict[str, Any]) -> SentenceTransformer:
+    """A ``SentenceTransformer`` built from the modules of a saved model, each loaded by its own class with
+    ``trust_remote_code=False``: how a model with st_prompts modules loads without sentence-transformers' global
+    ``trust_remote_code`` (:func:`untrusted_reason` has already checked every type it names).
+
+    Written here because sentence-transformers 6 offers no public way to resolve a type outside its own namespace
+    without granting that flag to everything the model names.
+    """
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.router import Router
+    from sentence_transformers.util import import_from_string
+
+    unknown = sorted(set(kwargs) - set(_ASSEMBLY_KWARGS))
+    if unknown:
+        raise StPromptsError(f"load_sentence_model() cannot pass {', '.join(unknown)} to a model with st_prompts "
+                             "modules; give them to the model after loading")
+    hub = {key: kwargs[key] for key in ("token", "cache_folder", "revision", "local_files_only") if key in kwargs}
+    ours = {m["type"]: import_from_string(m["type"]) for m in modules_config if m["type"].startswith("st_prompts.")}
+    modules: OrderedDict[str, Any] = OrderedDict()
+    module_kwargs: OrderedDict[str, Any] = OrderedDict()
+    for config in modules_config:
+        module_class = ours.get(config["type"]) or import_from_string(config["type"])
+        load_kwargs: dict[str, Any] = {
+            "subfolder": config.get("path", ""), **hub, "trust_remote_code": False,
+            "model_kwargs": kwargs.get("model_kwargs"), "processor_kwargs": kwargs.get("processor_kwargs"),
+            "config_kwargs": kwargs.get("config_kwargs"), "backend": kwargs.get("backend", "torch"),
+        }
+        if issubclass(module_class, Router):
+            load_kwargs["module_classes"] = ours  # a Router over st_prompts modules resolves them the same way
+        modules[config["name"]] = module_class.load(model, **load_kwargs)
+        module_kwargs[config["name"]] = config.get("kwargs", [])
+    saved = _read_json(model, "config_sentence_transformers.json", hub) or {}
+    options = {key: kwargs[key] for key in ("prompts", "default_prompt_name", "similarity_fn_name", "truncate_dim",
+                                            "model_card_data", "backend") if kwargs.get(key) is not None}
+    prompts = {**(saved.get("prompts") or {}), **(options.pop("prompts", None) or {})}
+    options.setdefault("default_prompt_name", saved.get("default_prompt_name"))
+    if saved.get("similarity_fn_name"):
+        options.setdefault("similarity_fn_name", saved["similarity_fn_name"])
+    if saved.get("truncate_dim") is not None:
+        options.setdefault("truncate_dim", saved["truncate_dim"])
+    result = SentenceTransformer(modules=modules, device=device, prompts=prompts or None, **options)
+    result.module_kwargs = module_kwargs
+    return result
 
 
 def pooling_label(model: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
@@ -12,12 +13,18 @@ def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
         "--trust-remote-code",
         action="store_true",
         default=None,
-        help="let the model run code from outside sentence-transformers and st_prompts (a custom class in its "
-        "modules.json, custom modelling code in its config.json). Without it, such a model is refused. Only use it "
-        "for models whose code you trust",
+        help="let the model run code that ships with it or its backbone (a custom class in its modules.json, an "
+        "auto_map in a config.json or tokenizer_config.json, a custom Dense activation). Without it, such a model is "
+        "refused before anything of it runs. Only use it for models whose code you trust",
     )
 
 
 def add_no_progress_argument(parser: argparse.ArgumentParser) -> None:
     """``--no-progress`` (``args.no_progress``): hide progress bars."""
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether a command shows progress bars: not with ``--no-progress``, and only on a terminal (never into a
+    redirected log)."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()

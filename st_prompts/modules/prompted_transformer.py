@@ -19,6 +19,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from st_prompts.errors import (
     BackboneMismatchError,
     ConfigurationError,
+    DataFormatError,
     DataNotFoundError,
     UnsupportedArchitectureError,
 )
@@ -757,7 +758,11 @@ class PromptedTransformer(Transformer):
         path = self.load_file_path(model_name_or_path, PROMPTS_FILE, **hub)
         if path is None:
             raise DataNotFoundError(f"{model_name_or_path!r} has no {PROMPTS_FILE}: it is not a saved PromptedTransformer.")
-        state = load_file(path)
+        try:
+            state = load_file(path)
+        except Exception as exc:  # safetensors' SafetensorError (a truncated or foreign file), OSError
+            raise DataFormatError(f"{PROMPTS_FILE} in {model_name_or_path!r} is damaged ({str(exc).splitlines()[0]}); "
+                                  "save or download the model again.") from exc
         expected = {k: tuple(v.shape) for k, v in self.prompt_state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
         if found != expected:

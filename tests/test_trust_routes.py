@@ -1,0 +1,212 @@
+"""No code that ships with a model runs unless the user asked: every route, through every command that loads a model.
+
+Each hostile folder below carries code that writes a marker file when it runs: a tokenizer ``auto_map``, a ``Dense``
+module naming a foreign activation, a prompts-only checkpoint whose backbone has a modelling ``auto_map``, and a search
+index recording such a model. Without ``--trust-remote-code`` every command exits 2 with one line naming the reason
+and the flag, and the marker is not written; with the flag the same model loads (and its code runs).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from st_prompts.cli import main
+from st_prompts.errors import UntrustedCodeError
+from st_prompts.loading import load_sentence_model, untrusted_reason
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CORPUS = FIXTURES / "search" / "real_queries.txt"  # 120 distinct sentences
+SENTEVAL = FIXTURES / "senteval"
+
+
+@pytest.fixture(scope="module")
+def clean_model(tmp_path_factory, tiny_bert) -> Path:
+    """A saved SentenceTransformer of sentence-transformers' own classes (tiny BERT + mean pooling)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    path = tmp_path_factory.mktemp("clean") / "model"
+    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(path))
+    return path
+
+
+def _marker_code(marker: Path, body: str) -> str:
+    return f"open({str(marker)!r}, 'w').write('ran')\n{body}"
+
+
+def tokenizer_route(source: Path, tmp_path: Path, name: str = "tok") -> tuple[Path, Path]:
+    """A copy of ``source`` whose tokenizer_config.json maps AutoTokenizer to a file beside it."""
+    folder = Path(shutil.copytree(source, tmp_path / f"{name}-model"))
+    marker = tmp_path / f"{name}-ran"
+    module = f"tokenization_{name}"
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [f"{module}.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / f"{module}.py").write_text(_marker_code(
+        marker, "from transformers import BertTokenizerFast\n\n\nclass EvilTokenizer(BertTokenizerFast):\n    pass\n"))
+    return folder, marker
+
+
+def dense_route(source: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A copy of ``source`` with a Dense module whose activation is a class of an importable foreign module."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    marker = tmp_path / "dense-ran"
+    package = tmp_path / "site-dense"
+    package.mkdir()
+    (package / "evil_activation.py").write_text(_marker_code(marker, "import torch\n\n\nclass Act(torch.nn.Tanh):\n    pass\n"))
+    monkeypatch.syspath_prepend(str(package))
+    monkeypatch.delitem(sys.modules, "evil_activation", raising=False)
+    model = SentenceTransformer(str(source), device="cpu")
+    model.append(Dense(32, 8))
+    folder = tmp_path / "dense-model"
+    model.save(str(folder))
+    dense_dir = next(p for p in folder.iterdir() if p.name.endswith("Dense"))
+    config = json.loads((dense_dir / "config.json").read_text())
+    config["activation_function"] = "evil_activation.Act"
+    (dense_dir / "config.json").write_text(json.dumps(config))
+    return folder, marker
+
+
+def backbone_route(tiny_bert: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A prompts-only checkpoint whose backbone folder maps AutoModel to modelling code beside it."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer, save_prompts_only
+
+    backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
+    encoder = PromptedTransformer(str(backbone), prefix_length=2)
+    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu")
+    folder = tmp_path / "prompts-only"
+    save_prompts_only(model, str(folder))
+    marker = tmp_path / "backbone-ran"
+    config = json.loads((backbone / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (backbone / "config.json").write_text(json.dumps(config))
+    (backbone / "modeling_evil.py").write_text(_marker_code(
+        marker, "from transformers import BertModel\n\n\nclass EvilModel(BertModel):\n    pass\n"))
+    return folder, marker
+
+
+def _commands(model: Path, tmp_path: Path, index: Path) -> dict[str, list[str]]:
+    """Every command that loads a model, pointed at ``model`` (``index`` is a clean index of the corpus)."""
+    senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
+    return {
+        "evaluate": ["evaluate", str(model), "--metrics", "sts", "--tasks", "STSBenchmark", *senteval],
+        "plot similarity": ["plot", "similarity", str(model), "--out", str(tmp_path / "s.png"), *senteval],
+        "plot align-uniform": ["plot", "align-uniform", str(model), "--out", str(tmp_path / "a.png"), *senteval],
+        "index build": ["index", "build", str(model), str(CORPUS), str(tmp_path / "new.index"), "--no-progress"],
+        "index search --model": ["index", "search", str(index), "cat", "--model", str(model)],
+        "index add --model": ["index", "add", str(index), str(CORPUS), "--model", str(model), "--no-progress"],
+        "index calibrate --model": ["index", "calibrate", str(index), "--model", str(model)],
+    }
+
+
+@pytest.fixture(scope="module")
+def clean_index(tmp_path_factory, clean_model) -> Path:
+    out = tmp_path_factory.mktemp("index") / "corpus.index"
+    assert main(["index", "build", str(clean_model), str(CORPUS), str(out), "--index-type", "hnsw",
+                 "--no-progress"]) == 0
+    return out
+
+
+def _assert_refused(argv: list[str], capsys, marker: Path, words: tuple[str, ...]) -> None:
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if ": error: " in line]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines  # one line, the last, and no traceback
+    err = errors[0]
+    assert "--trust-remote-code" in err and all(word in err for word in words), err
+    assert not marker.exists(), f"{argv[0:2]} ran the model's code"
+
+
+@pytest.mark.parametrize("route", ["tokenizer", "dense", "backbone"])
+def test_every_command_refuses_every_route(route, clean_model, clean_index, tiny_bert, tmp_path, capsys,
+                                           monkeypatch):
+    if route == "tokenizer":
+        folder, marker = tokenizer_route(clean_model, tmp_path)
+        words = ("tokenizer_config.json", "auto_map")
+    elif route == "dense":
+        folder, marker = dense_route(clean_model, tmp_path, monkeypatch)
+        words = ("evil_activation.Act",)
+    else:
+        folder, marker = backbone_route(tiny_bert, tmp_path)
+        words = ("backbone", "auto_map")
+    before = (clean_index / "meta.json").read_text()
+    capsys.readouterr()
+    for name, argv in _commands(folder, tmp_path, clean_index).items():
+        _assert_refused(argv, capsys, marker, words)
+    assert (clean_index / "meta.json").read_text() == before  # nothing was added or recalibrated
+    assert not (tmp_path / "new.index").exists()
+    # With the flag, the same model loads: its code runs because the user asked.
+    argv = _commands(folder, tmp_path, clean_index)["evaluate"] + ["--trust-remote-code"]
+    assert main(argv) == 0
+    assert marker.read_text() == "ran"
+
+
+def test_an_index_checks_its_recorded_model_before_loading_it(clean_model, tmp_path, capsys):
+    """A shared index whose meta.json names a model carrying code: searching it refuses before loading the model."""
+    model = Path(shutil.copytree(clean_model, tmp_path / "shared-model"))
+    index = tmp_path / "shared.index"
+    assert main(["index", "build", str(model), str(CORPUS), str(index), "--no-progress"]) == 0
+    (tmp_path / "work").mkdir()
+    evil, marker = tokenizer_route(model, tmp_path / "work", name="shared")
+    shutil.rmtree(model)
+    evil.rename(model)  # the folder the index records now carries a tokenizer auto_map
+    _assert_refused(["index", "search", str(index), "a cat"], capsys, marker, ("auto_map",))
+    _assert_refused(["index", "calibrate", str(index)], capsys, marker, ("auto_map",))
+
+
+def test_python_loading_refuses_before_running(clean_model, tiny_bert, tmp_path, monkeypatch):
+    for folder, marker in (tokenizer_route(clean_model, tmp_path, name="py"), dense_route(clean_model, tmp_path,
+                                                                                         monkeypatch),
+                           backbone_route(tiny_bert, tmp_path)):
+        assert untrusted_reason(str(folder)) is not None
+        with pytest.raises(UntrustedCodeError, match="trust_remote_code=True"):
+            load_sentence_model(str(folder))
+        assert not marker.exists()
+        loaded = load_sentence_model(str(folder), trust_remote_code=True)
+        assert marker.exists() and loaded.encode(["a cat"]).shape[0] == 1
+
+
+def test_a_backbone_override_is_checked_too(tiny_bert, tmp_path):
+    folder, marker = backbone_route(tiny_bert, tmp_path)
+    clean = Path(shutil.copytree(tiny_bert, tmp_path / "clean-backbone"))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    config["backbone_name_or_path"] = str(clean)
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    assert untrusted_reason(str(folder)) is None
+    evil_backbone = tmp_path / "backbone"
+    reason = untrusted_reason(str(folder), model_kwargs={"backbone_name_or_path": str(evil_backbone)})
+    assert reason is not None and "auto_map" in reason
+    assert not marker.exists()
+
+
+def test_st_prompts_models_load_without_the_global_flag(tiny_bert, tmp_path):
+    """A model with st_prompts modules is assembled from its modules, none loaded with trust_remote_code, and encodes
+    exactly as sentence-transformers' own loading with the flag does."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+
+    encoder = PromptedTransformer(tiny_bert, prefix_length=3)
+    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu",
+                                prompts={"query": "the "}, default_prompt_name="query", similarity_fn_name="dot")
+    model.save(str(tmp_path / "m"))
+    safe = load_sentence_model(str(tmp_path / "m"))
+    assert safe.trust_remote_code is False
+    assert safe.prompts["query"] == "the " and safe.default_prompt_name == "query"
+    assert safe.similarity_fn_name == "dot"
+    flagged = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True, device="cpu")
+    sentences = ["a man plays the guitar", "the cat sits on the mat"]
+    np.testing.assert_array_equal(safe.encode(sentences), flagged.encode(sentences))
