@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import time
 from pathlib import Path
@@ -38,7 +37,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-from st_prompts.commands.train import save_run
+from st_prompts.storage import write_file_atomic, write_json_atomic
+from st_prompts.training.pipeline import save_run
 from st_prompts.data.training_data import load_training_dataset
 from st_prompts.evaluation import AlignmentUniformityEvaluator, STSRetrievalEvaluator, stsb_dev_evaluator
 from st_prompts import methods
@@ -87,10 +87,7 @@ def sick_trial_spearman(model, senteval: str) -> float:
 
 
 def write_report(report: dict, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / ".quality.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out_dir / "quality.json")
+    write_json_atomic(out_dir / "quality.json", report)
     lines = [
         "# Quality on the packaged all-MiniLM-L6-v2 ([CLS] pooling), STS-B dev",
         "",
@@ -122,9 +119,7 @@ def write_report(report: dict, out_dir: Path) -> None:
                          f"{100 * c['replaced_share']:.1f}% of {c['eligible_tokens']:,} tokens replaced in "
                          f"{c['sentences']:,} sentences")
         lines.append("")
-    tmp = out_dir / ".quality.md.tmp"
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, out_dir / "quality.md")
+    write_file_atomic(out_dir / "quality.md", "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -66,6 +66,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from st_prompts.storage import write_json_atomic  # noqa: E402
+
 SEEDS = (42, 43, 44)
 RESULTS_DIR = REPO / "benchmarks" / "results" / "run_all"
 QUICK_DIR = REPO / "outputs" / "run_all-quick"
@@ -467,10 +469,7 @@ def quick_senteval(data_dir: Path, target: Path) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, data, default=str)
 
 
 def child_main(args) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,17 +43,11 @@ def _check_png_path(out_path: str | os.PathLike) -> Path:
 
 def _save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
     """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same directory, then ``os.replace``)."""
+    from st_prompts.storage import write_file_atomic
+
     path = _check_png_path(out_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        FigureCanvasAgg(fig)
-        fig.savefig(tmp, format="png", dpi=_DPI)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    FigureCanvasAgg(fig)
+    return write_file_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=_DPI))
 
 
 def _add_note(fig: Figure, note: str) -> None:

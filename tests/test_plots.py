@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -219,4 +220,9 @@ def test_cli_labels_carry_the_pooling_and_no_progress_hides_bars(tmp_path, capsy
     progress.clear()
     argv = ["plot", "align-uniform", "minilm", "--senteval-dir", str(tmp_path), "--out", str(tmp_path / "b.png")]
     assert main(argv) == 0
-    assert progress and False not in progress  # without --no-progress, sentence-transformers decides
+    assert progress and set(progress) == {False}  # never into a redirected log (pytest's stderr is no terminal)
+
+    progress.clear()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    assert progress and set(progress) == {True}  # on a terminal, bars are shown

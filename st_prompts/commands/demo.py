@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 
@@ -33,15 +32,20 @@ def run(args: argparse.Namespace) -> int:
     from st_prompts import methods
     from st_prompts.data.training_data import bundled_data_dir, read_sentences, unsupervised_dataset
     from st_prompts.evaluation.sts import stsb_dev_evaluator
+    from st_prompts.storage import check_model_destination, save_model_folder
     from st_prompts.training.run import train
     from st_prompts.utils import packaged_minilm_path
 
+    # The demo replaces its own earlier output, never a folder of anything else (checked before any work).
+    check_model_destination(args.output, overwrite=True)
     start = time.perf_counter()
     data = bundled_data_dir()
     backbone = packaged_minilm_path()
     evaluator = stsb_dev_evaluator(str(data / "senteval"), batch_size=128)
     metric = "sts-dev_spearman_cosine"
-    progress = not args.no_progress
+    from st_prompts.commands.options import show_progress
+
+    progress = show_progress(args)
 
     results: dict[str, float] = {}
     shipped = SentenceTransformer(backbone)
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info(f"Training DCPCSE prompts for {args.steps} steps of {args.batch_size} sentences ...")
     model, result = train(settings, unsupervised_dataset(sentences), show_progress_bar=progress)
     results["after: + DCPCSE prompts, [CLS] pooling"] = evaluator(model)[metric]
-    model.save(args.output)
+    save_model_folder(args.output, lambda folder: model.save(str(folder)), overwrite=True)
 
     width = max(len(k) for k in results)
     print()
@@ -74,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
           f"{result.steps} steps in {result.seconds:.0f}s; total {time.perf_counter() - start:.0f}s")
     print(f"saved to {args.output}: SentenceTransformer({args.output!r}, trust_remote_code=True).encode([...])")
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"stsb_dev_spearman": results, "steps": result.steps, "train_seconds": result.seconds,
-                       "trainable_parameters": result.trainable_parameters,
-                       "total_parameters": result.total_parameters}, f, indent=2)
+        from st_prompts.storage import write_json_atomic
+
+        write_json_atomic(args.json_path, {"stsb_dev_spearman": results, "steps": result.steps,
+                                           "train_seconds": result.seconds,
+                                           "trainable_parameters": result.trainable_parameters,
+                                           "total_parameters": result.total_parameters})
     return 0

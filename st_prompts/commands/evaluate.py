@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
 from st_prompts.data.senteval import STS_TASKS, TASK_LABELS, normalize_task
 from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
 from st_prompts.utils import resolve_model_name
@@ -78,7 +77,7 @@ def _build_sts(args: argparse.Namespace) -> BaseEvaluator:
         tasks=args.tasks,
         source="hub" if args.hub else "senteval",
         batch_size=args.batch_size,
-        show_progress_bar=False if args.no_progress else None,
+        show_progress_bar=show_progress(args),
         name="sts",
     )
 
@@ -247,20 +246,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (temporary file in the same directory, then ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_jsonable(data), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``data`` as JSON to ``path`` atomically (:func:`st_prompts.storage.write_json_atomic`); NaN and infinite
+    values become ``null``."""
+    from st_prompts.storage import write_json_atomic as write
+
+    write(path, _jsonable(data), allow_nan=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
 from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 #: Tasks that have a dev split; the others (STS12-16) only have ``test``.
@@ -148,9 +148,9 @@ def _load_models(args: argparse.Namespace, labels: list[str]) -> Iterator[tuple[
         yield f"{label} ({pooling_label(model)})", model
 
 
-def _progress(args: argparse.Namespace) -> bool | None:
-    """``show_progress_bar`` for encoding: ``False`` with ``--no-progress``, else sentence-transformers' choice."""
-    return False if args.no_progress else None
+def _progress(args: argparse.Namespace) -> bool:
+    """``show_progress_bar`` for encoding: on a terminal only, never with ``--no-progress``."""
+    return show_progress(args)
 
 
 def run_similarity(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ import argparse
 import json
 import logging
 
+from st_prompts.commands.options import show_progress
+
 logger = logging.getLogger(__name__)
 
 
@@ -78,7 +80,7 @@ def run_generate(args: argparse.Namespace) -> int:
     model, tokenizer, label = load_llm(args.llm, dtype=settings.dtype)
     generator = SKIGenerator(model, tokenizer, label, template=args.template or SKI_TEMPLATE, settings=settings)
     report = generate_ski_file(generator, sentences, args.output, batch_size=args.batch_size,
-                               progress=not args.no_progress)
+                               progress=show_progress(args))
     print(json.dumps({"output": args.output, "sentences": report.total, "cached": report.cached,
                       "generated": report.generated, "missing": report.missing,
                       "seconds": round(report.seconds, 1),

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
+from st_prompts.storage import write_file_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -250,16 +251,13 @@ class CorruptionCache:
         if originals:
             offsets[1:] = np.cumsum([len(r) for r in originals])
         meta = json.dumps({"identity": self.identity, "generator_report": self.generator_report})
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as handle:
-            np.savez(
-                handle,
-                original=np.concatenate(originals) if originals else np.zeros(0, dtype=np.int32),
-                corrupted=np.concatenate(corrupted) if corrupted else np.zeros(0, dtype=np.int32),
-                offsets=offsets,
-                meta=np.array(meta),
-            )
-        os.replace(tmp, path)
+        arrays = {
+            "original": np.concatenate(originals) if originals else np.zeros(0, dtype=np.int32),
+            "corrupted": np.concatenate(corrupted) if corrupted else np.zeros(0, dtype=np.int32),
+            "offsets": offsets,
+            "meta": np.array(meta),
+        }
+        write_file_atomic(path, lambda handle: np.savez(handle, **arrays))
 
     @classmethod
     def load(cls, path: str | Path, identity: dict[str, Any] | None = None) -> CorruptionCache:

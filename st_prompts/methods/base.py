@@ -52,7 +52,8 @@ class TrainSettings:
     eval_steps: int = option(125, "evaluate STS-B dev every this many steps (model selection)")
     warmup_ratio: float = option(0.0, "share of the steps with a linear warm-up")
     seed: int = option(42, "random seed (prompt initialisation, data order, dropout)")
-    output_dir: str = option("outputs/run", "where trainer files and the model go", cli=False)
+    output_dir: str = option("outputs/run", "where the trained model is saved (trainer files go to a temporary "
+                             "folder)", cli=False)
     logging_steps: int = option(10, "log the loss every this many steps")
     gradient_checkpointing: bool = option(False, "activation checkpointing: recompute each layer in the backward pass "
                                           "(less training memory, more time)")
@@ -60,6 +61,16 @@ class TrainSettings:
     def __post_init__(self) -> None:
         if self.batch_size < 2:
             raise ConfigurationError("In-batch negatives need batch_size >= 2.")
+        if self.max_steps != -1 and self.max_steps < 1:
+            raise ConfigurationError(f"max_steps must be a positive number of steps (or -1 to run the epochs), got "
+                                     f"{self.max_steps}.")
+        if self.max_steps == -1 and not self.epochs > 0:
+            raise ConfigurationError(f"epochs must be positive, got {self.epochs}.")
+        for name in ("eval_steps", "logging_steps", "max_seq_length"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}.")
+        if not self.learning_rate > 0:
+            raise ConfigurationError(f"learning_rate must be positive, got {self.learning_rate}.")
         if self.scale not in SCALES:
             raise ConfigurationError(f"Unknown scale {self.scale!r}; choose one of {', '.join(SCALES)}.")
         for f in dataclasses.fields(self):
@@ -130,6 +141,8 @@ class Method:
         stages: ``settings -> [Stage, ...]``; a two-stage method is just a longer list.
         settings_supported: which ``supervised`` values the method has.
         prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
+        side_outputs: ``settings -> suffixes`` of the folders a run writes beside its output (DiffAug: ``-stage1``),
+            so that the pipeline checks them before training like the output itself.
     """
 
     name: str
@@ -140,6 +153,7 @@ class Method:
     stages: Callable[[TrainSettings], list[Stage]]
     settings_supported: tuple[bool, ...] = (False, True)
     prompts_only: bool = True
+    side_outputs: Callable[[TrainSettings], tuple[str, ...]] = lambda settings: ()
 
     def settings(
         self, supervised: bool = False, scale: str = "paper", backbone: str | None = None, **overrides: Any

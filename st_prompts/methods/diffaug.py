@@ -341,21 +341,29 @@ def _identity(settings: DiffAugSettings) -> dict:
 
 def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
     """Save the stage-1 result: a prompts-only checkpoint (the backbone is still the original), the NLI classifier
-    and ``diffaug_stage1.json`` (the prefix options, the backbone's reference and fingerprint)."""
+    and ``diffaug_stage1.json`` (the prefix options, the backbone's reference and fingerprint).
+
+    Written atomically; an earlier stage-1 checkpoint of st-prompts at ``path`` is replaced (the training pipeline
+    checks ``path`` with the run's ``--overwrite`` before training), any other folder is refused."""
     from safetensors.torch import save_file
 
     from st_prompts.modules import backbone_fingerprint, save_prompts_only
+    from st_prompts.storage import save_model_folder
 
     encoder = model[0]
-    save_prompts_only(model, path)
     classifier = _state(model).get("nli_loss")
-    if classifier is not None:
-        save_file({k: v.detach().cpu().contiguous() for k, v in classifier.classifier.state_dict().items()},
-                  os.path.join(path, STAGE1_CLASSIFIER))
     marker = {"method": "diffaug", "stage": 1, "steps": _state(model).get("stage1_steps"),
               "backbone": encoder.backbone_reference, "backbone_fingerprint": backbone_fingerprint(encoder.auto_model),
               **_identity(settings)}
-    Path(path, STAGE1_MARKER).write_text(json.dumps(marker, indent=2))
+
+    def write(folder: Path) -> None:
+        save_prompts_only(model, str(folder))
+        if classifier is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in classifier.classifier.state_dict().items()},
+                      str(folder / STAGE1_CLASSIFIER))
+        (folder / STAGE1_MARKER).write_text(json.dumps(marker, indent=2))
+
+    save_model_folder(path, write, overwrite=True, kind="DiffAug stage-1 checkpoint")
     logger.info(f"Saved the stage-1 checkpoint to {path}.")
     return path
 
@@ -438,4 +446,5 @@ METHOD = Method(
     build_model=build_model,
     stages=stages,
     prompts_only=False,
+    side_outputs=lambda s: (STAGE1_SUFFIX,) if s.save_stage1 and not (s.stage1_from or s.skip_stage1) else (),
 )

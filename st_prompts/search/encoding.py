@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.storage import write_file_atomic, write_json_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -104,26 +105,12 @@ def _check_manifest(cache_dir: Path, expected: dict[str, Any]) -> None:
             )
         return
     cache_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, (json.dumps(expected, indent=2) + "\n").encode("utf-8"))
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, expected)
 
 
 def _save_chunk(path: Path, embeddings: np.ndarray) -> None:
     """Write one chunk atomically (temporary name, then rename): a chunk file that exists is always complete."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        np.save(handle, embeddings)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_file_atomic(path, lambda handle: np.save(handle, embeddings))
 
 
 def _load_chunk(path: Path, rows: int, dimension: int | None) -> np.ndarray | None:

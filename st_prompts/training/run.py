@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -147,10 +148,12 @@ def train(
     total_steps, seconds, log_history = 0, 0.0, []
     best: KeepBestCallback | None = None
     stage_reports: dict[str, dict[str, Any]] = {}
+    # The trainer's own files (evaluation CSVs, ...) go to a temporary folder of ours, never into the model's output.
+    scratch = tempfile.TemporaryDirectory(prefix="st-prompts-trainer-")
     for index, stage in enumerate(stages):
         dataset = _stage_dataset(stage, train_dataset, settings, index)
         trainer, keep_best, report = stage_trainer(settings, stage, dataset, model, dev_evaluator, callbacks,
-                                                   show_progress_bar)
+                                                   show_progress_bar, trainer_dir=scratch.name)
         if report:
             stage_reports[stage.name] = dict(report)
         batch_size = trainer.args.per_device_train_batch_size
@@ -172,6 +175,7 @@ def train(
         steps_per_epoch = math.ceil(len(dataset) / batch_size)
         logger.info(f"{settings.method} {stage.name}: {trainer.state.global_step} steps ({steps_per_epoch} per epoch)"
                     f" in {time.perf_counter() - start:.0f}s.")
+    scratch.cleanup()
     model.eval()
     trainable, total = count_parameters(model)
     result = TrainResult(
@@ -198,6 +202,7 @@ def stage_trainer(
     dev_evaluator=None,
     callbacks: list[TrainerCallback] | None = None,
     show_progress_bar: bool = True,
+    trainer_dir: str | None = None,
 ) -> tuple[SentenceTransformerTrainer, KeepBestCallback | None, dict[str, Any] | None]:
     """What :func:`train` does for one stage before ``trainer.train()``: the stage's preparation, its loss (and the
     loss's pre-pass), the training arguments, callbacks and collator, and the trainer.
@@ -215,7 +220,7 @@ def stage_trainer(
     evaluator = dev_evaluator if stage.select_model else None
     batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
     args = SentenceTransformerTrainingArguments(
-        output_dir=settings.output_dir,
+        output_dir=trainer_dir if trainer_dir is not None else tempfile.mkdtemp(prefix="st-prompts-trainer-"),
         num_train_epochs=stage.epochs(settings) if stage.epochs is not None else settings.epochs,
         max_steps=stage_steps if stage_steps is not None else settings.max_steps,
         per_device_train_batch_size=batch_size,

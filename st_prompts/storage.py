@@ -1,0 +1,375 @@
+"""Writing files and folders without losing anything: atomic replacement, ownership checks, locks, the umask.
+
+Every file or folder st_prompts replaces goes through this module:
+
+* :func:`write_file_atomic` / :func:`write_json_atomic` write a file under a temporary name beside it and rename it into
+  place, so a reader (or a crash) sees the old file or the new one, never half of one.
+* :func:`replace_folder` writes a folder (a trained model, a search index) the same way. An existing folder is replaced
+  only when the caller's ownership check says st_prompts wrote it (and, unless ``overwrite``, not at all): a folder
+  holding anything else is refused with one line and never touched. The swap renames the old folder aside, renames the
+  new one in and then deletes the old one, so a kill at any point leaves one complete folder (the old or the new); the
+  next save of the same destination removes what an interrupted one left behind (hidden ``.NAME.st-prompts-tmp-*`` and
+  ``.NAME.st-prompts-old-*`` folders beside it), and only those it can tell it wrote.
+* Writers of one destination are serialised by a lock file beside it (:func:`folder_lock`, ``filelock``).
+* What is written gets the permissions the user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600
+  files otherwise).
+
+Trained models carry a manifest (:data:`MANIFEST_FILE`) listing the files st_prompts wrote: it is how a later
+``--overwrite`` knows that replacing the folder deletes nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from st_prompts.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MANIFEST_FILE",
+    "STAGING_MARKER",
+    "apply_umask",
+    "check_destination",
+    "folder_lock",
+    "manifest_problem",
+    "replace_folder",
+    "save_model_folder",
+    "check_model_destination",
+    "write_file_atomic",
+    "write_json_atomic",
+    "write_manifest",
+]
+
+#: A file written first into every staging folder: a leftover folder holding it was written by st_prompts.
+STAGING_MARKER = ".st-prompts-staging"
+#: The list of files st_prompts wrote into a saved model folder (what ``--overwrite`` may replace).
+MANIFEST_FILE = "st_prompts_save.json"
+#: Ownership check of :func:`replace_folder`: ``None`` if st_prompts wrote the folder, else why it did not.
+OwnershipCheck = Callable[[Path], "str | None"]
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike) -> None:
+    """Give ``path`` (and, for a folder, everything in it) the permissions a plain ``open``/``mkdir`` would have given
+    under the current umask: 0666 / 0777 minus the umask."""
+    mask = current_umask()
+    path = Path(path)
+    if path.is_file():
+        os.chmod(path, 0o666 & ~mask)
+        return
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. a folder on a platform that cannot open one
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: str | os.PathLike, data: bytes | str | Callable[[Any], None]) -> Path:
+    """Write ``path`` atomically: into a temporary file beside it, flushed to disk, then renamed over it.
+
+    Args:
+        path: the file to write (its folder is created).
+        data: the bytes or text to write, or a function that writes into the binary file handle it is given.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigurationError(f"{path} is a folder; give a file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.st-prompts-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as handle:
+            if callable(data):
+                data(handle)
+            else:
+                handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        apply_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: int = 2, **dump_kwargs: Any) -> Path:
+    """Write ``data`` as JSON (a trailing newline included) to ``path`` atomically (:func:`write_file_atomic`)."""
+    text = json.dumps(data, indent=indent, **dump_kwargs) + "\n"
+    return write_file_atomic(path, text)
+
+
+# ---------------------------------------------------------------------------------------------- folders
+def check_destination(destination: str | os.PathLike) -> Path:
+    """Refuse destinations whose replacement would take the user's own files with it: the current folder, one of its
+    parents, the root or the home folder, or a symbolic link. Returns the destination as an absolute path."""
+    path = Path(os.path.abspath(os.path.expanduser(destination)))
+    real = Path(os.path.realpath(path))
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if real == cwd or real in cwd.parents:
+        raise ConfigurationError(
+            f"refusing to write to {destination}: it is the current folder or one of its parents; give a new folder"
+        )
+    if real == Path(real.anchor) or real == Path(os.path.realpath(os.path.expanduser("~"))):
+        raise ConfigurationError(f"refusing to write to {destination}: give a folder of its own")
+    if path.is_symlink():
+        raise ConfigurationError(f"refusing to replace {destination}: it is a symbolic link; give the real folder")
+    return path
+
+
+def _leftover_pattern(destination: Path) -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(destination.name)}\.st-prompts-(tmp|old)-[A-Za-z0-9_]+$")
+
+
+def _holds_marker_or_nothing(folder: Path) -> bool:
+    try:
+        return (folder / STAGING_MARKER).is_file() or not any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def remove_leftovers(destination: str | os.PathLike, ownership: OwnershipCheck) -> list[Path]:
+    """Delete what interrupted saves of ``destination`` left beside it: hidden staging folders holding the staging
+    marker (or nothing), and set-aside old folders that ``ownership`` recognises. Anything else is left alone.
+    Returns the folders removed."""
+    destination = Path(destination)
+    parent = destination.parent
+    pattern = _leftover_pattern(destination)
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not pattern.match(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        if _holds_marker_or_nothing(entry) or ownership(entry) is None:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+            logger.info("removed %s, left by an interrupted save", entry)
+    return removed
+
+
+def interrupted_save_hint(destination: str | os.PathLike) -> str:
+    """For a missing folder: a sentence naming a set-aside copy an interrupted save left beside it, or ``""``."""
+    destination = Path(destination)
+    try:
+        old = sorted(e.name for e in destination.parent.iterdir()
+                     if _leftover_pattern(destination).match(e.name) and ".st-prompts-old-" in e.name)
+    except OSError:
+        return ""
+    if not old:
+        return ""
+    return (f" An interrupted save left the previous version in {destination.parent / old[-1]}: rename it back to "
+            f"{destination.name} to use it.")
+
+
+@contextmanager
+def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator[None]:
+    """Hold the lock of ``destination`` (a lock file ``.NAME.st-prompts.lock`` beside it): writers of one folder take
+    turns. Re-entrant within a process."""
+    from filelock import FileLock, Timeout
+
+    destination = Path(os.path.abspath(destination))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(destination.parent / f".{destination.name}.st-prompts.lock"), timeout=timeout,
+                    is_singleton=True, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout as exc:
+        raise ConfigurationError(f"{destination} is being written by another process; try again later") from exc
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def replace_folder(
+    destination: str | os.PathLike,
+    write: Callable[[Path], None],
+    *,
+    ownership: OwnershipCheck,
+    overwrite: bool = False,
+    what: str = "a folder",
+    overwrite_hint: str = "pass overwrite=True to replace it",
+    lock: bool = True,
+) -> Path:
+    """Write a folder with ``write(staging_folder)`` and put it at ``destination`` atomically.
+
+    * A missing or empty ``destination`` is simply written.
+    * An existing one is replaced only when ``ownership(destination)`` returns ``None`` (st_prompts wrote it and it
+      holds nothing else) and ``overwrite`` is true; otherwise :class:`~st_prompts.errors.ConfigurationError` says
+      why and nothing is touched. The current folder, its parents and symbolic links are always refused.
+    * The swap: the old folder is renamed aside, the new one renamed in, then the old one deleted. A crash leaves the
+      old or the new folder complete (at ``destination``, or for the instant between the two renames under the
+      set-aside name); the next call for the same destination removes the leftovers (:func:`remove_leftovers`).
+
+    Args:
+        destination: the folder to write.
+        write: fills the (empty, except for the staging marker) staging folder it is given.
+        ownership: ``folder -> None`` if st_prompts wrote ``folder`` and it holds nothing else, else the reason.
+        overwrite: whether an existing folder of st_prompts may be replaced.
+        what: what the folder holds, for messages (``"a model"``, ``"an index"``).
+        overwrite_hint: how the user allows the replacement (``"pass --overwrite to replace it"``).
+        lock: hold :func:`folder_lock` while writing (the caller may already hold it).
+
+    Returns:
+        ``destination`` as an absolute path.
+    """
+    destination = check_destination(destination)
+    with folder_lock(destination) if lock else _nothing():
+        _check_replaceable(destination, ownership, overwrite, what, overwrite_hint)
+        remove_leftovers(destination, ownership)
+        parent = destination.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.st-prompts-tmp-", dir=parent))
+        try:
+            (staging / STAGING_MARKER).touch()
+            write(staging)
+            (staging / STAGING_MARKER).unlink()
+            apply_umask(staging)
+            for root, _dirs, files in os.walk(staging):
+                for name in files:
+                    _fsync(os.path.join(root, name))
+            _swap(staging, destination)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return destination
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: bool, what: str, hint: str) -> None:
+    if not os.path.lexists(destination):
+        return
+    if not destination.is_dir():
+        raise ConfigurationError(f"refusing to write {what} to {destination}: it exists and is not a folder")
+    if not any(destination.iterdir()):
+        return
+    reason = ownership(destination)
+    if reason is not None:
+        raise ConfigurationError(f"refusing to replace {destination}: {reason}; choose another folder")
+    if not overwrite:
+        raise ConfigurationError(f"{destination} already holds {what}; {hint}")
+
+
+def _swap(staging: Path, destination: Path) -> None:
+    """Rename ``staging`` to ``destination``; an existing (non-empty) destination is set aside first and deleted after."""
+    if not os.path.lexists(destination):
+        os.replace(staging, destination)
+        return
+    try:
+        os.rmdir(destination)  # an empty folder: nothing to keep
+    except OSError:
+        pass
+    else:
+        os.replace(staging, destination)
+        return
+    old = destination.parent / f".{destination.name}.st-prompts-old-{uuid.uuid4().hex[:12]}"
+    os.replace(destination, old)
+    try:
+        os.replace(staging, destination)
+    except BaseException:
+        os.replace(old, destination)
+        raise
+    try:
+        shutil.rmtree(old)
+    except OSError as exc:  # the new folder is in place: the old one is a leftover the next save removes
+        logger.warning("could not remove the previous version %s (%s); the next save removes it", old, exc)
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+def _files_below(folder: Path) -> list[str]:
+    out = []
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            out.append(Path(root, name).relative_to(folder).as_posix())
+    return sorted(out)
+
+
+def write_manifest(folder: str | os.PathLike, kind: str) -> None:
+    """Record in ``folder/st_prompts_save.json`` every file now in ``folder``: what st_prompts wrote there."""
+    from st_prompts import __version__
+
+    folder = Path(folder)
+    files = [name for name in _files_below(folder) if name not in (MANIFEST_FILE, STAGING_MARKER)]
+    manifest = {"written_by": "st-prompts", "version": __version__, "kind": kind, "files": files}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def manifest_problem(folder: str | os.PathLike) -> str | None:
+    """``None`` if ``folder`` was saved by st_prompts and holds only the files its manifest lists; else why not."""
+    folder = Path(folder)
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        return f"it is not a model saved by st-prompts (it has no {MANIFEST_FILE})"
+    try:
+        listed = set(json.loads(path.read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {MANIFEST_FILE} cannot be read"
+    extra = [name for name in _files_below(folder) if name not in listed and name not in (MANIFEST_FILE, STAGING_MARKER)]
+    if extra:
+        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        return f"it holds files st-prompts did not write ({shown})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- model folders
+_MODEL = "a model saved by st-prompts"
+_MODEL_HINT = "pass --overwrite (overwrite=True) to replace it"
+
+
+def check_model_destination(path: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, before any work, a destination a model may not be saved to (the rules of :func:`save_model_folder`)."""
+    _check_replaceable(check_destination(path), manifest_problem, overwrite, _MODEL, _MODEL_HINT)
+
+
+def save_model_folder(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = False,
+                      kind: str = "model") -> Path:
+    """Write a model folder with ``write(folder)`` and put it at ``path`` atomically, with its manifest
+    (:data:`MANIFEST_FILE`).
+
+    An existing folder is replaced only if st-prompts saved it (its manifest lists every file in it) and
+    ``overwrite`` is true; anything else is refused with :class:`~st_prompts.errors.ConfigurationError`.
+    """
+    def write_with_manifest(folder: Path) -> None:
+        write(folder)
+        write_manifest(folder, kind)
+
+    return replace_folder(path, write_with_manifest, ownership=manifest_problem, overwrite=overwrite, what=_MODEL,
+                          overwrite_hint=_MODEL_HINT)
