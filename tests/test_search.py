@@ -110,6 +110,11 @@ def test_duplicate_texts_are_kept_with_a_warning(minilm):
     assert hits[0].score == pytest.approx(hits[1].score, abs=1e-5)
 
 
+def listing(folder):
+    """The entries of ``folder``, without the lock files that serialise writers of the indexes in it."""
+    return sorted(p for p in folder.iterdir() if not p.name.endswith(".st-prompts.lock"))
+
+
 # ---------------------------------------------------------------- save / load
 
 
@@ -127,7 +132,7 @@ def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_
     loaded = SemanticIndex.load(tmp_path / "idx", model=minilm)
     assert loaded.ids == corpus_index.ids and loaded.texts == corpus_index.texts
     assert hits_as_tuples(loaded.search(QUERIES, k=6)) == hits_as_tuples(before)
-    assert [tmp_path / "idx"] == list(tmp_path.iterdir())  # no temp directory left behind
+    assert [tmp_path / "idx"] == listing(tmp_path)  # no temp directory left behind
 
 
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
@@ -171,14 +176,14 @@ def test_save_replaces_an_index_atomically_and_cleans_up_on_failure(corpus_index
     monkeypatch.undo()
     assert (target / "docs.jsonl").read_bytes() == original  # the old index is untouched
     assert SemanticIndex.load(target).ids == corpus_index.ids
-    assert list(tmp_path.iterdir()) == [target]  # no half-written temp directory
+    assert listing(tmp_path) == [target]  # no half-written temp directory
 
-    with pytest.raises(ConfigurationError, match="already exists"):
+    with pytest.raises(ConfigurationError, match="already holds an index"):
         corpus_index.save(target, overwrite=False)
     other = tmp_path / "not-an-index"
     other.mkdir()
     (other / "precious.txt").write_text("keep me")
-    with pytest.raises(ConfigurationError, match="not a semantic index"):
+    with pytest.raises(ConfigurationError, match="not part of a semantic index"):
         corpus_index.save(other)
     assert (other / "precious.txt").read_text() == "keep me"
 
@@ -406,7 +411,7 @@ def test_cli_build_and_search_end_to_end(tmp_path, capsys):
     assert code == 0 and "Documents:  15" in stdout
 
     code, _, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(out)], capsys)
-    assert code == 2 and "already exists" in stderr
+    assert code == 2 and "already holds an index" in stderr
 
 
 def test_cli_dataset_file_with_id_column_and_hnsw(tmp_path, capsys):

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
 from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 _TEXT_WIDTH = 200
@@ -204,9 +204,11 @@ def run_build(args: argparse.Namespace) -> int:
     """Run ``st-prompts index build``."""
     from st_prompts.loading import load_sentence_model
     from st_prompts.search import SemanticIndex
+    from st_prompts.search.store import check_index_destination
 
-    if args.out.exists() and not args.overwrite and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise ConfigurationError(f"{args.out} already exists (use --overwrite to replace an existing index)")
+    check_index_destination(args.out, args.overwrite)  # before any model is loaded or document encoded
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     if not args.corpus.exists():
         raise DataNotFoundError(f"corpus file not found: {args.corpus}")
     params = {
@@ -238,14 +240,14 @@ def run_build(args: argparse.Namespace) -> int:
             id_column=args.id_column,
             index_type=args.index_type,
             batch_size=args.batch_size,
-            show_progress_bar=not args.no_progress,
+            show_progress_bar=show_progress(args),
             model_name=_recorded_model_name(args.model),
             target_recall=target,
             calibration_queries=calibration_queries,
             **encoding,
             **params,
         )
-        index.save(args.out, overwrite=True)
+        index.save(args.out, overwrite=args.overwrite)
     details = ", ".join(f"{key}={value}" for key, value in index.index_params.items())
     print(
         f"Indexed {len(index)} documents from {args.corpus} with {args.model} ({index.dimension} dims, "
@@ -284,7 +286,11 @@ def _calibration_line(record: dict) -> str:
 def run_search(args: argparse.Namespace) -> int:
     """Run ``st-prompts index search``."""
     from st_prompts.search import SemanticIndex
+    from st_prompts.search.index import check_queries
 
+    if args.k < 1:
+        raise ConfigurationError(f"-k must be a positive number of hits, got {args.k}")
+    check_queries(args.queries)
     with _warnings_as_messages():
         index = SemanticIndex.load(args.index, mmap=args.mmap)
         if args.nprobe is not None or args.ef_search is not None or args.rerank is not None:
@@ -334,13 +340,14 @@ def run_add(args: argparse.Namespace) -> int:
 
     if not args.file.exists():
         raise DataNotFoundError(f"file not found: {args.file}")
+    if args.batch_size < 1:
+        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     with _warnings_as_messages():
-        index = SemanticIndex.load(args.index)
         corpus = read_corpus_file(args.file, text_column=args.column, id_column=args.id_column)
-        _load_model_for(index, args)
-        ids = corpus.ids if args.id_column is not None else None
-        added = index.add(corpus.texts, ids, batch_size=args.batch_size, show_progress_bar=not args.no_progress)
-        index.save(args.index, overwrite=True)
+        with SemanticIndex.update(args.index) as index:  # concurrent updates take turns, each on the latest save
+            _load_model_for(index, args)
+            ids = corpus.ids if args.id_column is not None else None
+            added = index.add(corpus.texts, ids, batch_size=args.batch_size, show_progress_bar=show_progress(args))
     span = f"ids {added[0]}..{added[-1]}" if added and all(isinstance(i, int) for i in added) else "their ids"
     print(f"Added {len(added)} documents from {args.file} to {args.index} ({span}); it now holds {len(index)}")
     if "calibration" in index.info:
@@ -366,10 +373,8 @@ def run_remove(args: argparse.Namespace) -> int:
     """Run ``st-prompts index remove``."""
     from st_prompts.search import SemanticIndex
 
-    with _warnings_as_messages():
-        index = SemanticIndex.load(args.index)
+    with _warnings_as_messages(), SemanticIndex.update(args.index) as index:
         removed = index.remove(_parse_ids(index, args.ids))
-        index.save(args.index, overwrite=True)
     print(f"Removed {removed} documents from {args.index}; it now holds {len(index)}")
     return 0
 
@@ -379,12 +384,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from st_prompts.search import SemanticIndex
 
     queries = _read_queries(args.queries) if args.queries is not None else None
-    with _warnings_as_messages():
-        index = SemanticIndex.load(args.index)
+    with _warnings_as_messages(), SemanticIndex.update(args.index) as index:
         if index.model_identity is not None:
             _load_model_for(index, args)
         index.calibrate(args.target_recall, queries)
-        index.save(args.index, overwrite=True)
     print(_calibration_line(index.info["calibration"]))
     return 0
 

@@ -159,6 +159,10 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
+#: Gold similarity scores of STS12-16, STS-B (0-5) and SICK-R (1-5).
+SCORE_RANGE = (0.0, 5.0)
+
+
 def _parse_score(value: str, path: Path, lineno: int) -> float:
     try:
         score = float(value)
@@ -166,6 +170,9 @@ def _parse_score(value: str, path: Path, lineno: int) -> float:
         score = math.nan
     if not math.isfinite(score):
         raise DataFormatError(f"{path}:{lineno}: score {value!r} is not a number")
+    if not SCORE_RANGE[0] <= score <= SCORE_RANGE[1]:
+        raise DataFormatError(f"{path}:{lineno}: score {value!r} is outside {SCORE_RANGE[0]:g}-{SCORE_RANGE[1]:g}, the "
+                              "range of STS and SICK gold scores")
     return score
 
 

@@ -42,21 +42,54 @@ def read_sentences(path: str | Path, limit: int | None = None, seed: int = 42) -
     return _subsample(sentences, limit, seed)
 
 
-def read_nli_triplets(path: str | Path, limit: int | None = None, seed: int = 42) -> list[tuple[str, str, str]]:
-    """Rows of a ``sent0,sent1,hard_neg`` CSV (SimCSE's ``nli_for_simcse.csv``): premise, entailment, contradiction."""
+def read_csv_rows(path: str | Path, *headers: tuple[str, ...]) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Read a CSV file with Python's CSV reader (quoted fields may hold commas and line breaks).
+
+    Args:
+        path: the file.
+        *headers: the accepted headers (their first columns, lower-cased).
+
+    Returns:
+        ``(header, rows)``: which of ``headers`` the file has, and its rows (blank lines skipped).
+
+    Raises:
+        DataFormatError: another header, or a row whose number of fields differs from the header's (an unquoted
+            comma), naming its line.
+    """
     with open(_existing(path), encoding="utf-8", newline="") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["sent0", "sent1", "hard_neg"]:
-            raise DataFormatError(f"{path}: expected a header 'sent0,sent1,hard_neg', got {header!r}.")
+        header = [h.strip().lower() for h in (next(reader, None) or [])]
+        known = next((h for h in headers if tuple(header[: len(h)]) == h), None)
+        if known is None:
+            expected = " or ".join(f"'{','.join(h)}'" for h in headers)
+            raise DataFormatError(f"{path}: expected a header {expected}, got {','.join(header)!r}.")
         rows = []
-        for line_number, row in enumerate(reader, start=2):
-            if len(row) < 3:
-                raise DataFormatError(f"{path}, line {line_number}: expected 3 columns, got {len(row)}.")
-            rows.append((row[0], row[1], row[2]))
-    if not rows:
+        line = reader.line_num
+        for row in reader:
+            if row and len(row) != len(header):
+                raise DataFormatError(
+                    f"{path}, line {line + 1}: expected {len(header)} fields ({','.join(header)}), got {len(row)}; "
+                    "quote fields that contain commas."
+                )
+            if row:
+                rows.append(row)
+            line = reader.line_num
+    return known, rows
+
+
+_TRIPLET_HEADER = ("sent0", "sent1", "hard_neg")
+_PAIR_HEADER = ("premise", "hypothesis", "label")
+
+
+def read_nli_triplets(path: str | Path, limit: int | None = None, seed: int = 42) -> list[tuple[str, str, str]]:
+    """Rows of a ``sent0,sent1,hard_neg`` CSV (SimCSE's ``nli_for_simcse.csv``): premise, entailment, contradiction.
+
+    A row with more or fewer fields than the header (e.g. an unquoted comma) is refused with its line number."""
+    _, rows = read_csv_rows(path, _TRIPLET_HEADER)
+    triplets = [(row[0], row[1], row[2]) for row in rows]
+    if not triplets:
         raise DataFormatError(f"{path} holds no triplet.")
-    return _subsample(rows, limit, seed)
+    return _subsample(triplets, limit, seed)
 
 
 def unsupervised_dataset(sentences: list[str]) -> Dataset:
@@ -156,22 +189,12 @@ def read_nli_pairs(
     Returns:
         ``(pairs, skipped)``: the pairs and a ``Counter`` of skipped labels.
     """
-    with open(_existing(path), encoding="utf-8", newline="") as f:
-        reader = csv.reader(f)
-        header = [h.strip().lower() for h in (next(reader, None) or [])]
-        rows = [row for row in reader if row]
+    header, rows = read_csv_rows(path, _TRIPLET_HEADER, _PAIR_HEADER)
+    rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)
     skipped: Counter = Counter()
-    if header[:3] == ["sent0", "sent1", "hard_neg"]:
-        for line, row in enumerate(rows, start=2):
-            if len(row) < 3:
-                raise DataFormatError(f"{path}, line {line}: expected 3 columns, got {len(row)}.")
-        rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)
+    if header == _TRIPLET_HEADER:
         pairs = [pair for p, e, c, *_ in rows for pair in ((p, e, 1), (p, c, 0))]
-    elif header[:3] == ["premise", "hypothesis", "label"]:
-        for line, row in enumerate(rows, start=2):
-            if len(row) < 3:
-                raise DataFormatError(f"{path}, line {line}: expected 3 columns, got {len(row)}.")
-        rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)
+    else:
         pairs = []
         for premise, hypothesis, label, *_ in rows:
             key = label.strip().lower()
@@ -179,9 +202,6 @@ def read_nli_pairs(
                 pairs.append((premise, hypothesis, NLI_PAIR_LABELS[key]))
             else:
                 skipped[label.strip()] += 1
-    else:
-        raise DataFormatError(f"{path}: expected a header 'sent0,sent1,hard_neg' or 'premise,hypothesis,label', got "
-                              f"{header!r}.")
     if skipped:
         logger.info(f"{path}: skipped {sum(skipped.values()):,} NLI rows whose label is neither entailment nor "
                     f"contradiction ({', '.join(f'{k!r}: {v:,}' for k, v in skipped.most_common())}).")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -34,6 +35,7 @@ from st_prompts.search.faiss_index import (
 )
 from st_prompts.search.identity import ModelIdentity, embedding_dimension
 from st_prompts.search.store import StoredIndex, load_index_dir, save_index_dir
+from st_prompts.storage import folder_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     import faiss
@@ -107,6 +109,9 @@ class SemanticIndex:
         self.vectors = vectors
         self.read_only = read_only
         self._positions: dict[int | str, int] | None = None
+        #: ``(folder, save_id)`` of the save this index was loaded from or last saved to: saving back to that folder
+        #: is refused if another process saved it meanwhile.
+        self._saved_as: tuple[str, str | None] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -264,16 +269,40 @@ class SemanticIndex:
         """Write the index to ``directory`` (``index.faiss``, ``docs.jsonl``, ``meta.json``, ``probe.npy``, and
         ``vectors.npy`` for an IVF-PQ index).
 
-        The files are written into a temporary directory next to the target, which is then renamed into place, so
-        an interrupted save never leaves a half-written index. An existing index at ``directory`` is replaced
-        (unless ``overwrite=False``); an existing directory that is not empty and not an index is never touched.
+        The files are written into a hidden folder next to the target, which is then renamed into place, so an
+        interrupted save never leaves a half-written index (see :mod:`st_prompts.search.store`). An existing index at
+        ``directory`` is replaced (unless ``overwrite=False``); a folder holding anything but an index's own files is
+        never touched. Saving back to the folder this index was loaded from is refused if another process saved it
+        meanwhile (its update would be lost): use :meth:`update` to load, change and save under the index's lock.
         """
         stored = StoredIndex(
             self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
             self.vectors,
         )  # fmt: skip
-        target = save_index_dir(stored, directory, overwrite=overwrite)
+        expected = None
+        if self._saved_as is not None and self._saved_as[0] == os.path.realpath(directory):
+            expected = self._saved_as[1]
+        target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected)
+        self._saved_as = (os.path.realpath(target), save_id)
         logger.info("saved %s index of %d documents to %s", self.index_type, len(self), target)
+
+    @classmethod
+    @contextmanager
+    def update(
+        cls, directory: str | os.PathLike, model: SentenceTransformer | str | None = None
+    ) -> Iterator[SemanticIndex]:
+        """Load the index at ``directory``, let the caller change it, and save it, holding the index's lock
+        throughout, so that concurrent updates take turns and each one starts from the latest saved state::
+
+            with SemanticIndex.update("corpus.index") as index:
+                index.add(["a new document"])
+
+        Nothing is saved if the block raises. ``model``: as for :meth:`load`.
+        """
+        with folder_lock(directory):
+            index = cls.load(directory, model)
+            yield index
+            index.save(directory, overwrite=True)
 
     @classmethod
     def load(
@@ -309,6 +338,7 @@ class SemanticIndex:
             vectors=stored.vectors,
             read_only=mmap,
         )
+        loaded._saved_as = (os.path.realpath(directory), stored.save_id)
         if model is not None:
             loaded.set_model(model)
         return loaded
@@ -396,8 +426,7 @@ class SemanticIndex:
         """
         single = isinstance(queries, str)
         queries = [queries] if single else list(queries)
-        if not all(isinstance(query, str) for query in queries):
-            raise ConfigurationError("queries must be a string or a list of strings")
+        check_queries(queries)
         k = check_positive_int(k, "k")
         if not queries:
             return []
@@ -635,7 +664,7 @@ class SemanticIndex:
         if ids is None:
             if not all(isinstance(i, int) for i in self.ids):
                 raise ConfigurationError("this index has non-integer ids: pass the new documents' ids")
-            first = max(self.ids) + 1 if self.ids else 0
+            first = self.next_id()
             ids = list(range(first, first + len(documents)))
         new_ids, documents = prepare_corpus(documents, ids, source="added documents", id_kind="position")
         positions = self._position_map()
@@ -664,6 +693,7 @@ class SemanticIndex:
         self.texts.extend(documents)
         for offset, doc_id in enumerate(new_ids):
             positions[doc_id] = start + offset
+        self._remember_next_id()
         self.info["updated"] = True
         return new_ids
 
@@ -689,6 +719,7 @@ class SemanticIndex:
             return 0
         if len(wanted) >= len(self):
             raise DataFormatError("removing every document would leave the index empty; build a new index instead")
+        self._remember_next_id()  # before the largest id may go: ids are never handed out twice
         rows = np.array(sorted(positions[i] for i in wanted), dtype=np.int64)
         self.index = remove_rows(self.index, rows, self.index_type, self._exact_vectors, self.index_params)
         apply_search_params(self.index, self.index_type, self.index_params)
@@ -701,6 +732,16 @@ class SemanticIndex:
         self._positions = None
         self.info["updated"] = True
         return len(rows)
+
+    def next_id(self) -> int:
+        """The integer id :meth:`add` gives the next document: above every id this index has ever held, so that an
+        id that was removed is never handed out again (kept in ``meta.json`` as ``next_id``)."""
+        largest = max((i for i in self.ids if isinstance(i, int) and not isinstance(i, bool)), default=-1)
+        return max(int(self.info.get("next_id", 0)), largest + 1)
+
+    def _remember_next_id(self) -> None:
+        if all(isinstance(i, int) for i in self.ids):
+            self.info["next_id"] = self.next_id()
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
@@ -742,6 +783,16 @@ class SemanticIndex:
             f"SemanticIndex(type={self.index_type!r}, params={self.index_params}, docs={len(self)}, "
             f"dim={self.dimension}, model={model!r})"
         )
+
+
+def check_queries(queries: Sequence[Any]) -> None:
+    """Refuse queries that are not strings, or are empty or blank (they would match arbitrary documents)."""
+    if not all(isinstance(query, str) for query in queries):
+        raise ConfigurationError("queries must be a string or a list of strings")
+    blank = [number for number, query in enumerate(queries, start=1) if not query.strip()]
+    if blank:
+        which = "the query" if len(queries) == 1 else f"query {', '.join(map(str, blank[:5]))}"
+        raise ConfigurationError(f"{which} is empty: give the text to search for")
 
 
 def foreign_sentences(count: int, rng: np.random.Generator) -> list[str]:

@@ -4,10 +4,17 @@ A saved index is a directory holding ``index.faiss`` (the FAISS index), ``docs.j
 row, in FAISS order), ``docs.offsets.npy`` (the byte offset of every line of ``docs.jsonl``, so that a memory-mapped
 index reads only the documents it returns), ``meta.json`` (format, model identity, index type and parameters,
 calibration, ...), ``probe.npy`` (the model's probe-sentence embeddings; absent for an index built from bare
-embeddings) and, for an IVF-PQ index, ``vectors.npy`` (the normalised vectors in float16, for exact re-ranking). The
-files are written into a temporary directory next to the target, which is then renamed into place, so an
-interrupted save (or :meth:`~st_prompts.search.SemanticIndex.add` followed by a save) never leaves a half-written
-index.
+embeddings) and, for an IVF-PQ index, ``vectors.npy`` (the normalised vectors in float16, for exact re-ranking).
+
+Safety (see :mod:`st_prompts.storage`):
+
+* the files are written into a hidden folder beside the target, which is then renamed into place, so an interrupted
+  save never leaves a half-written index, and the next save removes what an interrupted one left;
+* an existing folder is replaced only if it holds nothing but an index's own files (:func:`index_folder_problem`);
+* writers of one index take turns (a lock file beside it), and every save gets a new ``save_id`` in ``meta.json``, so
+  that an update made on a stale copy is refused (:class:`~st_prompts.search.SemanticIndex`);
+* readers need no lock: :func:`load_index_dir` reads every file and checks that the folder it read is still the
+  one at the path (same inode, same ``save_id``); if a save replaced it meanwhile, it reads again.
 """
 
 from __future__ import annotations
@@ -15,8 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,6 +34,7 @@ import numpy as np
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, factory_string
 from st_prompts.search.identity import ModelIdentity
+from st_prompts.storage import STAGING_MARKER, check_destination, folder_lock, interrupted_save_hint, replace_folder
 
 if TYPE_CHECKING:  # pragma: no cover
     import faiss
@@ -42,12 +49,16 @@ META_FILE = "meta.json"
 PROBE_FILE = "probe.npy"
 VECTORS_FILE = "vectors.npy"
 OFFSETS_FILE = "docs.offsets.npy"
+#: Every file an index folder may hold: a folder holding anything else is never replaced.
+INDEX_FILES = frozenset({INDEX_FILE, DOCS_FILE, META_FILE, PROBE_FILE, VECTORS_FILE, OFFSETS_FILE})
+#: How long a reader retries while a save replaces the index under it.
+_READ_RETRY_SECONDS = 5.0
 # Keys of meta.json written by make_meta() itself; any other key is kept in StoredIndex.info.
 _CORE_META_KEYS = frozenset(
     {
         "format", "format_version", "model", "dimension", "num_docs", "index_type", "index_params",
         "faiss_factory", "metric", "normalization", "score", "duplicate_texts", "created",
-        "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector",
+        "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector", "save_id",
     }
 )  # fmt: skip
 
@@ -73,10 +84,12 @@ class StoredIndex:
     model_identity: ModelIdentity | None = None
     info: dict[str, Any] | None = None
     vectors: np.ndarray | None = None
+    #: The ``save_id`` of the save it was read from (``None``: not read from disk, or saved by an older version).
+    save_id: str | None = None
 
 
-def make_meta(stored: StoredIndex) -> dict[str, Any]:
-    """The ``meta.json`` content of ``stored``."""
+def make_meta(stored: StoredIndex, save_id: str | None = None) -> dict[str, Any]:
+    """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default)."""
     import faiss
 
     from st_prompts import __version__
@@ -101,6 +114,7 @@ def make_meta(stored: StoredIndex) -> dict[str, Any]:
         ),
         **(stored.info or {}),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "save_id": save_id or uuid.uuid4().hex,
         "st_prompts_version": __version__,
         "faiss_version": getattr(faiss, "__version__", None),
     }
@@ -117,28 +131,48 @@ def _bytes_per_vector(stored: StoredIndex) -> dict[str, Any]:
     return out
 
 
-def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
-    """Write ``stored`` to ``directory`` atomically; return the directory.
+def index_folder_problem(folder: str | os.PathLike) -> str | None:
+    """``None`` if ``folder`` holds nothing but a semantic index's own files; else why it may not be replaced."""
+    folder = Path(folder)
+    extra = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
+                   if entry.name not in INDEX_FILES | {STAGING_MARKER} or not entry.is_file())
+    if extra:
+        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        return f"it holds files that are not part of a semantic index ({shown})"
+    if not (folder / META_FILE).is_file():
+        return f"it is not a semantic index (no {META_FILE})"
+    return None
 
-    An existing index at ``directory`` is replaced (unless ``overwrite=False``); an existing directory that is not
-    empty and not an index is never touched (:class:`ConfigurationError`).
+
+def check_index_destination(directory: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, before any work, a folder an index may not be saved to (the rules of :func:`save_index_dir`)."""
+    target = check_destination(directory)
+    if not os.path.lexists(target):
+        return
+    if not target.is_dir():
+        raise ConfigurationError(f"cannot save the index to {directory}: it exists and is not a directory")
+    if not any(target.iterdir()):
+        return
+    reason = index_folder_problem(target)
+    if reason is not None:
+        raise ConfigurationError(f"refusing to replace {directory}: {reason}; choose another folder")
+    if not overwrite:
+        raise ConfigurationError(f"{directory} already holds an index (pass overwrite=True / --overwrite to replace it)")
+
+
+def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True,
+                   expected_save_id: str | None = None) -> tuple[Path, str]:
+    """Write ``stored`` to ``directory`` atomically; return the directory and the new ``save_id``.
+
+    An existing index at ``directory`` is replaced (unless ``overwrite=False``); a folder holding anything but an
+    index's own files is never touched (:class:`ConfigurationError`). With ``expected_save_id``, the index on disk
+    must still be that save (nobody else updated it since it was read), else :class:`ConfigurationError`.
     """
     import faiss
 
-    target = Path(directory)
-    if target.exists():
-        if not target.is_dir():
-            raise ConfigurationError(f"cannot save the index to {target}: it exists and is not a directory")
-        if not overwrite:
-            raise ConfigurationError(f"{target} already exists (pass overwrite=True / --overwrite to replace it)")
-        if any(target.iterdir()) and not (target / META_FILE).is_file():
-            raise ConfigurationError(
-                f"refusing to replace {target}: it is a non-empty directory that is not a semantic index"
-            )
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
-    try:
+    save_id = uuid.uuid4().hex
+
+    def write(tmp: Path) -> None:
         faiss.write_index(stored.faiss_index, str(tmp / INDEX_FILE))
         offsets = np.empty(len(stored.ids) + 1, dtype=np.int64)
         with (tmp / DOCS_FILE).open("wb") as handle:
@@ -155,16 +189,28 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
         if stored.model_identity is not None:
             np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
         with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
-            json.dump(make_meta(stored), handle, indent=2, ensure_ascii=False)
+            json.dump(make_meta(stored, save_id), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
-        for name in os.listdir(tmp):
-            _fsync(tmp / name)
-        os.chmod(tmp, 0o755)
-        _swap_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+
+    target = Path(directory)
+    with folder_lock(check_destination(target)):
+        check_index_destination(target, overwrite)
+        if expected_save_id is not None and (target / META_FILE).is_file():
+            if _read_save_id(target) != expected_save_id:
+                raise ConfigurationError(
+                    f"the index at {directory} was changed by another process since it was loaded; load it again "
+                    "and redo the update (SemanticIndex.update() holds the index's lock from load to save)"
+                )
+        replace_folder(target, write, ownership=index_folder_problem, overwrite=overwrite, what="an index",
+                       overwrite_hint="pass overwrite=True / --overwrite to replace it", lock=False)
+    return target, save_id
+
+
+def _read_save_id(root: Path) -> str | None:
+    try:
+        return json.loads((root / META_FILE).read_text(encoding="utf-8")).get("save_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _save_array(path: Path, array: np.ndarray, rows_per_write: int = 65_536) -> None:
@@ -176,21 +222,6 @@ def _save_array(path: Path, array: np.ndarray, rows_per_write: int = 65_536) -> 
     del out
 
 
-def _swap_into_place(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``; an existing ``target`` is moved aside first and restored if that fails."""
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(target, old)
-    try:
-        os.rename(tmp, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> StoredIndex:
     """Read an index directory written by :func:`save_index_dir`, checking that it is complete and consistent.
 
@@ -198,15 +229,60 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> Store
     file and are paged in on demand), ``vectors.npy`` is memory-mapped and the documents are :class:`LazyDocs` views
     that read ``docs.jsonl`` line by line through ``docs.offsets.npy``.
 
+    A save may replace the index while it is read (no lock is taken): the read is checked against the folder at the
+    path afterwards (its inode and ``save_id``) and repeated if the folder changed, so the result is always one
+    complete save.
+
     Raises:
         DataNotFoundError: the directory does not exist.
-        DataFormatError: it is not a complete, consistent semantic index (or was written by a newer version).
+        DataFormatError: it is not a complete, consistent semantic index (or was written by a newer version), or one
+            of its files is damaged.
     """
+    root = Path(directory)
+    deadline = time.monotonic() + _READ_RETRY_SECONDS
+    while True:
+        before = _snapshot(root)
+        try:
+            if before is None:
+                raise FileNotFoundError(root)
+            stored = _read_index(root, mmap)
+        except (FileNotFoundError, DataFormatError):
+            if _snapshot(root) == before and before is not None or time.monotonic() > deadline:
+                if not root.exists():
+                    raise DataNotFoundError(f"index directory not found: {root}{interrupted_save_hint(root)}")
+                raise  # the folder did not change while it was read: it is damaged
+            time.sleep(0.02)  # a save replaced it while it was read: read the new one
+            continue
+        if _snapshot(root) == before:
+            return stored
+        if time.monotonic() > deadline:  # pragma: no cover - a save every few milliseconds for seconds on end
+            raise DataFormatError(f"{root} kept changing while it was read; try again")
+
+
+def _snapshot(root: Path) -> tuple[int, int, str | None] | None:
+    """What identifies the save at ``root``: the folder's inode and device and its ``save_id`` (``None``: absent)."""
+    try:
+        status = os.stat(root)
+    except OSError:
+        return None
+    return status.st_ino, status.st_dev, _read_save_id(root)
+
+
+def _load_array(path: Path, mmap: bool = False) -> np.ndarray:
+    """``np.load`` of an index file; a damaged file is a :class:`DataFormatError` naming it."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataFormatError(f"{path} is damaged ({str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__}); "
+                              "rebuild the index") from exc
+
+
+def _read_index(root: Path, mmap: bool) -> StoredIndex:
+    """One read of every file of the index at ``root`` (see :func:`load_index_dir`)."""
     import faiss
 
-    root = Path(directory)
-    if not root.exists():
-        raise DataNotFoundError(f"index directory not found: {root}")
     if not root.is_dir():
         raise DataFormatError(f"{root} is not an index directory (expected {META_FILE}, {INDEX_FILE}, ...)")
     for name in (META_FILE, INDEX_FILE, DOCS_FILE):
@@ -216,22 +292,33 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> Store
     try:
         faiss_index = faiss.read_index(str(root / INDEX_FILE), _mmap_flags(meta.get("index_type")) if mmap else 0)
     except RuntimeError as exc:
+        if not (root / INDEX_FILE).is_file():
+            raise FileNotFoundError(root / INDEX_FILE) from exc
         raise DataFormatError(f"cannot read {root / INDEX_FILE}: {str(exc).strip().splitlines()[-1]}") from exc
+    num_docs = meta.get("num_docs")
     if mmap and (root / OFFSETS_FILE).is_file():
-        docs = LazyDocs(root / DOCS_FILE, np.load(root / OFFSETS_FILE, mmap_mode="r"))
+        offsets = _load_array(root / OFFSETS_FILE, mmap=True)
+        docs = LazyDocs(root / DOCS_FILE, offsets)
+        if offsets.ndim != 1 or len(offsets) != (num_docs or 0) + 1 or docs.size != int(offsets[-1]):
+            raise DataFormatError(f"{root / DOCS_FILE} does not match {OFFSETS_FILE} (one of them is damaged or "
+                                  "truncated); rebuild the index")
         ids, texts = docs.ids, docs.texts
     else:
         ids, texts = _read_docs(root / DOCS_FILE)
-    if not (faiss_index.ntotal == len(ids) == meta.get("num_docs")):
+    if not (faiss_index.ntotal == len(ids) == num_docs):
         raise DataFormatError(
             f"{root} is inconsistent: {faiss_index.ntotal} vectors, {len(ids)} documents, "
-            f"meta.json says {meta.get('num_docs')}"
+            f"meta.json says {num_docs}"
         )
     identity = None
     if meta.get("model") is not None:
         if not (root / PROBE_FILE).is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {PROBE_FILE} is missing")
-        identity = ModelIdentity.from_json(meta["model"], np.load(root / PROBE_FILE))
+        probe = _load_array(root / PROBE_FILE)
+        try:
+            identity = ModelIdentity.from_json(meta["model"], probe)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataFormatError(f"{root / META_FILE}: bad model record ({exc})") from exc
     index_type = meta["index_type"]
     params = dict(meta.get("index_params") or {})
     if index_type not in INDEX_TYPES:
@@ -243,14 +330,11 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> Store
         path = root / meta["vectors"].get("file", VECTORS_FILE)
         if not path.is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {path.name} is missing")
-        try:
-            vectors = np.load(path, mmap_mode="r" if mmap else None)
-        except (OSError, ValueError) as exc:
-            raise DataFormatError(f"cannot read {path}: {exc}") from exc
+        vectors = _load_array(path, mmap=mmap)
         if vectors.ndim != 2 or vectors.shape != (len(ids), faiss_index.d):
             raise DataFormatError(f"{path} has shape {vectors.shape}, expected ({len(ids)}, {faiss_index.d})")
     info = {key: value for key, value in meta.items() if key not in _CORE_META_KEYS}
-    return StoredIndex(faiss_index, ids, texts, index_type, params, identity, info, vectors)
+    return StoredIndex(faiss_index, ids, texts, index_type, params, identity, info, vectors, meta.get("save_id"))
 
 
 def _mmap_flags(index_type: str | None) -> int:
@@ -273,7 +357,11 @@ class LazyDocs:
         self.offsets = offsets
         self.ids = _LazyColumn(self, "id")
         self.texts = _LazyColumn(self, "text")
-        self._handle = None
+        # Opened now, with the other files of the index: a save that later replaces the index cannot mix its
+        # documents with these offsets.
+        self._handle = path.open("rb")
+        #: Size of the file in bytes (``offsets[-1]`` for a complete file).
+        self.size = os.fstat(self._handle.fileno()).st_size
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -281,8 +369,6 @@ class LazyDocs:
     def record(self, row: int) -> dict[str, Any]:
         if not 0 <= row < len(self):
             raise IndexError(row)
-        if self._handle is None:
-            self._handle = self.path.open("rb")
         self._handle.seek(int(self.offsets[row]))
         line = self._handle.read(int(self.offsets[row + 1] - self.offsets[row]))
         try:
@@ -328,8 +414,17 @@ def read_meta(root: Path) -> dict[str, Any]:
 
 def _read_docs(path: Path) -> tuple[list[int | str], list[str]]:
     ids, texts = [], []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    number = 0
+    try:
+        handle = path.open(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    with handle:
+        try:
+            lines = list(handle)
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(f"{path} is damaged (not UTF-8: {exc.reason}); rebuild the index") from exc
+        for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
                 ids.append(record["id"])
@@ -337,16 +432,3 @@ def _read_docs(path: Path) -> tuple[list[int | str], list[str]]:
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise DataFormatError(f"{path}, line {number}: bad record ({exc})") from exc
     return ids, texts
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
