@@ -262,7 +262,7 @@ def replace_folder(
             for root, _dirs, files in os.walk(staging):
                 for name in files:
                     _fsync(os.path.join(root, name))
-            _swap(staging, destination)
+            _swap(staging, destination, ownership)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -288,8 +288,9 @@ def _check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: 
         raise ConfigurationError(f"{destination} already holds {what}; {hint}")
 
 
-def _swap(staging: Path, destination: Path) -> None:
-    """Rename ``staging`` to ``destination``; an existing (non-empty) destination is set aside first and deleted after."""
+def _swap(staging: Path, destination: Path, ownership: OwnershipCheck | None = None) -> None:
+    """Rename ``staging`` to ``destination``; an existing (non-empty) destination is set aside first and deleted after
+    (checked again with ``ownership`` once set aside: a file put into it while the new folder was written stays)."""
     if not os.path.lexists(destination):
         os.replace(staging, destination)
         return
@@ -303,6 +304,9 @@ def _swap(staging: Path, destination: Path) -> None:
     old = destination.parent / f".{destination.name}.st-prompts-old-{uuid.uuid4().hex[:12]}"
     os.replace(destination, old)
     try:
+        reason = ownership(old) if ownership is not None else None
+        if reason is not None:
+            raise ConfigurationError(f"refusing to replace {destination}: {reason}; choose another folder")
         os.replace(staging, destination)
     except BaseException:
         os.replace(old, destination)

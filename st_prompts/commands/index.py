@@ -422,6 +422,8 @@ def run_info(args: argparse.Namespace) -> int:
         current = index.index_params.get(record["parameter"])
         if current != record["value"] or ("rerank" in record and index.index_params.get("rerank") != record["rerank"]):
             print(f"            (the index now uses {record['parameter']}={current}: set by hand after calibrating)")
+        if record.get("caveat"):
+            print(f"            ({record['caveat']})")
         if record.get("num_docs") != len(index):
             print(f"            (measured on {record.get('num_docs')} documents; the index now holds {len(index)}: "
                   "re-run 'st-prompts index calibrate')")  # fmt: skip

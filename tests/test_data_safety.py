@@ -1,0 +1,463 @@
+"""Nothing the user has is lost: output folders, interrupted saves, concurrent updates, ids, damaged files, bad input.
+
+Attacks from a careless or hostile user: a folder with other files in it as the output, ``.`` as the output, a save
+killed at every step, two processes updating one index, reading an index while it is replaced, truncated files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from st_prompts.cli import main
+from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.search import SemanticIndex
+from st_prompts.storage import MANIFEST_FILE, replace_folder
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
+             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    shutil.copytree(FIXTURES / "senteval", tmp_path / "data" / "senteval")
+    return tmp_path / "data"
+
+
+def train_argv(tiny_bert, data_dir, output, *extra):
+    return ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "1",
+            "--batch-size", "4", "--eval-steps", "1", "--output", str(output), "--no-progress", *extra]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and ": error: " in err[-1] and "Traceback" not in "\n".join(err), err
+    return err[-1]
+
+
+# ---------------------------------------------------------------------------------------------- train --output
+def test_train_output_never_replaces_a_folder_it_did_not_write(tiny_bert, data_dir, tmp_path, capsys):
+    thesis = tmp_path / "thesis"
+    (thesis / "src").mkdir(parents=True)
+    (thesis / "thesis.tex").write_text("years of work")
+    (thesis / "src" / "main.py").write_text("print(1)")
+    assert main(train_argv(tiny_bert, data_dir, thesis)) == 2
+    assert "not a model saved by st-prompts" in one_line_error(capsys)
+    assert main(train_argv(tiny_bert, data_dir, thesis, "--overwrite")) == 2  # --overwrite does not change that
+    assert (thesis / "thesis.tex").read_text() == "years of work" and (thesis / "src" / "main.py").exists()
+
+
+@pytest.mark.parametrize("output", [".", "..", "./"])
+def test_train_output_refuses_the_current_folder_and_its_parents(tiny_bert, data_dir, tmp_path, capsys, monkeypatch,
+                                                                 output):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    assert main(train_argv(tiny_bert, data_dir, output, "--overwrite")) == 2
+    assert "current folder or one of its parents" in one_line_error(capsys)
+    assert (work / "notes.txt").read_text() == "mine"
+
+
+def test_an_st_prompts_model_is_replaced_only_with_overwrite(tiny_bert, data_dir, tmp_path, capsys):
+    out = tmp_path / "model"
+    assert main(train_argv(tiny_bert, data_dir, out)) == 0
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert "model.safetensors" in manifest["files"] and "train_result.json" in manifest["files"]
+    first = (out / "train_result.json").read_text()
+    assert main(train_argv(tiny_bert, data_dir, out)) == 2
+    assert "--overwrite" in one_line_error(capsys)
+    assert main(train_argv(tiny_bert, data_dir, out, "--overwrite", "--seed", "7")) == 0
+    assert (out / "train_result.json").read_text() != first
+    # A file the user put into the model folder makes it theirs: even --overwrite refuses, and the file stays.
+    (out / "my-notes.md").write_text("notes")
+    assert main(train_argv(tiny_bert, data_dir, out, "--overwrite")) == 2
+    assert "my-notes.md" in one_line_error(capsys)
+    assert (out / "my-notes.md").read_text() == "notes"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == [".model.st-prompts.lock"]
+
+
+def test_trainer_files_never_land_in_the_output(tiny_bert, data_dir, tmp_path, monkeypatch):
+    """A Ctrl-C during training leaves an existing model as it was (the trainer's evaluation CSVs go elsewhere)."""
+    import st_prompts.training.run as run_module
+
+    out = tmp_path / "model"
+    assert main(train_argv(tiny_bert, data_dir, out)) == 0
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    original = run_module.KeepBestCallback.consider
+
+    def consider_then_interrupt(self, value, step):
+        original(self, value, step)
+        interrupt()
+
+    monkeypatch.setattr(run_module.KeepBestCallback, "consider", consider_then_interrupt)
+    assert main(train_argv(tiny_bert, data_dir, out, "--overwrite")) == 130
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    assert not any("eval" in name for name in before)
+
+
+def test_saved_files_follow_the_umask(tiny_bert, data_dir, tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "model"
+        assert main(train_argv(tiny_bert, data_dir, out)) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((out / "soft_prompts.safetensors").stat().st_mode) == 0o644
+
+
+# ---------------------------------------------------------------------------------------------- interrupted saves
+def _write(text: str):
+    def write(folder: Path) -> None:
+        (folder / "model.txt").write_text(text)
+        (folder / "sub").mkdir()
+        (folder / "sub" / "part.txt").write_text(text)
+    return write
+
+
+def _ours(folder: Path):
+    return None if (folder / "model.txt").is_file() else "not ours"
+
+
+def _complete(folder: Path) -> str:
+    assert (folder / "sub" / "part.txt").read_text() == (folder / "model.txt").read_text()
+    return (folder / "model.txt").read_text()
+
+
+@pytest.mark.parametrize("failing_call", [1, 2])
+def test_a_save_interrupted_at_each_rename_leaves_one_complete_folder(tmp_path, monkeypatch, failing_call):
+    import st_prompts.storage as storage
+
+    target = tmp_path / "out"
+    replace_folder(target, _write("old"), ownership=_ours)
+    calls = []
+    real_replace = os.replace
+
+    def interrupted_replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == failing_call:
+            raise KeyboardInterrupt  # a Ctrl-C at this rename
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(storage.os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        replace_folder(target, _write("new"), ownership=_ours, overwrite=True)
+    monkeypatch.undo()
+    assert _complete(target) == "old"  # the first rename failed, or the second failed and the old one came back
+    assert [p.name for p in tmp_path.iterdir() if "st-prompts-" in p.name and "lock" not in p.name] == []
+
+
+KILLED_SAVE = """
+import os, shutil, sys
+from pathlib import Path
+import st_prompts.storage as storage
+
+target, text, kill_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+calls = []
+real_replace, real_rmtree = os.replace, shutil.rmtree
+
+def replace(src, dst):
+    calls.append(dst)
+    if kill_at == f"replace-{len(calls)}":
+        os._exit(9)  # killed: no exception handler, no finally block runs
+    return real_replace(src, dst)
+
+def rmtree(path, *args, **kwargs):
+    if kill_at == "rmtree" and ".st-prompts-old-" in str(path):
+        os._exit(9)
+    return real_rmtree(path, *args, **kwargs)
+
+storage.os.replace, storage.shutil.rmtree = replace, rmtree
+
+def write(folder):
+    (folder / "model.txt").write_text(text)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "part.txt").write_text(text)
+
+storage.replace_folder(target, write, ownership=lambda f: None if (f / "model.txt").is_file() else "not ours",
+                       overwrite=True)
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["replace-1", "replace-2", "rmtree"])
+def test_a_kill_at_each_step_leaves_one_complete_folder_and_the_next_save_cleans_up(kill_at, tmp_path):
+    """The process is killed (``os._exit``: nothing of it runs any more) at the rename aside, at the rename in, and
+    before the old folder is deleted: one complete folder survives each time (at the target, or for the instant
+    between the renames under the set-aside name); the next save removes the leftovers."""
+    target = tmp_path / "out"
+    replace_folder(target, _write("old"), ownership=_ours)
+    result = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(target), "new", kill_at], capture_output=True)
+    assert result.returncode == 9, result.stderr
+    hidden = [p for p in tmp_path.iterdir() if p.name.startswith(".out.st-prompts-") and p.is_dir()]
+    complete = ([target] if target.exists() else []) + [p for p in hidden if (p / "model.txt").exists()]
+    assert {_complete(p) for p in complete} <= {"old", "new"} and complete
+    if kill_at == "replace-2":  # between the renames: the old one is complete under the set-aside name
+        assert not target.exists() and any(_complete(p) == "old" for p in hidden)
+    else:
+        assert _complete(target) == ("new" if kill_at == "rmtree" else "old")
+    replace_folder(target, _write("next"), ownership=_ours, overwrite=True)
+    assert _complete(target) == "next"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.st-prompts.lock", "out"]
+
+
+def test_leftovers_that_st_prompts_did_not_write_are_left_alone(tmp_path):
+    target = tmp_path / "out"
+    stranger = tmp_path / ".out.st-prompts-old-abc123"
+    stranger.mkdir()
+    (stranger / "diary.txt").write_text("private")
+    replace_folder(target, _write("v1"), ownership=_ours)
+    assert (stranger / "diary.txt").read_text() == "private"
+
+
+def test_an_index_save_interrupted_at_each_step_keeps_a_loadable_index(tmp_path, monkeypatch):
+    import st_prompts.storage as storage
+
+    vectors = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    index = SemanticIndex.from_embeddings(vectors, [f"doc {i}" for i in range(40)])
+    target = tmp_path / "idx"
+    index.save(target)
+    index.remove([0])
+    real_replace, real_rmtree = os.replace, shutil.rmtree
+    for step in ("replace-1", "replace-2", "rmtree"):
+        calls = []
+
+        def replace(src, dst, step=step, calls=calls):
+            calls.append(dst)
+            if step == f"replace-{len(calls)}":
+                raise KeyboardInterrupt
+            return real_replace(src, dst)
+
+        def rmtree(path, *args, step=step, **kwargs):
+            if step == "rmtree" and ".st-prompts-old-" in str(path):
+                raise OSError("interrupted")
+            return real_rmtree(path, *args, **kwargs)
+
+        monkeypatch.setattr(storage.os, "replace", replace)
+        monkeypatch.setattr(storage.shutil, "rmtree", rmtree)
+        try:
+            index.save(target)
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.undo()
+        loaded = SemanticIndex.load(target)
+        assert len(loaded) in (39, 40)  # the old or the new index, complete
+        index = loaded if len(loaded) == 39 else index
+    index = SemanticIndex.load(target)
+    index.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.st-prompts.lock", "idx"]  # leftovers removed
+
+
+# ---------------------------------------------------------------------------------------------- indexes
+def test_index_build_overwrite_never_deletes_other_files(tmp_path, capsys):
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    (project / "README.md").write_text("my project")
+    (project / "meta.json").write_text("{}")
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(project), "--overwrite", "--no-progress"]) == 2
+    assert "not part of a semantic index" in one_line_error(capsys)
+    assert (project / "README.md").read_text() == "my project" and (project / "src").is_dir()
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    with pytest.raises(ConfigurationError, match="not part of a semantic index"):
+        SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(project)
+    assert (project / "README.md").exists()
+
+
+def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import st_prompts.loading as loading
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_sentence_model", no_loading)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("not a folder")
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(a_file), "--overwrite"]) == 2
+    assert "not a directory" in one_line_error(capsys)
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
+    for argv in (["-k", "0"], ["-k", "-3"]):
+        assert main(["index", "search", str(tmp_path / "idx"), "q", *argv]) == 2
+        assert "-k" in one_line_error(capsys)
+    assert main(["index", "search", str(tmp_path / "idx"), "   "]) == 2
+    assert "empty" in one_line_error(capsys)
+
+
+def test_blank_queries_are_refused(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    index = SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)])
+    for queries in ("", "  \t", ["fine", ""]):
+        with pytest.raises(ConfigurationError, match="empty"):
+            index.search(queries)
+
+
+def test_removed_ids_are_never_handed_out_again(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    index = SemanticIndex.from_embeddings(vectors[:10], [f"d{i}" for i in range(10)])
+    index.remove([9])  # the largest id
+    assert index.add(["a new text"], embeddings=vectors[10:11]) == [10]
+    index.save(tmp_path / "idx")
+    with SemanticIndex.update(tmp_path / "idx") as loaded:
+        loaded.remove([10])
+    loaded = SemanticIndex.load(tmp_path / "idx")
+    assert loaded.add(["another text"], embeddings=vectors[11:12]) == [11]
+
+
+def test_a_stale_copy_cannot_overwrite_a_newer_save(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors[:10], [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
+    first = SemanticIndex.load(tmp_path / "idx")
+    second = SemanticIndex.load(tmp_path / "idx")
+    first.add(["from the first"], embeddings=vectors[10:11])
+    first.save(tmp_path / "idx")
+    second.add(["from the second"], embeddings=vectors[11:12])
+    with pytest.raises(ConfigurationError, match="changed by another process"):
+        second.save(tmp_path / "idx")
+    assert "from the first" in SemanticIndex.load(tmp_path / "idx").texts
+
+
+def test_two_concurrent_index_adds_keep_both(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"document number {i} about topic {i % 3}" for i in range(12)) + "\n")
+    assert main(["index", "build", "minilm", str(corpus), str(tmp_path / "idx"), "--no-progress"]) == 0
+    (tmp_path / "a.txt").write_text("alpha one\nalpha two\n")
+    (tmp_path / "b.txt").write_text("beta one\nbeta two\nbeta three\n")
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    command = [sys.executable, "-m", "st_prompts.cli", "index", "add", str(tmp_path / "idx")]
+    processes = [subprocess.Popen(command + [str(tmp_path / name)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for name in ("a.txt", "b.txt")]
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    index = SemanticIndex.load(tmp_path / "idx")
+    assert len(index) == 17 and len(set(index.ids)) == 17
+    assert {"alpha one", "alpha two", "beta one", "beta two", "beta three"} <= set(index.texts)
+
+
+def test_readers_never_see_a_half_replaced_index(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32)
+    texts = [f"document {i}" for i in range(300)]
+    SemanticIndex.from_embeddings(vectors[:100], texts[:100]).save(tmp_path / "idx")
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def writer():
+        size = 100
+        while not stop.is_set():
+            size = 100 if size >= 299 else size + 1
+            SemanticIndex.from_embeddings(vectors[:size], texts[:size]).save(tmp_path / "idx")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(300):
+            try:
+                loaded = SemanticIndex.load(tmp_path / "idx", mmap=bool(_ % 2))
+                assert loaded.index.ntotal == len(loaded.ids) and loaded.texts[len(loaded) - 1] == texts[len(loaded) - 1]
+            except BaseException as exc:  # noqa: BLE001 - collected and reported below
+                failures.append(exc)
+    finally:
+        stop.set()
+        thread.join()
+    assert not failures, failures[:3]
+
+
+# ---------------------------------------------------------------------------------------------- damaged files
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("name", ["probe.npy", "docs.offsets.npy", "docs.jsonl", "index.faiss", "meta.json"])
+def test_a_truncated_index_file_is_a_one_line_error(name, tmp_path, capsys, minilm):
+    index = SemanticIndex.build(minilm, [f"sentence number {i}" for i in range(30)], show_progress_bar=False)
+    index.save(tmp_path / "idx")
+    _truncate(tmp_path / "idx" / name)
+    commands = [["index", "info", str(tmp_path / "idx")], ["index", "search", str(tmp_path / "idx"), "q", "--mmap"]]
+    if name != "docs.offsets.npy":  # read by memory-mapped indexes only
+        commands.append(["index", "search", str(tmp_path / "idx"), "q"])
+    for argv in commands:
+        assert main(argv) == 2, (name, argv)
+        one_line_error(capsys)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "soft_prompts.safetensors"])
+def test_a_truncated_weight_file_is_a_one_line_error(name, tiny_bert, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+
+    encoder = PromptedTransformer(tiny_bert, prefix_length=2)
+    SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu").save(str(tmp_path / "m"))
+    _truncate(tmp_path / "m" / name)
+    argv = ["evaluate", str(tmp_path / "m"), "--tasks", "STSBenchmark", "--senteval-dir", str(FIXTURES / "senteval"),
+            "--no-progress"]
+    assert main(argv) == 2
+    assert "damaged" in one_line_error(capsys)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_an_nli_row_with_an_unquoted_comma_is_refused_with_its_line(tmp_path):
+    from st_prompts.data.training_data import read_nli_pairs, read_nli_triplets
+
+    path = tmp_path / "nli.csv"
+    path.write_text('sent0,sent1,hard_neg\n"a, quoted premise",b,c\na man, with a hat,sits,stands\n')
+    with pytest.raises(DataFormatError, match=r"line 3: expected 3 fields .* got 4"):
+        read_nli_triplets(path)
+    with pytest.raises(DataFormatError, match="line 3"):
+        read_nli_pairs(path)
+    path.write_text('sent0,sent1,hard_neg\n"a, quoted premise",b,c\n\n"multi\nline",e,f\n')
+    assert read_nli_triplets(path) == [("a, quoted premise", "b", "c"), ("multi\nline", "e", "f")]
+
+
+@pytest.mark.parametrize("extra,words", [(["--max-steps", "0"], "max_steps"), (["--limit", "0"], "limit"),
+                                         (["--limit", "-5"], "limit"), (["--max-steps", "-2"], "max_steps")])
+def test_nonsense_counts_are_refused_with_one_line(extra, words, tiny_bert, data_dir, tmp_path, capsys):
+    argv = train_argv(tiny_bert, data_dir, tmp_path / "m")
+    argv[argv.index("--max-steps"):argv.index("--max-steps") + 2] = []
+    assert main(argv + extra) == 2
+    assert words in one_line_error(capsys)
+    assert not (tmp_path / "m").exists()
+
+
+def test_sts_scores_outside_the_scale_are_refused(tmp_path):
+    from st_prompts.data.senteval import load_sts
+
+    folder = tmp_path / "STS" / "STSBenchmark"
+    folder.mkdir(parents=True)
+    (folder / "sts-dev.csv").write_text("main-captions\tMSRvid\t2012dev\t0001\t7.5\tA man.\tA woman.\n")
+    with pytest.raises(DataFormatError, match="outside 0-5"):
+        load_sts(tmp_path, "STSBenchmark", "dev")
+
+
+def test_a_calibration_without_a_model_says_what_it_cannot_promise(tmp_path, capsys):
+    vectors = np.random.default_rng(0).standard_normal((600, 16)).astype(np.float32)
+    with pytest.warns(UserWarning, match="calibrated without a model"):
+        index = SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(600)], index_type="ivf")
+    assert "real queries" in index.info["calibration"]["caveat"]
+    index.save(tmp_path / "idx")
+    assert main(["index", "info", str(tmp_path / "idx")]) == 0
+    assert "calibrated without a model" in capsys.readouterr().out
+    with_queries = SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(600)], index_type="ivf",
+                                                 calibration_queries=vectors[:50] + 0.1)
+    assert "caveat" not in with_queries.info["calibration"]
