@@ -200,6 +200,37 @@ def test_crtd_gradient_reaches_prompts_cls_prompt_and_original_pass_never_the_ba
     assert encoder.prefix_encoder.embedding.weight.grad.abs().sum() > 0  # the corrupted pass still uses the prefix
 
 
+@pytest.mark.parametrize("weight", [0.005, 0.5])
+def test_crtd_part_is_lambda_times_the_detection_cross_entropy(tiny_backbones, tmp_path, weight):
+    """The loss's CRTD part equals λ times a cross-entropy computed here by hand (log-softmax of the head's logits at
+    every detected position, averaged), and the total is InfoNCE plus that part. No dropout, so every pass repeats."""
+    from st_prompts.data.corruption import crtd_labels
+    from st_prompts.modules.prompted_transformer import CLS_OVERRIDE
+
+    backbone = tiny_backbones("bert", dropout=0.0)
+    torch.manual_seed(0)
+    model = build(backbone)
+    loss = prepared_loss(model, tmp_path, crtd_weight=weight)
+    model.train()
+    batch = [model.preprocess(SENTENCES[:6]), model.preprocess(SENTENCES[2:8])]
+    parts = loss([dict(f) for f in batch], None)
+    with torch.no_grad():
+        embeddings = [model(dict(f))["sentence_embedding"] for f in batch]
+        pooled = loss.pooler(torch.cat(embeddings)).split([e.shape[0] for e in embeddings])
+        log_likelihoods = []
+        for features, h in zip(batch, pooled):
+            original, attention = features["input_ids"], features["attention_mask"]
+            corrupted = loss.corruptions.corrupt(original, attention)
+            targets, detect = crtd_labels(original, corrupted, attention, loss.special_ids)
+            hidden = model[0]({**features, "input_ids": corrupted, CLS_OVERRIDE: h})["token_embeddings"]
+            logits = hidden[detect] @ loss.crtd_head.weight.T + loss.crtd_head.bias
+            chosen = logits.gather(1, targets[detect].unsqueeze(1)).squeeze(1)
+            log_likelihoods.append(chosen - torch.logsumexp(logits, dim=1))
+        cross_entropy = -torch.cat(log_likelihoods).mean()
+    assert parts["crtd"].item() == pytest.approx(weight * cross_entropy.item(), rel=1e-5)
+    assert set(parts) == {"contrastive", "crtd"}
+
+
 def test_batch_with_empty_strings_gives_a_finite_loss(tiny_bert, tmp_path):
     model = build(tiny_bert)
     loss = prepared_loss(model, tmp_path)

@@ -1,5 +1,9 @@
-"""DiffAug (issue 9) on tiny random backbones: prefix views, [MASK] pooling and template denoising, the two stages,
-delta/kappa, model selection over a trainable backbone, stage-1 checkpoints and bad input, end to end."""
+"""DiffAug on tiny random backbones: prefix views, [MASK] pooling and template denoising, the two stages (triplet
+batches, the training-only MLP, the official stage-1 schedule), delta/kappa, model selection over a trainable
+backbone, stage-1 checkpoints and bad input, end to end.
+
+The mechanism tests start the prefix at std 0.5 (``prefix_init_std``): at the official initialisation (the backbone's
+``initializer_range``, tested in test_prompted_transformer.py) a tiny random backbone's two views differ by 1e-6."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits o
 
 def settings_for(backbone, supervised=False, **overrides):
     values = dict(backbone=backbone, prefix_length=2, prefix_hidden_size=16, batch_size=4, stage1_batch_size=4,
-                  eval_steps=1, diagnostics_steps=1, diagnostics_samples=4)
+                  eval_steps=1, diagnostics_steps=1, diagnostics_samples=4, prefix_init_std=0.5)
     values.update(overrides)
     return methods.settings("diffaug", supervised=supervised, scale="cpu", **values)
 
@@ -67,7 +71,12 @@ def test_template_constant_and_paper_presets():
     assert methods.settings("diffaug", False, "paper", aux_weight=1e-3).stage1_steps == 1500
     sup = methods.settings("diffaug", True, "paper")
     assert (sup.stage1_steps, sup.learning_rate, sup.batch_size, sup.epochs) == (1250, 5e-5, 128, 3)
+    assert sup.gradient_accumulation_steps == 4 and semi.gradient_accumulation_steps == 1  # the official scripts
+    assert methods.settings("diffaug", True, "paper", gradient_accumulation_steps=1).batch_size == 128  # table 5
     assert semi.prefix_projection and semi.encoder_prefix_length == 16
+    assert semi.prefix_hidden_size is None and semi.prefix_init_std is None  # H and initializer_range
+    assert semi.mlp_train and semi.template_denoising and not semi.inference_denoising
+    assert semi.stage1_schedule == "official"
     assert methods.get("diffaug").prompts_only is False
 
 
@@ -150,7 +159,7 @@ def test_mask_pooling_picks_the_mask_for_every_length(tiny_bert):
 
 
 def test_denoising_subtracts_exactly_the_template_only_representation(tiny_bert):
-    _, model = build(tiny_bert, template_denoising=True)
+    _, model = build(tiny_bert, inference_denoising=True)
     model.eval()
     encoder = model[0]
     features = features_of(model, SENTENCES[:4], view=1)
@@ -167,27 +176,28 @@ def test_denoising_subtracts_exactly_the_template_only_representation(tiny_bert)
 
 
 def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_bert):
-    from st_prompts.methods.diffaug import nli_loss, stage1_prepare, stages
+    from st_prompts.methods.diffaug import NLI_COLUMNS, nli_loss, stage1_prepare, stages
 
     settings, model = build(tiny_bert)
     stage1 = stages(settings)[0]
     assert stage1.name == "stage1" and stage1.prepare is stage1_prepare and not stage1.select_model
+    assert stage1.columns(settings) == NLI_COLUMNS == ("premise", "entailment", "contradiction")
     stage1.prepare(model, settings)
     loss = stage1.build_loss(model, settings)
     assert loss is nli_loss(model, settings)  # shared with the auxiliary loss of stage 2
     assert loss.classifier.in_features == 3 * 32 and loss.classifier.out_features == 2
     backbone = {k: v.clone() for k, v in model[0].auto_model.state_dict().items()}
+    mlp = {k: v.clone() for k, v in loss.mlp.state_dict().items()}
     trainable = [p for p in loss.parameters() if p.requires_grad]
     assert {id(p) for p in trainable} == {id(p) for p in model[0].prompt_parameters()} | {
-        id(p) for p in loss.classifier.parameters()}
+        id(p) for p in loss.classifier.parameters()}  # the MLP is applied but frozen
     optimizer = torch.optim.AdamW(trainable, lr=5e-2)
-    premises = SENTENCES[:4] * 2
-    hypotheses = SENTENCES[1:5] + SENTENCES[4:8]
-    labels = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
+    premises, entailments, contradictions = SENTENCES[:4], SENTENCES[1:5], SENTENCES[4:8]
     model.eval()  # no dropout noise: the same batch gives a comparable loss at every step
     losses = []
     for _ in range(20):
-        value = loss([model.preprocess(premises), model.preprocess(hypotheses)], labels)
+        value = loss([model.preprocess(premises), model.preprocess(entailments), model.preprocess(contradictions)],
+                     None)
         optimizer.zero_grad()
         value.backward()
         optimizer.step()
@@ -195,29 +205,137 @@ def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_be
     assert losses[-1] < losses[0] - 0.05
     for name, tensor in model[0].auto_model.state_dict().items():
         assert torch.equal(tensor, backbone[name]), name
+    for name, tensor in loss.mlp.state_dict().items():
+        assert torch.equal(tensor, mlp[name]), name
 
 
-def test_stage1_classifies_plain_mask_states_and_stage2_denoises(tiny_bert):
-    """As the official code: template denoising in stage 2 and at inference only (``stage1_template_denoising``
-    turns it on in stage 1)."""
-    from st_prompts.methods.diffaug import stage1_prepare, stage2_prepare
+def test_stage1_batches_triplets_each_premise_encoded_once_two_classifier_rows_each(tiny_bert, data_dir, tmp_path):
+    """128 triplets a step: the premise once with view 0, entailment and contradiction with view 1: 256 rows."""
+    from datasets import Dataset
 
-    settings, model = build(tiny_bert, skip_stage1=True)
+    from st_prompts.methods.diffaug import nli_loss
+    from st_prompts.training.run import stage_trainer
+
+    settings, model = build(tiny_bert, stage1_batch_size=128, stage1_steps=1)
+    stage1 = methods.get("diffaug").stages(settings)[0]
+    assert stage1.batch_size(settings) == 128
+    triplets = [(SENTENCES[i % 8], SENTENCES[(i + 1) % 8], SENTENCES[(i + 3) % 8]) for i in range(128)]
+    data = Dataset.from_dict({c: [t[i] for t in triplets] for i, c in enumerate(stage1.columns(settings))})
+    rows, views = [], []
+    loss = nli_loss(model, settings)
+    hooks = [loss.classifier.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0])),
+             model[0].register_forward_pre_hook(  # the loss's passes (not the diagnostics' probes of 4 rows)
+                 lambda m, args: views.append((args[0]["input_ids"].shape[0],
+                                               tuple(args[0]["prefix_attention_mask"][0].tolist())))
+                 if args[0]["input_ids"].shape[0] == 128 else None)]
+    trainer, _, _ = stage_trainer(settings, stage1, data, model, None, show_progress_bar=False,
+                                  trainer_dir=str(tmp_path))
+    trainer.train()
+    for hook in hooks:
+        hook.remove()
+    assert rows == [256]
+    assert views == [(128, (1, 1, 0, 0)), (128, (0, 0, 1, 1)), (128, (0, 0, 1, 1))]
+
+
+def test_the_mlp_is_frozen_in_stage1_trained_in_stage2_and_never_saved(tiny_bert, data_dir, tmp_path, monkeypatch):
+    import st_prompts.methods.diffaug as diffaug_module
+    from st_prompts.methods.diffaug import _state
+    from st_prompts.training.run import train
+
+    settings = settings_for(tiny_bert, stage1_steps=2, max_steps=2, learning_rate=1e-2, aux_weight=1e-3,
+                            output_dir=str(tmp_path / "run"))
+    stages = methods.get("diffaug").stages(settings)
+    datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
+    model = methods.get("diffaug").build_model(settings)
+    mlp = _state(model)["mlp"]
+    start = {k: v.clone() for k, v in mlp.state_dict().items()}
+    after_stage1 = {}
+    stage2_prepare = diffaug_module.stage2_prepare
+
+    def prepare_and_remember(m, s):
+        after_stage1.update({k: v.clone() for k, v in mlp.state_dict().items()})
+        stage2_prepare(m, s)
+
+    monkeypatch.setattr(diffaug_module, "stage2_prepare", prepare_and_remember)
+    model, _ = train(settings, datasets, scripted_evaluator([0.5, 0.6, 0.7]), model=model, show_progress_bar=False)
+    assert all(torch.equal(after_stage1[k], start[k]) for k in start)  # frozen in stage 1
+    assert any(not torch.equal(mlp.state_dict()[k], start[k]) for k in start)  # trained in stage 2
+    model.save(str(tmp_path / "saved"))
+    assert [type(m).__name__ for m in model] == ["PromptedTransformer", "MaskTokenPooling"]
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "saved" / "model.safetensors"), "pt") as handle:
+        assert not any("mlp" in key for key in handle.keys())
+    assert (Path(str(tmp_path / "run") + "-stage1") / "mlp.safetensors").is_file()  # stage 2 may start from there
+
+
+def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir, tmp_path):
+    """The official scheduler decays the stage-1 rate linearly over the stage-2 steps and stage 1 stops before."""
+    from transformers import TrainerCallback
+
+    from st_prompts.methods.diffaug import stage2_steps
+    from st_prompts.training.run import train
+
+    class Rates(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+            self.seen.append((state.global_step, lr_scheduler.get_last_lr()[0]))
+
+    for schedule, expected in (("official", 1e-3 * (1 - 2 / 8)), ("stage1", 0.0)):
+        settings = settings_for(tiny_bert, stage1_steps=2, max_steps=8, stage1_learning_rate=1e-3,
+                                stage1_schedule=schedule, output_dir=str(tmp_path / schedule))
+        stages = methods.get("diffaug").stages(settings)
+        datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
+        assert stage2_steps(settings, datasets) == 8
+        rates = Rates()
+        train(settings, datasets, scripted_evaluator([0.5] * 20), callbacks=[rates], show_progress_bar=False)
+        stage1 = rates.seen[:2]
+        assert [step for step, _ in stage1] == [1, 2]
+        assert stage1[-1][1] == pytest.approx(expected)
+    one_epoch = settings_for(tiny_bert, batch_size=4, max_steps=-1, epochs=2.0, gradient_accumulation_steps=2)
+    assert stage2_steps(one_epoch, {"stage2": list(range(17))}) == 2 * (5 // 2)  # as the trainer counts them
+
+
+def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
+    """The official code subtracts the template-only state in stage 2's contrastive loss only: not in stage 1, not on
+    the auxiliary NLI rows, not in selection or the saved model (``inference_denoising`` keeps it there)."""
+    from st_prompts.methods.diffaug import nli_loss, stage1_prepare, stage2_loss, stage2_prepare
+
+    settings, model = build(tiny_bert, skip_stage1=True, aux_weight=1e-3)
     model.eval()
+    encoder = model[0]
     features = features_of(model, SENTENCES[:4], view=0)
     with torch.no_grad():
-        denoised = model(dict(features))["sentence_embedding"]
-        stage1_prepare(model, settings)
-        assert model[0].template_denoising is False
         plain = model(dict(features))["sentence_embedding"]
-        alone = model(model[0].template_only_features(features))["sentence_embedding"]
-        torch.testing.assert_close(denoised, plain - alone)
+        alone = model(encoder.template_only_features(features))["sentence_embedding"]
+    pooled = []
+    hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
+    try:
+        stage1_prepare(model, settings)
+        assert encoder.template_denoising is False
+        nli_loss(model, settings)([features_of(model, SENTENCES[:4]) for _ in range(3)], None)
+        stage1_pooled = pooled[:3]
         stage2_prepare(model, settings)
-        assert model[0].template_denoising is True
-        torch.testing.assert_close(model(dict(features))["sentence_embedding"], denoised)
-    opted, model = build(tiny_bert, stage1_template_denoising=True)
-    stage1_prepare(model, opted)
+        assert encoder.template_denoising is False  # selection and the saved model: no denoising
+        pooled.clear()
+        loss = stage2_loss(model, settings)
+        loss([features_of(model, SENTENCES[:4]) for _ in range(5)], None)
+    finally:
+        hook.remove()
+    view0 = embed(model, SENTENCES[:4], view=0)
+    torch.testing.assert_close(view0, plain)
+    contrastive, auxiliary = pooled[:2], pooled[2:]
+    torch.testing.assert_close(contrastive[0], plain - alone, atol=1e-5, rtol=1e-5)  # anchor: view 0, denoised
+    torch.testing.assert_close(auxiliary[0], plain, atol=1e-5, rtol=1e-5)  # NLI premise: view 0, not denoised
+    torch.testing.assert_close(stage1_pooled[0], plain, atol=1e-5, rtol=1e-5)  # stage 1: not denoised
+    opted, model = build(tiny_bert, skip_stage1=True, inference_denoising=True)
+    stage2_prepare(model, opted)
     assert model[0].template_denoising is True
+    stage1_opted, model = build(tiny_bert, stage1_template_denoising=True)
+    stage1_prepare(model, stage1_opted)
+    assert nli_loss(model, stage1_opted).template_denoising is True
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -225,11 +343,11 @@ def test_pooling_without_template_is_the_last_layer_cls_or_mean(tiny_bert, pooli
     """``pooling="cls"`` is the official code's ``apply_prompt=False``: no template, the last layer's [CLS] state."""
     from st_prompts.methods.diffaug import stage1_prepare, stage2_prepare
 
-    settings, model = build(tiny_bert, pooling=pooling, stage1_template_denoising=True)
+    settings, model = build(tiny_bert, pooling=pooling, stage1_template_denoising=True, inference_denoising=True)
     assert not settings.uses_template and model[0].template_num_tokens == 0 and not model[0].template_denoising
     stage1_prepare(model, settings)
     assert model[0].template_denoising is False
-    stage2_prepare(model, settings_for(tiny_bert, pooling=pooling, skip_stage1=True))
+    stage2_prepare(model, settings_for(tiny_bert, pooling=pooling, skip_stage1=True, inference_denoising=True))
     assert model[0].template_denoising is False
     model.eval()
     features = features_of(model, SENTENCES[:3], view=1)
@@ -260,8 +378,6 @@ def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path
         loss = stage.build_loss(model, settings)
         columns = stage.columns(settings)
         data = {c: SENTENCES for c in columns}
-        if "premise" in columns:
-            data["label"] = [1, 0] * 4
         args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none",
                                                     per_device_train_batch_size=4, learning_rate=settings.learning_rate,
                                                     learning_rate_mapping=stage.learning_rates(model, settings),
@@ -274,6 +390,8 @@ def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path
         assert all(lr_of[id(p)] == 1e-2 for p in model[0].prompt_parameters())
         if aux:
             assert all(lr_of[id(p)] == 1e-2 for p in loss.auxiliary.classifier.parameters())
+        mlp = loss.main.mlp if aux else loss.mlp
+        assert all(lr_of[id(p)] == 1e-2 for p in mlp.parameters())  # the training-only MLP trains in stage 2
         before = {k: v.clone() for k, v in model[0].auto_model.named_parameters()}
         trainer.train()
         changed = [k for k, v in model[0].auto_model.named_parameters() if not torch.equal(v, before[k])]
@@ -470,8 +588,8 @@ def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, da
     if "--pooling" in extra:
         assert type(model[1]).__name__ == "Pooling" and model[1].pooling_mode == "cls"
         assert model[0].template_num_tokens == 0 and not model[0].template_denoising
-    else:
-        assert type(model[1]).__name__ == "MaskTokenPooling" and model[0].template_denoising
+    else:  # the official evaluation pools the raw [MASK] state: the saved model does not denoise
+        assert type(model[1]).__name__ == "MaskTokenPooling" and not model[0].template_denoising
 
 
 def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):

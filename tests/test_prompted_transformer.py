@@ -448,3 +448,37 @@ def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output
     encoder.train()
     encoder({**features})
     assert lengths == [5]
+
+
+@pytest.mark.parametrize("projection", [False, True])
+def test_prefix_starts_at_the_backbones_initializer_range_as_in_the_official_code(tiny_backbones, projection):
+    """The official DCPCSE/DiffAug code builds the prefix encoder before transformers' init_weights(): every Embedding
+    and Linear weight ~ N(0, initializer_range), biases zero (torch's defaults: Embedding N(0, 1))."""
+    for initializer_range in (0.02, 0.05):
+        path = tiny_backbones("bert", max_positions=128)
+        encoder = PromptedTransformer(path, prefix_length=64, prefix_projection=projection, prefix_hidden_size=64,
+                                      config_kwargs={"initializer_range": initializer_range})
+        assert encoder.auto_model.config.initializer_range == initializer_range
+        prefix = encoder.prefix_encoder
+        weights = [m.weight for m in prefix.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.Linear))]
+        assert len(weights) == (3 if projection else 1)
+        for weight in weights:
+            assert float(weight.std()) == pytest.approx(initializer_range, rel=0.1)
+            assert abs(float(weight.mean())) < initializer_range / 10
+        assert all(float(m.bias.abs().max()) == 0 for m in prefix.modules() if isinstance(m, torch.nn.Linear))
+        if not projection:  # the keys/values are the embedding itself
+            assert float(prefix.key_values().std()) == pytest.approx(initializer_range, rel=0.1)
+    explicit = PromptedTransformer(tiny_backbones("bert", max_positions=128), prefix_length=64, prefix_init_std=0.5)
+    assert float(explicit.prefix_encoder.embedding.weight.std()) == pytest.approx(0.5, rel=0.1)
+    with pytest.raises(ConfigurationError, match="prefix_init_std"):
+        PromptedTransformer(tiny_backbones("bert"), prefix_length=4, prefix_init_std=0.0)
+
+
+def test_training_only_simcse_mlp_starts_like_simcse(tiny_bert):
+    from st_prompts.losses import PromptContrastiveLoss
+
+    encoder = PromptedTransformer(tiny_bert, prefix_length=2)
+    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu")
+    linear = PromptContrastiveLoss(model, mlp=True).mlp[0]
+    assert float(linear.weight.std()) == pytest.approx(encoder.auto_model.config.initializer_range, rel=0.15)
+    assert float(linear.bias.abs().max()) == 0

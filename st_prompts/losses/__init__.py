@@ -11,8 +11,9 @@ from st_prompts.losses.multi_positive import (
     skicse_supervised_terms,
     skicse_unsupervised_terms,
 )
-from st_prompts.losses.nli import NLI_LABELS, AuxiliaryLoss, PrefixViewSoftmaxLoss
+from st_prompts.losses.nli import NLI_LABELS, AuxiliaryLoss, NLITripletSoftmaxLoss, PrefixViewSoftmaxLoss
 
 __all__ = ["NLI_LABELS", "SUPERVISED_READINGS", "AuxiliaryLoss", "BatchNormMLPPooler", "CRTDLoss", "InfoNCETerm",
-           "MLMHead", "MultiPositiveInfoNCELoss", "PrefixViewSoftmaxLoss", "PromptContrastiveLoss", "TokenMasker",
-           "apply_prefix_views", "mlm_weight", "skicse_supervised_terms", "skicse_unsupervised_terms"]
+           "MLMHead", "MultiPositiveInfoNCELoss", "NLITripletSoftmaxLoss", "PrefixViewSoftmaxLoss",
+           "PromptContrastiveLoss", "TokenMasker", "apply_prefix_views", "mlm_weight", "skicse_supervised_terms",
+           "skicse_unsupervised_terms"]

@@ -12,6 +12,7 @@ from torch import nn
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.modules.prompted_transformer import PREFIX_VALUES as PREFIX_VALUES_KEY
+from st_prompts.modules.prompted_transformer import TEMPLATE_DENOISING
 from st_prompts.modules.prompted_transformer import PromptedTransformer
 from st_prompts.prompts.prefix import prefix_view_mask
 
@@ -49,7 +50,8 @@ class PromptContrastiveLoss(nn.Module):
     Args:
         model: a SentenceTransformer (the MLM term needs a :class:`~st_prompts.PromptedTransformer` first module).
         scale: inverse temperature (20 → τ = 0.05).
-        mlp: apply a training-only MLP over the sentence embedding.
+        mlp: apply a training-only MLP over the sentence embedding (``True``: a new one, :func:`simcse_mlp`; or the
+            module to apply, e.g. one shared with another loss).
         mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it).
         mlm_decay, mlm_decay_steps: the weight decays as ``mlm_decay ** (step / mlm_decay_steps)``.
         mlm_probability: share of tokens masked for MLM.
@@ -58,13 +60,16 @@ class PromptContrastiveLoss(nn.Module):
             prefix, the positive and the hard negative to the second half, as DiffAug does); ``None``: every column
             attends to the whole prefix. See :func:`apply_prefix_views`.
         num_views: how many views the prefix is cut into.
+        template_denoising: subtract the template-only ``[MASK]`` state from this loss's embeddings (PromptBERT's
+            template denoising, which DiffAug applies in its contrastive loss only), whatever the encoder's own
+            ``template_denoising`` (what inference does).
     """
 
     def __init__(
         self,
         model,
         scale: float = 20.0,
-        mlp: bool = False,
+        mlp: bool | nn.Module = False,
         mlm_weight: float = 0.0,
         mlm_decay: float = 0.95,
         mlm_decay_steps: int = 100,
@@ -72,16 +77,17 @@ class PromptContrastiveLoss(nn.Module):
         mlm_head_source: str | None = None,
         prefix_views: tuple[int, ...] | None = None,
         num_views: int = 2,
+        template_denoising: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
+        self.template_denoising = bool(template_denoising)
         self.prefix_views = tuple(prefix_views) if prefix_views is not None else None
         self.num_views = num_views
         if self.prefix_views is not None:
             check_prefix_views(model, self.prefix_views, num_views)
         self.infonce = MultipleNegativesRankingLoss(model, scale=scale)
-        dim = model.get_embedding_dimension()
-        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if mlp else None
+        self.mlp = mlp if isinstance(mlp, nn.Module) else (simcse_mlp(model) if mlp else None)
         if mlm_weight < 0:
             raise ConfigurationError(f"mlm_weight must be >= 0, got {mlm_weight}.")
         self.mlm_weight = mlm_weight
@@ -115,6 +121,9 @@ class PromptContrastiveLoss(nn.Module):
             )
         if self.prefix_views is not None:
             apply_prefix_views(self.model, sentence_features, self.prefix_views, self.num_views)
+        if self.template_denoising:
+            for features in sentence_features:
+                features[TEMPLATE_DENOISING] = True
         training = self.model.training
         with_mlm = self.mlm_head is not None and training
         # Keep each column's raw inputs before the model adds its outputs to the features dict.
@@ -161,6 +170,7 @@ class PromptContrastiveLoss(nn.Module):
             "mlm_decay": self.mlm_decay,
             "mlm_decay_steps": self.mlm_decay_steps,
             "prefix_views": self.prefix_views,
+            "template_denoising": self.template_denoising,
         }
 
     @property
@@ -171,6 +181,23 @@ class PromptContrastiveLoss(nn.Module):
     journal = {arXiv preprint arXiv:2203.06875},
     year = {2022},
 }"""
+
+
+def simcse_mlp(model) -> nn.Sequential:
+    """SimCSE's ``MLPLayer`` over the sentence embedding: ``Linear(H, H) + Tanh``, its weight ~ N(0,
+    ``initializer_range`` of the backbone, 0.02 by default) and its bias zero, as SimCSE's ``cl_init`` gets it from
+    transformers' ``init_weights()`` (torch's default would be a uniform Kaiming initialisation)."""
+    dim = model.get_embedding_dimension()
+    std = 0.02
+    first = model[0] if len(model) else None
+    config = getattr(getattr(first, "auto_model", None), "config", None)
+    if config is not None and getattr(config, "initializer_range", None):
+        std = float(config.initializer_range)
+    linear = nn.Linear(dim, dim)
+    with torch.no_grad():
+        linear.weight.normal_(0.0, std)
+        linear.bias.zero_()
+    return nn.Sequential(linear, nn.Tanh())
 
 
 def distributed_training() -> bool:

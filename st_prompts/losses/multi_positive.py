@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.losses.contrastive import simcse_mlp
 
 #: The two readings of SKICSE's supervised terms (Eq. 5 and 6), see the module docstring.
 SUPERVISED_READINGS = ("text", "printed")
@@ -149,8 +150,7 @@ class MultiPositiveInfoNCELoss(nn.Module):
                                      "what they are in a term (they never become negatives by position).")
         if presence_column is not None and presence_column not in self.columns:
             raise ConfigurationError(f"presence_column {presence_column!r} is not among {list(self.columns)}.")
-        dim = model.get_embedding_dimension()
-        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if mlp else None
+        self.mlp = simcse_mlp(model) if mlp else None
         self.rows = 0
         self.missing_rows = 0
 

@@ -46,6 +46,8 @@ class TrainSettings:
     learning_rate: float = option(3e-5, "peak learning rate (linear decay)")
     batch_size: int = option(64, "training batch size (in-batch negatives)")
     epochs: float = option(1.0, "training epochs")
+    gradient_accumulation_steps: int = option(1, "optimizer step every this many batches (in-batch negatives stay "
+                                              "those of one batch)")
     max_steps: int = option(-1, "stop after this many optimisation steps (-1: run the epochs)")
     max_seq_length: int = option(32, "maximum tokens per sentence")
     temperature: float = option(0.05, "InfoNCE temperature tau")
@@ -66,7 +68,7 @@ class TrainSettings:
                                      f"{self.max_steps}.")
         if self.max_steps == -1 and not self.epochs > 0:
             raise ConfigurationError(f"epochs must be positive, got {self.epochs}.")
-        for name in ("eval_steps", "logging_steps", "max_seq_length"):
+        for name in ("eval_steps", "logging_steps", "max_seq_length", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}.")
         if not self.learning_rate > 0:
@@ -83,6 +85,28 @@ class TrainSettings:
     def replace(self, **changes: Any) -> TrainSettings:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class PrefixSettings(TrainSettings):
+    """The options of a method with a deep prefix (DCPCSE, D2CSE, DiffAug, SKICSE's prompted encoder)."""
+
+    prefix_length: int = option(16, "deep prompt positions per layer")
+    prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
+    prefix_hidden_size: int | None = option(512, "hidden size of that reparameterisation MLP (none: the backbone's "
+                                            "hidden size)")
+    prefix_init_std: float | None = option(None, "std of the prefix's normal initialisation, biases zero (default: "
+                                           "the backbone's initializer_range, 0.02 for BERT, as in the official code)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prefix_init_std is not None and not self.prefix_init_std > 0:
+            raise ConfigurationError(f"prefix_init_std must be positive, got {self.prefix_init_std}.")
+
+    def prefix_options(self) -> dict[str, Any]:
+        """The prefix's keyword arguments of :class:`~st_prompts.PromptedTransformer`."""
+        return dict(prefix_length=self.prefix_length, prefix_projection=self.prefix_projection,
+                    prefix_hidden_size=self.prefix_hidden_size, prefix_init_std=self.prefix_init_std)
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,11 @@ class Stage:
         learning_rate: ``settings -> peak learning rate`` of this stage (``None``: ``settings.learning_rate``).
         batch_size: ``settings -> batch size`` of this stage (``None``: ``settings.batch_size``).
         epochs: ``settings -> epochs`` of this stage when it has no step count (``None``: ``settings.epochs``).
+        schedule_steps: ``(settings, datasets) -> steps`` the stage's linear learning-rate schedule decays over, when
+            that differs from the steps it trains (``datasets``: every stage's data by name). The stage still stops
+            after ``max_steps``: DiffAug's official stage 1 decays over the stage-2 length and stops before.
+        gradient_accumulation: ``settings -> batches per optimizer step`` of this stage (``None``:
+            ``settings.gradient_accumulation_steps``).
     """
 
     name: str
@@ -125,6 +154,8 @@ class Stage:
     learning_rate: Callable[[TrainSettings], float] | None = None
     batch_size: Callable[[TrainSettings], int] | None = None
     epochs: Callable[[TrainSettings], float] | None = None
+    schedule_steps: Callable[[TrainSettings, dict[str, Any]], int] | None = None
+    gradient_accumulation: Callable[[TrainSettings], int] | None = None
 
 
 @dataclass(frozen=True)

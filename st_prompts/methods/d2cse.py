@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods._contrastive import assemble, contrastive_columns, contrastive_data, seed_everything
-from st_prompts.methods.base import Method, Stage, TrainSettings, option
+from st_prompts.methods.base import Method, PrefixSettings, Stage, option
 
 #: D2CSE table 7, unsupervised: backbone -> (batch size, learning rate, prompt length, [CLS] prompt); 2 epochs
 UNSUPERVISED_TABLE = {
@@ -50,12 +50,9 @@ BACKBONE_GENERATOR = "backbone-mlm"
 
 
 @dataclass
-class D2CSESettings(TrainSettings):
-    """D2CSE's options (see :class:`~st_prompts.methods.base.TrainSettings` for the shared ones)."""
+class D2CSESettings(PrefixSettings):
+    """D2CSE's options (see :class:`~st_prompts.methods.base.PrefixSettings` for the shared ones)."""
 
-    prefix_length: int = option(16, "deep prompt positions per layer")
-    prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
-    prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
     cls_prompt: bool = option(False, "trainable [CLS] prompt replacing the static [CLS] input embedding (table 7)")
     crtd_weight: float = option(PAPER_CRTD_WEIGHT, "lambda: weight of the conditional replaced-token detection loss")
     masking_ratio: float = option(PAPER_MASKING_RATIO, "share of tokens masked before the generator fills them")
@@ -108,9 +105,7 @@ def build_model(settings: D2CSESettings):
     seed_everything(settings.seed)
     encoder = PromptedTransformer(
         resolve_model_name(settings.backbone),
-        prefix_length=settings.prefix_length,
-        prefix_projection=settings.prefix_projection,
-        prefix_hidden_size=settings.prefix_hidden_size,
+        **settings.prefix_options(),
         cls_prompt=settings.cls_prompt,
         max_seq_length=settings.max_seq_length,
     )

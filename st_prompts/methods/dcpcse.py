@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods._contrastive import assemble, contrastive_stage, seed_everything
-from st_prompts.methods.base import MLP_HEAD_MODES, Method, TrainSettings, option
+from st_prompts.methods.base import MLP_HEAD_MODES, Method, PrefixSettings, option
 
 #: DCPCSE table 3: backbone -> (batch size, learning rate, prefix length, MLM multi-task); 1 epoch
 UNSUPERVISED_TABLE = {
@@ -34,12 +34,9 @@ SUPERVISED_TABLE = {
 
 
 @dataclass
-class DCPCSESettings(TrainSettings):
-    """DCPCSE's options (see :class:`~st_prompts.methods.base.TrainSettings` for the shared ones)."""
+class DCPCSESettings(PrefixSettings):
+    """DCPCSE's options (see :class:`~st_prompts.methods.base.PrefixSettings` for the shared ones)."""
 
-    prefix_length: int = option(16, "deep prompt positions per layer")
-    prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (Embedding -> Linear -> Tanh -> Linear)")
-    prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
     prefix_dropout_shared: bool = option(False, "one prefix dropout mask per batch instead of per example (less memory "
                                          "and time; the official code draws one per example)")
     mlp_head: str = option("train_only", "SimCSE MLP over [CLS]: train_only, saved (kept at inference) or none",
@@ -79,9 +76,7 @@ def build_model(settings: DCPCSESettings):
     seed_everything(settings.seed)
     encoder = PromptedTransformer(
         resolve_model_name(settings.backbone),
-        prefix_length=settings.prefix_length,
-        prefix_projection=settings.prefix_projection,
-        prefix_hidden_size=settings.prefix_hidden_size,
+        **settings.prefix_options(),
         prefix_dropout_shared=settings.prefix_dropout_shared,
         max_seq_length=settings.max_seq_length,
     )

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.methods._contrastive import assemble, head_learning_rates, seed_everything
-from st_prompts.methods.base import MLP_HEAD_MODES, Method, Stage, TrainSettings, option
+from st_prompts.methods.base import MLP_HEAD_MODES, Method, PrefixSettings, Stage, TrainSettings, option
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ def default_ski_file(supervised: bool) -> str:
 
 
 @dataclass
-class SKICSESettings(TrainSettings):
-    """SKICSE's options (see :class:`~st_prompts.methods.base.TrainSettings` for the shared ones)."""
+class SKICSESettings(PrefixSettings):
+    """SKICSE's options (see :class:`~st_prompts.methods.base.PrefixSettings` for the shared ones; the prefix is used
+    by ``encoder="prompted"`` only)."""
 
     encoder: str = option("full", "full: fine-tune the whole backbone (the paper); prompted: frozen backbone + "
                           "deep prefix (DCPCSE)", ENCODERS)
@@ -78,8 +79,6 @@ class SKICSESettings(TrainSettings):
                            "(SimCSE term only)", UNCACHED)
     learning_rate: float | None = option(None, "peak learning rate (default: the preset of --encoder)")
     prefix_length: int | None = option(None, "deep prompt positions per layer (--encoder prompted; default: preset)")
-    prefix_projection: bool = option(False, "reparameterise the prefix with an MLP (--encoder prompted)")
-    prefix_hidden_size: int = option(512, "hidden size of that reparameterisation MLP")
     mlp_head: str = option("train_only", "SimCSE MLP over [CLS]: train_only, saved (kept at inference) or none",
                            MLP_HEAD_MODES)
     head_learning_rate: float | None = option(None, "learning rate of the MLP head (default: --learning-rate)")
@@ -123,10 +122,7 @@ def build_model(settings: SKICSESettings):
     if settings.encoder == "prompted":
         from st_prompts.modules import PromptedTransformer
 
-        encoder = PromptedTransformer(name, prefix_length=settings.prefix_length,
-                                      prefix_projection=settings.prefix_projection,
-                                      prefix_hidden_size=settings.prefix_hidden_size,
-                                      max_seq_length=settings.max_seq_length)
+        encoder = PromptedTransformer(name, **settings.prefix_options(), max_seq_length=settings.max_seq_length)
     else:
         from sentence_transformers.sentence_transformer.modules import Transformer
 

@@ -52,6 +52,9 @@ POSITION_IDS = "position_ids"
 PREFIX_VALUES = "prefix_values"
 #: ``features`` key written by template tokenisation: index of the trainable vector placed at each position (-1: none).
 SOFT_PROMPT_POSITIONS = "soft_prompt_positions"
+#: ``features`` key: ``True``/``False`` encodes the template alone too (template denoising) for this call, whatever
+#: the module's ``template_denoising``; absent = the module's setting.
+TEMPLATE_DENOISING = "template_denoising"
 #: ``features`` key written by ``forward`` with ``template_denoising=True``: the last hidden states of the template
 #: alone (:meth:`PromptedTransformer.template_only_features`), shape ``(batch, template tokens + 2, hidden)``.
 TEMPLATE_TOKEN_EMBEDDINGS = "template_token_embeddings"
@@ -156,10 +159,12 @@ class PromptedTransformer(Transformer):
             see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`). BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT.
         prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
         prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
-        prefix_hidden_size: hidden size of that MLP (DCPCSE: 512).
+        prefix_hidden_size: hidden size of that MLP (DCPCSE: 512; ``None``: the backbone's hidden size, DiffAug).
         prefix_dropout: dropout on the prefix keys/values in training; ``None`` uses the backbone's hidden dropout.
         prefix_dropout_shared: one prefix dropout mask per forward pass for the whole batch instead of one per example
             (DCPCSE's official code draws one per example); less memory and time, see the benchmarks.
+        prefix_init_std: std of the prefix's normal initialisation (biases zero); ``None`` (default): the backbone's
+            ``initializer_range``, as the official code's ``init_weights()`` gives it (0.02 for BERT).
         template: template with one ``[X]`` and one ``[MASK]`` (``None`` for no template).
         template_mode: ``"soft"`` (template tokens are trainable vectors) or ``"hard"`` (real tokens, no parameter).
         cls_prompt: add a trainable [CLS] prompt (a vector replacing the input embedding at position 0, initialised
@@ -191,6 +196,7 @@ class PromptedTransformer(Transformer):
         "prefix_hidden_size",
         "prefix_dropout",
         "prefix_dropout_shared",
+        "prefix_init_std",
         "template",
         "template_mode",
         "cls_prompt",
@@ -206,9 +212,10 @@ class PromptedTransformer(Transformer):
         prefix_length: int | None = 16,
         *,
         prefix_projection: bool = False,
-        prefix_hidden_size: int = 512,
+        prefix_hidden_size: int | None = 512,
         prefix_dropout: float | None = None,
         prefix_dropout_shared: bool = False,
+        prefix_init_std: float | None = None,
         template: str | None = None,
         template_mode: str = "soft",
         cls_prompt: bool = False,
@@ -218,7 +225,8 @@ class PromptedTransformer(Transformer):
         max_seq_length: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout)
+        _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
+                                 prefix_init_std)
         if kwargs.get("backend", "torch") != "torch":
             raise ConfigurationError("PromptedTransformer needs the 'torch' backend (ONNX/OpenVINO cannot take prompts).")
         if kwargs.get("transformer_task", "feature-extraction") != "feature-extraction":
@@ -237,6 +245,7 @@ class PromptedTransformer(Transformer):
         self.prefix_hidden_size = prefix_hidden_size
         self.prefix_dropout = prefix_dropout
         self.prefix_dropout_shared = bool(prefix_dropout_shared)
+        self.prefix_init_std = prefix_init_std
         self.template = template
         self.template_mode = template_mode
         self.cls_prompt = bool(cls_prompt)
@@ -262,9 +271,10 @@ class PromptedTransformer(Transformer):
                 num_heads=config.num_attention_heads,
                 head_dim=config.hidden_size // config.num_attention_heads,
                 projection=prefix_projection,
-                projection_hidden_size=prefix_hidden_size,
+                projection_hidden_size=prefix_hidden_size or config.hidden_size,
                 dropout=config.hidden_dropout_prob if prefix_dropout is None else prefix_dropout,
                 shared_dropout=self.prefix_dropout_shared,
+                init_std=self.initial_prefix_std,
             )
 
         # Input-embedding prompts: one table of trainable vectors (soft template tokens, then the [CLS] prompt).
@@ -313,6 +323,14 @@ class PromptedTransformer(Transformer):
             self._backbone_may_differ = True
         for parameter in self.auto_model.parameters():
             parameter.requires_grad = not self._freeze_backbone
+
+    @property
+    def initial_prefix_std(self) -> float:
+        """The std of the prefix's initialisation: ``prefix_init_std``, else the backbone's ``initializer_range``
+        (what the official DCPCSE and DiffAug code give it; 0.02 when the config has none)."""
+        if self.prefix_init_std is not None:
+            return float(self.prefix_init_std)
+        return float(getattr(self.auto_model.config, "initializer_range", None) or 0.02)
 
     @property
     def max_position_limit(self) -> int:
@@ -415,7 +433,7 @@ class PromptedTransformer(Transformer):
                 mask = torch.ones_like(input_ids)
                 plain = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
                 probe = PrefixEncoder(1, self.prefix_encoder.num_layers, self.prefix_encoder.num_heads,
-                                      self.prefix_encoder.head_dim, dropout=0.0).to(device)
+                                      self.prefix_encoder.head_dim, dropout=0.0, init_std=1.0).to(device)
                 cache = probe(1)
                 mask = torch.ones(1, 3, dtype=torch.long, device=device)
                 prompted = model(input_ids=input_ids, attention_mask=mask,
@@ -527,12 +545,18 @@ class PromptedTransformer(Transformer):
         :class:`~st_prompts.prompts.PrefixDraw` from :meth:`PrefixEncoder.values`), so that a second pass over the same
         rows (e.g. DCPCSE's MLM pass) can share them.
 
-        With ``template_denoising``, the template alone (:meth:`template_only_features`, same positions, same prefix
-        view and prefix draw) is encoded too and written to ``features["template_token_embeddings"]`` and
-        ``features["template_mask_index"]``.
+        With ``template_denoising`` (or ``features["template_denoising"] = True``, which a loss sets for its own
+        columns: DiffAug denoises in its contrastive loss only), the template alone (:meth:`template_only_features`,
+        same positions, same prefix view and prefix draw) is encoded too and written to
+        ``features["template_token_embeddings"]`` and ``features["template_mask_index"]``;
+        ``features["template_denoising"] = False`` turns it off for that call.
         """
+        denoise = features.pop(TEMPLATE_DENOISING, None)
+        denoise = self.template_denoising if denoise is None else bool(denoise)
+        if denoise and self._template is None:
+            raise ConfigurationError("template denoising needs a PromptedTransformer with a template.")
         features = self._encode(features)
-        if self.template_denoising:
+        if denoise:
             if "prompt_mask_index" not in features:
                 raise ConfigurationError("template_denoising needs features from this module's template tokenisation.")
             template_features = self.template_only_features(features)
@@ -802,7 +826,8 @@ def save_prompts_only(model, path: str) -> None:
         model.save(path, create_model_card=False)
 
 
-def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout) -> None:
+def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
+                             prefix_init_std=None) -> None:
     if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
         raise ConfigurationError(
             f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
@@ -815,8 +840,12 @@ def _validate_prompt_options(prefix_length, template, template_mode, cls_prompt,
         raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
     if template_mode not in TEMPLATE_MODES:
         raise ConfigurationError(f"template_mode must be one of {', '.join(TEMPLATE_MODES)}, got {template_mode!r}.")
-    if not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1:
-        raise ConfigurationError(f"prefix_hidden_size must be a positive integer, got {prefix_hidden_size!r}.")
+    if prefix_hidden_size is not None and (not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1):
+        raise ConfigurationError(f"prefix_hidden_size must be a positive integer (or None for the backbone's hidden "
+                                 f"size), got {prefix_hidden_size!r}.")
+    if prefix_init_std is not None and (isinstance(prefix_init_std, bool) or not prefix_init_std > 0):
+        raise ConfigurationError(f"prefix_init_std must be positive (or None for the backbone's initializer_range), "
+                                 f"got {prefix_init_std!r}.")
     if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
         raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
 

@@ -35,6 +35,11 @@ class PrefixEncoder(nn.Module):
         dropout: dropout applied to the keys/values in training (DCPCSE: the backbone's hidden dropout probability).
         shared_dropout: draw one dropout mask per forward pass for the whole batch instead of one per example (DCPCSE
             draws one per example). Saves materialising the prefix once per row: ``2L·batch·l·H`` numbers per pass.
+        init_std: standard deviation of the normal initialisation of every ``Embedding`` and ``Linear`` weight (biases
+            zero). The official DCPCSE and DiffAug code build the prefix encoder inside the model before
+            transformers' ``init_weights()``, so it gets the backbone's ``initializer_range`` (0.02 for BERT):
+            :class:`~st_prompts.PromptedTransformer` passes that by default. ``None`` keeps torch's defaults
+            (``Embedding``: N(0, 1), a prefix 50 times larger).
     """
 
     def __init__(
@@ -47,6 +52,7 @@ class PrefixEncoder(nn.Module):
         projection_hidden_size: int = 512,
         dropout: float = 0.1,
         shared_dropout: bool = False,
+        init_std: float | None = 0.02,
     ) -> None:
         super().__init__()
         self.prefix_length = prefix_length
@@ -69,6 +75,20 @@ class PrefixEncoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.shared_dropout = shared_dropout
         self.register_buffer("prefix_tokens", torch.arange(prefix_length), persistent=False)
+        if init_std is not None:
+            self.reset_parameters(init_std)
+
+    def reset_parameters(self, std: float) -> None:
+        """Every ``Embedding`` / ``Linear`` weight ~ N(0, ``std``), biases 0: transformers' ``_init_weights`` for BERT,
+        which the official code applies to its prefix encoder."""
+        if not std > 0:
+            raise ConfigurationError(f"init_std must be positive, got {std!r}.")
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Embedding, nn.Linear)):
+                    module.weight.normal_(0.0, std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    module.bias.zero_()
 
     def key_values(self) -> torch.Tensor:
         """The (batch-independent) prefix as one tensor of shape ``(l, 2L, heads, head_dim)``."""

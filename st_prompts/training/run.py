@@ -81,6 +81,17 @@ class KeepBestCallback(TrainerCallback):
             logger.info(f"Restored the best weights: {self.metric}={self.best:.4f} at step {self.best_step}.")
 
 
+class StopAtStep(TrainerCallback):
+    """End training after ``step`` optimizer steps (the learning-rate schedule may be planned for more)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
 @dataclass
 class TrainResult:
     """What :func:`train` returns besides the trained model."""
@@ -152,8 +163,13 @@ def train(
     scratch = tempfile.TemporaryDirectory(prefix="st-prompts-trainer-")
     for index, stage in enumerate(stages):
         dataset = _stage_dataset(stage, train_dataset, settings, index)
+        schedule = None
+        if stage.schedule_steps is not None:
+            data = train_dataset if isinstance(train_dataset, dict) else {stage.name: train_dataset}
+            schedule = stage.schedule_steps(settings, data)
         trainer, keep_best, report = stage_trainer(settings, stage, dataset, model, dev_evaluator, callbacks,
-                                                   show_progress_bar, trainer_dir=scratch.name)
+                                                   show_progress_bar, trainer_dir=scratch.name,
+                                                   schedule_steps=schedule)
         if report:
             stage_reports[stage.name] = dict(report)
         batch_size = trainer.args.per_device_train_batch_size
@@ -203,6 +219,7 @@ def stage_trainer(
     callbacks: list[TrainerCallback] | None = None,
     show_progress_bar: bool = True,
     trainer_dir: str | None = None,
+    schedule_steps: int | None = None,
 ) -> tuple[SentenceTransformerTrainer, KeepBestCallback | None, dict[str, Any] | None]:
     """What :func:`train` does for one stage before ``trainer.train()``: the stage's preparation, its loss (and the
     loss's pre-pass), the training arguments, callbacks and collator, and the trainer.
@@ -216,6 +233,12 @@ def stage_trainer(
     loss = stage.build_loss(model, settings)
     report = stage.prepare_loss(loss, dataset, settings) if stage.prepare_loss is not None else None
     stage_steps = stage.max_steps(settings) if stage.max_steps is not None else None
+    stop_at = None
+    if schedule_steps is not None and stage_steps is not None and schedule_steps > stage_steps:
+        # The linear schedule runs over schedule_steps; the stage stops after its own steps (StopAtStep below).
+        stage_steps, stop_at = schedule_steps, stage_steps
+    accumulation = (stage.gradient_accumulation(settings) if stage.gradient_accumulation is not None
+                    else settings.gradient_accumulation_steps)
     learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
     evaluator = dev_evaluator if stage.select_model else None
     batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
@@ -224,6 +247,7 @@ def stage_trainer(
         num_train_epochs=stage.epochs(settings) if stage.epochs is not None else settings.epochs,
         max_steps=stage_steps if stage_steps is not None else settings.max_steps,
         per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
         learning_rate=stage.learning_rate(settings) if stage.learning_rate is not None else settings.learning_rate,
         learning_rate_mapping=learning_rates,
         warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
@@ -241,6 +265,8 @@ def stage_trainer(
     )
     stage_callbacks: list[TrainerCallback] = list(stage.callbacks(loss, settings)) if stage.callbacks else []
     stage_callbacks += list(callbacks or [])
+    if stop_at is not None:
+        stage_callbacks.append(StopAtStep(stop_at))
     stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
     keep_best = None
     if evaluator is not None:
