@@ -177,7 +177,7 @@ def main() -> None:
         model, result = train(settings, dataset, stsb_dev_evaluator(senteval, batch_size=128), show_progress_bar=False)
         save_run(model, result, settings.output_dir)
         if any("diffaug_delta" in entry for entry in result.log_history):
-            from st_prompts.commands.plot import read_diffaug_stage1
+            from st_prompts.methods.diffaug.plot import read_diffaug_stage1
             from st_prompts.plots import plot_diffaug_stage1
 
             plot_diffaug_stage1(read_diffaug_stage1(Path(settings.output_dir)), out_dir / f"{name}{args.tag}-stage1.png",

@@ -15,7 +15,6 @@ all-MiniLM-L6-v2. ::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time

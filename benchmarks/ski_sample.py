@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from st_prompts.methods.skicse import default_ski_file  # noqa: E402
+from st_prompts.methods.skicse.config import default_ski_file  # noqa: E402
 
 STOPWORDS = set("the a an of in on at to and or is are was were be by for with as that this it its from his her their "
                 "they he she has have had not but".split())

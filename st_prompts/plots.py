@@ -41,7 +41,7 @@ def _check_png_path(out_path: str | os.PathLike) -> Path:
     return path
 
 
-def _save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
+def save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
     """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same directory, then ``os.replace``)."""
     from st_prompts.storage import write_file_atomic
 
@@ -50,7 +50,7 @@ def _save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
     return write_file_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=_DPI))
 
 
-def _add_note(fig: Figure, note: str) -> None:
+def add_note(fig: Figure, note: str) -> None:
     """Small print under the axes, wrapped to the figure width."""
     width_chars = int(fig.get_figwidth() * 72 / (8 * 0.55))  # 8-pt text, ~0.55 em per character
     # A figure-level x label, so that the constrained layout makes room for it below the axes.
@@ -230,8 +230,8 @@ def plot_similarity_values_by_score(
         note += f" {outside} pair(s) with a score outside the buckets are not shown."
     if n_models == 1:
         note = f"Model: {next(iter(similarities))}. " + note
-    _add_note(fig, note)
-    return _save_png(fig, out_path)
+    add_note(fig, note)
+    return save_png(fig, out_path)
 
 
 def plot_alignment_uniformity(
@@ -303,39 +303,5 @@ def plot_alignment_uniformity(
     if len(labels) > 1:
         ax.legend(title="Model", loc="upper right", fontsize=8)
     if note:
-        _add_note(fig, note)
-    return _save_png(fig, out_path)
-
-
-def plot_diffaug_stage1(rows: Sequence[Mapping[str, float]], out_path: str | os.PathLike,
-                        title: str | None = None) -> Path:
-    """DiffAug's stage-1 diagnostics against the step: δ (left axis) and κ (right axis), with the step where stage 1
-    ended and the step of the largest δ marked, so a reader sees why stage 1 stopped where it did.
-
-    Args:
-        rows: ``{"step", "diffaug_delta", "diffaug_kappa"}`` entries (see
-            :class:`~st_prompts.training.diagnostics.PrefixDiagnosticsCallback`).
-        out_path: the PNG to write.
-        title: figure title.
-    """
-    if not rows:
-        raise DataFormatError("No stage-1 diagnostics to draw.")
-    steps = [r["step"] for r in rows]
-    delta = [r["diffaug_delta"] for r in rows]
-    kappa = [r["diffaug_kappa"] for r in rows]
-    fig = Figure(figsize=(7, 4), layout="constrained")
-    ax = fig.add_subplot()
-    ax.plot(steps, delta, marker="o", markersize=3, color="tab:blue", label="δ representation divergence")
-    ax.set_xlabel("stage-1 step")
-    ax.set_ylabel("δ = E‖f(x;θ1) − f(x⁺;θ2)‖₂", color="tab:blue")
-    right = ax.twinx()
-    right.plot(steps, kappa, marker="s", markersize=3, color="tab:red", label="κ weight convergence")
-    right.set_ylabel("κ (ℓ2,1 gap, backbone − prefix)", color="tab:red")
-    peak = steps[int(np.argmax(delta))]
-    ax.axvline(peak, color="tab:blue", linestyle=":", linewidth=1)
-    ax.axvline(steps[-1], color="0.3", linestyle="--", linewidth=1)
-    handles = ax.get_lines()[:1] + right.get_lines()[:1]
-    ax.legend(handles, [h.get_label() for h in handles], loc="best", fontsize=8)
-    fig.suptitle(title or "DiffAug stage 1: representation divergence and weight convergence")
-    _add_note(fig, f"Dotted: largest δ (step {peak}); dashed: end of stage 1 (step {steps[-1]}).")
-    return _save_png(fig, out_path)
+        add_note(fig, note)
+    return save_png(fig, out_path)

@@ -12,7 +12,7 @@ from sentence_transformers import SentenceTransformer
 
 from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError
-from st_prompts.training.presets import preset
+from st_prompts.methods import settings as preset
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",

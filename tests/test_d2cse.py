@@ -16,14 +16,14 @@ from transformers import BertForMaskedLM, BertTokenizerFast
 
 from conftest import SPECIAL, WORDS, tiny_config
 from st_prompts import methods
-from st_prompts.data.corruption import (
+from st_prompts.losses.crtd.corruption import (
     CorruptionCache,
     ReplacedTokenMasking,
     crtd_labels,
     prepare_corruptions,
     token_rows,
 )
-from st_prompts.data.generators import BackboneMLMGenerator, HubMaskedLMGenerator, MaskedLMGenerator
+from st_prompts.losses.crtd.generators import BackboneMLMGenerator, HubMaskedLMGenerator, MaskedLMGenerator
 from st_prompts.errors import ConfigurationError, CorruptionCacheError, VocabularyMismatchError
 from st_prompts.losses import CRTDLoss
 from st_prompts.losses.crtd import BatchNormMLPPooler
@@ -204,7 +204,7 @@ def test_crtd_gradient_reaches_prompts_cls_prompt_and_original_pass_never_the_ba
 def test_crtd_part_is_lambda_times_the_detection_cross_entropy(tiny_backbones, tmp_path, weight):
     """The loss's CRTD part equals λ times a cross-entropy computed here by hand (log-softmax of the head's logits at
     every detected position, averaged), and the total is InfoNCE plus that part. No dropout, so every pass repeats."""
-    from st_prompts.data.corruption import crtd_labels
+    from st_prompts.losses.crtd.corruption import crtd_labels
     from st_prompts.modules.prompted_transformer import CLS_OVERRIDE
 
     backbone = tiny_backbones("bert", dropout=0.0)
@@ -470,8 +470,8 @@ def test_paper_presets_follow_table_7():
 
 
 def test_generator_constant_matches_the_generators_module():
-    from st_prompts.data.generators import BACKBONE_GENERATOR
-    from st_prompts.methods.d2cse import BACKBONE_GENERATOR as light
+    from st_prompts.losses.crtd.generators import BACKBONE_GENERATOR
+    from st_prompts.methods.d2cse.config import BACKBONE_GENERATOR as light
 
     assert light == BACKBONE_GENERATOR
 

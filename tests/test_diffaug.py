@@ -61,7 +61,7 @@ def data_dir(tmp_path):
 
 
 def test_template_constant_and_paper_presets():
-    from st_prompts.methods.diffaug import PROMPTBERT_TEMPLATE as light
+    from st_prompts.methods.diffaug.config import PROMPTBERT_TEMPLATE as light
     from st_prompts.prompts.shallow import PROMPTBERT_TEMPLATE
 
     assert light == PROMPTBERT_TEMPLATE
@@ -176,7 +176,7 @@ def test_denoising_subtracts_exactly_the_template_only_representation(tiny_bert)
 
 
 def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_bert):
-    from st_prompts.methods.diffaug import NLI_COLUMNS, nli_loss, stage1_prepare, stages
+    from st_prompts.methods.diffaug.method import NLI_COLUMNS, nli_loss, stage1_prepare, stages
 
     settings, model = build(tiny_bert)
     stage1 = stages(settings)[0]
@@ -213,7 +213,7 @@ def test_stage1_batches_triplets_each_premise_encoded_once_two_classifier_rows_e
     """128 triplets a step: the premise once with view 0, entailment and contradiction with view 1: 256 rows."""
     from datasets import Dataset
 
-    from st_prompts.methods.diffaug import nli_loss
+    from st_prompts.methods.diffaug.state import nli_loss
     from st_prompts.training.run import stage_trainer
 
     settings, model = build(tiny_bert, stage1_batch_size=128, stage1_steps=1)
@@ -238,8 +238,8 @@ def test_stage1_batches_triplets_each_premise_encoded_once_two_classifier_rows_e
 
 
 def test_the_mlp_is_frozen_in_stage1_trained_in_stage2_and_never_saved(tiny_bert, data_dir, tmp_path, monkeypatch):
-    import st_prompts.methods.diffaug as diffaug_module
-    from st_prompts.methods.diffaug import _state
+    import st_prompts.methods.diffaug.method as diffaug_module
+    from st_prompts.methods.diffaug.state import run_state
     from st_prompts.training.run import train
 
     settings = settings_for(tiny_bert, stage1_steps=2, max_steps=2, learning_rate=1e-2, aux_weight=1e-3,
@@ -247,7 +247,7 @@ def test_the_mlp_is_frozen_in_stage1_trained_in_stage2_and_never_saved(tiny_bert
     stages = methods.get("diffaug").stages(settings)
     datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
     model = methods.get("diffaug").build_model(settings)
-    mlp = _state(model)["mlp"]
+    mlp = run_state(model)["mlp"]
     start = {k: v.clone() for k, v in mlp.state_dict().items()}
     after_stage1 = {}
     stage2_prepare = diffaug_module.stage2_prepare
@@ -273,7 +273,7 @@ def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir,
     """The official scheduler decays the stage-1 rate linearly over the stage-2 steps and stage 1 stops before."""
     from transformers import TrainerCallback
 
-    from st_prompts.methods.diffaug import stage2_steps
+    from st_prompts.methods.diffaug.method import stage2_steps
     from st_prompts.training.run import train
 
     class Rates(TrainerCallback):
@@ -301,7 +301,7 @@ def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir,
 def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
     """The official code subtracts the template-only state in stage 2's contrastive loss only: not in stage 1, not on
     the auxiliary NLI rows, not in selection or the saved model (``inference_denoising`` keeps it there)."""
-    from st_prompts.methods.diffaug import nli_loss, stage1_prepare, stage2_loss, stage2_prepare
+    from st_prompts.methods.diffaug.method import nli_loss, stage1_prepare, stage2_loss, stage2_prepare
 
     settings, model = build(tiny_bert, skip_stage1=True, aux_weight=1e-3)
     model.eval()
@@ -341,7 +341,7 @@ def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_pooling_without_template_is_the_last_layer_cls_or_mean(tiny_bert, pooling):
     """``pooling="cls"`` is the official code's ``apply_prompt=False``: no template, the last layer's [CLS] state."""
-    from st_prompts.methods.diffaug import stage1_prepare, stage2_prepare
+    from st_prompts.methods.diffaug.method import stage1_prepare, stage2_prepare
 
     settings, model = build(tiny_bert, pooling=pooling, stage1_template_denoising=True, inference_denoising=True)
     assert not settings.uses_template and model[0].template_num_tokens == 0 and not model[0].template_denoising
@@ -399,7 +399,7 @@ def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path
 
 
 def test_delta_and_kappa_match_a_direct_computation(tiny_bert):
-    from st_prompts.training.diagnostics import representation_divergence, weight_convergence
+    from st_prompts.methods.diffaug.diagnostics import representation_divergence, weight_convergence
 
     _, model = build(tiny_bert)
     model.train()  # the diagnostics switch to eval mode and back
@@ -526,7 +526,8 @@ def test_label_fraction_samples_with_the_seed(tmp_path):
 
 
 def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_backbones, data_dir, tmp_path):
-    from st_prompts.methods.diffaug import STAGE1_MARKER, stage2_prepare
+    from st_prompts.methods.diffaug.config import STAGE1_MARKER
+    from st_prompts.methods.diffaug.method import stage2_prepare
     from st_prompts.training.run import train
 
     first = tiny_backbones("bert")

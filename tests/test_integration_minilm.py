@@ -10,7 +10,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 
 from st_prompts import PromptedTransformer
 from st_prompts.losses import PromptContrastiveLoss
-from st_prompts.training.presets import preset
+from st_prompts.methods import settings as preset
 from st_prompts.training.run import train
 
 SENTENCES = [

@@ -46,7 +46,7 @@ def test_supervised_paper_presets_keep_the_mlp_at_inference():
 
 
 def test_scpcse_template_constant_matches_the_encoders():
-    from st_prompts.methods.scpcse import SCPCSE_TEMPLATE as light
+    from st_prompts.methods.scpcse.config import SCPCSE_TEMPLATE as light
     from st_prompts.prompts.shallow import SCPCSE_TEMPLATE
 
     assert light == SCPCSE_TEMPLATE

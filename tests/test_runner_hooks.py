@@ -5,9 +5,10 @@ from __future__ import annotations
 from datasets import Dataset
 
 from st_prompts import methods
-from st_prompts.methods.base import Method, Stage
-from st_prompts.methods.dcpcse import DCPCSESettings, build_model
-from st_prompts.methods._contrastive import contrastive_columns, contrastive_data, contrastive_loss
+from st_prompts.methods.base import Method, MethodConfig, Stage
+from st_prompts.methods.dcpcse.config import DCPCSESettings
+from st_prompts.methods.dcpcse.method import build_model
+from st_prompts.methods.stages import contrastive_columns, contrastive_data, contrastive_loss
 
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music"]
 
@@ -25,7 +26,7 @@ def test_prepare_loss_runs_once_with_the_loss_and_data_before_training(tiny_bert
                     prepare_loss=prepare_loss, select_model=False),
               Stage(name="two", build_loss=contrastive_loss, columns=contrastive_columns, load_data=contrastive_data,
                     select_model=False)]
-    method = Method(name="hooked", summary="test", settings_class=DCPCSESettings, presets=lambda *a: {},
+    method = Method(MethodConfig(name="hooked", summary="test", settings_class=DCPCSESettings, presets=lambda *a: {}),
                     build_model=build_model, stages=lambda settings: stages)
     monkeypatch.setattr(methods, "get", lambda name: method)
     settings = DCPCSESettings(method="hooked", backbone=tiny_bert, prefix_length=2, batch_size=2, max_steps=1,

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from st_prompts.data.ski import (
+from st_prompts.methods.skicse.generation import (
     PAPER_PROMPT,
     SKI_TEMPLATE,
     GenerationSettings,
@@ -233,7 +233,7 @@ def test_help_defaults_match_the_generation_settings():
 
 
 def test_real_smollm2_generates_non_empty_ski():
-    from st_prompts.data.ski import load_llm
+    from st_prompts.methods.skicse.generation import load_llm
 
     torch.set_num_threads(1)
     model, tokenizer, label = load_llm("smollm2")

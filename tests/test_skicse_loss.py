@@ -174,13 +174,13 @@ def test_columns_are_matched_by_name_never_by_position(model):
 
 
 def test_readings_constant_matches_the_method_file():
-    from st_prompts.methods.skicse import READINGS
+    from st_prompts.methods.skicse.config import READINGS
 
     assert set(READINGS) == set(SUPERVISED_READINGS)
 
 
 def test_column_max_length_collator_gives_ski_its_own_limit(model):
-    from st_prompts.training.collators import ColumnMaxLengthCollator
+    from st_prompts.data.collators import ColumnMaxLengthCollator
 
     long_text = " ".join(["the man plays guitar in the park"] * 10)
     rows = [{"anchor": long_text, "positive": long_text, "ski": long_text, "label": 1}] * 2
@@ -195,7 +195,7 @@ def test_column_max_length_collator_gives_ski_its_own_limit(model):
 def test_column_max_length_collator_checks_column_order_once_for_the_whole_row(model, caplog):
     import logging
 
-    from st_prompts.training.collators import ColumnMaxLengthCollator
+    from st_prompts.data.collators import ColumnMaxLengthCollator
 
     collator = ColumnMaxLengthCollator(preprocess_fn=model.preprocess, column_max_lengths={"ski": 48})
     with caplog.at_level(logging.WARNING, logger="sentence_transformers"):

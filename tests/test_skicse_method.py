@@ -13,7 +13,7 @@ from sentence_transformers import SentenceTransformer
 from st_prompts import methods
 from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, DataFormatError
-from st_prompts.methods.skicse import join_ski, ski_columns, ski_data
+from st_prompts.methods.skicse.method import join_ski, ski_columns, ski_data
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SKI_FIXTURES = FIXTURES / "ski"
@@ -85,13 +85,13 @@ def test_ski_data_without_any_match_says_how_to_make_one(data_dir):
 def test_runner_rejects_an_extra_column(tiny_bert):
     from datasets import Dataset
 
-    from st_prompts.training.run import _stage_dataset
+    from st_prompts.training.run import stage_dataset
 
     settings = methods.settings("skicse", False, "cpu", backbone=tiny_bert)
     stage = methods.get("skicse").stages(settings)[0]
     extra = Dataset.from_dict({"anchor": ["a"], "positive": ["a"], "ski": ["k"], "negative": ["n"], "label": [1]})
     with pytest.raises(ConfigurationError, match="columns"):
-        _stage_dataset(stage, extra, settings, 0)
+        stage_dataset(stage, extra, settings, 0)
 
 
 @pytest.mark.parametrize("encoder", ["full", "prompted"])
@@ -148,9 +148,9 @@ def test_generate_with_smollm2_then_train_end_to_end(tiny_bert, data_dir, tmp_pa
 
 def test_packaged_ski_covers_the_bundled_data_and_is_the_default(tiny_bert, tmp_path, capsys):
     """Without --data-dir and --ski-file, skicse trains on the bundled demo data with the packaged SmolLM2 SKI."""
-    from st_prompts.data.ski import SKICache
+    from st_prompts.methods.skicse.generation import SKICache
     from st_prompts.data.training_data import bundled_data_dir, read_nli_triplets, read_sentences
-    from st_prompts.methods.skicse import default_ski_file
+    from st_prompts.methods.skicse.config import default_ski_file
 
     wiki_header, wiki = SKICache(default_ski_file(False)).read()
     nli_header, nli = SKICache(default_ski_file(True)).read()

@@ -207,31 +207,9 @@ def run_align_uniform(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_diffaug_stage1(run_dir: Path) -> list[dict[str, float]]:
-    """The ``{"step", "diffaug_delta", "diffaug_kappa"}`` entries of a DiffAug run's ``train_result.json``.
-
-    Raises:
-        DataNotFoundError: without ``RUN_DIR/train_result.json``.
-        DataFormatError: if the run logged no stage-1 diagnostics (not a DiffAug run, or stage 1 was skipped).
-    """
-    import json
-
-    from st_prompts.errors import DataFormatError
-
-    path = Path(run_dir) / "train_result.json"
-    if not path.is_file():
-        raise DataNotFoundError(f"{str(path)!r} does not exist: RUN_DIR must be the output folder of a training run.")
-    history = json.loads(path.read_text()).get("log_history", [])
-    rows = [e for e in history if "diffaug_delta" in e and "diffaug_kappa" in e]
-    if not rows:
-        raise DataFormatError(f"{str(path)!r} holds no stage-1 diagnostics (diffaug_delta/diffaug_kappa): not a "
-                              "DiffAug run, or one that skipped stage 1.")
-    return rows
-
-
 def run_diffaug_stage1(args: argparse.Namespace) -> int:
     """Run ``st-prompts plot diffaug-stage1``."""
-    from st_prompts.plots import plot_diffaug_stage1
+    from st_prompts.methods.diffaug.plot import plot_diffaug_stage1, read_diffaug_stage1
 
     if args.out.suffix.lower() != ".png":
         raise ConfigurationError(f"--out must be a .png file, got {str(args.out)!r}")

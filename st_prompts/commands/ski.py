@@ -19,7 +19,7 @@ from st_prompts.commands.options import show_progress
 logger = logging.getLogger(__name__)
 
 
-#: Defaults shown in ``--help``; equal to :class:`st_prompts.data.ski.GenerationSettings`'s (a test checks), repeated
+#: Defaults shown in ``--help``; equal to :class:`st_prompts.methods.skicse.generation.GenerationSettings`'s (a test checks), repeated
 #: here because importing ``st_prompts.data`` would import ``datasets`` and make ``--help`` slow.
 HELP_DEFAULTS = {"max_new_tokens": 128, "max_sentences": 4, "temperature": 0.7, "top_p": 0.9,
                  "repetition_penalty": 1.1, "seed": 42, "dtype": "float32"}
@@ -60,7 +60,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from st_prompts.data.ski import (
+    from st_prompts.methods.skicse.generation import (
         SKI_TEMPLATE,
         GenerationSettings,
         SKIGenerator,

@@ -30,9 +30,9 @@ def _field_type(f: dataclasses.Field) -> type:
     return type(f.default) if f.default is not None else str
 
 
-def add_run_options(parser: argparse.ArgumentParser, method: methods.Method | None = None) -> None:
+def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfig | None = None) -> None:
     """Options every training run has: supervision, scale, data, output."""
-    if method is None or len(method.settings_supported) > 1:
+    if method is None or len(method.supervision) > 1:
         parser.add_argument("--supervised", action="store_true",
                             help="NLI triplets with hard negatives (default: unsupervised)")
     parser.add_argument("--scale", choices=SCALES, default="cpu",
@@ -52,7 +52,7 @@ def add_run_options(parser: argparse.ArgumentParser, method: methods.Method | No
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def add_settings_options(parser: argparse.ArgumentParser, method: methods.Method) -> None:
+def add_settings_options(parser: argparse.ArgumentParser, method: methods.MethodConfig) -> None:
     """One ``--option`` per settings field of the method (defaults come from the preset, so they are not shown)."""
     group = parser.add_argument_group(f"{method.name} settings (default: the preset of --scale)")
     for f in cli_fields(method.settings_class):
@@ -76,7 +76,7 @@ def add_parser(subparsers) -> None:
     )
     method_parsers = parser.add_subparsers(dest="method", metavar="METHOD", required=True)
     for name in methods.names():
-        method = methods.get(name)
+        method = methods.config(name)
         sub = method_parsers.add_parser(name, help=method.summary, description=method.summary)
         add_run_options(sub, method)
         add_settings_options(sub, method)
@@ -85,7 +85,7 @@ def add_parser(subparsers) -> None:
 
 def method_parser(method_name: str, description: str) -> argparse.ArgumentParser:
     """The parser of one method's recipe script (the same options as ``st-prompts train METHOD``)."""
-    method = methods.get(method_name)
+    method = methods.config(method_name)
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show library logs")
     add_run_options(parser, method)
@@ -105,7 +105,7 @@ def run_training(method_name: str, args: argparse.Namespace):
     """Call :func:`st_prompts.training.pipeline.train_and_save` with the parsed options; returns what it returns."""
     from st_prompts.training.pipeline import train_and_save
 
-    method = methods.get(method_name)
+    method = methods.config(method_name)
     options: dict[str, Any] = {f.name: getattr(args, f.name, None) for f in cli_fields(method.settings_class)}
     return train_and_save(
         method_name, supervised=getattr(args, "supervised", False), scale=args.scale, data_dir=args.data_dir,

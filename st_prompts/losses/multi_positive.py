@@ -53,10 +53,10 @@ import torch
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.losses.contrastive import simcse_mlp
+from st_prompts.losses.constants import SUPERVISED_READINGS
+from st_prompts.losses.infonce import simcse_mlp
 
 #: The two readings of SKICSE's supervised terms (Eq. 5 and 6), see the module docstring.
-SUPERVISED_READINGS = ("text", "printed")
 
 
 @dataclass(frozen=True)

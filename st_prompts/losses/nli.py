@@ -11,11 +11,10 @@ from sentence_transformers.sentence_transformer.losses import SoftmaxLoss
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.losses.contrastive import apply_prefix_views, check_prefix_views
+from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 from st_prompts.modules.prompted_transformer import TEMPLATE_DENOISING
 
-#: DiffAug's stage-1 labels: entailment = 1, contradiction = 0 (two classes; neutral pairs are not used).
-NLI_LABELS = {"entailment": 1, "contradiction": 0}
+from st_prompts.losses.constants import NLI_LABELS  # noqa: E402,F401  (re-exported)
 
 
 class PrefixViewSoftmaxLoss(SoftmaxLoss):
@@ -126,7 +125,7 @@ class NLITripletSoftmaxLoss(nn.Module):
                 "template_denoising": self.template_denoising}
 
 
-class AuxiliaryLoss(nn.Module):
+class ColumnSplitLoss(nn.Module):
     """``main`` over the first ``main_columns`` columns plus ``weight · auxiliary`` over the rest (with the labels).
 
     DiffAug's semi-supervised stage 2: InfoNCE over (sentence, sentence) with two prefix views, plus ``1e-3`` times
@@ -155,7 +154,7 @@ class AuxiliaryLoss(nn.Module):
         sentence_features = list(sentence_features)
         if len(sentence_features) <= self.main_columns:
             raise ConfigurationError(
-                f"AuxiliaryLoss needs {self.main_columns} main column(s) and the auxiliary ones; got "
+                f"ColumnSplitLoss needs {self.main_columns} main column(s) and the auxiliary ones; got "
                 f"{len(sentence_features)}."
             )
         main = self.main(sentence_features[: self.main_columns], None)

@@ -1,55 +1,91 @@
-"""The method registry: one file per method in this package, each defining ``METHOD = Method(...)``.
+"""The method registry: one folder per method in this package, registered below with one line each.
 
 Entry points::
 
     import st_prompts.methods as methods
 
-    methods.names()                                   # ['dcpcse', 'scpcse', 'simcse', ...]
+    methods.names()                                   # ['d2cse', 'dcpcse', 'diffaug', ...]
     settings = methods.settings("dcpcse", supervised=False, scale="cpu", learning_rate=1e-2)
     model = methods.build("dcpcse", backbone="bert-base-uncased")   # an untrained SentenceTransformer
     # train it with SentenceTransformerTrainer / model.fit, or with st_prompts.training.train(settings, dataset)
 
-Methods are discovered from the module names of this package (files starting with ``_`` and ``base`` are not
-methods), so adding a method is adding a file; nothing here needs editing. Listing the names imports nothing.
+A method is a folder ``st_prompts/methods/<name>/`` with ``config.py`` (its settings and presets:
+``CONFIG = MethodConfig(...)``, no torch import) and ``method.py`` (its model and stages: ``METHOD = Method(CONFIG,
+...)``). :func:`config` and :func:`names` import only ``config.py`` files, so the command line lists the methods and
+their options without torch; :func:`get` imports ``method.py``. Adding a method is a folder and one :func:`register`
+line here (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from pathlib import Path
+from importlib import import_module
 from typing import Any
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.methods.base import MLP_HEAD_MODES, SCALES, Method, Stage, TrainSettings, option
+from st_prompts.methods.base import (
+    MLP_HEAD_MODES,
+    SCALES,
+    Method,
+    MethodConfig,
+    PrefixSettings,
+    Stage,
+    TrainSettings,
+    option,
+)
 
-__all__ = ["MLP_HEAD_MODES", "SCALES", "Method", "Stage", "TrainSettings", "build", "get", "names", "option",
-           "settings"]
+__all__ = ["MLP_HEAD_MODES", "SCALES", "Method", "MethodConfig", "PrefixSettings", "Stage", "TrainSettings", "build",
+           "config", "get", "names", "option", "register", "settings"]
 
-_NOT_METHODS = {"base"}
+#: name -> package of the method (``<package>.config`` and ``<package>.method``).
+_REGISTRY: dict[str, str] = {}
+
+
+def register(name: str, package: str) -> None:
+    """Register the method ``name`` whose ``config.py`` and ``method.py`` live in ``package``."""
+    if name in _REGISTRY and _REGISTRY[name] != package:
+        raise ConfigurationError(f"method {name!r} is already registered (by {_REGISTRY[name]})")
+    _REGISTRY[name] = package
+
+
+register("dcpcse", "st_prompts.methods.dcpcse")
+register("scpcse", "st_prompts.methods.scpcse")
+register("simcse", "st_prompts.methods.simcse")
+register("d2cse", "st_prompts.methods.d2cse")
+register("diffaug", "st_prompts.methods.diffaug")
+register("skicse", "st_prompts.methods.skicse")
 
 
 def names() -> list[str]:
-    """The registered method names, sorted (read from the file names; imports nothing)."""
-    found = [m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])]
-    return sorted(n for n in found if not n.startswith("_") and n not in _NOT_METHODS)
+    """The registered method names, sorted (imports nothing)."""
+    return sorted(_REGISTRY)
+
+
+def _package(name: str) -> str:
+    if name not in _REGISTRY:
+        raise ConfigurationError(f"Unknown method {name!r}; choose one of {', '.join(names())}.")
+    return _REGISTRY[name]
+
+
+def config(name: str) -> MethodConfig:
+    """The :class:`MethodConfig` of ``name`` (imports only the method's ``config.py``: no torch)."""
+    found = getattr(import_module(f"{_package(name)}.config"), "CONFIG", None)
+    if not isinstance(found, MethodConfig) or found.name != name:
+        raise ConfigurationError(f"{_package(name)}.config does not define CONFIG = MethodConfig(name={name!r}, ...).")
+    return found
 
 
 def get(name: str) -> Method:
-    """The :class:`Method` registered as ``name``."""
-    if name not in names():
-        raise ConfigurationError(f"Unknown method {name!r}; choose one of {', '.join(names())}.")
-    module = importlib.import_module(f"{__name__}.{name}")
-    method = getattr(module, "METHOD", None)
-    if not isinstance(method, Method) or method.name != name:
-        raise ConfigurationError(f"st_prompts.methods.{name} does not define METHOD = Method(name={name!r}, ...).")
-    return method
+    """The :class:`Method` registered as ``name`` (imports its ``method.py``)."""
+    found = getattr(import_module(f"{_package(name)}.method"), "METHOD", None)
+    if not isinstance(found, Method) or found.name != name:
+        raise ConfigurationError(f"{_package(name)}.method does not define METHOD = Method(CONFIG, ...) for {name!r}.")
+    return found
 
 
 def settings(name: str, supervised: bool = False, scale: str = "paper", backbone: str | None = None,
              **overrides: Any) -> TrainSettings:
     """The :class:`TrainSettings` of method ``name`` at a scale (``paper`` or ``cpu``), with ``overrides``."""
-    return get(name).settings(supervised=supervised, scale=scale, backbone=backbone, **overrides)
+    return config(name).settings(supervised=supervised, scale=scale, backbone=backbone, **overrides)
 
 
 def build(name: str, backbone: str | None = None, supervised: bool = False, scale: str = "paper", **overrides: Any):

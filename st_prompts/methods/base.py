@@ -1,12 +1,13 @@
 """What a method is: settings with paper/CPU presets, a model builder, and a list of training stages.
 
-A method file (``st_prompts/methods/<name>.py``) defines a :class:`TrainSettings` subclass with the method's own
-options, and a module-level ``METHOD = Method(...)``. Everything else (the CLI ``st-prompts train <name>``, the
-recipes, the benchmarks, model selection) reads the registry in :mod:`st_prompts.methods`, so adding a method never
-adds a branch to shared code.
+A method is a folder ``st_prompts/methods/<name>/``: ``config.py`` defines a :class:`TrainSettings` subclass with the
+method's options and ``CONFIG = MethodConfig(...)`` (no torch import); ``method.py`` defines the model builder and
+the stages and ``METHOD = Method(CONFIG, ...)``. Everything else (the CLI ``st-prompts train <name>``, the recipes,
+the benchmarks, model selection) reads the registry in :mod:`st_prompts.methods`, so adding a method never adds a
+branch to shared code.
 
-This module and every method module import only light modules at import time (no torch, no transformers), so the
-command line can list the methods and their options in well under a second; heavy imports live inside the builders.
+This module imports no torch: the command line lists the methods and their options from the ``config.py`` files
+alone.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class Stage:
         max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
         collator: ``(model, settings) -> data collator`` (default: sentence-transformers' own), e.g. per-column
-            maximum lengths (:class:`st_prompts.training.collators.ColumnMaxLengthCollator`).
+            maximum lengths (:class:`st_prompts.data.collators.ColumnMaxLengthCollator`).
         prepare_loss: ``(loss, dataset, settings) -> report dict | None``, run once after the loss is built and before
             the stage trains, with the stage's training data: a pre-pass whose result the loss needs (e.g. D2CSE's
             replaced-token corruption of every training sentence). Its report lands in
@@ -158,33 +159,48 @@ class Stage:
     gradient_accumulation: Callable[[TrainSettings], int] | None = None
 
 
+#: ``MethodConfig.supervision`` values.
+SUPERVISION = ("unsupervised", "supervised")
+
+
 @dataclass(frozen=True)
-class Method:
-    """A registered method (see :mod:`st_prompts.methods`).
+class MethodConfig:
+    """What is known about a method without importing torch: its settings, presets and what it supports.
+
+    Lives in the method's ``config.py``; the command line, ``--help`` and the registry read only this.
 
     Attributes:
         name: the registry key (``st-prompts train <name>``).
         summary: one line for ``--help``.
         settings_class: the :class:`TrainSettings` subclass holding the method's options.
         presets: ``(scale, supervised, backbone) -> {field: value}``: the paper's table for ``scale="paper"``, the
-            CPU setting on the packaged MiniLM for ``scale="cpu"``. ``backbone`` is ``None`` for the default one.
-        build_model: ``settings -> SentenceTransformer`` (the model that is trained and saved).
-        stages: ``settings -> [Stage, ...]``; a two-stage method is just a longer list.
-        settings_supported: which ``supervised`` values the method has.
+            setting on the packaged MiniLM for ``scale="cpu"``. ``backbone`` is ``None`` for the default one.
+        supervision: the settings the method has: ``"unsupervised"`` (DiffAug: semi-supervised) and/or
+            ``"supervised"``.
         prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
         side_outputs: ``settings -> suffixes`` of the folders a run writes beside its output (DiffAug: ``-stage1``),
             so that the pipeline checks them before training like the output itself.
+        quick: settings that make a smoke run of the method take seconds (used by ``benchmarks/run_all.py
+            --quick``), besides the batch size and evaluation interval every method gets there.
     """
 
     name: str
     summary: str
     settings_class: type[TrainSettings]
     presets: Callable[[str, bool, str | None], dict[str, Any]]
-    build_model: Callable[[TrainSettings], Any]
-    stages: Callable[[TrainSettings], list[Stage]]
-    settings_supported: tuple[bool, ...] = (False, True)
+    supervision: tuple[str, ...] = SUPERVISION
     prompts_only: bool = True
     side_outputs: Callable[[TrainSettings], tuple[str, ...]] = lambda settings: ()
+    quick: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.supervision if s not in SUPERVISION]
+        if unknown or not self.supervision:
+            raise ConfigurationError(f"supervision must name some of {', '.join(SUPERVISION)}, got {self.supervision}.")
+
+    def supports(self, supervised: bool) -> bool:
+        """Whether the method has the supervised (``True``) or unsupervised (``False``) setting."""
+        return SUPERVISION[int(bool(supervised))] in self.supervision
 
     def settings(
         self, supervised: bool = False, scale: str = "paper", backbone: str | None = None, **overrides: Any
@@ -193,9 +209,8 @@ class Method:
         are ignored, so parsed command-line options can be passed as they are)."""
         if scale not in SCALES:
             raise ConfigurationError(f"Unknown scale {scale!r}; choose one of {', '.join(SCALES)}.")
-        if supervised not in self.settings_supported:
-            kind = "supervised" if supervised else "unsupervised"
-            raise ConfigurationError(f"{self.name} has no {kind} setting.")
+        if not self.supports(supervised):
+            raise ConfigurationError(f"{self.name} has no {SUPERVISION[int(bool(supervised))]} setting.")
         values: dict[str, Any] = {"method": self.name, "supervised": supervised, "scale": scale}
         values.update(self.presets(scale, supervised, backbone))
         if backbone is not None:
@@ -206,6 +221,47 @@ class Method:
             raise ConfigurationError(f"{self.name} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}.")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return self.settings_class(**values)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method (see :mod:`st_prompts.methods`): its :class:`MethodConfig` and how to build and train it.
+
+    Lives in the method's ``method.py`` (which may import torch).
+
+    Attributes:
+        config: the light part (settings, presets, what the method supports).
+        build_model: ``settings -> SentenceTransformer`` (the model that is trained and saved).
+        stages: ``settings -> [Stage, ...]``; a two-stage method is just a longer list.
+    """
+
+    config: MethodConfig
+    build_model: Callable[[TrainSettings], Any]
+    stages: Callable[[TrainSettings], list[Stage]]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def summary(self) -> str:
+        return self.config.summary
+
+    @property
+    def settings_class(self) -> type[TrainSettings]:
+        return self.config.settings_class
+
+    @property
+    def prompts_only(self) -> bool:
+        return self.config.prompts_only
+
+    def side_outputs(self, settings: TrainSettings) -> tuple[str, ...]:
+        return self.config.side_outputs(settings)
+
+    def settings(self, supervised: bool = False, scale: str = "paper", backbone: str | None = None,
+                 **overrides: Any) -> TrainSettings:
+        """See :meth:`MethodConfig.settings`."""
+        return self.config.settings(supervised=supervised, scale=scale, backbone=backbone, **overrides)
 
 
 def cli_fields(settings_class: type[TrainSettings]) -> list[dataclasses.Field]:

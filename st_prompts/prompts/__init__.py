@@ -1,25 +1,32 @@
-"""Soft prompts: deep key/value prefixes (:mod:`.prefix`) and input-embedding prompts and templates (:mod:`.shallow`)."""
+"""Soft prompts: deep key/value prefixes (:mod:`.prefix`), input-embedding prompts and templates (:mod:`.shallow`),
+template constants (:mod:`.templates`, no torch).
 
-from st_prompts.prompts.prefix import PrefixCache, PrefixDraw, PrefixEncoder, draw_keep_mask, prefix_view_mask
-from st_prompts.prompts.shallow import (
-    PROMPTBERT_TEMPLATE,
-    SCPCSE_TEMPLATE,
-    TEMPLATE_MODES,
-    ShallowPrompt,
-    parse_template,
-    place_vectors,
-)
+The names are imported on first use, so that ``st_prompts.prompts.templates`` stays light.
+"""
 
-__all__ = [
-    "PROMPTBERT_TEMPLATE",
-    "SCPCSE_TEMPLATE",
-    "TEMPLATE_MODES",
-    "PrefixCache",
-    "PrefixDraw",
-    "PrefixEncoder",
-    "ShallowPrompt",
-    "draw_keep_mask",
-    "parse_template",
-    "place_vectors",
-    "prefix_view_mask",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "PrefixCache": "prefix",
+    "PrefixDraw": "prefix",
+    "PrefixEncoder": "prefix",
+    "draw_keep_mask": "prefix",
+    "prefix_view_mask": "prefix",
+    "ShallowPrompt": "shallow",
+    "parse_template": "shallow",
+    "place_vectors": "shallow",
+    "PROMPTBERT_TEMPLATE": "templates",
+    "SCPCSE_TEMPLATE": "templates",
+    "TEMPLATE_MODES": "templates",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,15 +27,14 @@ import torch
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.templates import (  # noqa: F401  (re-exported)
+    MASK_SLOT,
+    PROMPTBERT_TEMPLATE,
+    SCPCSE_TEMPLATE,
+    SENTENCE_SLOT,
+    TEMPLATE_MODES,
+)
 
-SENTENCE_SLOT = "[X]"
-MASK_SLOT = "[MASK]"
-#: The SCPCSE template of the DCPCSE paper (appendix A).
-SCPCSE_TEMPLATE = 'This sentence : "[X]" means [MASK] .'
-#: The PromptBERT template (used as a hard template, e.g. by DiffAug).
-PROMPTBERT_TEMPLATE = 'This sentence of "[X]" means [MASK].'
-#: ``template_mode`` values: ``"soft"`` (template tokens are trainable vectors) or ``"hard"`` (real, untrained tokens).
-TEMPLATE_MODES = ("soft", "hard")
 
 
 @dataclass(frozen=True)

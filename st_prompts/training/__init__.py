@@ -1,27 +1,33 @@
-"""Training: the shared multi-stage runner (:func:`train`) and trainer callbacks.
+"""Training: the one pipeline (:func:`train_and_save`: data, training with model selection, saving) and the multi-stage
+runner under it (:func:`train`).
 
-``from st_prompts.training import train`` imports torch and sentence-transformers; the callbacks alone are light.
+Names are imported on first use: ``import st_prompts.training`` loads no torch.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
-from st_prompts.training.callbacks import LossStepCallback
+_LAZY = {
+    "TrainResult": "st_prompts.training.run",
+    "build_loss": "st_prompts.training.run",
+    "build_model": "st_prompts.training.run",
+    "count_parameters": "st_prompts.training.run",
+    "train": "st_prompts.training.run",
+    "save_run": "st_prompts.training.pipeline",
+    "train_and_save": "st_prompts.training.pipeline",
+    "LossStepCallback": "st_prompts.losses.steps",
+    # DiffAug's stage-1 diagnostics (they live with the method)
+    "PrefixDiagnosticsCallback": "st_prompts.methods.diffaug.diagnostics",
+    "representation_divergence": "st_prompts.methods.diffaug.diagnostics",
+    "weight_convergence": "st_prompts.methods.diffaug.diagnostics",
+}
 
-__all__ = ["LossStepCallback", "PrefixDiagnosticsCallback", "TrainResult", "build_loss", "build_model",
-           "count_parameters", "representation_divergence", "train", "weight_convergence"]
-
-_DIAGNOSTICS = ("PrefixDiagnosticsCallback", "representation_divergence", "weight_convergence")
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("TrainResult", "build_loss", "build_model", "count_parameters", "train"):
-        from st_prompts.training import run
-
-        return getattr(run, name)
-    if name in _DIAGNOSTICS:
-        from st_prompts.training import diagnostics
-
-        return getattr(diagnostics, name)
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'st_prompts.training' has no attribute {name!r}")

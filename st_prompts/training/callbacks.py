@@ -1,23 +1,9 @@
-"""Trainer callbacks."""
+"""Trainer callbacks of the training runner (the loss-step callback lives with the losses:
+:class:`st_prompts.losses.LossStepCallback`)."""
 
 from __future__ import annotations
 
 from transformers import TrainerCallback
-
-
-class LossStepCallback(TrainerCallback):
-    """Tell losses with a step-dependent schedule (``global_step`` attribute) the trainer's optimisation step.
-
-    Register it with ``SentenceTransformerTrainer(..., callbacks=[LossStepCallback(loss)])`` so that loss-weight
-    schedules such as DCPCSE's MLM decay count optimiser steps, also with gradient accumulation.
-    """
-
-    def __init__(self, *losses) -> None:
-        self.losses = losses
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        for loss in self.losses:
-            loss.global_step = state.global_step
 
 
 class SyncLossParametersCallback(TrainerCallback):

@@ -115,7 +115,7 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
-def _stage_dataset(stage: Stage, train_dataset, settings: TrainSettings, index: int):
+def stage_dataset(stage: Stage, train_dataset, settings: TrainSettings, index: int):
     dataset = train_dataset.get(stage.name) if isinstance(train_dataset, dict) else train_dataset
     if dataset is None:
         raise ConfigurationError(
@@ -162,7 +162,7 @@ def train(
     # The trainer's own files (evaluation CSVs, ...) go to a temporary folder of ours, never into the model's output.
     scratch = tempfile.TemporaryDirectory(prefix="st-prompts-trainer-")
     for index, stage in enumerate(stages):
-        dataset = _stage_dataset(stage, train_dataset, settings, index)
+        dataset = stage_dataset(stage, train_dataset, settings, index)
         schedule = None
         if stage.schedule_steps is not None:
             data = train_dataset if isinstance(train_dataset, dict) else {stage.name: train_dataset}

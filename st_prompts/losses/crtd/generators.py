@@ -22,21 +22,33 @@ Every generator predicts only real tokens (special tokens are never proposed) an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from st_prompts.errors import ConfigurationError, DataNotFoundError, VocabularyMismatchError
+from st_prompts.losses.constants import BACKBONE_GENERATOR  # noqa: F401  (the offline fallback's name; re-exported)
+from st_prompts.losses.mlm import MLMHead
+from st_prompts.modules.prompted_transformer import backbone_fingerprint, portable_backbone_reference
+from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
 
-#: ``generator`` value selecting the offline fallback (:class:`BackboneMLMGenerator`).
-BACKBONE_GENERATOR = "backbone-mlm"
+
+def rows_digest(rows: Iterable[Sequence[int]]) -> str:
+    """A SHA-256 over token-id rows, in order (identifies the sentences a fallback generator was trained on)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(np.asarray(row, dtype=np.int64).tobytes())
+        digest.update(b"|")
+    return "sha256:" + digest.hexdigest()
 
 
 def check_same_vocabulary(generator_tokenizer, encoder_tokenizer, generator_name: str) -> None:
@@ -116,7 +128,6 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
     """
 
     def __init__(self, name_or_path: str, encoder_tokenizer=None, device=None, model=None, tokenizer=None) -> None:
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
 
         self.name = str(name_or_path)
         try:
@@ -146,7 +157,6 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-            from st_prompts.modules.prompted_transformer import backbone_fingerprint, portable_backbone_reference
 
             self._identity = {"kind": "masked-lm", "name": portable_backbone_reference(self.name),
                               "weights": backbone_fingerprint(self.model)}
@@ -208,7 +218,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         self._candidates: torch.Tensor | None = None  # token ids the head may predict (None: every real token)
 
     def _build_head(self) -> nn.Module:
-        from st_prompts.losses.mlm import MLMHead
 
         mlm_logger = logging.getLogger("st_prompts.losses.mlm")
         level = mlm_logger.level
@@ -252,8 +261,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-            from st_prompts.data.corruption import rows_digest
-            from st_prompts.modules.prompted_transformer import backbone_fingerprint
 
             self._identity = {
                 "kind": BACKBONE_GENERATOR,
@@ -412,7 +419,6 @@ def resolve_generator(generator: Any, encoder, masking_ratio: float = 0.3, seed:
                                  f"MaskedLMGenerator; got {generator!r}.")
     if generator == BACKBONE_GENERATOR:
         return BackboneMLMGenerator(encoder, masking_ratio=masking_ratio, seed=seed, **options)
-    from st_prompts.utils import resolve_model_name
 
     device = encoder.auto_model.get_input_embeddings().weight.device
     return HubMaskedLMGenerator(resolve_model_name(generator), encoder_tokenizer=encoder.tokenizer, device=device)

@@ -1,15 +1,10 @@
-"""SimCSE (Gao et al., 2021): full fine-tuning with InfoNCE — the baseline every prompt method is compared with.
-
-Paper settings (BERT-base): unsupervised batch 64, lr 3e-5, 1 epoch, MLP in training only; supervised batch 512,
-lr 5e-5, 3 epochs, MLP kept at inference.
-"""
+"""SimCSE's settings and presets (no torch import; the model and stages are in :mod:`.method`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from st_prompts.methods._contrastive import assemble, contrastive_stage, seed_everything
-from st_prompts.methods.base import MLP_HEAD_MODES, Method, TrainSettings, option
+from st_prompts.methods.base import MLP_HEAD_MODES, MethodConfig, TrainSettings, option
 
 
 @dataclass
@@ -29,23 +24,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
                 mlp_head="saved" if supervised else "train_only")
 
 
-def build_model(settings: SimCSESettings):
-    """The plain (trainable) backbone with [CLS] pooling (+ the saved MLP head for ``mlp_head="saved"``)."""
-    from sentence_transformers.sentence_transformer.modules import Transformer
-
-    from st_prompts.utils import resolve_model_name
-
-    seed_everything(settings.seed)
-    encoder = Transformer(resolve_model_name(settings.backbone), max_seq_length=settings.max_seq_length)
-    return assemble(settings, encoder, pooling_mode="cls")
-
-
-METHOD = Method(
+CONFIG = MethodConfig(
     name="simcse",
     summary="SimCSE full fine-tuning baseline (Gao et al. 2021)",
     settings_class=SimCSESettings,
     presets=presets,
-    build_model=build_model,
-    stages=lambda settings: [contrastive_stage(settings)],
     prompts_only=False,
 )

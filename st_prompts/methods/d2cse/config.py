@@ -1,27 +1,12 @@
-"""D2CSE (Lee, 2022): deep prompts, an optional [CLS] prompt, and conditional replaced-token detection (CRTD) by the
-same frozen encoder.
-
-The frozen backbone carries DCPCSE's deep continuous prompts (and, per table 7, a trainable [CLS] prompt initialised
-from the [CLS] embedding). Training optimises ``InfoNCE + λ · CRTD`` (:class:`~st_prompts.losses.CRTDLoss`): the
-corrupted copy of each sentence (30% masked, a generator's argmax, computed once before training and cached:
-:mod:`st_prompts.data.corruption`) goes through the same prompted encoder with its [CLS] input row replaced by the
-sentence vector, and a per-token ``Linear(H, 2)`` head detects the replaced tokens. DiffCSE's BatchNorm MLP pooler is
-used in training only; the saved model embeds with the [CLS] output before it. Only the prompts are saved (the CRTD
-head and the pooler live in the loss).
-
-Presets: the paper's table 7 at ``scale="paper"`` (generator DistilBERT-MLM: ``distilbert-base-uncased`` for BERT,
-``distilroberta-base`` for RoBERTa, which must share the backbone's vocabulary); at ``scale="cpu"`` the packaged MiniLM
-with the offline fallback generator ``backbone-mlm`` (the frozen backbone with a masked-LM head trained briefly on the
-training sentences) and DCPCSE's CPU budget (batch 64, one epoch), so the two compare at equal data, steps and batch.
-"""
+"""D2CSE's settings and presets (no torch import; the model and stages are in :mod:`.method`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.methods._contrastive import assemble, contrastive_columns, contrastive_data, seed_everything
-from st_prompts.methods.base import Method, PrefixSettings, Stage, option
+from st_prompts.losses.constants import BACKBONE_GENERATOR
+from st_prompts.methods.base import MethodConfig, PrefixSettings, option
 
 #: D2CSE table 7, unsupervised: backbone -> (batch size, learning rate, prompt length, [CLS] prompt); 2 epochs
 UNSUPERVISED_TABLE = {
@@ -44,9 +29,6 @@ PAPER_GENERATORS = {
     "bert-large-uncased": "distilbert-base-uncased",
     "roberta-base": "distilroberta-base",
 }
-#: ``generator`` value of the offline fallback (equal to ``st_prompts.data.generators.BACKBONE_GENERATOR``; repeated
-#: so that listing the methods does not import torch — a test checks they agree).
-BACKBONE_GENERATOR = "backbone-mlm"
 
 
 @dataclass
@@ -97,59 +79,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
                 eval_steps=125, generator=PAPER_GENERATORS[backbone])
 
 
-def build_model(settings: D2CSESettings):
-    """Frozen backbone + deep prefix (+ [CLS] prompt), [CLS] pooling; nothing else is saved."""
-    from st_prompts.modules import PromptedTransformer
-    from st_prompts.utils import resolve_model_name
-
-    seed_everything(settings.seed)
-    encoder = PromptedTransformer(
-        resolve_model_name(settings.backbone),
-        **settings.prefix_options(),
-        cls_prompt=settings.cls_prompt,
-        max_seq_length=settings.max_seq_length,
-    )
-    return assemble(settings, encoder, pooling_mode="cls")
-
-
-def build_loss(model, settings: D2CSESettings):
-    """:class:`~st_prompts.losses.CRTDLoss` (InfoNCE + λ · CRTD, training-only BatchNorm pooler and CRTD head)."""
-    from st_prompts.losses import CRTDLoss
-
-    return CRTDLoss(
-        model,
-        scale=1.0 / settings.temperature,
-        crtd_weight=settings.crtd_weight,
-        generator=settings.generator,
-        masking_ratio=settings.masking_ratio,
-        seed=settings.seed,
-        cache_dir=settings.corruption_cache,
-        generator_options={"steps": settings.generator_steps, "learning_rate": settings.generator_learning_rate},
-    )
-
-
-def prepare_corruption(loss, dataset, settings: D2CSESettings) -> dict:
-    """The corruption pre-pass over the stage's training data (cached; see :meth:`CRTDLoss.prepare`)."""
-    return loss.prepare(dataset)
-
-
-def stages(settings: D2CSESettings) -> list[Stage]:
-    return [
-        Stage(
-            name="train",
-            build_loss=build_loss,
-            columns=contrastive_columns,
-            load_data=contrastive_data,
-            prepare_loss=prepare_corruption,
-        )
-    ]
-
-
-METHOD = Method(
+CONFIG = MethodConfig(
     name="d2cse",
     summary="deep prompts + [CLS] prompt + conditional replaced-token detection by the same frozen encoder (Lee 2022)",
     settings_class=D2CSESettings,
     presets=presets,
-    build_model=build_model,
-    stages=stages,
+    quick=(("generator_steps", 2),),
 )

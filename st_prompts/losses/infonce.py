@@ -1,4 +1,6 @@
-"""SimCSE InfoNCE for prompted encoders, with DCPCSE's optional auxiliary MLM and SimCSE's training-only MLP."""
+"""SimCSE's InfoNCE for prompted encoders, with DCPCSE's optional auxiliary MLM and SimCSE's training-only MLP.
+
+(Named ``infonce`` rather than ``contrastive``: sentence-transformers' ``ContrastiveLoss`` is another loss.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.modules.prompted_transformer import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.modules.prompted_transformer import TEMPLATE_DENOISING
 from st_prompts.modules.prompted_transformer import PromptedTransformer
-from st_prompts.prompts.prefix import prefix_view_mask
+from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -30,7 +32,7 @@ class PromptContrastiveLoss(nn.Module):
     * ``mlp=True`` puts SimCSE's ``Linear(H, H) + Tanh`` over the sentence embedding during training only
       (``mlp_only_train``); the MLP lives in the loss, so it is optimised but never saved with the model. For the MLP
       that is kept at inference (official supervised runs), put a ``Dense`` module into the model instead (see
-      :func:`st_prompts.methods._contrastive.build_prompted_model`, ``mlp_head="saved"``).
+      :func:`st_prompts.methods.models.mlp_head_module`, ``mlp_head="saved"``).
     * ``mlm_weight > 0`` adds ``mlm_weight · mlm_decay^(step / mlm_decay_steps) · L_MLM`` as the official DCPCSE code
       does (see :mod:`st_prompts.losses.mlm`): every column is masked (15%, 80/10/10) and run through the same
       prompted encoder with the prefix draw of its contrastive pass, and the checkpoint's MLM head trains with the
@@ -205,31 +207,3 @@ def distributed_training() -> bool:
     from sentence_transformers.util.distributed import get_world_size
 
     return get_world_size() > 1
-
-
-def check_prefix_views(model, views: tuple[int, ...], num_views: int) -> None:
-    """Refuse prefix views on a model without a prefix, or views outside ``[0, num_views)``."""
-    encoder = model[0]
-    if not isinstance(encoder, PromptedTransformer) or encoder.prefix_encoder is None:
-        raise ConfigurationError("prefix_views need a PromptedTransformer with a prefix as the model's first module.")
-    if not 1 <= num_views <= encoder.prefix_length:
-        raise ConfigurationError(f"num_views={num_views} does not fit a prefix of {encoder.prefix_length} positions.")
-    if any(not 0 <= v < num_views for v in views):
-        raise ConfigurationError(f"prefix_views {views} must lie in [0, {num_views}).")
-
-
-def apply_prefix_views(model, sentence_features: list[dict[str, torch.Tensor]], views: tuple[int, ...],
-                       num_views: int = 2) -> None:
-    """Set ``features["prefix_attention_mask"]`` of column ``i`` to view ``views[i]`` of the prefix (in place).
-
-    The prefix keeps all its positions; a column's rows only attend to their view's block (see
-    :func:`~st_prompts.prompts.prefix.prefix_view_mask`), so positions are the same as at inference, where every
-    row attends to the whole prefix.
-    """
-    if len(views) != len(sentence_features):
-        raise ConfigurationError(f"{len(views)} prefix view(s) for {len(sentence_features)} column(s).")
-    prefix_length = model[0].prefix_length
-    for features, view in zip(sentence_features, views):
-        input_ids = features["input_ids"]
-        features["prefix_attention_mask"] = prefix_view_mask(input_ids.shape[0], prefix_length, view, num_views,
-                                                             device=input_ids.device)

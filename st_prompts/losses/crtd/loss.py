@@ -11,7 +11,7 @@ conditioned on the sentence's own vector. Per training example and column (ancho
 2. ``L_CL`` — SimCSE's InfoNCE over the ``h`` of the columns (τ = 0.05; hard negatives in supervised runs), computed
    by sentence-transformers' ``MultipleNegativesRankingLoss``;
 3. ``x_g`` — the corrupted copy of ``x`` (30% masked, a generator's argmax, computed before training:
-   :mod:`st_prompts.data.corruption`) goes through the *same* encoder ``f`` with the input row at position 0 (the
+   :mod:`st_prompts.losses.crtd.corruption`) goes through the *same* encoder ``f`` with the input row at position 0 (the
    [CLS] embedding, or the [CLS] prompt) replaced by ``h`` (``features["cls_override"]``; not detached, so the CRTD
    gradient reaches the prompts through ``h`` too);
 4. ``L_CRTD`` — a per-token ``Linear(H, 2)`` head over the last hidden states predicts replaced vs original (paper
@@ -46,7 +46,8 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
 from st_prompts.modules.prompted_transformer import CLS_OVERRIDE, PromptedTransformer
-from st_prompts.losses.contrastive import distributed_training
+from st_prompts.losses.crtd.corruption import crtd_labels, prepare_corruptions
+from st_prompts.losses.infonce import distributed_training
 
 #: Inputs of a column the corrupted pass reuses (the rest of a features dict are the model's outputs).
 _INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -85,7 +86,7 @@ class CRTDLoss(nn.Module):
     """D2CSE's loss: InfoNCE + λ · conditional replaced-token detection by the same prompted frozen encoder.
 
     Before training, :meth:`prepare` corrupts every training sentence once (or reuses a matching cache); see
-    :func:`st_prompts.data.corruption.prepare_corruptions`. Example::
+    :func:`st_prompts.losses.crtd.corruption.prepare_corruptions`. Example::
 
         model = st_prompts.methods.build("d2cse", backbone="bert-base-uncased")
         loss = CRTDLoss(model, generator="distilbert-base-uncased")
@@ -102,12 +103,12 @@ class CRTDLoss(nn.Module):
             ``"cls"`` — on the [CLS] output before the pooler (DiffCSE's ``--before_mlp``).
         generator: the corruption's generator: ``"backbone-mlm"`` (offline fallback), a Hugging Face masked LM sharing
             the encoder's vocabulary (e.g. ``"distilbert-base-uncased"``), or a
-            :class:`~st_prompts.data.generators.MaskedLMGenerator`.
+            :class:`~st_prompts.losses.crtd.generators.MaskedLMGenerator`.
         masking_ratio: share of tokens masked for the generator (0.3).
         seed: masking seed.
         cache_dir / cache_file: where the corruption cache lives (see :func:`prepare_corruptions`).
         generator_options: options of the fallback generator (``steps``, ``batch_size``, ``learning_rate``).
-        corruptions: an existing :class:`~st_prompts.data.corruption.CorruptionCache` (then :meth:`prepare` is not
+        corruptions: an existing :class:`~st_prompts.losses.crtd.corruption.CorruptionCache` (then :meth:`prepare` is not
             needed).
 
     Raises:
@@ -179,8 +180,6 @@ class CRTDLoss(nn.Module):
         """
         if self.crtd_weight == 0:
             return {}
-        from st_prompts.data.corruption import prepare_corruptions
-
         self.corruptions, self.corruption_report = prepare_corruptions(
             self.model,
             training_texts(data),
@@ -229,8 +228,6 @@ class CRTDLoss(nn.Module):
                 "CRTDLoss has no corrupted sentences: call loss.prepare(train_dataset) before training (the runner and "
                 "'st-prompts train d2cse' do it for you)."
             )
-        from st_prompts.data.corruption import crtd_labels
-
         logits_rows, label_rows = [], []
         for inputs, h in zip(columns, conditions):
             original, attention = inputs["input_ids"], inputs["attention_mask"]

@@ -34,7 +34,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
+from st_prompts.losses.crtd.generators import resolve_generator
 from st_prompts.storage import write_file_atomic
 
 logger = logging.getLogger(__name__)
@@ -73,15 +74,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def identity_digest(identity: dict[str, Any]) -> str:
     """A short stable digest of a JSON-able identity (used in cache file names)."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def rows_digest(rows: Iterable[Sequence[int]]) -> str:
-    """A SHA-256 over token-id rows, in order (identifies the sentences a fallback generator was trained on)."""
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(np.asarray(row, dtype=np.int64).tobytes())
-        digest.update(b"|")
-    return "sha256:" + digest.hexdigest()
 
 
 def token_rows(preprocess, sentences: Sequence[str], batch_size: int = 512) -> list[tuple[int, ...]]:
@@ -357,7 +349,7 @@ def prepare_corruptions(
         sentences: every text the CRTD loss will see (all columns of the training data).
         generator: ``"backbone-mlm"`` (the frozen backbone with a masked-LM head trained briefly on ``sentences``),
             a Hugging Face masked LM sharing the encoder's vocabulary (name or path, e.g.
-            ``"distilbert-base-uncased"``), or a :class:`~st_prompts.data.generators.MaskedLMGenerator`.
+            ``"distilbert-base-uncased"``), or a :class:`~st_prompts.losses.crtd.generators.MaskedLMGenerator`.
         masking_ratio: share of eligible tokens masked (0.3).
         seed: seed of the masking (and of the fallback generator's training).
         cache_dir: directory of cache files (default :func:`default_cache_dir`); the file name is the identity's digest.
@@ -369,8 +361,6 @@ def prepare_corruptions(
         ``(cache, report)``: the report has the generator, its masked-token accuracy (held-out for the fallback),
         the share of tokens actually replaced, counts, the cache path and how many sentences were reused.
     """
-    from st_prompts.data.generators import resolve_generator
-
     encoder = model[0]
     tokenizer = encoder.tokenizer
     unique = list(dict.fromkeys(token_rows(model.preprocess, list(sentences))))

@@ -1,21 +1,11 @@
-"""DCPCSE (Jiang & Wang, 2022): deep continuous prompts on a frozen backbone, SimCSE's InfoNCE, optional MLM.
-
-Trainable per-layer key/value prefixes (~0.1-0.3% of the backbone's parameters), [CLS] pooling with SimCSE's MLP
-(training only for unsupervised runs, kept at inference for supervised runs, as in the official code), unsupervised
-dropout positives or supervised NLI triplets with hard negatives, and the optional auxiliary MLM loss with weight
-0.1 · 0.95^(step/100).
-
-Presets: the paper's appendix tables 3 (unsupervised) and 4 (supervised) at ``scale="paper"``; the packaged MiniLM
-with batch 64 on the shared data at ``scale="cpu"``.
-"""
+"""DCPCSE's settings and presets (no torch import; the model and stages are in :mod:`.method`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.methods._contrastive import assemble, contrastive_stage, seed_everything
-from st_prompts.methods.base import MLP_HEAD_MODES, Method, PrefixSettings, option
+from st_prompts.methods.base import MLP_HEAD_MODES, MethodConfig, PrefixSettings, option
 
 #: DCPCSE table 3: backbone -> (batch size, learning rate, prefix length, MLM multi-task); 1 epoch
 UNSUPERVISED_TABLE = {
@@ -68,26 +58,9 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
                 mlp_head="saved" if supervised else "train_only")
 
 
-def build_model(settings: DCPCSESettings):
-    """Frozen backbone + deep prefix, [CLS] pooling (+ the saved MLP head for ``mlp_head="saved"``)."""
-    from st_prompts.modules import PromptedTransformer
-    from st_prompts.utils import resolve_model_name
-
-    seed_everything(settings.seed)
-    encoder = PromptedTransformer(
-        resolve_model_name(settings.backbone),
-        **settings.prefix_options(),
-        prefix_dropout_shared=settings.prefix_dropout_shared,
-        max_seq_length=settings.max_seq_length,
-    )
-    return assemble(settings, encoder, pooling_mode="cls")
-
-
-METHOD = Method(
+CONFIG = MethodConfig(
     name="dcpcse",
     summary="deep continuous prompts on a frozen backbone (Jiang & Wang 2022)",
     settings_class=DCPCSESettings,
     presets=presets,
-    build_model=build_model,
-    stages=lambda settings: [contrastive_stage(settings)],
 )

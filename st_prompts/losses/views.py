@@ -1,0 +1,37 @@
+"""Prefix views of loss columns: each column's rows attend to one block of the prefix (DiffAug's two prefixes)."""
+
+from __future__ import annotations
+
+import torch
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.modules.prompted_transformer import PromptedTransformer
+from st_prompts.prompts.prefix import prefix_view_mask
+
+
+def check_prefix_views(model, views: tuple[int, ...], num_views: int) -> None:
+    """Refuse prefix views on a model without a prefix, or views outside ``[0, num_views)``."""
+    encoder = model[0]
+    if not isinstance(encoder, PromptedTransformer) or encoder.prefix_encoder is None:
+        raise ConfigurationError("prefix_views need a PromptedTransformer with a prefix as the model's first module.")
+    if not 1 <= num_views <= encoder.prefix_length:
+        raise ConfigurationError(f"num_views={num_views} does not fit a prefix of {encoder.prefix_length} positions.")
+    if any(not 0 <= v < num_views for v in views):
+        raise ConfigurationError(f"prefix_views {views} must lie in [0, {num_views}).")
+
+
+def apply_prefix_views(model, sentence_features: list[dict[str, torch.Tensor]], views: tuple[int, ...],
+                       num_views: int = 2) -> None:
+    """Set ``features["prefix_attention_mask"]`` of column ``i`` to view ``views[i]`` of the prefix (in place).
+
+    The prefix keeps all its positions; a column's rows only attend to their view's block (see
+    :func:`~st_prompts.prompts.prefix.prefix_view_mask`), so positions are the same as at inference, where every
+    row attends to the whole prefix.
+    """
+    if len(views) != len(sentence_features):
+        raise ConfigurationError(f"{len(views)} prefix view(s) for {len(sentence_features)} column(s).")
+    prefix_length = model[0].prefix_length
+    for features, view in zip(sentence_features, views):
+        input_ids = features["input_ids"]
+        features["prefix_attention_mask"] = prefix_view_mask(input_ids.shape[0], prefix_length, view, num_views,
+                                                             device=input_ids.device)

@@ -1,0 +1,25 @@
+"""DCPCSE's model and training stage (its settings and presets: :mod:`.config`)."""
+
+from __future__ import annotations
+
+from st_prompts.methods.base import Method
+from st_prompts.methods.dcpcse.config import CONFIG, DCPCSESettings
+from st_prompts.methods.models import assemble, seed_everything
+from st_prompts.methods.stages import contrastive_stage
+from st_prompts.modules import PromptedTransformer
+from st_prompts.utils import resolve_model_name
+
+
+def build_model(settings: DCPCSESettings):
+    """Frozen backbone + deep prefix, [CLS] pooling (+ the saved MLP head for ``mlp_head="saved"``)."""
+    seed_everything(settings.seed)
+    encoder = PromptedTransformer(
+        resolve_model_name(settings.backbone),
+        **settings.prefix_options(),
+        prefix_dropout_shared=settings.prefix_dropout_shared,
+        max_seq_length=settings.max_seq_length,
+    )
+    return assemble(settings, encoder, pooling_mode="cls")
+
+
+METHOD = Method(CONFIG, build_model=build_model, stages=lambda settings: [contrastive_stage(settings)])

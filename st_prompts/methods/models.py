@@ -1,0 +1,42 @@
+"""Assembling a method's SentenceTransformer: encoder, pooling and SimCSE's optional saved MLP head."""
+
+from __future__ import annotations
+
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Dense, Pooling
+
+from st_prompts.methods.base import TrainSettings
+from st_prompts.modules import MaskTokenPooling
+
+
+def mlp_head_module(dimension: int, initializer_range: float = 0.02):
+    """SimCSE's MLP over [CLS] (``Linear(H, H) + Tanh``) as a sentence-transformers ``Dense`` module.
+
+    Used for ``mlp_head="saved"``: a real module of the saved model, applied at training and inference, as in the
+    official supervised SimCSE/DCPCSE runs (``--pooler_type cls`` without ``--mlp_only_train``). Initialised like
+    transformers initialises new weights (normal with the backbone's ``initializer_range``, zero bias), as the
+    official ``MLPLayer`` is.
+    """
+    weight = torch.empty(dimension, dimension).normal_(0.0, initializer_range)
+    return Dense(dimension, dimension, activation_function=torch.nn.Tanh(), init_weight=weight,
+                 init_bias=torch.zeros(dimension))
+
+
+def assemble(settings: TrainSettings, encoder, pooling_mode: str = "cls"):
+    """``SentenceTransformer([encoder, pooling(, Dense+Tanh)])`` for ``settings.mlp_head``.
+
+    ``pooling_mode``: ``"cls"`` (sentence-transformers' ``Pooling``) or ``"mask"`` (:class:`MaskTokenPooling`).
+    """
+    dimension = encoder.get_embedding_dimension()
+    pooling = MaskTokenPooling(dimension) if pooling_mode == "mask" else Pooling(dimension, pooling_mode=pooling_mode)
+    modules = [encoder, pooling]
+    if getattr(settings, "mlp_head", "none") == "saved":
+        config = encoder.auto_model.config
+        modules.append(mlp_head_module(dimension, getattr(config, "initializer_range", 0.02)))
+    return SentenceTransformer(modules=modules)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch before building a model, so the prompts' (and heads') random initialisation is reproducible."""
+    torch.manual_seed(seed)
