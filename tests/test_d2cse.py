@@ -205,7 +205,7 @@ def test_crtd_part_is_lambda_times_the_detection_cross_entropy(tiny_backbones, t
     """The loss's CRTD part equals λ times a cross-entropy computed here by hand (log-softmax of the head's logits at
     every detected position, averaged), and the total is InfoNCE plus that part. No dropout, so every pass repeats."""
     from st_prompts.losses.crtd.corruption import crtd_labels
-    from st_prompts.modules.prompted_transformer import CLS_OVERRIDE
+    from st_prompts.modules import CLS_OVERRIDE
 
     backbone = tiny_backbones("bert", dropout=0.0)
     torch.manual_seed(0)

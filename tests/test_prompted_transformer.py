@@ -126,20 +126,20 @@ def test_probe_catches_a_backbone_that_ignores_the_cache(tiny_bert, monkeypatch)
     """A backbone that accepts a cache but ignores it (ALBERT's behaviour) must not pass as a silent no-op."""
     from st_prompts.modules import prompted_transformer as pt
 
-    original = PromptedTransformer._verify_prefix_takes_effect
+    original = pt.verify_prefix_takes_effect
 
-    def ignoring_model(self):
-        forward = self.auto_model.forward
+    def ignoring_model(model, tokenizer, prefix_encoder):
+        forward = model.forward
 
         def forward_without_cache(*args, past_key_values=None, cache=None, attention_mask=None, **kwargs):
             if attention_mask is not None:
                 attention_mask = attention_mask[:, -kwargs["input_ids"].shape[1]:]
             return forward(*args, attention_mask=attention_mask, **kwargs)
 
-        self.auto_model.forward = forward_without_cache
-        original(self)
+        model.forward = forward_without_cache
+        original(model, tokenizer, prefix_encoder)
 
-    monkeypatch.setattr(pt.PromptedTransformer, "_verify_prefix_takes_effect", ignoring_model)
+    monkeypatch.setattr(pt, "verify_prefix_takes_effect", ignoring_model)
     with pytest.raises(UnsupportedArchitectureError, match="ignores the deep-prompt cache"):
         PromptedTransformer(tiny_bert, prefix_length=3)
 

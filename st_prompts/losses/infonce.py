@@ -13,9 +13,9 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
-from st_prompts.modules.prompted_transformer import PREFIX_VALUES as PREFIX_VALUES_KEY
-from st_prompts.modules.prompted_transformer import TEMPLATE_DENOISING
-from st_prompts.modules.prompted_transformer import PromptedTransformer
+from st_prompts.modules import PromptedTransformer
+from st_prompts.prompts.features import PREFIX_VALUES as PREFIX_VALUES_KEY
+from st_prompts.prompts.features import TEMPLATE_DENOISING
 from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).

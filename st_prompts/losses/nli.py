@@ -12,7 +12,7 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.views import apply_prefix_views, check_prefix_views
-from st_prompts.modules.prompted_transformer import TEMPLATE_DENOISING
+from st_prompts.prompts.features import TEMPLATE_DENOISING
 
 from st_prompts.losses.constants import NLI_LABELS  # noqa: E402,F401  (re-exported)
 

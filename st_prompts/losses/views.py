@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules.prompted_transformer import PromptedTransformer
+from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.prefix import prefix_view_mask
 
 

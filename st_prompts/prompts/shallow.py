@@ -22,11 +22,13 @@ are real tokens in both modes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.features import POSITION_IDS, PREFIX_ATTENTION_MASK, SOFT_PROMPT_POSITIONS
 from st_prompts.prompts.templates import (  # noqa: F401  (re-exported)
     MASK_SLOT,
     PROMPTBERT_TEMPLATE,
@@ -147,3 +149,62 @@ def place_vectors(inputs_embeds: torch.Tensor, vectors: torch.Tensor, position: 
         )
     vectors = vectors.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype).unsqueeze(1)
     return torch.cat([inputs_embeds[:, :position], vectors, inputs_embeds[:, position + 1 :]], dim=1)
+
+
+def tokenize_with_template(tokenizer, template: ParsedTemplate, soft: bool, texts: list[str],
+                       max_seq_length: int) -> dict[str, torch.Tensor]:
+    """Tokenise ``texts`` into ``template``'s ``[X]`` slot: ``[CLS] left sentence right [SEP]``, padded; only the
+    sentence is truncated (to ``max_seq_length`` with the template and special tokens), so the template and its
+    ``[MASK]`` always survive. Writes ``prompt_mask_index`` and, for a soft template, the trainable-vector slots."""
+    budget = max_seq_length - template.num_tokens - 2
+    if budget < 1:
+        raise ConfigurationError(f"max_seq_length={max_seq_length} leaves no room for text after the template.")
+    sentence_ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=budget)["input_ids"]
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    left_slots, right_slots = template.soft_slots(tokenizer.mask_token_id)
+    rows, slots, mask_index = [], [], []
+    for ids in sentence_ids:
+        rows.append([cls_id, *template.left_ids, *ids, *template.right_ids, sep_id])
+        if soft:
+            slots.append([-1, *left_slots, *([-1] * len(ids)), *right_slots, -1])
+        if template.mask_in_left:
+            mask_index.append(1 + template.mask_offset)
+        else:
+            mask_index.append(1 + len(template.left_ids) + len(ids) + template.mask_offset)
+    length = max(len(r) for r in rows) if rows else 0
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batch = {
+        "input_ids": torch.tensor([r + [pad_id] * (length - len(r)) for r in rows], dtype=torch.long),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows], dtype=torch.long),
+        "prompt_mask_index": torch.tensor(mask_index, dtype=torch.long),
+    }
+    if soft:
+        batch[SOFT_PROMPT_POSITIONS] = torch.tensor([s + [-1] * (length - len(s)) for s in slots], dtype=torch.long)
+    if "token_type_ids" in tokenizer.model_input_names:
+        batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+    return batch
+
+
+def template_only_features(template: ParsedTemplate, features: dict[str, Any], positions: torch.Tensor
+                           ) -> dict[str, torch.Tensor]:
+    """Features for ``template`` alone (the sentence removed from every row of ``features``), each template token
+    keeping its position id of ``positions`` (template denoising); the per-row prefix attention mask is kept."""
+    input_ids, attention_mask = features["input_ids"], features["attention_mask"]
+    num_left = len(template.left_ids)
+    sentence_length = attention_mask.sum(dim=1) - (template.num_tokens + 2)
+    base = torch.arange(template.num_tokens + 2, device=input_ids.device)
+    index = base.unsqueeze(0) + torch.where(base > num_left, sentence_length.unsqueeze(1), 0)
+    mask_index = 1 + template.mask_offset + (0 if template.mask_in_left else num_left)
+    out = {
+        "input_ids": input_ids.gather(1, index),
+        "attention_mask": torch.ones_like(index),
+        POSITION_IDS: positions.gather(1, index),
+        "prompt_mask_index": torch.full_like(sentence_length, mask_index),
+    }
+    for key in ("token_type_ids", SOFT_PROMPT_POSITIONS):
+        if key in features:
+            out[key] = features[key].gather(1, index)
+    if PREFIX_ATTENTION_MASK in features:
+        out[PREFIX_ATTENTION_MASK] = features[PREFIX_ATTENTION_MASK]
+    return out

@@ -36,7 +36,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 from st_prompts.errors import ConfigurationError, DataNotFoundError, VocabularyMismatchError
 from st_prompts.losses.constants import BACKBONE_GENERATOR  # noqa: F401  (the offline fallback's name; re-exported)
 from st_prompts.losses.mlm import MLMHead
-from st_prompts.modules.prompted_transformer import backbone_fingerprint, portable_backbone_reference
+from st_prompts.modules.checkpoint import backbone_fingerprint, portable_backbone_reference
 from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)

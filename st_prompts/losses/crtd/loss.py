@@ -45,7 +45,8 @@ from sentence_transformers.sentence_transformer.losses import MultipleNegativesR
 from torch import nn
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
-from st_prompts.modules.prompted_transformer import CLS_OVERRIDE, PromptedTransformer
+from st_prompts.modules import PromptedTransformer
+from st_prompts.prompts.features import CLS_OVERRIDE
 from st_prompts.losses.crtd.corruption import crtd_labels, prepare_corruptions
 from st_prompts.losses.infonce import distributed_training
 

@@ -1,0 +1,60 @@
+"""Checks of a :class:`~st_prompts.PromptedTransformer`'s options against its backbone and tokenizer."""
+
+from __future__ import annotations
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.templates import TEMPLATE_MODES
+
+#: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
+#: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.
+MIN_TEXT_TOKENS = 8
+
+
+def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
+                             prefix_init_std=None) -> None:
+    if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
+        raise ConfigurationError(
+            f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
+        )
+    if prefix_length is None and template is None and not cls_prompt:
+        raise ConfigurationError(
+            "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, or a combination."
+        )
+    if template is not None and not isinstance(template, str):
+        raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
+    if template_mode not in TEMPLATE_MODES:
+        raise ConfigurationError(f"template_mode must be one of {', '.join(TEMPLATE_MODES)}, got {template_mode!r}.")
+    if prefix_hidden_size is not None and (not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1):
+        raise ConfigurationError(f"prefix_hidden_size must be a positive integer (or None for the backbone's hidden "
+                                 f"size), got {prefix_hidden_size!r}.")
+    if prefix_init_std is not None and (isinstance(prefix_init_std, bool) or not prefix_init_std > 0):
+        raise ConfigurationError(f"prefix_init_std must be positive (or None for the backbone's initializer_range), "
+                                 f"got {prefix_init_std!r}.")
+    if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
+        raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
+
+
+def cls_token_id(tokenizer) -> int:
+    """The id of the token at position 0 that a [CLS] prompt replaces ([CLS] or <s>), checked to be there."""
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    if cls_id is None:
+        raise ConfigurationError(f"cls_prompt needs a tokenizer with a [CLS] (or <s>) token; {type(tokenizer).__name__} has none.")
+    if tokenizer.padding_side != "right" or tokenizer("a")["input_ids"][0] != cls_id:
+        raise ConfigurationError("cls_prompt needs the [CLS] token at position 0 (right padding).")
+    return cls_id
+
+def check_room_for_text(max_positions: int, position_offset: int, special: int, template: int,
+                        prefix_length: int | None) -> None:
+    """Refuse prompts that leave fewer than :data:`MIN_TEXT_TOKENS` positions for text."""
+    positions = max_positions
+    prefix = prefix_length or 0
+    used = position_offset + special + template
+    if positions - used - prefix < MIN_TEXT_TOKENS:
+        largest = positions - used - MIN_TEXT_TOKENS
+        hint = f"use prefix_length <= {largest}" if largest >= 1 else "use a shorter template or a longer backbone"
+        raise ConfigurationError(
+            f"prefix_length={prefix_length} leaves {max(positions - used - prefix, 0)} positions for text: "
+            f"the backbone has {positions} position embeddings, of which {position_offset} are reserved "
+            f"(position offset), {special} go to special tokens and {template} to the template; at least "
+            f"{MIN_TEXT_TOKENS} are needed (MIN_TEXT_TOKENS): {hint}."
+        )
