@@ -221,7 +221,7 @@ def bench_size(n: int, docs: list[str], vectors: np.ndarray, query_sets: dict[st
             "rss_delta_mb": round(rss_mb() - rss0, 1) if rss0 is not None else None,
             "calibration": calibration,
             "bytes_per_vector_in_ram": code_bytes_per_vector(index.index, index_type),
-            "recall": {name: recalls(index._search_vectors(q, K)[1], truth[name]) for name, q in query_sets.items()},
+            "recall": {name: recalls(index.search_positions(q, K)[1], truth[name]) for name, q in query_sets.items()},
             "latency": latency(index, first_queries, single=args.single_queries, batch=args.batch_queries),
         }
         # A user-supplied calibration sample: half of each query set, evaluated on its other half.
@@ -230,7 +230,7 @@ def bench_size(n: int, docs: list[str], vectors: np.ndarray, query_sets: dict[st
             record = index.calibrate(0.95, queries[0::2])
             entry["calibrated_on_own_queries"][name] = {
                 "params": dict(index.index_params), "calibration_recall": record["measured_recall"],
-                **recalls(index._search_vectors(queries[1::2], K)[1], truth[name][1::2])}  # fmt: skip
+                **recalls(index.search_positions(queries[1::2], K)[1], truth[name][1::2])}  # fmt: skip
         index.calibrate(0.95)  # back to the default calibration before saving
         with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
             start = time.perf_counter()

@@ -64,7 +64,7 @@ def serialized_mb(index) -> float:
 
 
 def positions_of(index, queries: np.ndarray) -> np.ndarray:
-    return index._search_vectors(queries, K)[1]
+    return index.search_positions(queries, K)[1]
 
 
 def describe(index, queries, truth, args, *, build_s: float, rss_delta: int | None, timed: bool = True) -> dict:

@@ -239,7 +239,7 @@ def test_add_and_remove_keep_ids_texts_and_vectors_together_through_save_and_loa
     assert len(index) == len(expected) == index.index.ntotal
     assert index.ids == [i for i in ids + new_ids if i in expected]  # order kept
     assert index.texts == [f"text of {i}" for i in index.ids]
-    stored = np.asarray(index._exact_vectors(), dtype=np.float32)
+    stored = np.asarray(index.exact_vectors(), dtype=np.float32)
     np.testing.assert_allclose(stored, normalized(np.array([expected[i] for i in index.ids])), atol=2e-3)
     # Every remaining document, queried with its own vector, comes back first under its own id and text.
     own = np.array([expected[i] for i in index.ids])
@@ -391,7 +391,7 @@ def test_build_with_an_encoding_cache_and_the_multi_process_pool(tiny_model, tmp
     pooled = SemanticIndex.build(tiny_model, texts, show_progress_bar=False, processes=2, chunk_size=40,
                                  encode_cache_dir=tmp_path / "cache")  # fmt: skip
     assert len(list((tmp_path / "cache").glob("chunk-*.npy"))) == 3
-    np.testing.assert_allclose(pooled._exact_vectors(), single._exact_vectors(), atol=1e-5)
+    np.testing.assert_allclose(pooled.exact_vectors(), single.exact_vectors(), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI

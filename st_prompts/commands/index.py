@@ -286,7 +286,7 @@ def _calibration_line(record: dict) -> str:
 def run_search(args: argparse.Namespace) -> int:
     """Run ``st-prompts index search``."""
     from st_prompts.search import SemanticIndex
-    from st_prompts.search.index import check_queries
+    from st_prompts.search.corpus import check_queries
 
     if args.k < 1:
         raise ConfigurationError(f"-k must be a positive number of hits, got {args.k}")

@@ -61,10 +61,13 @@ Conventions (all documented here once, and relied upon by the CLI and the tests)
 
 Layout: :mod:`~st_prompts.search.identity` (model identity), :mod:`~st_prompts.search.corpus` (reading corpora and
 ids), :mod:`~st_prompts.search.encoding` (encoding and normalisation), :mod:`~st_prompts.search.faiss_index` (FAISS
-types, parameters, build), :mod:`~st_prompts.search.store` (atomic save/load), :mod:`~st_prompts.search.index`
+types, parameters, build, re-ranking), :mod:`~st_prompts.search.calibration` (recall calibration and its query
+sample), :mod:`~st_prompts.search.store` (atomic save/load, consistent reads), :mod:`~st_prompts.search.building`
+(constructors), :mod:`~st_prompts.search.updates` (add/remove), :mod:`~st_prompts.search.index`
 (:class:`SemanticIndex`).
 """
 
+from st_prompts.search.calibration import DEFAULT_TARGET_RECALL
 from st_prompts.search.encoding import ChunkedEncoding, encode_in_chunks
 from st_prompts.search.faiss_index import (
     DEFAULT_EF_CONSTRUCTION,
@@ -73,7 +76,6 @@ from st_prompts.search.faiss_index import (
     DEFAULT_NPROBE,
     DEFAULT_PQ_M,
     DEFAULT_RERANK,
-    DEFAULT_TARGET_RECALL,
     INDEX_TYPES,
 )
 from st_prompts.search.identity import FINGERPRINT_MIN_COSINE, PROBE_SENTENCES, ModelIdentity

@@ -9,7 +9,7 @@ positions for a list or a dataset without ``id_column``, otherwise the given ids
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,3 +178,15 @@ def _load_dataset_file(path: Path) -> Any:
         return loader[DATASET_SUFFIXES[path.suffix.lower()]](str(path))
     except Exception as exc:  # datasets raises many different errors for a malformed file
         raise DataFormatError(f"cannot read {path} as a dataset: {exc}") from exc
+
+
+def check_queries(queries: Sequence[Any]) -> None:
+    """Refuse queries that are not strings, or are empty or blank (they would match arbitrary documents)."""
+    if not all(isinstance(query, str) for query in queries):
+        raise ConfigurationError("queries must be a string or a list of strings")
+    blank = [number for number, query in enumerate(queries, start=1) if not query.strip()]
+    if blank:
+        which = "the query" if len(queries) == 1 else f"query {', '.join(map(str, blank[:5]))}"
+        raise ConfigurationError(f"{which} is empty: give the text to search for")
+
+

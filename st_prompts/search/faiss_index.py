@@ -61,12 +61,6 @@ DEFAULT_PQ_M = 48
 #: real text (``benchmarks/results/search_real.md``): with 100, PQ's ranking errors alone cost ~0.01 of recall@10 on
 #: queries from another distribution than the corpus; 200 keeps the calibrated index above 0.95.
 DEFAULT_RERANK = 200
-#: Default recall@10 an approximate index is calibrated to at build time.
-DEFAULT_TARGET_RECALL = 0.95
-#: Default number of calibration queries.
-DEFAULT_CALIBRATION_QUERIES = 500
-#: ``k`` of the calibrated recall@k.
-CALIBRATION_K = 10
 #: Warn when documents added to an IVF index are, on average, this many times farther (squared distance to their
 #: nearest centroid) from the centroids than the documents the lists were trained on.
 DRIFT_WARN_RATIO = 1.5
@@ -300,94 +294,50 @@ def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     return np.maximum(sq, 0.0)
 
 
-# --------------------------------------------------------------------------------------------------- calibration
-def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
-    """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit."""
+def rerank_exactly(
+    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 256
+) -> tuple[np.ndarray, np.ndarray]:
+    """Re-score candidate rows (``positions``, -1 = none) with the exact cosine against ``vectors`` (read only for
+    the candidates, so a memory-mapped array stays on disk) and keep the best ``k`` of each query."""
+    n_queries, candidates = positions.shape
+    out_scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
+    out_positions = np.full((n_queries, k), -1, dtype=np.int64)
+    for start in range(0, n_queries, batch):
+        pos = positions[start : start + batch]
+        valid = pos >= 0
+        rows = np.where(valid, pos, 0)
+        flat = rows.ravel()
+        order = np.argsort(flat, kind="stable")  # read the rows in file order
+        gathered = np.empty((flat.size, vectors.shape[1]), dtype=np.float32)
+        gathered[order] = np.asarray(vectors[flat[order]], dtype=np.float32)
+        scores = np.einsum("qcd,qd->qc", gathered.reshape(*pos.shape, -1), queries[start : start + batch])
+        scores[~valid] = -np.inf
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        out_scores[start : start + batch, : top.shape[1]] = np.take_along_axis(scores, top, axis=1)
+        chosen = np.take_along_axis(pos, top, axis=1)
+        chosen[~np.isfinite(out_scores[start : start + batch, : top.shape[1]])] = -1
+        out_positions[start : start + batch, : top.shape[1]] = chosen
+    return out_scores, out_positions
+
+
+def reconstruct_all(index: faiss.Index, index_type: str) -> np.ndarray:
+    """Every stored vector of a flat, HNSW or IVF-Flat index, by row (IVF: read from the inverted lists)."""
     import faiss
 
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    for start in range(0, len(vectors), 100_000):
-        flat.add(np.ascontiguousarray(vectors[start : start + 100_000], dtype=np.float32))
-    scores, _ = flat.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-    return scores[:, k - 1]
-
-
-def tie_aware_recall(positions: np.ndarray, queries: np.ndarray, vectors: np.ndarray, kth: np.ndarray) -> np.ndarray:
-    """Per-query recall@k of approximate results ``positions`` (n_queries × k, -1 = empty): the fraction of the k
-    slots holding a document whose exact cosine is at least the exact k-th best one (``kth``) minus 1e-6."""
-    k = positions.shape[1]
-    valid = positions >= 0
-    gathered = np.asarray(vectors[np.where(valid, positions, 0).ravel()], dtype=np.float32)
-    gathered = gathered.reshape(positions.shape[0], k, -1)
-    exact = np.einsum("qkd,qd->qk", gathered, queries.astype(np.float32))
-    hits = valid & (exact >= kth[:, None] - 1e-6)
-    return hits.sum(axis=1) / k
-
-
-#: z of the one-sided 95 % confidence bound calibration applies to each query group's mean recall.
-CONFIDENCE_Z = 1.645
-
-
-def recall_lower_bound(per_query: np.ndarray) -> float:
-    """One-sided 95 % lower confidence bound of the mean of per-query recalls (normal approximation)."""
-    if len(per_query) < 2:
-        return float(np.mean(per_query))
-    return float(np.mean(per_query) - CONFIDENCE_Z * np.std(per_query, ddof=1) / np.sqrt(len(per_query)))
-
-
-def calibrate(
-    search: Callable[[np.ndarray, int, int], np.ndarray],
-    queries: np.ndarray,
-    vectors: np.ndarray,
-    *,
-    target: float,
-    low: int,
-    high: int,
-    k: int = CALIBRATION_K,
-    groups: np.ndarray | None = None,
-) -> tuple[int, dict[str, Any], list[tuple[int, float]]]:
-    """The smallest search parameter value in ``[low, high]`` that meets ``target`` on every query group.
-
-    ``search(queries, k, value)`` returns the approximate result positions with the parameter set to ``value``.
-    A value meets the target when, for each group of queries (``groups``: one label per query; default one group),
-    the one-sided 95 % lower confidence bound of the group's mean recall@k is at least ``target``: a margin for the
-    sampling error of the sample, and no group (kind of query) may fall short because another is easy. Recall is
-    assumed to grow with the parameter (it does for ``nprobe`` and ``ef_search``): the value is found by doubling
-    from ``low``, then bisection. Returns ``(value, stats at value, [(value, mean recall), ...] tried)``; the stats
-    hold the mean recall, the criterion (smallest group lower bound) and each group's mean recall. When even ``high``
-    misses the target, ``high`` is returned (the caller reports it).
-    """
-    k = min(k, len(vectors))
-    kth = exact_top_k(vectors, queries, k)
-    labels = np.zeros(len(queries), dtype=int) if groups is None else np.asarray(groups)
-    names = list(dict.fromkeys(labels.tolist()))
-    tried: dict[int, dict[str, Any]] = {}
-
-    def stats(value: int) -> dict[str, Any]:
-        if value not in tried:
-            per_query = tie_aware_recall(search(queries, k, value), queries, vectors, kth)
-            by_group = {name: per_query[labels == name] for name in names}
-            tried[value] = {
-                "recall": float(np.mean(per_query)),
-                "criterion": min(recall_lower_bound(values) for values in by_group.values()),
-                "groups": {str(name): round(float(np.mean(values)), 4) for name, values in by_group.items()},
-            }
-            logger.debug("calibration: %d -> %s", value, tried[value])
-        return tried[value]
-
-    def meets(value: int) -> bool:
-        return stats(value)["criterion"] >= target
-
-    value, failed = low, None
-    while not meets(value) and value < high:
-        failed, value = value, min(high, value * 2)
-    if meets(value) and failed is not None:
-        lo, hi = failed, value  # lo misses the target, hi meets it
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if meets(mid):
-                hi = mid
-            else:
-                lo = mid
-        value = hi
-    return value, tried[value], sorted((v, s["recall"]) for v, s in tried.items())
+    if index_type == "flat":
+        return index.reconstruct_n(0, index.ntotal)
+    if index_type == "hnsw":
+        return faiss.downcast_index(index).storage.reconstruct_n(0, index.ntotal)
+    if index_type == "ivf":
+        ivf = faiss.extract_index_ivf(index)
+        out = np.empty((index.ntotal, index.d), dtype=np.float32)
+        invlists = ivf.invlists
+        for list_no in range(ivf.nlist):
+            size = invlists.list_size(list_no)
+            if not size:
+                continue
+            ids = faiss.rev_swig_ptr(invlists.get_ids(list_no), size).copy()
+            codes = faiss.rev_swig_ptr(invlists.get_codes(list_no), size * ivf.code_size).copy()
+            out[ids] = codes.view(np.float32).reshape(size, index.d)
+        return out
+    raise ConfigurationError(f"the vectors of an {index_type!r} index cannot be reconstructed exactly")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
-from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, factory_string
+from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, code_bytes_per_vector, factory_string
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import STAGING_MARKER, check_destination, folder_lock, interrupted_save_hint, replace_folder
 
@@ -123,8 +123,6 @@ def make_meta(stored: StoredIndex, save_id: str | None = None) -> dict[str, Any]
 def _bytes_per_vector(stored: StoredIndex) -> dict[str, Any]:
     """What one vector costs: the FAISS codes + ids kept in RAM when searching (graph links of HNSW not included),
     and the re-ranking vector kept on disk (memory-mapped, read only for candidates)."""
-    from st_prompts.search.faiss_index import code_bytes_per_vector
-
     out: dict[str, Any] = {"faiss_codes_and_ids": code_bytes_per_vector(stored.faiss_index, stored.index_type)}
     if stored.vectors is not None:
         out["rerank_vectors_on_disk"] = int(stored.vectors.dtype.itemsize * stored.vectors.shape[1])

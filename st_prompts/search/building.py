@@ -1,0 +1,271 @@
+"""Building a :class:`~st_prompts.search.SemanticIndex`: encode a validated corpus, build the FAISS index, calibrate."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.search.calibration import resolve_target
+from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corpus, read_corpus_file
+from st_prompts.search.encoding import DEFAULT_CHUNK_SIZE, encode_in_chunks, encode_texts, l2_normalize
+from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
+from st_prompts.search.identity import ModelIdentity
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sentence_transformers import SentenceTransformer
+
+    from st_prompts.search.index import SemanticIndex
+
+
+class IndexConstruction:
+    """The constructors of :class:`~st_prompts.search.SemanticIndex` (a mixin: they build its instances)."""
+
+    @classmethod
+    def from_embeddings(
+        cls,
+        embeddings: Any,
+        documents: Sequence[str],
+        ids: Sequence[int | str] | None = None,
+        index_type: str = "flat",
+        *,
+        model: SentenceTransformer | None = None,
+        model_identity: ModelIdentity | None = None,
+        show_progress_bar: bool = False,
+        target_recall: float | str | None = "auto",
+        calibration_queries: Any = None,
+        **index_params: Any,
+    ) -> SemanticIndex:
+        """Index precomputed embeddings (one row per document; they are L2-normalised here).
+
+        Blank documents are *not* skipped here (the rows must line up with ``documents``); ids default to 0-based
+        positions. ``model`` / ``model_identity`` record which model produced the embeddings (needed to search with
+        texts and to check a model on :meth:`load`); without them only :meth:`search_embeddings` works.
+        ``target_recall`` / ``calibration_queries``: as in :meth:`build` (without a model, the default calibration
+        queries are perturbed document *vectors*, and ``calibration_queries`` must be embeddings).
+        """
+        documents = list(documents)
+        if not documents:
+            raise DataFormatError("the corpus is empty: there is no document to index")
+        vectors = l2_normalize(embeddings)
+        if vectors.shape[0] != len(documents):
+            raise DataFormatError(f"got {vectors.shape[0]} embeddings for {len(documents)} documents")
+        if any(isinstance(text, str) and not text.strip() for text in documents):
+            raise DataFormatError("from_embeddings() needs non-blank documents (their rows cannot be dropped here)")
+        ids_list, documents = prepare_corpus(documents, ids, source="corpus", id_kind="position")
+        if model is not None and model_identity is None:
+            model_identity = ModelIdentity.of(model)
+        target = resolve_target(index_type, target_recall, index_params, calibration_queries)
+        return assemble_index(
+            cls,
+            vectors,
+            ids_list,
+            documents,
+            index_type,
+            index_params,
+            model=model,
+            model_identity=model_identity,
+            show_progress_bar=show_progress_bar,
+            target_recall=target,
+            calibration_queries=calibration_queries,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        model: SentenceTransformer,
+        documents: Any,
+        ids: Sequence[int | str] | None = None,
+        index_type: str = "flat",
+        batch_size: int = 64,
+        show_progress_bar: bool = True,
+        *,
+        text_column: str = "text",
+        id_column: str | None = None,
+        model_name: str | None = None,
+        target_recall: float | str | None = "auto",
+        calibration_queries: Any = None,
+        encode_cache_dir: str | os.PathLike | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        processes: int | None = None,
+        **index_params: Any,
+    ) -> SemanticIndex:
+        """Encode ``documents`` with ``model`` and index them.
+
+        Args:
+            model: the sentence-transformers model (documents go through ``encode_document``, so a model with a
+                ``document`` prompt uses it).
+            documents: a list/iterable of strings, or a ``datasets.Dataset`` (its ``text_column``; ids from
+                ``id_column`` if given). A bare string is rejected (use :meth:`from_file` for a file).
+            ids: one unique ``str``/``int`` id per document (default: 0-based positions).
+            index_type: ``"flat"`` (exact), ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` (see
+                :mod:`st_prompts.search.faiss_index`).
+            batch_size: encoding batch size.
+            show_progress_bar: show progress bars while encoding and while adding to an approximate index.
+            text_column / id_column: columns to use when ``documents`` is a dataset.
+            model_name: the name to record for the model (default: derived from the model; ``minilm`` for the
+                packaged MiniLM). :meth:`search` on a loaded index reloads the model by this name when no model is
+                given, so prefer a hub id or an alias to a machine-specific path.
+            target_recall: calibrate the search parameter of an approximate index (``nprobe`` / ``ef_search``) to
+                the smallest value reaching this recall@10 against exact search (see :meth:`calibrate`). ``"auto"``
+                (default): :data:`~st_prompts.search.calibration.DEFAULT_TARGET_RECALL` (0.95) for an approximate
+                index unless ``nprobe`` / ``ef_search`` is given explicitly; ``None``: no calibration (the given or
+                default parameter is used as is).
+            calibration_queries: the queries to calibrate on: a list of query strings (encoded with
+                ``encode_query``) or an array of query embeddings. Default: perturbed held-out documents.
+            encode_cache_dir: encode in chunks of ``chunk_size`` documents and keep each finished chunk in this
+                directory, so that an interrupted build resumes instead of encoding everything again (see
+                :func:`~st_prompts.search.encoding.encode_in_chunks`).
+            chunk_size: documents per cached chunk.
+            processes: encode with sentence-transformers' multi-process pool of this many CPU workers.
+            **index_params: ``nlist``/``nprobe`` for IVF; ``m``/``ef_construction``/``ef_search`` for HNSW;
+                ``nlist``/``nprobe``/``pq_m``/``opq``/``rerank`` for IVF-PQ.
+
+        Raises:
+            DataFormatError: empty corpus, duplicate ids, non-string documents, missing column.
+            ConfigurationError: unknown ``index_type`` or parameter, ``nlist`` larger than the corpus, a bad target.
+        """
+        corpus = corpus_from_documents(documents, ids, text_column=text_column, id_column=id_column)
+        return index_corpus(
+            cls,
+            model,
+            corpus,
+            index_type,
+            batch_size,
+            show_progress_bar,
+            model_name=model_name,
+            target_recall=target_recall,
+            calibration_queries=calibration_queries,
+            encode_cache_dir=encode_cache_dir,
+            chunk_size=chunk_size,
+            processes=processes,
+            **index_params,
+        )
+
+    @classmethod
+    def from_file(
+        cls,
+        model: SentenceTransformer,
+        path: str | os.PathLike,
+        text_column: str = "text",
+        id_column: str | None = None,
+        *,
+        encoding: str = "utf-8",
+        **kw: Any,
+    ) -> SemanticIndex:
+        """Encode and index the corpus in the file ``path``.
+
+        * ``.jsonl``/``.json``/``.csv``/``.parquet``: read with ``datasets``; the documents are the ``text_column``,
+          ids come from ``id_column`` (default: 0-based row positions).
+        * anything else: a text file (``encoding``) with one document per line; lines are stripped, ids are 1-based
+          line numbers, blank lines are skipped (keeping their numbers, so ``sed -n 'IDp' FILE`` prints a document).
+
+        ``**kw`` go to :meth:`build` (``index_type``, ``batch_size``, ``show_progress_bar``, ``model_name``,
+        ``target_recall``, ``calibration_queries``, ``encode_cache_dir``, ``processes``, index parameters).
+
+        Raises:
+            DataNotFoundError: the file does not exist.
+            DataFormatError: unreadable file, empty corpus, duplicate ids, missing column.
+            ConfigurationError: ``id_column`` for a text file, bad options.
+        """
+        corpus = read_corpus_file(path, text_column=text_column, id_column=id_column, encoding=encoding)
+        return index_corpus(cls, model, corpus, **kw)
+
+
+def index_corpus(
+    cls: type[SemanticIndex],
+    model: SentenceTransformer,
+    corpus: Corpus,
+    index_type: str = "flat",
+    batch_size: int = 64,
+    show_progress_bar: bool = True,
+    *,
+    model_name: str | None = None,
+    target_recall: float | str | None = "auto",
+    calibration_queries: Any = None,
+    encode_cache_dir: str | os.PathLike | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    processes: int | None = None,
+    **index_params: Any,
+) -> SemanticIndex:
+    """Encode a validated corpus and index it (the common part of :meth:`SemanticIndex.build` and ``from_file``)."""
+    # Resolve parameters before the (long) encoding so that a bad option fails fast.
+    identity = ModelIdentity.of(model, name=model_name)
+    resolve_index_params(index_type, len(corpus.texts), index_params, identity.dimension)
+    target = resolve_target(index_type, target_recall, index_params, calibration_queries)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if encode_cache_dir is not None or (processes is not None and processes > 1):
+        embeddings = encode_in_chunks(
+            model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
+            cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar,
+        ).embeddings  # fmt: skip
+    else:
+        embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
+                                  progress=show_progress_bar)  # fmt: skip
+    index = assemble_index(
+        cls,
+        embeddings,
+        corpus.ids,
+        corpus.texts,
+        index_type,
+        index_params,
+        model=model,
+        model_identity=identity,
+        show_progress_bar=show_progress_bar,
+        target_recall=target,
+        calibration_queries=calibration_queries,
+        info={"id_source": corpus.id_source, "source": corpus.source},
+    )
+    return index
+
+
+def assemble_index(
+    cls: type[SemanticIndex],
+    vectors: np.ndarray,
+    ids: list[int | str],
+    texts: list[str],
+    index_type: str,
+    index_params: dict[str, Any],
+    *,
+    model: SentenceTransformer | None,
+    model_identity: ModelIdentity | None,
+    show_progress_bar: bool,
+    target_recall: float | None = None,
+    calibration_queries: Any = None,
+    info: dict[str, Any] | None = None,
+) -> SemanticIndex:
+    """Build the FAISS index over normalised ``vectors``, wrap it with the documents and the model identity, and
+    calibrate it when a target recall is given."""
+    if model_identity is not None and model_identity.dimension != vectors.shape[1]:
+        raise BackboneMismatchError(
+            f"embeddings have {vectors.shape[1]} dimensions but the model {model_identity.name!r} produces "
+            f"{model_identity.dimension}"
+        )
+    params = resolve_index_params(index_type, len(texts), index_params, vectors.shape[1])
+    start = time.perf_counter()
+    faiss_index = build_faiss_index(vectors, index_type, params, progress=show_progress_bar)
+    info = dict(info or {})
+    info["build_seconds"] = round(time.perf_counter() - start, 2)
+    if index_type in ("ivf", "ivfpq"):
+        sample = vectors[:: max(1, len(vectors) // 10_000)]
+        info["ivf_training"] = {"mean_sq_distance": round(float(np.mean(ivf_sq_distances(faiss_index, sample))), 5)}
+    stored_vectors = vectors.astype(np.float16) if index_type == "ivfpq" else None
+    index = cls(
+        faiss_index,
+        ids,
+        texts,
+        index_type=index_type,
+        index_params=params,
+        model_identity=model_identity,
+        model=model,
+        info=info,
+        vectors=stored_vectors,
+    )
+    if target_recall is not None:
+        index.calibrate(target_recall, calibration_queries, show_progress_bar=False)
+    return index
