@@ -8,7 +8,7 @@ Run by hand, on an otherwise idle machine (timings are only comparable within on
     python benchmarks/efficiency.py --data-dir ../shared/data --rows dcpcse-unsup simcse-unsup lora-unsup
     python benchmarks/efficiency.py --data-dir ../shared/data --quick          # 1 + 2 steps per row (smoke run)
 
-The rows are those of ``benchmarks/run_all.py`` (same settings, seed 42, batch 64, max length 32) plus efficiency
+The rows are those of ``benchmarks/run_all`` (same settings, seed 42, batch 64, max length 32) plus efficiency
 variants of DCPCSE: one prefix dropout mask per batch (``prefix_dropout_shared``), activation checkpointing
 (``gradient_checkpointing``), and ``torch.compile`` of the backbone. DiffAug is measured in its stage 2 (joint tuning,
 the stage that costs), D2CSE with its corruption computed before the timed steps (it is a pre-pass), SKICSE on its SKI
@@ -26,7 +26,7 @@ data. Each row runs in a fresh process, on the same first ``(warm-up + steps) ×
    ``SentenceTransformer(path, trust_remote_code=True)`` reloads it with the same embeddings.
 
 Results: ``benchmarks/results/run_all/efficiency.json`` and ``efficiency.md`` (``--quick``: ``outputs/``), which
-``run_all.py`` puts into its report and the README.
+``run_all`` puts into its report.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import run_all  # noqa: E402
-from run_all import ROWS, Row  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent / "run_all"))
+import rows as run_all_rows  # noqa: E402
+import runner as run_all_runner  # noqa: E402
+from rows import ROWS, Row  # noqa: E402
 
 CHILD_MARKER = "EFFICIENCY_CHILD_RESULT "
 MiB = 2**20
@@ -64,7 +66,7 @@ VARIANTS = [
         (("gradient_checkpointing", True),)),
     Row("dcpcse-unsup+compile", "DCPCSE, torch.compile of the backbone", "dcpcse", False, note="compile"),
     Row("lora-unsup+checkpointing", "LoRA, activation checkpointing", "simcse", False,
-        (("learning_rate", run_all.LORA_LR[False]), ("gradient_checkpointing", True)), adapter="lora"),
+        (("learning_rate", run_all_rows.LORA_LR[False]), ("gradient_checkpointing", True)), adapter="lora"),
     Row("simcse-unsup+checkpointing", "SimCSE, activation checkpointing", "simcse", False,
         (("gradient_checkpointing", True),)),
 ]
@@ -233,12 +235,9 @@ def child(row: Row, args) -> dict[str, Any]:
     data_dir = Path(args.data_dir)
     steps = args.warmup + args.steps
     overrides = dict(max_steps=steps + 1, eval_steps=10**6, logging_steps=10**6)  # + 1 step profiled by operator
-    if row.method == "diffaug":
-        overrides["skip_stage1"] = True  # stage 2: the joint tuning
-    if row.method == "d2cse":
-        overrides["generator_steps"] = 5  # the generator runs before training; its quality does not matter here
+    overrides.update(dict(methods.config(row.method).last_stage_alone))  # e.g. DiffAug's stage 2 without stage 1
     with tempfile.TemporaryDirectory() as tmp:
-        settings = run_all.run_settings(row, 42, data_dir, False, os.path.join(tmp, "run"))
+        settings = run_all_rows.run_settings(row, 42, data_dir, False, os.path.join(tmp, "run"))
         settings = settings.replace(**overrides)
         method = methods.get(row.method)
         stages = method.stages(settings)
@@ -246,7 +245,7 @@ def child(row: Row, args) -> dict[str, Any]:
         data = stage.load_data(settings, str(data_dir), (steps + 1) * settings.batch_size)
         model = method.build_model(settings)
         if row.adapter:
-            model = run_all.attach_adapter(model, row)
+            model = run_all_runner.attach_adapter(model, row)
         if row.note == "compile":
             model[0].auto_model.forward = torch.compile(model[0].auto_model.forward, dynamic=True)
         # The memory profiler with a compiled model needs more memory than this machine has (killed): not profiled.
@@ -333,7 +332,7 @@ def paired_child(setting: str, args) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name in PAIRED[setting]:
             row = ALL[name]
-            settings = run_all.run_settings(row, 42, data_dir, False, os.path.join(tmp, name))
+            settings = run_all_rows.run_settings(row, 42, data_dir, False, os.path.join(tmp, name))
             settings = settings.replace(max_steps=rounds, eval_steps=10**6, logging_steps=10**6)
             method = methods.get(row.method)
             stage = method.stages(settings)[-1]
@@ -341,7 +340,7 @@ def paired_child(setting: str, args) -> dict[str, Any]:
             torch.manual_seed(settings.seed)
             model = method.build_model(settings)
             if row.adapter:
-                model = run_all.attach_adapter(model, row)
+                model = run_all_runner.attach_adapter(model, row)
             trainer, _, _ = stage_trainer(settings, stage, data, model, show_progress_bar=False)
             trainer.create_optimizer_and_scheduler(num_training_steps=rounds)
             trainer.current_gradient_accumulation_steps = 1  # set by the trainer's loop, read by training_step
@@ -622,7 +621,7 @@ def ratios(results: dict[str, Any], paired: dict[str, Any] | None = None) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    from st_prompts.utils import default_data_dir
+    from common import default_data_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=default_data_dir())
@@ -661,10 +660,10 @@ def main(argv: list[str] | None = None) -> int:
         print(CHILD_MARKER + json.dumps(paired_child(args._paired, args), default=str), flush=True)
         return 0
 
-    problem = run_all.lora_route_problem() if any(ALL[name].adapter for name in args.rows) else None
+    problem = run_all_runner.lora_route_problem() if any(ALL[name].adapter for name in args.rows) else None
     if problem:
         parser.error(problem)
-    out_dir = run_all.QUICK_DIR if args.quick else run_all.RESULTS_DIR
+    out_dir = run_all_rows.QUICK_DIR if args.quick else run_all_rows.RESULTS_DIR
     path = out_dir / "efficiency.json"
     previous = json.loads(path.read_text()) if path.is_file() else {"rows": {}}
     results = dict(previous.get("rows", {}))
@@ -707,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    run_all.write_json(path, report)
+    run_all_runner.write_json(path, report)
     (out_dir / "efficiency.md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report))
     return 0

@@ -62,7 +62,7 @@ def latency(index, queries: np.ndarray, *, single: int, batch: int) -> dict:
 
 
 def default_data_dir() -> Path:
-    from st_prompts.utils import default_data_dir as shared
+    from common import default_data_dir as shared
 
     found = shared()
     return found if found is not None else Path(__file__).resolve().parents[1].parent / "shared" / "data"

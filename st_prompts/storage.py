@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -124,9 +125,22 @@ def write_file_atomic(path: str | os.PathLike, data: bytes | str | Callable[[Any
     return path
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (inside dicts, lists and tuples too) replaced by ``None``: JSON has
+    no NaN, and a strict reader refuses Python's ``NaN``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: int = 2, **dump_kwargs: Any) -> Path:
-    """Write ``data`` as JSON (a trailing newline included) to ``path`` atomically (:func:`write_file_atomic`)."""
-    text = json.dumps(data, indent=indent, **dump_kwargs) + "\n"
+    """Write ``data`` as JSON (a trailing newline included) to ``path`` atomically (:func:`write_file_atomic`);
+    NaN and infinite values become ``null`` (:func:`json_safe`)."""
+    text = json.dumps(json_safe(data), indent=indent, allow_nan=False, **dump_kwargs) + "\n"
     return write_file_atomic(path, text)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from st_prompts.errors import DataNotFoundError
 
@@ -48,15 +47,6 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
     except DataNotFoundError:
         return None
     return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
-
-
-def default_data_dir() -> Path | None:
-    """The shared data directory of this workplace (``../shared/data`` next to the repository), if present.
-
-    Recipes and benchmarks use it when ``--data-dir`` is not given; the library itself never needs it.
-    """
-    candidate = Path(__file__).resolve().parents[2] / "shared" / "data"
-    return candidate if candidate.is_dir() else None
 
 
 def is_main_process() -> bool:

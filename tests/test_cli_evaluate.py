@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from st_prompts.cli import main
-from st_prompts.commands.evaluate import METRIC_GROUPS, write_json_atomic
+from st_prompts.commands.evaluate import METRIC_GROUPS
+from st_prompts.storage import write_json_atomic
 from st_prompts.data.senteval import STS_TASKS, load_sts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "senteval"

@@ -1,4 +1,4 @@
-"""The benchmark's run bookkeeping (benchmarks/run_all.py): claims let several invocations share one results folder
+"""The benchmark's run bookkeeping (benchmarks/run_all): claims let several invocations share one results folder
 without running a run twice, and options that only choose which seeds run stay out of a run's cache key."""
 
 import dataclasses
@@ -16,11 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def run_all():
-    spec = importlib.util.spec_from_file_location("run_all", REPO / "benchmarks" / "run_all.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["run_all"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark's modules (benchmarks/run_all/rows.py and runner.py) as one namespace."""
+    import types
+
+    sys.path.insert(0, str(REPO / "benchmarks" / "run_all"))
+    try:
+        rows = importlib.import_module("rows")
+        runner = importlib.import_module("runner")
+    finally:
+        sys.path.pop(0)
+    names = {**vars(rows), **vars(runner)}
+    return types.SimpleNamespace(**{k: v for k, v in names.items() if not k.startswith("__")})
 
 
 def test_claim_skips_done_and_running_runs_and_takes_over_stale_claims(run_all, tmp_path):
@@ -67,28 +73,3 @@ def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypat
     assert ".[bench]" in problem
 
 
-def test_draw_provenance_names_the_prefix_dropout_runs_made_with_the_earlier_draw(run_all):
-    """Runs that trained a prefix with a mask per example and lack the recorded draw are named as made with the
-    earlier bernoulli_ draw; runs without per-example prefix dropout never are."""
-    def record(row, seed, drawn, **settings):
-        out = {"row": row, "seed": seed, "settings": settings}
-        if drawn:
-            out["prefix_dropout_draw"] = run_all.PREFIX_DROPOUT_DRAW
-        return out
-
-    records = [
-        record("dcpcse-unsup", 42, True, method="dcpcse"),
-        record("dcpcse-unsup", 43, False, method="dcpcse"),
-        record("d2cse-sup", 42, False, method="d2cse"),
-        record("skicse-prompted-sup", 44, False, method="skicse", encoder="prompted"),
-        record("skicse-full-sup", 42, False, method="skicse", encoder="full"),  # no prefix
-        record("dcpcse-sup-shared-dropout", 42, False, method="dcpcse", prefix_dropout_shared=True),  # nn.Dropout
-        record("simcse-unsup", 42, False, method="simcse"),
-        {"row": "backbone-cls", "seed": 42},
-    ]
-    text = " ".join(run_all.draw_provenance(records)).strip()
-    older, current = text.split("Runs with the earlier draw: ")[1].split(" Runs with the current draw: ")
-    assert older == "`d2cse-sup` (seed 42), `dcpcse-unsup` (seed 43), `skicse-prompted-sup` (seed 44)."
-    assert current == "`dcpcse-unsup` (seed 42)."
-    assert run_all.draw_provenance([r for r in records if r.get("prefix_dropout_draw")]) == []
-    assert run_all.draw_provenance(records, quick=True) == []

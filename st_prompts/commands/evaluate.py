@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,26 +236,11 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.endswith(os.sep)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`st_prompts.storage.write_json_atomic`); NaN and infinite
-    values become ``null``."""
-    from st_prompts.storage import write_json_atomic as write
-
-    write(path, _jsonable(data), allow_nan=False)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``st-prompts evaluate``: validate all inputs, evaluate every model, print the table, write the JSON."""
     from st_prompts.evaluation.sts import format_results_table
     from st_prompts.loading import load_sentence_model, pooling_label
+    from st_prompts.storage import write_json_atomic
 
     if args.batch_size < 1:
         raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")

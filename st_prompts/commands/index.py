@@ -44,7 +44,7 @@ logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``index`` and its sub-commands ``build``, ``search`` and ``info``."""
+    """Register ``index`` and its sub-commands (``build``, ``search``, ``add``, ``remove``, ``calibrate``, ``info``)."""
     parser = subparsers.add_parser(
         "index",
         help="build and query a FAISS semantic-search index",
@@ -53,7 +53,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     commands = parser.add_subparsers(dest="index_command", metavar="SUBCOMMAND")
     parser.set_defaults(func=lambda args: _missing_subcommand(parser))
+    _add_build(commands)
+    _add_search(commands)
+    _add_add(commands)
+    _add_remove(commands)
+    _add_calibrate(commands)
+    _add_info(commands)
 
+
+def _add_build(commands: argparse._SubParsersAction) -> None:
     build = commands.add_parser(
         "build",
         help="encode a corpus and save an index",
@@ -99,6 +107,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_no_progress_argument(build)
     build.set_defaults(func=run_build)
 
+
+def _add_search(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser(
         "search",
         help="query an index",
@@ -120,6 +130,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
     search.set_defaults(func=run_search)
 
+
+def _add_add(commands: argparse._SubParsersAction) -> None:
     add = commands.add_parser(
         "add",
         help="add documents to an index",
@@ -140,6 +152,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_no_progress_argument(add)
     add.set_defaults(func=run_add)
 
+
+def _add_remove(commands: argparse._SubParsersAction) -> None:
     remove = commands.add_parser(
         "remove", help="remove documents from an index",
         description="Remove the documents with the given ids from the index at OUT; it is saved again atomically.",
@@ -148,6 +162,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     remove.add_argument("ids", metavar="ID", nargs="+", help="ids of the documents to remove")
     remove.set_defaults(func=run_remove)
 
+
+def _add_calibrate(commands: argparse._SubParsersAction) -> None:
     calibrate = commands.add_parser(
         "calibrate", help="re-calibrate an approximate index",
         description="Set nprobe / ef_search of the approximate index at OUT to the smallest value whose recall@10 "
@@ -162,6 +178,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_trust_remote_code_argument(calibrate)
     calibrate.set_defaults(func=run_calibrate)
 
+
+def _add_info(commands: argparse._SubParsersAction) -> None:
     info = commands.add_parser("info", help="describe an index", description="Print an index's metadata.")
     info.add_argument("index", metavar="OUT", type=Path, help="index directory")
     info.add_argument("--json", action="store_true", help="print meta.json as is")

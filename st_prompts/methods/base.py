@@ -159,8 +159,8 @@ class Stage:
     gradient_accumulation: Callable[[TrainSettings], int] | None = None
 
 
-#: ``MethodConfig.supervision`` values.
-SUPERVISION = ("unsupervised", "supervised")
+#: ``MethodConfig.supervision`` values: the first two name the setting without labelled pairs.
+SUPERVISION = ("unsupervised", "semi-supervised", "supervised")
 
 
 @dataclass(frozen=True)
@@ -175,32 +175,41 @@ class MethodConfig:
         settings_class: the :class:`TrainSettings` subclass holding the method's options.
         presets: ``(scale, supervised, backbone) -> {field: value}``: the paper's table for ``scale="paper"``, the
             setting on the packaged MiniLM for ``scale="cpu"``. ``backbone`` is ``None`` for the default one.
-        supervision: the settings the method has: ``"unsupervised"`` (DiffAug: semi-supervised) and/or
-            ``"supervised"``.
+        supervision: the settings the method has, by name: ``"unsupervised"`` (or ``"semi-supervised"``, DiffAug's,
+            which uses NLI labels in stage 1) and/or ``"supervised"``.
         prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
         side_outputs: ``settings -> suffixes`` of the folders a run writes beside its output (DiffAug: ``-stage1``),
             so that the pipeline checks them before training like the output itself.
-        quick: settings that make a smoke run of the method take seconds (used by ``benchmarks/run_all.py
-            --quick``), besides the batch size and evaluation interval every method gets there.
+        quick: settings that make a smoke run of the method take seconds (used by ``benchmarks/run_all --quick``),
+            besides the batch size and evaluation interval every method gets there.
+        last_stage_alone: settings under which the method's last stage runs by itself, its preparation kept short
+            (``benchmarks/efficiency.py`` times that stage): e.g. DiffAug's stage 2 without stage 1.
     """
 
     name: str
     summary: str
     settings_class: type[TrainSettings]
     presets: Callable[[str, bool, str | None], dict[str, Any]]
-    supervision: tuple[str, ...] = SUPERVISION
+    supervision: tuple[str, ...] = ("unsupervised", "supervised")
     prompts_only: bool = True
     side_outputs: Callable[[TrainSettings], tuple[str, ...]] = lambda settings: ()
     quick: tuple[tuple[str, Any], ...] = ()
+    last_stage_alone: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.supervision if s not in SUPERVISION]
-        if unknown or not self.supervision:
-            raise ConfigurationError(f"supervision must name some of {', '.join(SUPERVISION)}, got {self.supervision}.")
+        if unknown or not self.supervision or len(set(self.supervision) - {"supervised"}) > 1:
+            raise ConfigurationError(f"supervision must name some of {', '.join(SUPERVISION)} (one setting without "
+                                     f"labelled pairs at most), got {self.supervision}.")
+
+    def setting_name(self, supervised: bool) -> str | None:
+        """The name of the method's supervised (``True``) or other (``False``) setting; ``None`` if it has none."""
+        names = [s for s in self.supervision if (s == "supervised") == bool(supervised)]
+        return names[0] if names else None
 
     def supports(self, supervised: bool) -> bool:
-        """Whether the method has the supervised (``True``) or unsupervised (``False``) setting."""
-        return SUPERVISION[int(bool(supervised))] in self.supervision
+        """Whether the method has the supervised (``True``) or the unsupervised / semi-supervised setting."""
+        return self.setting_name(supervised) is not None
 
     def settings(
         self, supervised: bool = False, scale: str = "paper", backbone: str | None = None, **overrides: Any
@@ -210,7 +219,7 @@ class MethodConfig:
         if scale not in SCALES:
             raise ConfigurationError(f"Unknown scale {scale!r}; choose one of {', '.join(SCALES)}.")
         if not self.supports(supervised):
-            raise ConfigurationError(f"{self.name} has no {SUPERVISION[int(bool(supervised))]} setting.")
+            raise ConfigurationError(f"{self.name} has no {'supervised' if supervised else 'unsupervised'} setting.")
         values: dict[str, Any] = {"method": self.name, "supervised": supervised, "scale": scale}
         values.update(self.presets(scale, supervised, backbone))
         if backbone is not None:

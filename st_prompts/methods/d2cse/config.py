@@ -85,4 +85,5 @@ CONFIG = MethodConfig(
     settings_class=D2CSESettings,
     presets=presets,
     quick=(("generator_steps", 2),),
+    last_stage_alone=(("generator_steps", 5),),  # the generator trains before the stage; its quality is not timed
 )

@@ -149,7 +149,9 @@ CONFIG = MethodConfig(
     summary="two prefixes as a differentiable augmentation, prefix tuning then joint tuning (Wang & Lu 2022)",
     settings_class=DiffAugSettings,
     presets=presets,
+    supervision=("semi-supervised", "supervised"),
     prompts_only=False,
     side_outputs=side_outputs,
     quick=(("stage1_steps", 1), ("stage1_batch_size", 16), ("diagnostics_steps", 1), ("diagnostics_samples", 8)),
+    last_stage_alone=(("skip_stage1", True),),
 )
