@@ -22,8 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from st_prompts.search.encoding import encode_in_chunks  # noqa: E402
-
+from st_prompts.search.chunked import encode_in_chunks  # noqa: E402
 
 #: recall@K of every search benchmark
 K = 10
@@ -217,7 +216,7 @@ def synthetic_queries(n: int, seed: int) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------- encoding
 def encode_cached(model, texts: list[str], *, kind: str, cache_dir: Path | None, name: str, batch_size: int = 64,
                   processes: int | None = None, chunk_size: int = 5_000) -> tuple[np.ndarray, dict]:
-    """Encode with :func:`st_prompts.search.encoding.encode_in_chunks` (resumable chunks under ``cache_dir/name``),
+    """Encode with :func:`st_prompts.search.chunked.encode_in_chunks` (resumable chunks under ``cache_dir/name``),
     returning the embeddings and timing info. Reused chunks are not timed; the info says how many were encoded."""
     start, cpu_start = time.perf_counter(), time.process_time()
     result = encode_in_chunks(model, texts, kind=kind, batch_size=batch_size, chunk_size=chunk_size,

@@ -31,7 +31,14 @@ import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+import huggingface_hub
+from huggingface_hub.errors import EntryNotFoundError
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules.router import Router
+from sentence_transformers.util import import_from_string
+
 from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError
+from st_prompts.storage import interrupted_save_hint
 from st_prompts.utils import resolve_model_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,12 +104,10 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
         return path
     if _is_local(model):
         raise OSError(f"{model} is not a model folder")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
 
     options = {target: hub[source] for source, target in _HUB_KWARGS.items() if hub.get(source) is not None}
     try:
-        return hf_hub_download(model, filename, **options)
+        return huggingface_hub.hf_hub_download(model, filename, **options)
     except EntryNotFoundError as exc:
         raise _Missing(f"{model}/{filename}") from exc
 
@@ -276,10 +281,6 @@ def load_sentence_model(
         DataFormatError: one of its weight files is damaged.
         UntrustedCodeError: it names code that ships with it, and ``trust_remote_code`` is not ``True``.
     """
-    from sentence_transformers import SentenceTransformer
-
-    from st_prompts.storage import interrupted_save_hint
-
     model = os.path.expanduser(resolve_model_name(name_or_path))
     if _is_local(model) and not os.path.isdir(model):
         hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
@@ -332,10 +333,6 @@ def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | No
     Written here because sentence-transformers 6 offers no public way to resolve a type outside its own namespace
     without granting that flag to everything the model names.
     """
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules.router import Router
-    from sentence_transformers.util import import_from_string
-
     unknown = sorted(set(kwargs) - set(_ASSEMBLY_KWARGS))
     if unknown:
         raise StPromptsError(f"load_sentence_model() cannot pass {', '.join(unknown)} to a model with st_prompts "

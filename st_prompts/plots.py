@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.storage import write_file_atomic
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -43,8 +44,6 @@ def _check_png_path(out_path: str | os.PathLike) -> Path:
 
 def save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
     """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same directory, then ``os.replace``)."""
-    from st_prompts.storage import write_file_atomic
-
     path = _check_png_path(out_path)
     FigureCanvasAgg(fig)
     return write_file_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=_DPI))

@@ -33,6 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
+from st_prompts import __version__
 from st_prompts.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -213,7 +216,6 @@ def interrupted_save_hint(destination: str | os.PathLike) -> str:
 def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator[None]:
     """Hold the lock of ``destination`` (a lock file ``.NAME.st-prompts.lock`` beside it): writers of one folder take
     turns. Re-entrant within a process."""
-    from filelock import FileLock, Timeout
 
     destination = Path(os.path.abspath(destination))
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -342,8 +344,6 @@ def _files_below(folder: Path) -> list[str]:
 
 def write_manifest(folder: str | os.PathLike, kind: str) -> None:
     """Record in ``folder/st_prompts_save.json`` every file now in ``folder``: what st_prompts wrote there."""
-    from st_prompts import __version__
-
     folder = Path(folder)
     files = [name for name in _files_below(folder) if name not in (MANIFEST_FILE, STAGING_MARKER)]
     manifest = {"written_by": "st-prompts", "version": __version__, "kind": kind, "files": files}

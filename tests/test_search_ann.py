@@ -16,7 +16,7 @@ import pytest
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.search import SemanticIndex
-from st_prompts.search.encoding import encode_in_chunks
+from st_prompts.search.chunked import encode_in_chunks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "search"
 REAL_CORPUS = FIXTURES / "real_corpus.txt"

@@ -6,8 +6,10 @@ import csv
 import logging
 import random
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 
+import huggingface_hub
 from datasets import Dataset
 
 from st_prompts.errors import DataFormatError, DataNotFoundError
@@ -115,8 +117,6 @@ def bundled_data_dir() -> Path:
     SentEval's layout (``senteval/``): enough for the demo and for smoke runs of every recipe at ``--scale cpu``.
     It has the layout :func:`load_training_dataset` and the STS-B dev evaluator read, so it works as a ``--data-dir``.
     """
-    from importlib import resources
-
     return Path(str(resources.files("st_prompts") / "resources" / "demo"))
 
 
@@ -126,10 +126,8 @@ def download_simcse_file(filename: str) -> Path:
     Raises:
         DataNotFoundError: when the hub cannot be reached (offline machine), saying how to train without it.
     """
-    from huggingface_hub import hf_hub_download
-
     try:
-        return Path(hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
+        return Path(huggingface_hub.hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
     except Exception as exc:  # offline, firewalled, HF_HUB_OFFLINE=1, ...: all end the same way for the user
         raise DataNotFoundError(
             f"Could not download {filename} from the Hugging Face dataset {SIMCSE_HUB_REPO!r} ({type(exc).__name__}). "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
+from st_prompts.data.senteval import load_sts
 from st_prompts.errors import DataFormatError
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 class PairsOptions(TypedDict, total=False):
     """The options every :class:`PairsEvaluator` takes (subclasses accept them as ``**options``)."""
-
     name: str
     batch_size: int
     show_progress_bar: bool | None
@@ -96,8 +96,6 @@ class PairsEvaluator(BaseEvaluator):
         ``name`` defaults to ``"{task}-{split}"``; other keyword arguments go to the constructor. The evaluator
         remembers ``task`` and ``split`` (attributes of the same names), for reports.
         """
-        from st_prompts.data.senteval import load_sts
-
         pairs = load_sts(senteval_dir, task, split)
         kwargs.setdefault("name", f"{task}-{split}")
         evaluator = cls(pairs.sentences1, pairs.sentences2, pairs.scores, **kwargs)

@@ -9,14 +9,15 @@ from typing import Any
 
 import torch
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+from sentence_transformers.util.distributed import get_world_size
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
+from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.features import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.prompts.features import TEMPLATE_DENOISING
-from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -204,6 +205,4 @@ def simcse_mlp(model) -> nn.Sequential:
 
 def distributed_training() -> bool:
     """Whether this process is one of several of a ``torch.distributed`` run (e.g. ``torchrun``, the trainer's DDP)."""
-    from sentence_transformers.util.distributed import get_world_size
-
     return get_world_size() > 1

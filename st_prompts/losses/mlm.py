@@ -17,8 +17,12 @@ import json
 import logging
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForMaskedLM, DataCollatorForLanguageModeling
+from transformers.utils import cached_file
+
+from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +38,6 @@ def _checkpoint_tensors(source: str, prefixes: tuple[str, ...]) -> dict[str, tor
     Reads ``model.safetensors`` (or its shards) lazily with ``safe_open``; falls back to ``pytorch_model.bin``. Works
     for local folders and hub ids (through transformers' cache). Returns ``{}`` when nothing can be read.
     """
-    from safetensors import safe_open
-    from transformers.utils import cached_file
 
     def find(name: str) -> str | None:
         try:
@@ -83,7 +85,6 @@ class MLMHead(nn.Module):
     def __init__(self, encoder, source: str | None = None) -> None:
         super().__init__()
         source = source or encoder.backbone_name_or_path
-        from st_prompts.utils import resolve_model_name
 
         source = resolve_model_name(source)
         config = encoder.auto_model.config

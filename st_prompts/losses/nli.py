@@ -11,10 +11,9 @@ from sentence_transformers.sentence_transformer.losses import SoftmaxLoss
 from torch import nn
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.losses.constants import NLI_LABELS  # noqa: E402,F401  (re-exported)
 from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 from st_prompts.prompts.features import TEMPLATE_DENOISING
-
-from st_prompts.losses.constants import NLI_LABELS  # noqa: E402,F401  (re-exported)
 
 
 class PrefixViewSoftmaxLoss(SoftmaxLoss):

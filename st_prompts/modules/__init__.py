@@ -2,13 +2,13 @@
 checkpoints, and the ``features`` keys that steer a prompted call."""
 
 from st_prompts.modules.backbones import SUPPORTED_MODEL_TYPES, cache_argument
-from st_prompts.modules.checks import MIN_TEXT_TOKENS
 from st_prompts.modules.checkpoint import (
     PROMPTS_FILE,
     backbone_fingerprint,
     portable_backbone_reference,
     save_prompts_only,
 )
+from st_prompts.modules.checks import MIN_TEXT_TOKENS
 from st_prompts.modules.pooling import MaskTokenPooling
 from st_prompts.modules.prompted_transformer import PromptedTransformer
 from st_prompts.prompts.features import (

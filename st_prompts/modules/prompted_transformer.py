@@ -18,8 +18,8 @@ from st_prompts.modules.backbones import (
     check_architecture,
     verify_prefix_takes_effect,
 )
-from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
 from st_prompts.modules.checkpoint import PromptsCheckpointMixin, portable_backbone_reference, resolve_quietly
+from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
     POSITION_IDS,

@@ -38,7 +38,6 @@ from st_prompts.prompts.templates import (  # noqa: F401  (re-exported)
 )
 
 
-
 @dataclass(frozen=True)
 class ParsedTemplate:
     """Token ids of a template split around the sentence slot.

@@ -60,7 +60,8 @@ Conventions (all documented here once, and relied upon by the CLI and the tests)
   :func:`st_prompts.loading.load_sentence_model` (which decides whether to trust its code).
 
 Layout: :mod:`~st_prompts.search.identity` (model identity), :mod:`~st_prompts.search.corpus` (reading corpora and
-ids), :mod:`~st_prompts.search.encoding` (encoding and normalisation), :mod:`~st_prompts.search.faiss_index` (FAISS
+ids), :mod:`~st_prompts.search.encoding` (encoding and normalisation), :mod:`~st_prompts.search.chunked` (resumable
+chunked encoding), :mod:`~st_prompts.search.faiss_index` (FAISS
 types, parameters, build, re-ranking), :mod:`~st_prompts.search.calibration` (recall calibration and its query
 sample), :mod:`~st_prompts.search.store` (atomic save/load, consistent reads), :mod:`~st_prompts.search.building`
 (constructors), :mod:`~st_prompts.search.updates` (add/remove), :mod:`~st_prompts.search.index`
@@ -68,7 +69,7 @@ sample), :mod:`~st_prompts.search.store` (atomic save/load, consistent reads), :
 """
 
 from st_prompts.search.calibration import DEFAULT_TARGET_RECALL
-from st_prompts.search.encoding import ChunkedEncoding, encode_in_chunks
+from st_prompts.search.chunked import ChunkedEncoding, encode_in_chunks
 from st_prompts.search.faiss_index import (
     DEFAULT_EF_CONSTRUCTION,
     DEFAULT_EF_SEARCH,

@@ -5,21 +5,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 from st_prompts.search.calibration import resolve_target
+from st_prompts.search.chunked import DEFAULT_CHUNK_SIZE, encode_in_chunks
 from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corpus, read_corpus_file
-from st_prompts.search.encoding import DEFAULT_CHUNK_SIZE, encode_in_chunks, encode_texts, l2_normalize
+from st_prompts.search.encoding import encode_texts, l2_normalize
 from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
 from st_prompts.search.identity import ModelIdentity
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
-
-    from st_prompts.search.index import SemanticIndex
 
 
 class IndexConstruction:
@@ -39,7 +38,7 @@ class IndexConstruction:
         target_recall: float | str | None = "auto",
         calibration_queries: Any = None,
         **index_params: Any,
-    ) -> SemanticIndex:
+    ) -> Self:
         """Index precomputed embeddings (one row per document; they are L2-normalised here).
 
         Blank documents are *not* skipped here (the rows must line up with ``documents``); ids default to 0-based
@@ -93,7 +92,7 @@ class IndexConstruction:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         processes: int | None = None,
         **index_params: Any,
-    ) -> SemanticIndex:
+    ) -> Self:
         """Encode ``documents`` with ``model`` and index them.
 
         Args:
@@ -119,7 +118,7 @@ class IndexConstruction:
                 ``encode_query``) or an array of query embeddings. Default: perturbed held-out documents.
             encode_cache_dir: encode in chunks of ``chunk_size`` documents and keep each finished chunk in this
                 directory, so that an interrupted build resumes instead of encoding everything again (see
-                :func:`~st_prompts.search.encoding.encode_in_chunks`).
+                :func:`~st_prompts.search.chunked.encode_in_chunks`).
             chunk_size: documents per cached chunk.
             processes: encode with sentence-transformers' multi-process pool of this many CPU workers.
             **index_params: ``nlist``/``nprobe`` for IVF; ``m``/``ef_construction``/``ef_search`` for HNSW;
@@ -156,7 +155,7 @@ class IndexConstruction:
         *,
         encoding: str = "utf-8",
         **kw: Any,
-    ) -> SemanticIndex:
+    ) -> Self:
         """Encode and index the corpus in the file ``path``.
 
         * ``.jsonl``/``.json``/``.csv``/``.parquet``: read with ``datasets``; the documents are the ``text_column``,
@@ -177,7 +176,7 @@ class IndexConstruction:
 
 
 def index_corpus(
-    cls: type[SemanticIndex],
+    cls: type[IndexConstruction],
     model: SentenceTransformer,
     corpus: Corpus,
     index_type: str = "flat",
@@ -191,7 +190,7 @@ def index_corpus(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     processes: int | None = None,
     **index_params: Any,
-) -> SemanticIndex:
+) -> IndexConstruction:
     """Encode a validated corpus and index it (the common part of :meth:`SemanticIndex.build` and ``from_file``)."""
     # Resolve parameters before the (long) encoding so that a bad option fails fast.
     identity = ModelIdentity.of(model, name=model_name)
@@ -225,7 +224,7 @@ def index_corpus(
 
 
 def assemble_index(
-    cls: type[SemanticIndex],
+    cls: type[IndexConstruction],
     vectors: np.ndarray,
     ids: list[int | str],
     texts: list[str],
@@ -238,7 +237,7 @@ def assemble_index(
     target_recall: float | None = None,
     calibration_queries: Any = None,
     info: dict[str, Any] | None = None,
-) -> SemanticIndex:
+) -> IndexConstruction:
     """Build the FAISS index over normalised ``vectors``, wrap it with the documents and the model identity, and
     calibrate it when a target recall is given."""
     if model_identity is not None and model_identity.dimension != vectors.shape[1]:

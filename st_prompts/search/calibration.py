@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import faiss
 import numpy as np
@@ -22,13 +22,10 @@ from st_prompts.search.faiss_index import (
     DEFAULT_EF_SEARCH,
     DEFAULT_NPROBE,
     SEARCH_PARAMETER,
-    check_positive_int,
     apply_search_params,
+    check_positive_int,
     check_target_recall,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from st_prompts.search.index import SemanticIndex
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +190,7 @@ class IndexCalibration:
         return record
 
 
-def calibrate_index(index: SemanticIndex, target_recall: float, queries: Any = None, *,
+def calibrate_index(index: IndexCalibration, target_recall: float, queries: Any = None, *,
                     sample_size: int = DEFAULT_CALIBRATION_QUERIES, seed: int = 0, batch_size: int = 64,
                     show_progress_bar: bool = False) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """Calibrate ``index`` without changing it (see :meth:`SemanticIndex.calibrate`).
@@ -260,7 +257,7 @@ def calibrate_index(index: SemanticIndex, target_recall: float, queries: Any = N
     return current, record, warning
 
 
-def _search_range(index: SemanticIndex, parameter: str, k: int, default_sample: bool) -> tuple[int, int]:
+def _search_range(index: IndexCalibration, parameter: str, k: int, default_sample: bool) -> tuple[int, int]:
     """The values of ``parameter`` calibration may choose from. Never below the former fixed defaults (nprobe 64,
     ef_search 128) with the default sample: it only models real queries, and on real queries from another genre
     than the corpus those defaults held up better than values calibrated below them

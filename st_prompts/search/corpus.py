@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
@@ -33,7 +34,6 @@ class Corpus:
         source: the file the corpus was read from, or ``"corpus"``.
         id_source: ``"line_number"``, ``"position"``, ``"given"`` or ``"column:<name>"`` (saved in ``meta.json``).
     """
-
     ids: list[int | str]
     texts: list[str]
     source: str
@@ -41,11 +41,7 @@ class Corpus:
 
 
 def is_dataset(obj: Any) -> bool:
-    """Whether ``obj`` is a ``datasets.Dataset`` (without importing ``datasets`` when it is not installed)."""
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover
-        return False
+    """Whether ``obj`` is a ``datasets.Dataset``."""
     return isinstance(obj, datasets.Dataset)
 
 
@@ -165,8 +161,6 @@ def _read_text_file(path: Path, encoding: str) -> list[str]:
 
 def _load_dataset_file(path: Path) -> Any:
     """Load a .jsonl/.json/.csv/.parquet file as a :class:`datasets.Dataset`."""
-    import datasets
-
     if not path.exists():
         raise DataNotFoundError(f"corpus file not found: {path}")
     loader = {

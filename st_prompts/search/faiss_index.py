@@ -34,7 +34,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import faiss
 import numpy as np
+from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError
 
@@ -179,8 +181,6 @@ def factory_string(index_type: str, params: dict[str, Any]) -> str:
 
 def apply_search_params(index: faiss.Index, index_type: str, params: dict[str, Any]) -> None:
     """Set the search-time parameters (``nprobe`` of IVF / IVF-PQ, ``ef_search`` of HNSW) on a FAISS index."""
-    import faiss
-
     if index_type in ("ivf", "ivfpq"):
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
     elif index_type == "hnsw":
@@ -189,8 +189,6 @@ def apply_search_params(index: faiss.Index, index_type: str, params: dict[str, A
 
 def code_bytes_per_vector(index: faiss.Index, index_type: str) -> int:
     """Bytes per vector the FAISS index keeps for its codes and ids (graph links not included)."""
-    import faiss
-
     if index_type in ("ivf", "ivfpq"):
         return int(faiss.extract_index_ivf(index).code_size) + 8  # + the int64 id stored in the inverted list
     return int(index.d) * 4
@@ -201,7 +199,6 @@ def build_faiss_index(
 ) -> faiss.Index:
     """Create, train (IVF / IVF-PQ, seeded) and fill an inner-product FAISS index with ``embeddings`` (already
     normalised)."""
-    import faiss
 
     n, dim = embeddings.shape
     index = faiss.index_factory(dim, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
@@ -237,7 +234,6 @@ def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, 
     chunk = n if index_type == "flat" else 10_000
     starts = range(0, n, max(1, chunk))
     if progress and len(starts) > 1:
-        from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc=f"Adding to {index_type} index", unit="chunk")
     for start in starts:
@@ -249,7 +245,6 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
     """Remove the given row positions from ``index`` so that the remaining rows keep their order and are numbered
     ``0 .. n-1`` again (row ``i`` of the index stays document ``i`` of the caller's lists); return the index (a new
     one for HNSW, which FAISS cannot delete from: its graph is rebuilt from ``exact_vectors()`` without the rows)."""
-    import faiss
 
     rows = np.unique(np.asarray(rows, dtype=np.int64))
     if index_type == "flat":
@@ -279,7 +274,6 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
 def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     """Squared distance of each (normalised) vector to its nearest IVF centroid, in the space the lists live in
     (after the OPQ rotation, if any)."""
-    import faiss
 
     ivf = faiss.extract_index_ivf(index)
     x = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -322,8 +316,6 @@ def rerank_exactly(
 
 def reconstruct_all(index: faiss.Index, index_type: str) -> np.ndarray:
     """Every stored vector of a flat, HNSW or IVF-Flat index, by row (IVF: read from the inverted lists)."""
-    import faiss
-
     if index_type == "flat":
         return index.reconstruct_n(0, index.ntotal)
     if index_type == "hnsw":

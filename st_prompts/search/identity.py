@@ -18,6 +18,7 @@ import numpy as np
 
 from st_prompts.errors import BackboneMismatchError
 from st_prompts.search.encoding import encode_texts
+from st_prompts.utils import PACKAGED_MINILM_ALIASES, packaged_minilm_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -62,7 +63,6 @@ def model_name(model: SentenceTransformer) -> str:
     if name is None:
         return type(model).__name__
     try:
-        from st_prompts.utils import packaged_minilm_path
 
         if os.path.realpath(name) == os.path.realpath(packaged_minilm_path()):
             return "minilm"
@@ -79,8 +79,6 @@ def embedding_dimension(model: SentenceTransformer) -> int | None:
 
 def _loadable(name: str) -> bool:
     """Whether ``name`` can plausibly be loaded: an alias, an existing path, or a hub-style id (not a dead path)."""
-    from st_prompts.utils import PACKAGED_MINILM_ALIASES
-
     if name in PACKAGED_MINILM_ALIASES or os.path.exists(name):
         return True
     return not (os.path.isabs(name) or name.startswith((".", "~")))
@@ -89,7 +87,6 @@ def _loadable(name: str) -> bool:
 @dataclass
 class ModelIdentity:
     """Who encoded an index: name, path, dimension and a fingerprint of the normalised probe-sentence embeddings."""
-
     name: str
     dimension: int
     fingerprint: str

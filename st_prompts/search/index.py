@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.loading import load_sentence_model
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.building import IndexConstruction
 from st_prompts.search.calibration import IndexCalibration
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 class SearchHit(NamedTuple):
     """One search result: the document's id and text and its cosine similarity to the query."""
-
     id: int | str
     text: str
     score: float
@@ -198,7 +198,6 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             BackboneMismatchError: the model's dimension or probe embeddings differ from the index's model.
         """
         if isinstance(model, (str, os.PathLike)):
-            from st_prompts.loading import load_sentence_model
 
             model = load_sentence_model(str(model), trust_remote_code, device=device)
         if self.model_identity is not None:

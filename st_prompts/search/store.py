@@ -29,8 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import faiss
 import numpy as np
 
+from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, code_bytes_per_vector, factory_string
 from st_prompts.search.identity import ModelIdentity
@@ -75,7 +77,6 @@ class StoredIndex:
         info: extra ``meta.json`` keys (e.g. ``id_source``, ``source``, ``calibration``).
         vectors: the re-ranking vectors of an IVF-PQ index (float16), else ``None``.
     """
-
     faiss_index: faiss.Index
     ids: list[int | str]
     texts: list[str]
@@ -90,10 +91,6 @@ class StoredIndex:
 
 def make_meta(stored: StoredIndex, save_id: str | None = None) -> dict[str, Any]:
     """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default)."""
-    import faiss
-
-    from st_prompts import __version__
-
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -166,8 +163,6 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
     index's own files is never touched (:class:`ConfigurationError`). With ``expected_save_id``, the index on disk
     must still be that save (nobody else updated it since it was read), else :class:`ConfigurationError`.
     """
-    import faiss
-
     save_id = uuid.uuid4().hex
 
     def write(tmp: Path) -> None:
@@ -279,8 +274,6 @@ def _load_array(path: Path, mmap: bool = False) -> np.ndarray:
 
 def _read_index(root: Path, mmap: bool) -> StoredIndex:
     """One read of every file of the index at ``root`` (see :func:`load_index_dir`)."""
-    import faiss
-
     if not root.is_dir():
         raise DataFormatError(f"{root} is not an index directory (expected {META_FILE}, {INDEX_FILE}, ...)")
     for name in (META_FILE, INDEX_FILE, DOCS_FILE):
@@ -339,7 +332,6 @@ def _mmap_flags(index_type: str | None) -> int:
     """FAISS read flags that map an index's bulk data instead of reading it (checked with faiss 1.15):
     ``IO_FLAG_MMAP`` maps the inverted lists of IVF / IVF-PQ (``OnDiskInvertedLists``); flat codes (also an HNSW
     graph's flat storage) need ``IO_FLAG_MMAP_IFC`` instead (``IO_FLAG_MMAP`` alone reads them into RAM)."""
-    import faiss
 
     if index_type in ("ivf", "ivfpq"):
         return faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 
@@ -21,8 +23,6 @@ class SyncLossParametersCallback(TrainerCallback):
         self.parameters = [p for p in loss.parameters() if p.requires_grad and id(p) not in model_parameters]
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        import torch
-        import torch.distributed as dist
 
         if not self.parameters or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return

@@ -14,14 +14,20 @@ training starts, so a refusal costs nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from st_prompts import methods
+from st_prompts.data.training_data import bundled_data_dir
 from st_prompts.errors import ConfigurationError
+from st_prompts.evaluation.sts import stsb_dev_evaluator
+from st_prompts.modules import save_prompts_only
 from st_prompts.storage import check_model_destination, save_model_folder
+from st_prompts.training.run import train
+from st_prompts.utils import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +58,6 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
 
     In a distributed run (``torchrun``) only the process of rank 0 writes.
     """
-    import json
-
-    from st_prompts.modules import save_prompts_only
-    from st_prompts.utils import is_main_process
-
     if not is_main_process():
         return  # under torchrun every process holds the same model: only rank 0 writes it
 
@@ -108,10 +109,6 @@ def train_and_save(
     Raises:
         ConfigurationError: bad options, or a destination that may not be written (checked before training).
     """
-    from st_prompts.data.training_data import bundled_data_dir
-    from st_prompts.evaluation.sts import stsb_dev_evaluator
-    from st_prompts.training.run import train
-
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigurationError(f"limit must be a positive number of examples, got {limit!r}")
     method = methods.get(method_name)

@@ -7,6 +7,7 @@ its loss, callbacks and data columns. :func:`train` runs the stages one after th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import tempfile
@@ -95,7 +96,6 @@ class StopAtStep(TrainerCallback):
 @dataclass
 class TrainResult:
     """What :func:`train` returns besides the trained model."""
-
     steps: int
     seconds: float
     best_metric: float | None
@@ -286,9 +286,6 @@ def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
     when it is off, so no deprecation warning is printed for the default."""
     if not enabled:
         return {}
-    import dataclasses
-
-    from sentence_transformers import SentenceTransformerTrainingArguments
 
     fields = {f.name for f in dataclasses.fields(SentenceTransformerTrainingArguments)}
     name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"

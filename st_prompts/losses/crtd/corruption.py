@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
 from st_prompts.losses.crtd.generators import resolve_generator
@@ -286,8 +287,6 @@ def _short(identity: dict[str, Any], keys: list[str]) -> str:
 def corrupt_rows(generator, masking: ReplacedTokenMasking, rows: Sequence[Sequence[int]], batch_size: int = 64,
                  show_progress: bool = True) -> list[np.ndarray]:
     """Corrupt token-id rows with ``generator``'s argmax at the selected positions (no gradient)."""
-    from tqdm.auto import tqdm
-
     out: list[np.ndarray] = []
     bar = tqdm(total=len(rows), desc="Corrupting sentences", unit="sentence", **({} if show_progress else {"disable": True}))
     for start in range(0, len(rows), batch_size):

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from st_prompts.errors import ConfigurationError, DataNotFoundError, VocabularyMismatchError
@@ -95,7 +96,6 @@ class MaskedLMGenerator:
         tokenizer: the generator's tokenizer (its vocabulary must equal the encoder's).
         device: where :meth:`predict` wants its inputs.
     """
-
     name: str = "generator"
     tokenizer: Any = None
     device: torch.device = torch.device("cpu")
@@ -295,8 +295,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
     def prepare(self, rows, masking, show_progress: bool = True) -> dict[str, Any]:
         """Train the head on the training split of ``rows`` and measure its held-out masked-token accuracy."""
-        from tqdm.auto import tqdm
-
         train_rows, heldout = self.split(rows)
         steps = self.steps_for(len(train_rows))
         if self.corpus_vocabulary:

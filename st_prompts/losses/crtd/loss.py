@@ -45,10 +45,10 @@ from sentence_transformers.sentence_transformer.losses import MultipleNegativesR
 from torch import nn
 
 from st_prompts.errors import ConfigurationError, CorruptionCacheError
-from st_prompts.modules import PromptedTransformer
-from st_prompts.prompts.features import CLS_OVERRIDE
 from st_prompts.losses.crtd.corruption import crtd_labels, prepare_corruptions
 from st_prompts.losses.infonce import distributed_training
+from st_prompts.modules import PromptedTransformer
+from st_prompts.prompts.features import CLS_OVERRIDE
 
 #: Inputs of a column the corrupted pass reuses (the rest of a features dict are the model's outputs).
 _INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from st_prompts.methods.base import MLP_HEAD_MODES, MethodConfig, TrainSettings, option
 from st_prompts.prompts.templates import SCPCSE_TEMPLATE
 
+
 @dataclass
 class SCPCSESettings(TrainSettings):
     """SCPCSE's options."""

@@ -31,9 +31,15 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
+
+from st_prompts.data.training_data import read_nli_triplets, read_sentences
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, SKICacheMismatchError
 
 logger = logging.getLogger(__name__)
@@ -65,7 +71,6 @@ class GenerationSettings:
         seed: base seed of the per-sentence random generators.
         dtype: ``float32`` or ``bfloat16`` (about twice as fast on CPUs with bf16 support).
     """
-
     max_new_tokens: int = 128
     max_sentences: int = 4
     do_sample: bool = True
@@ -142,7 +147,6 @@ def resolve_llm(name_or_path: str) -> tuple[str, str | None, str]:
     """
     if name_or_path in LLM_ALIASES:
         distribution, filename = LLM_ALIASES[name_or_path]
-        from importlib import metadata
 
         try:
             files = metadata.distribution(distribution).files or []
@@ -171,9 +175,6 @@ def load_llm(name_or_path: str, dtype: str = "float32"):
 
     GGUF files (``smollm2`` included) are de-quantised by transformers into a regular model (``gguf`` needed).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     location, gguf_file, label = resolve_llm(name_or_path)
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     try:
@@ -191,8 +192,6 @@ def load_llm(name_or_path: str, dtype: str = "float32"):
 def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
     """A logits processor that samples each row's next token with that row's own ``torch.Generator`` and leaves a
     one-hot score, so greedy decoding then picks it: per-row determinism whatever the batch."""
-    import torch
-    from transformers import LogitsProcessor
 
     class RowSampler(LogitsProcessor):
         def __init__(self) -> None:
@@ -256,7 +255,6 @@ class SKIGenerator:
         return message + "\n"
 
     def _generate(self, sentences: Sequence[str], attempt: int) -> list[str]:
-        import torch
 
         s = self.settings
         prompts = [self.prompt(x) for x in sentences]
@@ -372,7 +370,6 @@ def read_ski(path: str | os.PathLike) -> dict[str, str | None]:
 @dataclass
 class GenerationReport:
     """What :func:`generate_ski_file` did."""
-
     total: int
     cached: int
     generated: int
@@ -400,8 +397,6 @@ def generate_ski_file(
     Raises:
         SKICacheMismatchError: ``output`` was written with another model, template or generation settings.
     """
-    from tqdm.auto import tqdm
-
     if batch_size < 1:
         raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}.")
     cache = SKICache(output)
@@ -442,7 +437,6 @@ def read_input_sentences(path: str | os.PathLike, limit: int | None = None) -> l
     """The sentences to generate SKI for: the lines of a ``.txt`` file, or the premises (``sent0``) of an NLI
     ``.csv`` in SimCSE's ``sent0,sent1,hard_neg`` format (each once). ``limit``: the first ``limit`` lines or
     triplets (the bundled demo data are the first lines of the shared files, so a prefix covers them)."""
-    from st_prompts.data.training_data import read_nli_triplets, read_sentences
 
     path = Path(path)
     if path.suffix.lower() == ".csv":
