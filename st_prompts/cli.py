@@ -69,6 +69,15 @@ def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
     logging.getLogger("st_prompts").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
+def reset_output() -> None:
+    """Detach the log handler :func:`configure_output` added (e.g. between tests that run the CLI in one process)."""
+    global _handler
+    if _handler is not None:
+        logging.getLogger().removeHandler(_handler)
+        _handler = None
+        logging.getLogger("st_prompts").setLevel(logging.NOTSET)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

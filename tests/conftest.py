@@ -113,10 +113,6 @@ def _detach_cli_log_handler():
     """``st_prompts.cli.main`` logs to the ``sys.stderr`` of its call (pytest's capture of one test): detach that
     handler after each test, so that later tests never log into a closed capture."""
     yield
-    import logging
-
     from st_prompts import cli
 
-    if cli._handler is not None:
-        logging.getLogger().removeHandler(cli._handler)
-        cli._handler = None
+    cli.reset_output()

@@ -150,7 +150,7 @@ def test_corrupted_pass_gets_the_sentence_vector_in_its_cls_input_row(tiny_bert,
     assert len(inputs_embeds) == 4  # two original passes, then two corrupted passes
     h = pooled[0].split([6, 6])
     word_embeddings = encoder.auto_model.get_input_embeddings().weight.detach()
-    cls_prompt = encoder.shallow_prompt.embeddings.detach()[encoder._cls_slot]
+    cls_prompt = encoder.shallow_prompt.embeddings.detach()[encoder.cls_prompt_slot]
     for column in range(2):
         original_row0 = inputs_embeds[column][:, 0]
         torch.testing.assert_close(original_row0, cls_prompt.expand_as(original_row0))  # the [CLS] prompt
@@ -432,14 +432,14 @@ def test_save_and_load_keep_the_cls_prompt(tiny_bert, tmp_path, prompts_only):
 
     model, _ = _train_tiny(tiny_bert, tmp_path, learning_rate=0.5)
     encoder = model[0]
-    trained = encoder.shallow_prompt.embeddings.detach()[encoder._cls_slot].clone()
+    trained = encoder.shallow_prompt.embeddings.detach()[encoder.cls_prompt_slot].clone()
     cls_id = encoder.tokenizer.cls_token_id
     assert not torch.allclose(trained, encoder.auto_model.get_input_embeddings().weight[cls_id])  # it trained
     path = str(tmp_path / "saved")
     save_prompts_only(model, path) if prompts_only else model.save(path)
     loaded = SentenceTransformer(path, trust_remote_code=True)
     assert loaded[0].cls_prompt
-    torch.testing.assert_close(loaded[0].shallow_prompt.embeddings[loaded[0]._cls_slot], trained, rtol=0, atol=0)
+    torch.testing.assert_close(loaded[0].shallow_prompt.embeddings[loaded[0].cls_prompt_slot], trained, rtol=0, atol=0)
     sentences = SENTENCES[:5] + [""]
     np.testing.assert_array_equal(loaded.encode(sentences), model.encode(sentences))
 

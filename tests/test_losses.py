@@ -154,7 +154,7 @@ def test_mlm_weight_does_not_move_during_trainer_evaluation(tiny_backbones, tmp_
     # two training steps, two evaluations: the loss counted its two training passes and none of the evaluation ones
     assert [s[0] for s in seen] == [1, 2]
     assert loss.global_step == 1  # the callback's last report (on_step_begin of step 2 is global_step 1)
-    assert loss._training_calls == 0  # with the callback, no self-counting at all
+    assert loss.training_calls == 0  # with the callback, no self-counting at all
     assert [s[2] for s in seen] == [pytest.approx(mlm_weight(s[1])) for s in seen]
     assert any("eval_mlm" in h for h in trainer.state.log_history) is False
 

@@ -297,7 +297,7 @@ def test_template_only_features_keep_the_template_positions(tiny_backbones, mode
     features = encoder.preprocess(SHORT)
     full_positions = encoder.position_ids(features["attention_mask"])
     only = encoder.template_only_features({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(2, 4, 1)})
-    n = encoder._template.num_tokens + 2
+    n = encoder.parsed_template.num_tokens + 2
     assert only["input_ids"].shape == (2, n) and torch.equal(only["input_ids"][0], only["input_ids"][1])
     text = encoder.tokenizer(literal(PROMPTBERT_TEMPLATE, ""))["input_ids"]
     assert only["input_ids"][0].tolist() == text
@@ -305,7 +305,7 @@ def test_template_only_features_keep_the_template_positions(tiny_backbones, mode
         kept = [i for i, t in enumerate(features["attention_mask"][row].tolist()) if t]
         sentence = len(kept) - n
         left = 1 + 4  # [CLS] this sentence of "
-        assert len(encoder._template.left_ids) == 4
+        assert len(encoder.parsed_template.left_ids) == 4
         template_positions = kept[: left] + kept[left + sentence:]
         assert only["position_ids"][row].tolist() == full_positions[row, template_positions].tolist()
         assert only["input_ids"][row, only["prompt_mask_index"][row]] == encoder.tokenizer.mask_token_id

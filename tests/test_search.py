@@ -203,11 +203,11 @@ def test_model_with_different_weights_is_rejected(minilm, corpus_index, tmp_path
         corpus_index.set_model(other)
 
 
-def test_model_with_different_dimension_is_rejected(minilm, corpus_index, tmp_path):
+def test_model_with_different_dimension_is_rejected(minilm_path, corpus_index, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     corpus_index.save(tmp_path / "idx")
-    truncated = SentenceTransformer(minilm[0].auto_model.config._name_or_path, truncate_dim=128, device="cpu")
+    truncated = SentenceTransformer(minilm_path, truncate_dim=128, device="cpu")
     with pytest.raises(BackboneMismatchError, match="128-dimensional"):
         SemanticIndex.load(tmp_path / "idx", model=truncated)
     with pytest.raises(BackboneMismatchError, match="dimensions"):

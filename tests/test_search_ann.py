@@ -52,19 +52,6 @@ def recall_at_10(index: SemanticIndex, queries: np.ndarray, truth: np.ndarray, i
     return float(np.mean([len({h.id for h in hits} & {ids[i] for i in row}) / 10 for hits, row in zip(results, truth)]))
 
 
-@pytest.fixture(autouse=True)
-def _detach_cli_log_handler():
-    """The CLI attaches a handler to the (captured, then closed) stderr; detach it after a test that ran the CLI."""
-    yield
-    import logging
-
-    from st_prompts import cli
-
-    if cli._handler is not None:
-        logging.getLogger().removeHandler(cli._handler)
-        cli._handler = None
-        logging.getLogger("st_prompts").setLevel(logging.NOTSET)
-
 
 @pytest.fixture(scope="module")
 def real_text(minilm):

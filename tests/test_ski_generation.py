@@ -112,11 +112,11 @@ def test_cache_resumes_without_recomputing(tiny_llm, tmp_path, monkeypatch):
 def test_missing_rows_are_cached_too(tiny_llm, tmp_path, monkeypatch):
     out = tmp_path / "ski.jsonl"
     generator = make_generator(tiny_llm)
-    monkeypatch.setattr(generator, "_generate", lambda sentences, attempt: [""] * len(sentences))
+    monkeypatch.setattr(generator, "generate_texts", lambda sentences, attempt: [""] * len(sentences))
     report = generate_ski_file(generator, SENTENCES[:2], out, progress=False)
     assert report.missing == 2 and read_ski(out) == {SENTENCES[0]: None, SENTENCES[1]: None}
     calls = []
-    monkeypatch.setattr(generator, "_generate", lambda sentences, attempt: calls.append(sentences) or [])
+    monkeypatch.setattr(generator, "generate_texts", lambda sentences, attempt: calls.append(sentences) or [])
     generate_ski_file(generator, SENTENCES[:2], out, progress=False)
     assert calls == []  # a sentence recorded missing is not retried by a resume
 
@@ -161,7 +161,7 @@ def test_degenerate_answers_are_retried_once_with_another_seed_then_missing(tiny
         attempts.append((attempt, list(sentences)))
         return answers[attempt]
 
-    monkeypatch.setattr(generator, "_generate", fake)
+    monkeypatch.setattr(generator, "generate_texts", fake)
     result = generator.generate(["s1", "s2", "s3"])
     assert result == ["now a good answer here .", "a fine answer about the dog .", None]
     assert attempts == [(0, ["s1", "s2", "s3"]), (1, ["s1", "s3"])]
@@ -170,13 +170,13 @@ def test_degenerate_answers_are_retried_once_with_another_seed_then_missing(tiny
 def test_generation_is_deterministic_per_row(tiny_llm):
     same_length = ["the man plays", "a dog runs", "the cat sits"]  # no padding: only the batch differs
     generator = make_generator(tiny_llm, max_sentences=50)
-    together = generator._generate(same_length, attempt=0)
-    alone = [generator._generate([s], attempt=0)[0] for s in same_length]
+    together = generator.generate_texts(same_length, attempt=0)
+    alone = [generator.generate_texts([s], attempt=0)[0] for s in same_length]
     assert together == alone
-    assert generator._generate(same_length, attempt=0) == together
-    other_seed = make_generator(tiny_llm, seed=7, max_sentences=50)._generate(same_length, attempt=0)
+    assert generator.generate_texts(same_length, attempt=0) == together
+    other_seed = make_generator(tiny_llm, seed=7, max_sentences=50).generate_texts(same_length, attempt=0)
     assert other_seed != together
-    assert generator._generate(same_length, attempt=1) != together
+    assert generator.generate_texts(same_length, attempt=1) != together
 
 
 def test_answer_cleaning_and_degenerate_detection():

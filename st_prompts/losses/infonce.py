@@ -97,7 +97,7 @@ class PromptContrastiveLoss(nn.Module):
         self.mlm_decay = mlm_decay
         self.mlm_decay_steps = mlm_decay_steps
         self.global_step: int | None = None
-        self._training_calls = 0
+        self.training_calls = 0
         self.mlm_head = None
         if mlm_weight > 0:
             encoder = model[0]
@@ -111,7 +111,7 @@ class PromptContrastiveLoss(nn.Module):
     @property
     def step(self) -> int:
         """The optimisation step the MLM weight schedule is at."""
-        return self.global_step if self.global_step is not None else self._training_calls
+        return self.global_step if self.global_step is not None else self.training_calls
 
     def current_mlm_weight(self) -> float:
         return mlm_weight(self.step, self.mlm_weight, self.mlm_decay, self.mlm_decay_steps)
@@ -143,7 +143,7 @@ class PromptContrastiveLoss(nn.Module):
             reuse = [out.get(PREFIX_VALUES_KEY) for out in outputs]
             losses["mlm"] = self.current_mlm_weight() * self._mlm_loss(raw, reuse)
         if training and self.global_step is None:
-            self._training_calls += 1
+            self.training_calls += 1
         return losses
 
     def _mlm_loss(self, columns: list[dict[str, torch.Tensor]], prefix_values: list) -> torch.Tensor:

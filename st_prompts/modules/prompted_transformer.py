@@ -277,6 +277,17 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         self.tokenizer.model_max_length = value
 
     @property
+    def parsed_template(self):
+        """The template split around its ``[X]`` slot (:class:`~st_prompts.prompts.shallow.ParsedTemplate`), or
+        ``None`` without a template."""
+        return self._template
+
+    @property
+    def cls_prompt_slot(self) -> int | None:
+        """Row of the [CLS] prompt in ``shallow_prompt.embeddings``, or ``None`` without a [CLS] prompt."""
+        return self._cls_slot
+
+    @property
     def template_num_tokens(self) -> int:
         """Tokens the template adds to every input (0 without a template; special tokens not counted)."""
         return self._template.num_tokens if self._template is not None else 0

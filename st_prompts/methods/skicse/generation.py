@@ -254,7 +254,7 @@ class SKIGenerator:
                                                       add_generation_prompt=True)
         return message + "\n"
 
-    def _generate(self, sentences: Sequence[str], attempt: int) -> list[str]:
+    def generate_texts(self, sentences: Sequence[str], attempt: int) -> list[str]:
 
         s = self.settings
         prompts = [self.prompt(x) for x in sentences]
@@ -284,10 +284,10 @@ class SKIGenerator:
         ``None`` where the retry is degenerate too."""
         if not sentences:
             return []
-        answers: list[str | None] = list(self._generate(sentences, attempt=0))
+        answers: list[str | None] = list(self.generate_texts(sentences, attempt=0))
         bad = [i for i, a in enumerate(answers) if is_degenerate(a)]
         if bad:
-            retried = self._generate([sentences[i] for i in bad], attempt=1)
+            retried = self.generate_texts([sentences[i] for i in bad], attempt=1)
             for i, answer in zip(bad, retried):
                 answers[i] = None if is_degenerate(answer) else answer
         return answers
