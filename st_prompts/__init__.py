@@ -14,7 +14,7 @@ The names above are imported on first use, so ``import st_prompts`` (and ``st-pr
 
 from __future__ import annotations
 
-from typing import Any
+from st_prompts.utils import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -22,24 +22,11 @@ _LAZY = {
     "MaskTokenPooling": "st_prompts.modules",
     "PromptedTransformer": "st_prompts.modules",
     "save_prompts_only": "st_prompts.modules",
-    "SCPCSE_TEMPLATE": "st_prompts.prompts.shallow",
-    "PROMPTBERT_TEMPLATE": "st_prompts.prompts.shallow",
+    "load_sentence_model": "st_prompts.loading",
+    "SCPCSE_TEMPLATE": "st_prompts.prompts.templates",
+    "PROMPTBERT_TEMPLATE": "st_prompts.prompts.templates",
     "prefix_view_mask": "st_prompts.prompts.prefix",
 }
 
-__all__ = ["MaskTokenPooling", "PROMPTBERT_TEMPLATE", "PromptedTransformer", "SCPCSE_TEMPLATE", "prefix_view_mask",
-           "save_prompts_only", "__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'st_prompts' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = [*sorted(_LAZY), "__version__"]
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -265,7 +265,7 @@ def replace_folder(
     """
     destination = check_destination(destination)
     with folder_lock(destination) if lock else _nothing():
-        _check_replaceable(destination, ownership, overwrite, what, overwrite_hint)
+        check_replaceable(destination, ownership, overwrite, what, overwrite_hint)
         remove_leftovers(destination, ownership)
         parent = destination.parent
         parent.mkdir(parents=True, exist_ok=True)
@@ -290,7 +290,9 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: bool, what: str, hint: str) -> None:
+def check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: bool, what: str, hint: str) -> None:
+    """Refuse, with one line, to write ``what`` over ``destination`` unless it is missing, empty, or (with
+    ``overwrite``) a folder ``ownership`` recognises."""
     if not os.path.lexists(destination):
         return
     if not destination.is_dir():
@@ -374,7 +376,7 @@ _MODEL_HINT = "pass --overwrite (overwrite=True) to replace it"
 
 def check_model_destination(path: str | os.PathLike, overwrite: bool) -> None:
     """Refuse, before any work, a destination a model may not be saved to (the rules of :func:`save_model_folder`)."""
-    _check_replaceable(check_destination(path), manifest_problem, overwrite, _MODEL, _MODEL_HINT)
+    check_replaceable(check_destination(path), manifest_problem, overwrite, _MODEL, _MODEL_HINT)
 
 
 def save_model_folder(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = False,

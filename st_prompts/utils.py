@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+from collections.abc import Callable
+from typing import Any
 
 from st_prompts.errors import DataNotFoundError
 
@@ -56,3 +60,20 @@ def is_main_process() -> bool:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for a package whose public names are imported on first use, so that importing the
+    package (e.g. for ``st-prompts --help``) loads no torch. ``names`` maps each name to the module that defines it
+    (absolute, or relative to ``package`` with a leading dot)."""
+
+    def getattr_(name: str) -> Any:
+        if name in names:
+            module = names[name]
+            return getattr(importlib.import_module(package + module if module.startswith(".") else module), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(names))
+
+    return getattr_, dir_

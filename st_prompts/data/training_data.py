@@ -145,12 +145,7 @@ def load_training_dataset(
     With ``data_dir``, reads ``train/wiki_sentences.txt`` or ``train/nli_triplets.csv`` below it (the layout of this
     project's shared data); without, downloads SimCSE's full files from the hub.
     """
-    if data_dir is not None:
-        base = Path(data_dir)
-        base = base / "train" if (base / "train").is_dir() else base
-        path = base / ("nli_triplets.csv" if supervised else "wiki_sentences.txt")
-    else:
-        path = download_simcse_file(NLI_FILE if supervised else WIKI_FILE)
+    path = nli_path(data_dir) if supervised else sentences_path(data_dir)
     if supervised:
         return supervised_dataset(read_nli_triplets(path, limit, seed))
     return unsupervised_dataset(read_sentences(path, limit, seed))
@@ -208,25 +203,20 @@ def read_nli_pairs(
     return pairs, skipped
 
 
-def nli_pairs_dataset(pairs: list[tuple[str, str, int]]) -> Dataset:
-    """A dataset with columns ``premise``, ``hypothesis`` and ``label`` (entailment = 1, contradiction = 0)."""
-    return Dataset.from_dict({"premise": [p[0] for p in pairs], "hypothesis": [p[1] for p in pairs],
-                              "label": [p[2] for p in pairs]})
+def _training_file(data_dir: str | Path | None, name: str, hub_file: str) -> Path:
+    """``DATA_DIR/train/NAME`` (or ``DATA_DIR/NAME``), or SimCSE's hub file ``hub_file`` without a data folder."""
+    if data_dir is None:
+        return download_simcse_file(hub_file)
+    base = Path(data_dir)
+    base = base / "train" if (base / "train").is_dir() else base
+    return base / name
 
 
 def nli_path(data_dir: str | Path | None) -> Path:
     """``DATA_DIR/train/nli_triplets.csv`` (or ``DATA_DIR/nli_triplets.csv``), or SimCSE's hub file without one."""
-    if data_dir is None:
-        return download_simcse_file(NLI_FILE)
-    base = Path(data_dir)
-    base = base / "train" if (base / "train").is_dir() else base
-    return base / "nli_triplets.csv"
+    return _training_file(data_dir, "nli_triplets.csv", NLI_FILE)
 
 
 def sentences_path(data_dir: str | Path | None) -> Path:
     """``DATA_DIR/train/wiki_sentences.txt`` (or ``DATA_DIR/wiki_sentences.txt``), or SimCSE's hub file."""
-    if data_dir is None:
-        return download_simcse_file(WIKI_FILE)
-    base = Path(data_dir)
-    base = base / "train" if (base / "train").is_dir() else base
-    return base / "wiki_sentences.txt"
+    return _training_file(data_dir, "wiki_sentences.txt", WIKI_FILE)

@@ -6,27 +6,21 @@ The names are imported on first use, so that ``st_prompts.prompts.templates`` st
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from st_prompts.utils import lazy_exports
 
 _LAZY = {
-    "PrefixCache": "prefix",
-    "PrefixDraw": "prefix",
-    "PrefixEncoder": "prefix",
-    "draw_keep_mask": "prefix",
-    "prefix_view_mask": "prefix",
-    "ShallowPrompt": "shallow",
-    "parse_template": "shallow",
-    "place_vectors": "shallow",
-    "PROMPTBERT_TEMPLATE": "templates",
-    "SCPCSE_TEMPLATE": "templates",
-    "TEMPLATE_MODES": "templates",
+    "PrefixCache": ".prefix",
+    "PrefixDraw": ".prefix",
+    "PrefixEncoder": ".prefix",
+    "draw_keep_mask": ".prefix",
+    "prefix_view_mask": ".prefix",
+    "ShallowPrompt": ".shallow",
+    "parse_template": ".shallow",
+    "place_vectors": ".shallow",
+    "PROMPTBERT_TEMPLATE": ".templates",
+    "SCPCSE_TEMPLATE": ".templates",
+    "TEMPLATE_MODES": ".templates",
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

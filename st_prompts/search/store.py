@@ -36,7 +36,14 @@ from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, code_bytes_per_vector, factory_string
 from st_prompts.search.identity import ModelIdentity
-from st_prompts.storage import STAGING_MARKER, check_destination, folder_lock, interrupted_save_hint, replace_folder
+from st_prompts.storage import (
+    STAGING_MARKER,
+    check_destination,
+    check_replaceable,
+    folder_lock,
+    interrupted_save_hint,
+    replace_folder,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import faiss
@@ -141,18 +148,8 @@ def index_folder_problem(folder: str | os.PathLike) -> str | None:
 
 def check_index_destination(directory: str | os.PathLike, overwrite: bool) -> None:
     """Refuse, before any work, a folder an index may not be saved to (the rules of :func:`save_index_dir`)."""
-    target = check_destination(directory)
-    if not os.path.lexists(target):
-        return
-    if not target.is_dir():
-        raise ConfigurationError(f"cannot save the index to {directory}: it exists and is not a directory")
-    if not any(target.iterdir()):
-        return
-    reason = index_folder_problem(target)
-    if reason is not None:
-        raise ConfigurationError(f"refusing to replace {directory}: {reason}; choose another folder")
-    if not overwrite:
-        raise ConfigurationError(f"{directory} already holds an index (pass overwrite=True / --overwrite to replace it)")
+    check_replaceable(check_destination(directory), index_folder_problem, overwrite, "an index",
+                      "pass overwrite=True / --overwrite to replace it")
 
 
 def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True,

@@ -6,8 +6,7 @@ Names are imported on first use: ``import st_prompts.training`` loads no torch.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from st_prompts.utils import lazy_exports
 
 _LAZY = {
     "TrainResult": "st_prompts.training.run",
@@ -25,9 +24,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'st_prompts.training' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
