@@ -292,7 +292,7 @@ def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypa
     a_file.write_text("not a folder")
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(a_file), "--overwrite"]) == 2
-    assert "not a directory" in one_line_error(capsys)
+    assert "not a folder" in one_line_error(capsys)
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
     SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
     for argv in (["-k", "0"], ["-k", "-3"]):
