@@ -109,3 +109,23 @@ def test_interrupt_prints_one_line(monkeypatch, capsys):
     assert main(["train", "dcpcse", "--max-steps", "1"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "st-prompts train: interrupted"
+
+
+def test_a_trained_model_carries_a_card_that_says_how_to_load_it(tiny_bert, data_dir, tmp_path):
+    """The card a person who downloads the model reads first: install line, how to load it (with and without
+    trust_remote_code), the method, the backbone, the trained share and the STS-B dev reading; real sentence pairs as
+    widget examples; a prompts-only checkpoint gets its own card."""
+    out = tmp_path / "model"
+    argv = ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "2",
+            "--batch-size", "4", "--eval-steps", "1", "--output", str(out), "--prompts-only", "--no-progress"]
+    assert main(argv) == 0
+    card = (out / "README.md").read_text()
+    assert "pip install -U sentence-transformers st-prompts" in card
+    assert "trust_remote_code=True" in card and "load_sentence_model" in card
+    assert "**Method:** dcpcse" in card and "Deep Continuous Prompt" in card
+    assert f"**Backbone:** {Path(tiny_bert).name} (frozen)" in card
+    assert "**Trained parameters:**" in card and "**STS-B dev Spearman of the selected checkpoint:**" in card
+    assert "source_sentence: A man with a hard hat is dancing." in card
+    assert "sentence_transformers_model_id" not in card
+    prompts_card = (Path(str(out) + "-prompts") / "README.md").read_text()
+    assert "Prompts-only checkpoint" in prompts_card and "trust_remote_code=True" in prompts_card

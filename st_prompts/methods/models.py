@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Pooling
 
 from st_prompts.methods.base import TrainSettings
 from st_prompts.modules import MaskTokenPooling
+from st_prompts.modules.model_card import PromptsModelCardData, backbone_card_name
 
 
 def mlp_head_module(dimension: int, initializer_range: float = 0.02):
@@ -34,7 +37,11 @@ def assemble(settings: TrainSettings, encoder, pooling_mode: str = "cls"):
     if getattr(settings, "mlp_head", "none") == "saved":
         config = encoder.auto_model.config
         modules.append(mlp_head_module(dimension, getattr(config, "initializer_range", 0.02)))
-    return SentenceTransformer(modules=modules)
+    backbone = backbone_card_name(settings.backbone)
+    card = PromptsModelCardData(method=settings.method, backbone=backbone)
+    if "/" in backbone and not os.path.exists(settings.backbone):
+        card.base_model = backbone  # a hub id: the card links to it
+    return SentenceTransformer(modules=modules, model_card_data=card)
 
 
 def seed_everything(seed: int) -> None:

@@ -259,5 +259,13 @@ def save_prompts_only(model, path: str) -> None:
         raise ConfigurationError(f"save_prompts_only needs exactly one PromptedTransformer in the model, found {len(encoders)}.")
     encoder = encoders[0]
     encoder.check_backbone_unchanged()
-    with encoder.prompts_only():
-        model.save(path, create_model_card=False)
+    card = model.model_card_data
+    was = getattr(card, "prompts_only", None)
+    if was is not None:
+        card.prompts_only = True  # the card says what this folder is and where its backbone comes from
+    try:
+        with encoder.prompts_only():
+            model.save(path, create_model_card=was is not None)
+    finally:
+        if was is not None:
+            card.prompts_only = was

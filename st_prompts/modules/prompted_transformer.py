@@ -20,6 +20,7 @@ from st_prompts.modules.backbones import (
 )
 from st_prompts.modules.checkpoint import PromptsCheckpointMixin, portable_backbone_reference, resolve_quietly
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
+from st_prompts.modules.model_card import PromptsModelCardData
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
     POSITION_IDS,
@@ -470,6 +471,15 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
             slots = input_ids.new_full(input_ids.shape, -1) if slots is None else slots.to(input_ids.device).clone()
             slots[:, 0] = self._cls_slot
         return slots
+
+    def on_model_ready(self, model) -> None:
+        """Give the model st_prompts' model card (:class:`~st_prompts.modules.model_card.PromptsModelCardData`): its
+        card must say that it needs st_prompts and how to load it."""
+        super().on_model_ready(model)
+        if not isinstance(model.model_card_data, PromptsModelCardData):
+            card = PromptsModelCardData.replacing(model.model_card_data)
+            model.model_card_data = card
+            card.register_model(model)
 
     def __repr__(self) -> str:
         return (

@@ -129,6 +129,8 @@ def train_and_save(
                 f"--scale {scale}) on {sizes}.")
     model, result = train(settings, datasets if len(stages) > 1 else datasets[stages[0].name], evaluator,
                           show_progress_bar=show_progress_bar)
+    if result.best_metric is not None and hasattr(model.model_card_data, "stsb_dev"):
+        model.model_card_data.stsb_dev = 100 * result.best_metric  # the card states the selected checkpoint's reading
     save_run(model, result, output, prompts_only=prompts_only and method.prompts_only, overwrite=overwrite)
     if prompts_only and not method.prompts_only:
         logger.warning(f"{method_name} changes the backbone: no prompts-only checkpoint was written.")

@@ -1,0 +1,192 @@
+"""The model card an st_prompts model carries: sentence-transformers' own card, plus what a person who downloads the
+model needs first — that it needs st_prompts (and how to load it without granting ``trust_remote_code`` to anything
+else), which method and paper it is, its frozen backbone, the share of parameters trained and its STS-B dev reading.
+
+:class:`PromptsModelCardData` extends ``SentenceTransformerModelCardData``: it renders sentence-transformers' template
+(read from the installed sentence-transformers, so that the card follows its updates) with one section added near the
+top and the install line extended, and replaces the usage snippet (whose default ``SentenceTransformer("...")`` fails
+without st_prompts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers.sentence_transformer.model_card import SentenceTransformerModelCardData
+
+from st_prompts.storage import write_file_atomic
+
+#: The papers of the registered methods (method name -> (title, link)), for the card.
+PAPERS = {
+    "dcpcse": ("Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022)",
+               "https://arxiv.org/abs/2203.06875"),
+    "scpcse": ("Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022), its "
+               "shallow-prompt ablation", "https://arxiv.org/abs/2203.06875"),
+    "simcse": ("SimCSE: Simple Contrastive Learning of Sentence Embeddings (Gao et al., 2021)",
+               "https://arxiv.org/abs/2104.08821"),
+    "d2cse": ("D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings (Lee, 2022)",
+              "https://arxiv.org/abs/2304.08991"),
+    "diffaug": ("Differentiable Data Augmentation for Contrastive Sentence Representation Learning (Wang & Lu, 2022)",
+                "https://arxiv.org/abs/2210.16536"),
+    "skicse": ("SKICSE: Sentence Knowable Information Prompted by LLMs Improves Contrastive Sentence Embeddings",
+               None),
+}
+#: The hub id of the packaged MiniLM (what the ``minilm`` alias stands for).
+PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+#: Real STS-B dev pairs shown as widget and usage examples (sentences 1 and 2 of the first scored pairs).
+EXAMPLE_PAIRS = (
+    ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing."),
+    ("A young child is riding a horse.", "A child is riding a horse."),
+    ("A man is feeding a mouse to a snake.", "The man is feeding a mouse to the snake."),
+)
+
+_SECTION = """
+{%- if st_prompts %}
+
+## Trained with st_prompts
+
+{{ st_prompts.summary }}
+
+- **Method:** {{ st_prompts.method }}{% if st_prompts.paper %} ({% if st_prompts.paper_url %}[{{ st_prompts.paper }}]({{ st_prompts.paper_url }}){% else %}{{ st_prompts.paper }}{% endif %}){% endif %}
+- **Backbone:** {{ st_prompts.backbone }}{% if st_prompts.frozen %} (frozen){% endif %}
+- **Trained parameters:** {{ st_prompts.trained }}
+{%- if st_prompts.stsb_dev %}
+- **STS-B dev Spearman of the selected checkpoint:** {{ st_prompts.stsb_dev }}
+{%- endif %}
+{%- if st_prompts.prompts_only %}
+- **Prompts-only checkpoint:** this folder holds the soft prompts and a reference to the backbone ({{ st_prompts.backbone }}, checked by a fingerprint of its weights); the backbone is loaded from there.
+{%- endif %}
+{%- endif %}
+"""
+
+
+def _template() -> Path:
+    """sentence-transformers' model card template with the st_prompts section and install line added, written once
+    per template version to a file of the temporary folder (``ModelCard.from_template`` reads a path)."""
+    source = Path(SentenceTransformerModelCardData.__dataclass_fields__["template_path"].default)
+    text = source.read_text(encoding="utf-8")
+    heading = text.index("\n", text.index("\n# {{ model_name") + 1)  # after the title line
+    text = text[:heading] + _SECTION + text[heading:]
+    text = text.replace("pip install -U sentence-transformers\n", "pip install -U sentence-transformers st-prompts\n", 1)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"st_prompts-model-card-{os.getuid() if hasattr(os, 'getuid') else 0}-{digest}.md"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        write_file_atomic(path, text)
+    return path
+
+
+def backbone_card_name(name_or_path: str) -> str:
+    """How a card names a backbone: the hub id of the packaged MiniLM for its alias, a hub id as it is, a local
+    folder by its name."""
+    from st_prompts.utils import PACKAGED_MINILM_ALIASES, packaged_minilm_alias
+
+    if name_or_path in PACKAGED_MINILM_ALIASES or packaged_minilm_alias(name_or_path):
+        return PACKAGED_MINILM_HUB_ID
+    if os.path.exists(name_or_path):
+        return os.path.basename(os.path.normpath(name_or_path))
+    return name_or_path
+
+
+@dataclass
+class PromptsModelCardData(SentenceTransformerModelCardData):
+    """sentence-transformers' model card data, with what an st_prompts model's card must say.
+
+    Args (besides sentence-transformers' own):
+        method: the st_prompts method that trained the model (``"dcpcse"``, ...).
+        backbone: the backbone's name (a hub id where one is known).
+        stsb_dev: the STS-B dev Spearman (x 100) of the selected checkpoint, if one was selected.
+        prompts_only: the card of a prompts-only checkpoint.
+    """
+
+    method: str | None = None
+    backbone: str | None = None
+    stsb_dev: float | None = None
+    prompts_only: bool = False
+    generate_widget_examples: bool = False
+    template_path: Path = field(default_factory=_template, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.widget:
+            self.widget = [{"source_sentence": a, "sentences": [b, *(p[1] for p in EXAMPLE_PAIRS if p[1] != b)]}
+                           for a, b in EXAMPLE_PAIRS[:1]]
+        if self.usage_examples is None:
+            self.usage_examples = [EXAMPLE_PAIRS[0][0], EXAMPLE_PAIRS[0][1], EXAMPLE_PAIRS[1][0]]
+        self.tags = list(dict.fromkeys([*self.tags, "st-prompts", "prompt-tuning"]))
+
+    def trained_share(self) -> str:
+        """``"73,728 of 22,786,176 (0.32 %)"`` for the model this card describes."""
+        if self.model is None:
+            return "unknown"
+        parameters = list(self.model.parameters())
+        trained = sum(p.numel() for p in parameters if p.requires_grad)
+        total = sum(p.numel() for p in parameters)
+        return f"{trained:,} of {total:,} ({100 * trained / max(total, 1):.2f} %)"
+
+    def get_default_model_name(self) -> str:
+        if self.method:
+            return f"{self.method.upper() if self.method != 'diffaug' else 'DiffAug'} on {self.backbone or 'its backbone'}"
+        return super().get_default_model_name()
+
+    def backbone_frozen(self) -> bool:
+        """Whether the model's backbone is frozen (a prompted encoder that keeps it so)."""
+        return any(getattr(module, "freeze_backbone", False) for module in (self.model or []))
+
+    @classmethod
+    def replacing(cls, card: SentenceTransformerModelCardData, **changes: Any) -> PromptsModelCardData:
+        """A card of this class holding everything ``card`` holds (``changes`` on top)."""
+        values = {f.name: getattr(card, f.name) for f in fields(card) if f.init and f.name in cls.__dataclass_fields__}
+        new = cls(**{**values, **changes})
+        for f in fields(card):  # what the card learnt since it was made (trainer callbacks, evaluations, ...)
+            value = getattr(card, f.name)
+            if not f.init and f.name != "template_path" and f.name in cls.__dataclass_fields__ and value:
+                setattr(new, f.name, value)
+        return new
+
+    def get_model_specific_metadata(self) -> dict[str, Any]:
+        metadata = super().get_model_specific_metadata()
+        if self.method is None:
+            return metadata
+        paper, url = PAPERS.get(self.method, (None, None))
+        kind = "prompts-only checkpoint" if self.prompts_only else "model"
+        metadata["st_prompts"] = {
+            "summary": (f"This {kind} was trained with st_prompts ({self.method}). Load it with st_prompts installed; "
+                        "`st_prompts.loading.load_sentence_model` loads only st_prompts' and sentence-transformers' "
+                        "own classes, while `SentenceTransformer(..., trust_remote_code=True)` trusts every class the "
+                        "folder names."),
+            "method": self.method,
+            "paper": paper,
+            "paper_url": url,
+            "backbone": self.backbone or "unknown",
+            "frozen": self.backbone_frozen(),
+            "trained": self.trained_share(),
+            "stsb_dev": f"{self.stsb_dev:.2f}" if self.stsb_dev is not None else None,
+            "prompts_only": self.prompts_only,
+        }
+        return metadata
+
+    def generate_usage_snippet(self) -> str:
+        model_id = self.model_id or "path/to/this/model"
+        examples = self.usage_examples_display or self.usage_examples or [p[0] for p in EXAMPLE_PAIRS]
+        lines = [
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "from st_prompts.loading import load_sentence_model",
+            "",
+            "# st_prompts' and sentence-transformers' own classes only (nothing else the folder names runs):",
+            f'model = load_sentence_model("{model_id}")',
+            "# or, trusting every class and auto_map the folder names:",
+            f'# model = SentenceTransformer("{model_id}", trust_remote_code=True)',
+            "sentences = [",
+            *(f"    {text!r}," for text in examples),
+            "]",
+            "embeddings = model.encode(sentences)",
+            "similarities = model.similarity(embeddings, embeddings)",
+            "```",
+        ]
+        return "\n".join(lines)
