@@ -13,7 +13,7 @@ SWITCH_RULES = ("steps", "diagnostics")
 #: ``--stage1-schedule`` values: the official one (linear decay over the stage-2 length, stage 1 stops before it
 #: ends) or a schedule that decays to 0 within stage 1.
 STAGE1_SCHEDULES = ("official", "stage1")
-#: ``--kappa-threshold`` default (see the README's DiffAug section for how it was chosen).
+#: ``--kappa-threshold`` default (docs/methods/diffaug.md says how it was chosen).
 DEFAULT_KAPPA_THRESHOLD = 0.0
 #: ``--pooling`` values: the template's [MASK] state (the paper), or no template and [CLS] / mean pooling of the last
 #: layer (the official code's ``apply_prompt=False``, which takes the last layer's [CLS] state).
