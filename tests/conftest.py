@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import (
     AlbertConfig,
+    AutoConfig,
     AutoModel,
     BertConfig,
     BertTokenizerFast,
@@ -37,8 +38,34 @@ CONFIGS = {
 }
 
 
+#: Tiny configs of the other architectures (AutoConfig.for_model): decoders with grouped-query attention, ModernBERT
+#: with one global and two local (sliding-window) layers, and two that compute attention themselves.
+OTHER_CONFIGS = {
+    "camembert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "modernbert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                       global_attn_every_n_layers=3, local_attention=4, cls_token_id=2, sep_token_id=3,
+                       bos_token_id=2, eos_token_id=3),
+    "llama": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64),
+    "mistral": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=64),
+    "qwen2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64),
+    "qwen3": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  intermediate_size=64),
+    "gemma3_text": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, intermediate_size=64, sliding_window=4),
+    "mpnet": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "deberta-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+}
+#: Causal decoders among them.
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+
+
 def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
     common = dict(vocab_size=vocab_size, pad_token_id=0, max_position_embeddings=max_positions)
+    if model_type in OTHER_CONFIGS:
+        return AutoConfig.for_model(model_type, **OTHER_CONFIGS[model_type], **common)
     if model_type == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
     kwargs = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
@@ -50,13 +77,15 @@ def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
 
 
 def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False,
-                       dropout: float | None = None) -> str:
+                       dropout: float | None = None, padding_side: str = "right") -> str:
     """Save a randomly initialised tiny backbone + a small WordPiece tokenizer to ``path``; return the path.
 
-    ``dropout`` sets the hidden and attention dropout (default: the config class's).
+    ``dropout`` sets the hidden and attention dropout (default: the config class's); ``padding_side`` the
+    tokenizer's (decoders are served with either).
     """
     os.makedirs(path, exist_ok=True)
-    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(SPECIAL + WORDS)}, do_lower_case=True,
+                                  padding_side=padding_side)
     assert tokenizer.convert_tokens_to_ids("guitar") == SPECIAL.index("[MASK]") + 1 + WORDS.index("guitar")
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)

@@ -77,3 +77,19 @@ def test_legacy_fit_trains_the_prompts(minilm_path, tmp_path):
     assert not torch.equal(before, after)
     assert torch.equal(backbone, model[0].auto_model.embeddings.word_embeddings.weight)
     assert loss.step == 2  # the loss counted its own optimisation steps (no callback in model.fit)
+
+
+def test_the_attention_path_gives_the_cache_paths_embeddings_on_minilm(minilm_path):
+    """On the real MiniLM, the prefix through the attention functions gives today's (cache path) sentence embeddings
+    within 1e-5: the official initialisation and a prefix 50 times larger, with [CLS] and mean pooling."""
+    texts = SENTENCES + ["A very long sentence about nothing in particular, " * 4]
+    for std in (None, 1.0):
+        embeddings = {}
+        for injection in ("attention", "cache"):
+            torch.manual_seed(0)
+            encoder = PromptedTransformer(minilm_path, prefix_length=16, prefix_init_std=std, prefix_injection=injection)
+            for mode in ("cls", "mean"):
+                model = SentenceTransformer(modules=[encoder, Pooling(384, pooling_mode=mode)], device="cpu")
+                embeddings[injection, mode] = model.encode(texts, convert_to_tensor=True, batch_size=4)
+        for mode in ("cls", "mean"):
+            assert (embeddings["attention", mode] - embeddings["cache", mode]).abs().max() < 1e-5, (std, mode)

@@ -116,31 +116,30 @@ def test_supported_architectures_carry_the_prefix(tiny_backbones, model_type):
     assert (prompted - reference).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("model_type", ["albert", "distilbert"])
-def test_unsupported_architectures_are_refused(tiny_backbones, model_type):
-    with pytest.raises(UnsupportedArchitectureError, match="Supported model types: bert, roberta"):
-        PromptedTransformer(tiny_backbones(model_type), prefix_length=3)
+def test_probe_catches_a_backbone_that_ignores_the_prompts(tiny_bert, monkeypatch):
+    """A backbone whose attention drops the prefix must not pass as a silent no-op."""
+    from st_prompts.prompts.injection import PrefixInjection
+
+    monkeypatch.setattr(PrefixInjection, "inject", lambda self, module, q, key, value, mask, *a: (key, value, mask))
+    with pytest.raises(UnsupportedArchitectureError, match="ignores the deep prompts"):
+        PromptedTransformer(tiny_bert, prefix_length=3)
 
 
-def test_probe_catches_a_backbone_that_ignores_the_cache(tiny_bert, monkeypatch):
-    """A backbone that accepts a cache but ignores it (ALBERT's behaviour) must not pass as a silent no-op."""
-    from st_prompts.modules import prompted_transformer as pt
+def test_probe_catches_a_backbone_that_drops_the_prompts_on_the_way_to_a_layer(tiny_bert, monkeypatch):
+    """A model that does not hand its keyword arguments down to every attention layer is refused."""
+    from transformers.models.bert import modeling_bert
 
-    original = pt.verify_prefix_takes_effect
+    from st_prompts.prompts.injection import PREFIX_KWARG
 
-    def ignoring_model(model, tokenizer, prefix_encoder):
-        forward = model.forward
+    real = modeling_bert.BertSelfAttention.forward
 
-        def forward_without_cache(*args, past_key_values=None, cache=None, attention_mask=None, **kwargs):
-            if attention_mask is not None:
-                attention_mask = attention_mask[:, -kwargs["input_ids"].shape[1]:]
-            return forward(*args, attention_mask=attention_mask, **kwargs)
+    def dropping(self, hidden_states, *args, **kwargs):
+        if self.layer_idx == 1:
+            kwargs.pop(PREFIX_KWARG, None)
+        return real(self, hidden_states, *args, **kwargs)
 
-        model.forward = forward_without_cache
-        original(model, tokenizer, prefix_encoder)
-
-    monkeypatch.setattr(pt, "verify_prefix_takes_effect", ignoring_model)
-    with pytest.raises(UnsupportedArchitectureError, match="ignores the deep-prompt cache"):
+    monkeypatch.setattr(modeling_bert.BertSelfAttention, "forward", dropping)
+    with pytest.raises(UnsupportedArchitectureError, match="1 of 2 calls"):
         PromptedTransformer(tiny_bert, prefix_length=3)
 
 
@@ -412,8 +411,9 @@ def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
     assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout
 
 
+@pytest.mark.parametrize("injection", ["attention", "cache"])
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
-def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type,
+def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type, injection,
                                                                                    monkeypatch):
     """At inference the prefix gets masked-out zero positions so that prefix + tokens is a multiple of 16 keys (the
     CPU attention kernel's fast case); the token embeddings are those of the unpadded prefix, with padded sentences
@@ -422,13 +422,18 @@ def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output
     from st_prompts.prompts.prefix import key_padding
 
     assert [key_padding(12, t) for t in (32, 4, 20, 37)] == [4, 0, 0, 15]
-    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5).eval()
+    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5, prefix_injection=injection).eval()
     torch.nn.init.normal_(encoder.prefix_encoder.embedding.weight)
     features = encoder.tokenize(["a man plays the guitar on a stage", "a dog", "two women are talking quietly"])
     lengths = []
-    real_cache = encoder.prefix_encoder.cache
-    monkeypatch.setattr(encoder.prefix_encoder, "cache",
-                        lambda values: lengths.append(values.shape[3]) or real_cache(values))
+    if injection == "cache":
+        real_cache = encoder.prefix_encoder.cache
+        monkeypatch.setattr(encoder.prefix_encoder, "cache",
+                            lambda values: lengths.append(values.shape[3]) or real_cache(values))
+    else:
+        real_injection = module.PrefixInjection
+        monkeypatch.setattr(module, "PrefixInjection",
+                            lambda values, mask: lengths.append(values.shape[3]) or real_injection(values, mask))
 
     def run(pad: bool, **extra):
         if not pad:

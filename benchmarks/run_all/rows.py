@@ -250,6 +250,8 @@ def run_settings(row: Row, seed: int, data_dir: Path, quick: bool, output_dir: s
 #: at that value a field is left out of the key, so the earlier runs stay cached and in the report.
 KEY_NEUTRAL_DEFAULTS: dict[str, Any] = {"pooling": "mask",  # DiffAug --pooling (stop 17)
                                         "gradient_accumulation_steps": 1}
+#: The same, per method, where a method's field has another earlier value than KEY_NEUTRAL_DEFAULTS says.
+METHOD_KEY_NEUTRAL_DEFAULTS: dict[str, dict[str, Any]] = {"dcpcse": {"pooling": "cls"}}  # DCPCSE --pooling
 #: Version of the initialisation of the trainable parts the benchmark's runs were made with, in the key of every run
 #: that trains a prefix or SimCSE's training-only MLP: 2 = as the official code (N(0, initializer_range), zero
 #: biases); runs made with torch's defaults (1) are stale.
@@ -263,12 +265,13 @@ def run_key(row: Row, seed: int, data_dir: Path, quick: bool) -> str:
     if row.method is not None:
         settings = dataclasses.asdict(run_settings(row, seed, data_dir, quick, output_dir=""))
         settings.pop("output_dir")
-        for name, default in KEY_NEUTRAL_DEFAULTS.items():
+        neutral = {**KEY_NEUTRAL_DEFAULTS, **METHOD_KEY_NEUTRAL_DEFAULTS.get(row.method, {})}
+        for name, default in neutral.items():
             if settings.get(name, default) == default:
                 settings.pop(name, None)
         # such a field's override is fully captured by the settings: the same run whether it comes from the row or
         # from the preset
-        spec["row"]["overrides"] = [o for o in spec["row"]["overrides"] if o[0] not in KEY_NEUTRAL_DEFAULTS]
+        spec["row"]["overrides"] = [o for o in spec["row"]["overrides"] if o[0] not in neutral]
         spec["settings"] = settings
         if "prefix_length" in settings or settings.get("mlp_head") == "train_only" or row.adapter == "peft-prefix":
             spec["initialisation"] = INITIALISATION_VERSION

@@ -1,87 +1,238 @@
-"""Which backbones can carry deep prompts, and how the prompts get into them (the key/value cache)."""
+"""Which backbones can carry deep prompts, and how the prompts get into them.
+
+A backbone is *inspected*, not looked up in a list: :func:`inspect_backbone` runs it once on two tokens with this
+package's attention functions (:mod:`st_prompts.prompts.injection`) and records every attention call: how many
+prefix layers it needs (one per call, so ALBERT's shared layer gets one prefix per application), the key/value heads
+and head size (grouped-query decoders have fewer key/value heads than query heads), whether the model is causal, and
+whether its positions are learned absolute embeddings (the prefix then shifts them, as the official DCPCSE code's
+key/value cache did) or rotary (the prefix has no position). A backbone whose attention does not go through
+transformers' attention interface (MPNet, DeBERTa-v2 compute it themselves), or does not pass the model's keyword
+arguments down to it, is refused with one line naming the tested types.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
+from dataclasses import dataclass
 
 import torch
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from st_prompts.errors import UnsupportedArchitectureError
-from st_prompts.prompts.prefix import PrefixEncoder
+from st_prompts.prompts.injection import (
+    BACKENDS,
+    LAYER_ATTRIBUTE,
+    PREFIX_KWARG,
+    PrefixInjection,
+    observe_attention_calls,
+    register_attention_functions,
+    wrapped_backend,
+)
+from st_prompts.prompts.prefix import PrefixDraw
 
-#: Backbones whose self-attention accepts a key/value cache in encoder mode (checked with transformers 5.23).
-#: ALBERT accepts a cache and ignores it, DistilBERT, DeBERTa-v2 and ModernBERT take none: they are refused.
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+logger = logging.getLogger(__name__)
+
+#: Model types tested with deep prompts (tiny random configs in the tests; BERT and Llama with real weights too).
+#: Others whose attention goes through transformers' attention interface are accepted with a warning.
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "distilbert", "albert",
+                         "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+#: Backbones whose forward also takes the prefix as a key/value cache in encoder mode (``prefix_injection="cache"``,
+#: the mechanism of PEFT and of this package before the attention interface).
+CACHE_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+#: How the prefix gets into the backbone: through the attention functions (every supported type), or as a cache.
+INJECTIONS = ("attention", "cache")
 
 
-def verify_prefix_takes_effect(model: torch.nn.Module, tokenizer, prefix_encoder: PrefixEncoder) -> None:
-    """Guard against backbones that accept a cache and silently ignore it (as ALBERT does)."""
+def _supported() -> str:
+    return f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
+
+
+@dataclass(frozen=True)
+class BackbonePlan:
+    """What :func:`inspect_backbone` found out about a backbone.
+
+    Attributes:
+        backend: the attention backend the prefix wraps (``"sdpa"`` or ``"eager"``).
+        layers: prefix layers, one per attention call of a forward pass.
+        kv_heads: key/value heads per layer (query heads in BERT-style models, fewer in grouped-query decoders).
+        head_dim: size of one head.
+        shared: some attention module runs more than once per pass (ALBERT).
+        causal: a causal decoder (every token attends to the prefix and to the tokens before it).
+        absolute_positions: learned absolute position embeddings: the text's positions start after the prefix.
+        forward_arguments: the keyword arguments the backbone's forward takes.
+    """
+
+    backend: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    shared: bool
+    causal: bool
+    absolute_positions: bool
+    forward_arguments: frozenset[str]
+
+
+class _Recorder(PrefixInjection):
+    """A prefix injection that injects nothing and records each attention call (module, key shape, causality)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[torch.nn.Module, int, int, bool]] = []
+
+    def inject(self, module, query, key, value, attention_mask, backend, kwargs):
+        is_causal = kwargs.get("is_causal")
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+        self.calls.append((module, key.shape[1], key.shape[-1], causal))
+        return key, value, attention_mask
+
+
+def forward_arguments(model: torch.nn.Module) -> frozenset[str]:
+    """The named parameters of ``model.forward`` (through torch.compile's wrapper)."""
+    return _forward_arguments(type(getattr(model, "_orig_mod", model)))
+
+
+@functools.cache
+def _forward_arguments(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
+def _probe_inputs(model: torch.nn.Module) -> dict:
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    input_ids = torch.tensor([[1 % vocab, 2 % vocab]], device=device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if "use_cache" in forward_arguments(model):
+        inputs["use_cache"] = False
+    return inputs
+
+
+def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
+    """Switch ``model`` to this package's attention functions and find out how it takes a prefix.
+
+    Sets ``config._attn_implementation`` to ``st_prompts_sdpa`` (or ``_eager``): without a prefix these compute
+    exactly what the backend does, so the backbone's outputs do not change. Marks each attention module with the
+    prefix layers it reads (:data:`~st_prompts.prompts.injection.LAYER_ATTRIBUTE`).
+
+    Raises:
+        UnsupportedArchitectureError: the attention does not go through the attention interface, or drops the
+            model's keyword arguments, or the prefix does not change the output; flash or flex attention (load the
+            backbone with ``attn_implementation="sdpa"``).
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", type(model).__name__)
+    backend = wrapped_backend(getattr(config, "_attn_implementation", None))
+    if backend is None:
+        raise UnsupportedArchitectureError(
+            f"Deep prompts wrap the 'sdpa' or 'eager' attention; this {model_type} backbone uses "
+            f"{config._attn_implementation!r}: load it with model_kwargs={{'attn_implementation': 'sdpa'}}."
+        )
+    register_attention_functions()
+    try:
+        model.set_attn_implementation(BACKENDS[backend])
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedArchitectureError(f"The {model_type} backbone cannot switch its attention function "
+                                           f"({str(exc).splitlines()[0]}). {_supported()}") from exc
+    for module in model.modules():
+        if hasattr(module, LAYER_ATTRIBUTE):
+            delattr(module, LAYER_ATTRIBUTE)
+
+    recorder = _Recorder()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), observe_attention_calls() as calls:
+            plain = model(**_probe_inputs(model), **{PREFIX_KWARG: recorder}).last_hidden_state
+    except TypeError as exc:  # a forward without **kwargs
+        raise UnsupportedArchitectureError(f"The {model_type} backbone takes no extra arguments to its attention "
+                                           f"({str(exc).splitlines()[0]}). {_supported()}") from exc
+    finally:
+        model.train(was_training)
+    if not recorder.calls:
+        raise UnsupportedArchitectureError(
+            f"The {model_type} backbone computes attention itself, not through transformers' attention interface: "
+            f"deep prompts cannot reach it. {_supported()}"
+        )
+    if len(calls) != len(recorder.calls):
+        raise UnsupportedArchitectureError(
+            f"The {model_type} backbone does not pass its arguments down to every attention layer "
+            f"({len(recorder.calls)} of {len(calls)} calls): deep prompts cannot reach them all. {_supported()}"
+        )
+    shapes = {(heads, size) for _, heads, size, _ in recorder.calls}
+    if len(shapes) != 1:
+        raise UnsupportedArchitectureError(f"The {model_type} backbone's layers differ in heads or head size "
+                                           f"({sorted(shapes)}): one prefix shape cannot fit them. {_supported()}")
+    (kv_heads, head_dim), = shapes
+    applications: dict[torch.nn.Module, list[int]] = {}
+    for index, (module, *_rest) in enumerate(recorder.calls):
+        applications.setdefault(module, []).append(index)
+    for module, layers in applications.items():
+        setattr(module, LAYER_ATTRIBUTE, tuple(layers))
+    embeddings = getattr(model, "embeddings", None)
+    plan = BackbonePlan(
+        backend=backend,
+        layers=len(recorder.calls),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        shared=any(len(layers) > 1 for layers in applications.values()),
+        causal=any(call[3] for call in recorder.calls),
+        absolute_positions=isinstance(getattr(embeddings, "position_embeddings", None), torch.nn.Embedding),
+        forward_arguments=forward_arguments(model),
+    )
+    _check_prefix_takes_effect(model, plan, plain, model_type)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        logger.warning(f"Deep prompts on {model_type!r}: its attention takes them, but this type is not among the "
+                       f"tested ones ({', '.join(SUPPORTED_MODEL_TYPES)}).")
+    return plan
+
+
+def _check_prefix_takes_effect(model, plan: BackbonePlan, plain: torch.Tensor, model_type: str) -> None:
+    """Guard against a silent no-op: a random one-position prefix must change the output."""
+    device = plain.device
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randn(2 * plan.layers, 1, plan.kv_heads, 1, plan.head_dim, generator=generator).to(device)
+    injection = PrefixInjection(PrefixDraw(prefix, 1), None)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            ids = [tokenizer.cls_token_id or 0, tokenizer.sep_token_id or 0]
-            device = next(model.parameters()).device
-            input_ids = torch.tensor([ids], device=device)
-            mask = torch.ones_like(input_ids)
-            plain = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            probe = PrefixEncoder(1, prefix_encoder.num_layers, prefix_encoder.num_heads,
-                                  prefix_encoder.head_dim, dropout=0.0, init_std=1.0).to(device)
-            cache = probe(1)
-            mask = torch.ones(1, 3, dtype=torch.long, device=device)
-            prompted = model(input_ids=input_ids, attention_mask=mask,
-                             **{cache_argument(model): cache}).last_hidden_state
-    except Exception as exc:  # the architecture rejects a cache
-        raise UnsupportedArchitectureError(
-            f"The backbone {type(model).__name__} rejected the deep-prompt key/value cache ({exc}). "
-            f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        ) from exc
+            prompted = model(**_probe_inputs(model), **{PREFIX_KWARG: injection}).last_hidden_state
     finally:
         model.train(was_training)
     if torch.allclose(plain.float(), prompted.float()):
-        raise UnsupportedArchitectureError(
-            f"The backbone {type(model).__name__} ignores the deep-prompt cache (its output does not change). "
-            f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+        raise UnsupportedArchitectureError(f"The {model_type} backbone ignores the deep prompts (its output does not "
+                                           f"change). {_supported()}")
 
 
 def cache_argument(model: torch.nn.Module) -> str:
-    """The keyword under which ``model.forward`` takes the key/value cache that carries the deep prompts.
+    """The keyword under which ``model.forward`` takes the key/value cache that carries the deep prompts on the cache
+    path (``prefix_injection="cache"``).
 
     transformers 5.24 renamed ``past_key_values`` to ``cache`` on the encoders (the old name is deprecated and goes in
-    5.40); earlier 5.x releases only know ``past_key_values``. Read off the signature (through the deprecation
-    wrapper) once per model class.
+    5.40); earlier 5.x releases only know ``past_key_values``.
     """
-    return _cache_argument(type(getattr(model, "_orig_mod", model)))  # torch.compile's wrapper: the model's own
+    return "cache" if "cache" in forward_arguments(model) else "past_key_values"
 
 
-@functools.lru_cache(maxsize=None)
-def _cache_argument(model_class: type) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+def check_injection(injection: str, model_type: str) -> None:
+    """Refuse an unknown injection, or the cache path on a backbone that cannot take a cache."""
+    if injection not in INJECTIONS:
+        raise UnsupportedArchitectureError(f"prefix_injection must be one of {', '.join(INJECTIONS)}, got "
+                                           f"{injection!r}.")
+    if injection == "cache" and model_type not in CACHE_MODEL_TYPES:
+        raise UnsupportedArchitectureError(f"prefix_injection='cache' needs a backbone that takes a key/value cache "
+                                           f"in encoder mode ({', '.join(CACHE_MODEL_TYPES)}); {model_type!r} "
+                                           "takes the prefix through its attention (prefix_injection='attention').")
 
 
-def allow_checkpointing_with_prefix(model: torch.nn.Module) -> None:
-    """Keep the deep prompts when activation (gradient) checkpointing is on.
-
-    transformers' checkpointed layers drop ``past_key_values`` (silently, apart from a log line) unless the layer
-    declares that it only reads the cache, because a recomputed layer would append to a stateful cache a second time.
-    The prefix cache is read-only (:class:`~st_prompts.prompts.prefix.PrefixCache`), so the layers of a prompted
-    backbone may keep it: ``model.gradient_checkpointing_enable()`` (or the trainer's ``gradient_checkpointing=True``)
-    then trades compute for activation memory without losing the prompts.
-    """
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module._can_checkpoint_with_cache = True
+#: Prefix dropout for a backbone whose config names no hidden dropout (decoders such as Llama have none): BERT's.
+DEFAULT_PREFIX_DROPOUT = 0.1
 
 
-def check_architecture(config) -> None:
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedArchitectureError(
-            f"Soft prompts are not supported on {config.model_type!r} backbones. Supported model types: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} (ALBERT accepts deep prompts but silently ignores them; DistilBERT, "
-            f"DeBERTa-v2 and ModernBERT cannot take them)."
-        )
-    if getattr(config, "is_decoder", False):
-        raise UnsupportedArchitectureError("PromptedTransformer needs an encoder (config.is_decoder must be False).")
+def backbone_dropout(config) -> float:
+    """The backbone's hidden dropout probability, DCPCSE's default prefix dropout: ``hidden_dropout_prob`` (BERT
+    family), ``dropout`` (DistilBERT), else :data:`DEFAULT_PREFIX_DROPOUT`."""
+    for name in ("hidden_dropout_prob", "dropout"):
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return DEFAULT_PREFIX_DROPOUT

@@ -53,6 +53,20 @@ def portable_backbone_reference(name_or_path: str) -> str:
     return os.path.abspath(name_or_path)
 
 
+def backbone_identity(name_or_path: str) -> tuple[str, str | None]:
+    """What two backbone names must share to be the same weights: the resolved folder (or hub id) and GGUF file."""
+    location, gguf_file, _ = utils.resolve_gguf(resolve_quietly(str(name_or_path)))
+    return (os.path.realpath(location) if os.path.exists(location) else location), gguf_file
+
+
+def load_backbone(name_or_path: str, **kwargs) -> torch.nn.Module:
+    """The plain transformers model behind a backbone name (packaged aliases and GGUF files resolved)."""
+    location, gguf_file, _ = utils.resolve_gguf(utils.resolve_model_name(str(name_or_path)))
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    return AutoModel.from_pretrained(location, **kwargs)
+
+
 def is_local_reference(reference: str) -> bool:
     """Whether a backbone reference is a local path (it loads only where that path exists)."""
     return os.path.isabs(reference)
@@ -104,6 +118,34 @@ def check_fingerprint(expected: str | None, backbone: torch.nn.Module, checkpoin
         )
 
 
+@contextmanager
+def dequantized_gguf(model: torch.nn.Module):
+    """Let transformers save a backbone loaded from a GGUF file whose weights it de-quantised on loading.
+
+    transformers marks such a model as quantized and refuses ``save_pretrained``, although without a GGUF kernel
+    (``kernels``) it holds plain float weights. Within this context the GGUF marker is lifted when every weight is a
+    plain floating-point tensor, so the folder gets an ordinary safetensors checkpoint that loads without the GGUF
+    file; weights still in GGUF blocks keep transformers' refusal.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    config = model.config
+    plain = type(quantizer).__name__ == "GgufHfQuantizer" and all(
+        type(p) is torch.nn.Parameter and p.is_floating_point() for p in model.parameters()
+    )
+    if not plain:
+        yield
+        return
+    had_config = "quantization_config" in config.__dict__
+    saved_config = config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+    try:
+        yield
+    finally:
+        model.hf_quantizer = quantizer
+        if had_config:
+            config.quantization_config = saved_config
+
+
 class PromptsCheckpointMixin:
     """Saving and loading of :class:`~st_prompts.PromptedTransformer`: full checkpoints (backbone + prompts) and
     prompts-only ones (:meth:`prompts_only`), with the backbone checks both need."""
@@ -121,8 +163,8 @@ class PromptsCheckpointMixin:
             return
         source = self.backbone_name_or_path
         try:
-            reference = AutoModel.from_pretrained(source)
-        except OSError as exc:
+            reference = load_backbone(source)
+        except (OSError, DataNotFoundError) as exc:
             raise BackboneMismatchError(
                 f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint referring to it could "
                 "not be loaded either. Save the full model with model.save(path)."
@@ -169,7 +211,8 @@ class PromptsCheckpointMixin:
                 )
             self.save_config(output_path)
         else:
-            super().save(output_path, safe_serialization=True)
+            with dequantized_gguf(self.auto_model):
+                super().save(output_path, safe_serialization=True)
         write_prompts(self.prompt_state_dict(), output_path)
 
     @classmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,15 +11,16 @@ from sentence_transformers.base.modules.transformer import Transformer
 
 from st_prompts import utils
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules.backbones import (
-    allow_checkpointing_with_prefix,
-    cache_argument,
-    check_architecture,
-    verify_prefix_takes_effect,
+from st_prompts.modules.backbones import backbone_dropout, cache_argument, check_injection, inspect_backbone
+from st_prompts.modules.checkpoint import (
+    PromptsCheckpointMixin,
+    backbone_identity,
+    portable_backbone_reference,
+    resolve_quietly,
 )
-from st_prompts.modules.checkpoint import PromptsCheckpointMixin, portable_backbone_reference, resolve_quietly
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
 from st_prompts.modules.model_card import PromptsModelCardData
+from st_prompts.modules.positions import PositionsMixin
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
     POSITION_IDS,
@@ -31,7 +31,8 @@ from st_prompts.prompts.features import (
     TEMPLATE_MASK_INDEX,
     TEMPLATE_TOKEN_EMBEDDINGS,
 )
-from st_prompts.prompts.prefix import PrefixEncoder, key_padding, pad_prefix
+from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
+from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
 from st_prompts.prompts.shallow import (
     ShallowPrompt,
     parse_template,
@@ -43,7 +44,7 @@ from st_prompts.prompts.shallow import (
 logger = logging.getLogger(__name__)
 
 
-class PromptedTransformer(PromptsCheckpointMixin, Transformer):
+class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
     """A drop-in replacement for sentence-transformers' ``Transformer`` that adds trainable soft prompts.
 
     Kinds of prompt, usable alone or together, all on one code path:
@@ -128,6 +129,7 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         "freeze_backbone",
         "backbone_name_or_path",
         "max_seq_length",
+        "prefix_injection",
     ]
 
     def __init__(
@@ -147,6 +149,7 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         freeze_backbone: bool = True,
         backbone_name_or_path: str | None = None,
         max_seq_length: int | None = None,
+        prefix_injection: str = "attention",
         **kwargs: Any,
     ) -> None:
         validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
@@ -158,12 +161,26 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         # Prompts need padded batches: never let sentence-transformers flatten (unpad) the inputs.
         kwargs["unpad_inputs"] = False
         # Aliases of the packaged MiniLM resolve here (fails fast when its package is missing: no hub retries).
-        model_name_or_path = utils.resolve_model_name(str(model_name_or_path))
-        super().__init__(model_name_or_path, **kwargs)
-        check_architecture(self.auto_model.config)
-        allow_checkpointing_with_prefix(self.auto_model)
-
+        requested = str(model_name_or_path)
+        model_name_or_path = utils.resolve_model_name(requested)
+        # A GGUF model (the packaged SmolLM2 "smollm2", or a .gguf file): transformers de-quantises it from its folder.
+        location, gguf_file, _ = utils.resolve_gguf(model_name_or_path)
+        if gguf_file:
+            for key in ("model_kwargs", "processor_kwargs", "config_kwargs"):
+                kwargs[key] = {"gguf_file": gguf_file, **(kwargs.get(key) or {})}
+            model_name_or_path = requested
+        super().__init__(location, **kwargs)
         config = self.auto_model.config
+        #: How this backbone takes the prompts (attention calls, heads, positions): see inspect_backbone.
+        self.backbone_plan = inspect_backbone(self.auto_model)
+        check_injection(prefix_injection, config.model_type)
+        self.prefix_injection = prefix_injection
+        if self.backbone_plan.causal and (template is not None or cls_prompt):
+            raise ConfigurationError(
+                f"A causal decoder ({config.model_type}) has no [CLS] and no [MASK] slot that later tokens read: "
+                "templates and the [CLS] prompt are for encoders; pool a decoder's last token or its mean "
+                "(pooling 'lasttoken' or 'mean') and let the deep prefix carry the prompt."
+            )
         self.prefix_length = prefix_length
         self.prefix_projection = prefix_projection
         self.prefix_hidden_size = prefix_hidden_size
@@ -184,19 +201,22 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         self._prompts_only_save = False
         # Whether the backbone's weights may differ from those at backbone_name_or_path: loaded from elsewhere (a full
         # checkpoint) or made trainable at some point. save_prompts_only then checks them (see there).
-        self._backbone_may_differ = os.path.realpath(model_name_or_path) != os.path.realpath(self.backbone_name_or_path)
-        self._position_offset = self._infer_flatten_position_offset()
+        self._backbone_may_differ = backbone_identity(model_name_or_path) != backbone_identity(self.backbone_name_or_path)
+        # RoBERTa-family position ids start at padding_idx + 1 (0 elsewhere); only learned absolute positions are
+        # shifted by the prefix (rotary models: the prefix has no position).
+        self._position_offset = self._infer_flatten_position_offset() if self.backbone_plan.absolute_positions else 0
 
         self.prefix_encoder: PrefixEncoder | None = None
         if prefix_length is not None:
+            plan = self.backbone_plan
             self.prefix_encoder = PrefixEncoder(
                 prefix_length=prefix_length,
-                num_layers=config.num_hidden_layers,
-                num_heads=config.num_attention_heads,
-                head_dim=config.hidden_size // config.num_attention_heads,
+                num_layers=plan.layers,
+                num_heads=plan.kv_heads,
+                head_dim=plan.head_dim,
                 projection=prefix_projection,
                 projection_hidden_size=prefix_hidden_size or config.hidden_size,
-                dropout=config.hidden_dropout_prob if prefix_dropout is None else prefix_dropout,
+                dropout=backbone_dropout(config) if prefix_dropout is None else prefix_dropout,
                 shared_dropout=self.prefix_dropout_shared,
                 init_std=self.initial_prefix_std,
             )
@@ -219,9 +239,9 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         if vector_ids:
             self.shallow_prompt = ShallowPrompt.from_token_ids(vector_ids, self.auto_model.get_input_embeddings().weight)
 
-        check_room_for_text(self.auto_model.config.max_position_embeddings, self._position_offset,
+        check_room_for_text(self.max_positions, self._position_offset,
                             self.tokenizer.num_special_tokens_to_add(pair=False), self.template_num_tokens,
-                            self.prefix_length)
+                            self.prefix_positions)
         self.freeze_backbone = freeze_backbone
         limit = self.max_position_limit
         if max_seq_length is None or max_seq_length > limit:
@@ -232,8 +252,6 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
                 )
             max_seq_length = min(self.tokenizer.model_max_length, limit)
         self.tokenizer.model_max_length = max_seq_length
-        if self.prefix_encoder is not None:
-            verify_prefix_takes_effect(self.auto_model, self.tokenizer, self.prefix_encoder)
 
     # ------------------------------------------------------------------ options
     @property
@@ -257,25 +275,6 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         if self.prefix_init_std is not None:
             return float(self.prefix_init_std)
         return float(getattr(self.auto_model.config, "initializer_range", None) or 0.02)
-
-    @property
-    def max_position_limit(self) -> int:
-        """The largest ``max_seq_length`` the position embeddings allow once the prefix takes its positions."""
-        config = self.auto_model.config
-        # RoBERTa-family position ids start at padding_idx + 1; transformers offsets them by the cache length.
-        return config.max_position_embeddings - self._position_offset - (self.prefix_length or 0)
-
-    @property
-    def max_seq_length(self) -> int:
-        """Maximum number of real tokens (special tokens and template included); longer texts are truncated."""
-        return self.tokenizer.model_max_length
-
-    @max_seq_length.setter
-    def max_seq_length(self, value: int) -> None:
-        if value is None or value > self.max_position_limit:
-            logger.warning(f"max_seq_length={value} exceeds what the backbone allows with the prefix; capping.")
-            value = self.max_position_limit
-        self.tokenizer.model_max_length = value
 
     @property
     def parsed_template(self):
@@ -311,26 +310,6 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
         or (for other local folders) an absolute path."""
         return portable_backbone_reference(self.backbone_name_or_path)
 
-    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The position ids of the real tokens: exactly what transformers computes from ``input_ids`` after a cache
-        of ``prefix_length`` positions, on every path (deep prefix, template, overrides).
-
-        BERT-style embeddings number the ``seq`` positions ``prefix_length, ..., prefix_length + seq - 1``; RoBERTa-
-        style ones (positions from ``padding_idx + 1``) number real tokens ``padding_idx + 1 + prefix_length + i`` and
-        give padding ``padding_idx``.
-
-        Args:
-            attention_mask: ``(batch, seq)`` mask of the real tokens (without the prefix).
-        """
-        prefix = self.prefix_length or 0
-        if self._position_offset:  # RoBERTa family
-            padding_idx = self._position_offset - 1
-            mask = (attention_mask != 0).long()
-            return (torch.cumsum(mask, dim=1) + prefix) * mask + padding_idx
-        batch, seq = attention_mask.shape
-        return (torch.arange(seq, device=attention_mask.device) + prefix).unsqueeze(0).expand(batch, seq)
-
-    # ------------------------------------------------------------------ checks
     # ------------------------------------------------------------------ preprocessing
     def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs) -> dict[str, Any]:
         """Tokenise texts. With a template, the sentence is put into the template's ``[X]`` slot and only the sentence
@@ -418,8 +397,11 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
             raise ConfigurationError(f"features['position_ids'] must have shape {tuple(input_ids.shape)}, got "
                                      f"{tuple(position_ids.shape)}.")
         model_inputs: dict[str, Any] = {"inputs_embeds": inputs_embeds, "position_ids": position_ids}
-        if "token_type_ids" in features:
+        accepted = self.backbone_plan.forward_arguments
+        if "token_type_ids" in features and "token_type_ids" in accepted:
             model_inputs["token_type_ids"] = features["token_type_ids"]
+        if "use_cache" in accepted:
+            model_inputs["use_cache"] = False
 
         prefix_mask = features.get(PREFIX_ATTENTION_MASK)
         if self.prefix_encoder is not None:
@@ -431,13 +413,17 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
                 raise ConfigurationError(f"features['{PREFIX_VALUES}'] holds a prefix for {values.shape[1]} rows, the "
                                          f"batch has {batch_size}.")
             features[PREFIX_VALUES] = values
+            self._check_checkpointing()
             if prefix_mask is None:
                 prefix_mask = attention_mask.new_ones(batch_size, self.prefix_length)
+                given_mask = False
             elif tuple(prefix_mask.shape) != (batch_size, self.prefix_length):
                 raise ConfigurationError(
                     f"features['prefix_attention_mask'] must have shape (batch, prefix_length) = "
                     f"{(batch_size, self.prefix_length)}, got {tuple(prefix_mask.shape)}."
                 )
+            else:
+                given_mask = True
             prefix_mask = prefix_mask.to(device=attention_mask.device, dtype=attention_mask.dtype)
             # At inference (no per-example draw), pad the keys to a multiple of 16 with masked-out positions: the
             # CPU attention kernel is up to twice as fast there (see key_padding). Not in training, where attention
@@ -448,13 +434,32 @@ class PromptedTransformer(PromptsCheckpointMixin, Transformer):
             if padding:
                 values = pad_prefix(values, padding)
                 prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(batch_size, padding)], dim=1)
-            model_inputs[cache_argument(self.auto_model)] = self.prefix_encoder.cache(values)
-            attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
+            if self.prefix_injection == "cache":
+                model_inputs[cache_argument(self.auto_model)] = self.prefix_encoder.cache(values)
+                attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
+            else:
+                if isinstance(values, torch.Tensor):
+                    values = PrefixDraw(values, values.shape[1])
+                model_inputs[PREFIX_KWARG] = PrefixInjection(values, prefix_mask if given_mask or padding else None)
         elif prefix_mask is not None:
             raise ConfigurationError("features['prefix_attention_mask'] was given but this encoder has no prefix.")
         output = self.auto_model(**model_inputs, attention_mask=attention_mask, return_dict=True)
         features["token_embeddings"] = output.last_hidden_state
         return features
+
+    def _check_checkpointing(self) -> None:
+        """Refuse activation checkpointing where a recomputed layer would read the wrong prefix."""
+        model = self.auto_model
+        # transformers 5.23 renamed the property (the old name warns); earlier 5.x releases only know the old one
+        name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else (
+            "is_gradient_checkpointing")
+        if not (self.training and getattr(model, name, False)):
+            return
+        if self.prefix_injection == "cache":
+            raise ConfigurationError("Gradient checkpointing drops a key/value cache: use prefix_injection='attention'.")
+        if self.backbone_plan.shared:
+            raise ConfigurationError("Gradient checkpointing cannot recompute a shared layer (ALBERT) with its own "
+                                     "prefix: train this backbone without it.")
 
     def _vector_slots(self, features: dict[str, Any]) -> torch.Tensor | None:
         """Which trainable vector goes to each input position (-1: none), or ``None`` when there is none."""

@@ -351,9 +351,20 @@ class _PrefixLayer(DynamicLayer):
         return self._cat(self.keys, self.keep[0], key_states), self._cat(self.values, self.keep[1], value_states)
 
     def _cat(self, prefix: torch.Tensor, keep: torch.Tensor | None, states: torch.Tensor) -> torch.Tensor:
-        if keep is None:
-            return torch.cat([prefix, states], dim=-2)
-        return _DroppedPrefixCat.apply(prefix, keep, self.scale, states)
+        return prefix_concat(prefix, keep, self.scale, states)
+
+
+def prefix_concat(prefix: torch.Tensor, keep: torch.Tensor | None, scale: torch.Tensor | None,
+                  states: torch.Tensor) -> torch.Tensor:
+    """One layer's prefix keys (or values) in front of the sequence's: ``torch.cat([prefix, states], dim=-2)``, with
+    the per-example dropout draw ``keep`` (scaled by ``scale``) applied on the way when there is one.
+
+    prefix: ``(1 or batch, heads, l, head_dim)``; keep: ``None`` or ``(batch, heads, l, head_dim)`` bool; states:
+    ``(batch, heads, length, head_dim)``.
+    """
+    if keep is None:
+        return torch.cat([prefix.expand(states.shape[0], -1, -1, -1), states], dim=-2)
+    return _DroppedPrefixCat.apply(prefix, keep, scale, states)
 
 
 class _DroppedPrefixCat(torch.autograd.Function):

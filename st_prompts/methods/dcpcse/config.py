@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import MLP_HEAD_MODES, MethodConfig, PrefixSettings, option
 
+#: Sentence vectors DCPCSE can pool (sentence-transformers' Pooling modes): [CLS] is the paper's.
+POOLING_MODES = ("cls", "mean", "lasttoken")
+
 #: DCPCSE table 3: backbone -> (batch size, learning rate, prefix length, MLM multi-task); 1 epoch
 UNSUPERVISED_TABLE = {
     "bert-base-uncased": (256, 3e-2, 16, False),
@@ -29,8 +32,10 @@ class DCPCSESettings(PrefixSettings):
 
     prefix_dropout_shared: bool = option(False, "one prefix dropout mask per batch instead of per example (less memory "
                                          "and time; the official code draws one per example)")
-    mlp_head: str = option("train_only", "SimCSE MLP over [CLS]: train_only, saved (kept at inference) or none",
-                           MLP_HEAD_MODES)
+    pooling: str = option("cls", "sentence vector: cls (the paper's), mean, or lasttoken (a decoder has no [CLS]: "
+                          "lasttoken or mean)", POOLING_MODES)
+    mlp_head: str = option("train_only", "SimCSE MLP over the pooled vector: train_only, saved (kept at inference) or "
+                           "none", MLP_HEAD_MODES)
     head_learning_rate: float | None = option(None, "learning rate of the MLP head (default: --learning-rate)")
     mlm_weight: float = option(0.0, "initial weight of the auxiliary MLM loss (paper: 0.1 where used)")
     mlm_decay: float = option(0.95, "MLM weight decay factor per --mlm-decay-steps optimizer steps")

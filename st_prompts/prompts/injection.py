@@ -1,0 +1,193 @@
+"""Deep prompts through transformers' attention interface: the prefix keys/values go in front of every layer's keys and
+values inside the attention function, without a key/value cache.
+
+transformers 5 computes attention through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` in BERT, RoBERTa,
+ELECTRA, DistilBERT, ALBERT, ModernBERT, Llama, Qwen, Mistral, Gemma and more, and passes the model's extra keyword
+arguments down to that function. This module registers two attention functions, ``st_prompts_sdpa`` and
+``st_prompts_eager``, each wrapping the backend of the same name: called with a :class:`PrefixInjection` under the
+keyword :data:`PREFIX_KWARG`, they put the layer's prefix keys/values in front of the sequence's and the prefix
+columns in front of the attention mask; called without it, they are the backend itself. The text's own mask (padding,
+causality, a sliding window) is built by the model as always and kept, so the prefix is visible to every token in
+every layer, global or local, and a rotary model's prefix enters after the rotation (it has no position).
+
+Why not a cache (what PEFT's prefix tuning and this package's first implementation use): DistilBERT and ModernBERT
+take none, ALBERT takes one and ignores it, and transformers 5.24 renamed the argument. Why not PEFT: it has no
+per-row views of a prefix (DiffAug) and wraps the backbone, which sentence-transformers must keep as a plain model.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
+from st_prompts.prompts.prefix import PrefixDraw, prefix_concat
+
+#: Keyword under which the model's forward carries the :class:`PrefixInjection` down to the attention functions.
+PREFIX_KWARG = "st_prompts_prefix"
+#: Attribute of each attention module: the prefix layers it reads, one per application (ALBERT applies one module
+#: to every layer), set by :func:`st_prompts.modules.backbones.inspect_backbone`.
+LAYER_ATTRIBUTE = "st_prompts_prefix_layers"
+#: The attention backends a prefix can wrap, and the name each wrapper is registered under.
+BACKENDS = {"sdpa": "st_prompts_sdpa", "eager": "st_prompts_eager"}
+
+
+def wrapped_backend(name: str | None) -> str | None:
+    """The backend (``"sdpa"``/``"eager"``) behind an attention implementation name, ours or transformers'."""
+    for backend, ours in BACKENDS.items():
+        if name in (backend, ours):
+            return backend
+    return None
+
+
+@functools.cache
+def _eager_function(module_class: type):
+    """The model's own eager attention (each modelling file defines ``eager_attention_forward``: scaling, soft-capping
+    and grouped heads differ between architectures)."""
+    function = getattr(sys.modules.get(module_class.__module__), "eager_attention_forward", None)
+    if function is None:
+        raise UnsupportedArchitectureError(f"{module_class.__name__} has no eager attention function to wrap; load "
+                                           "the backbone with attn_implementation='sdpa'.")
+    return function
+
+
+_observer = threading.local()
+
+
+@contextmanager
+def observe_attention_calls() -> Iterator[list[bool]]:
+    """Within this context (in this thread), every call of the attention functions appends whether it carried a
+    :class:`PrefixInjection` to the list yielded: how a backbone is checked to pass it to every layer."""
+    calls: list[bool] = []
+    _observer.calls = calls
+    try:
+        yield calls
+    finally:
+        _observer.calls = None
+
+
+def _attention(backend: str):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        injection = kwargs.pop(PREFIX_KWARG, None)
+        observed = getattr(_observer, "calls", None)
+        if observed is not None:
+            observed.append(injection is not None)
+        function = sdpa_attention_forward if backend == "sdpa" else _eager_function(type(module))
+        if injection is not None:
+            key, value, attention_mask = injection.inject(module, query, key, value, attention_mask, backend, kwargs)
+        return function(module, query, key, value, attention_mask, **kwargs)
+
+    attention.__name__ = attention.__qualname__ = BACKENDS[backend]
+    return attention
+
+
+def register_attention_functions() -> None:
+    """Register ``st_prompts_sdpa`` and ``st_prompts_eager`` with transformers' attention and mask interfaces (the
+    text's mask is built exactly as for the wrapped backend). Idempotent."""
+    for backend, name in BACKENDS.items():
+        if name not in AttentionInterface._global_mapping:
+            AttentionInterface.register(name, _attention(backend))
+            AttentionMaskInterface.register(name, sdpa_mask if backend == "sdpa" else eager_mask)
+
+
+class PrefixInjection:
+    """The prefix of one forward pass, handed to every attention call through the model's keyword arguments.
+
+    Args:
+        draw: the prefix keys/values (:class:`~st_prompts.prompts.prefix.PrefixDraw`, ``2L`` layers of
+            ``(1 or batch, kv_heads, l, head_dim)``; keys of layer ``i`` at ``2i``, values at ``2i + 1``).
+        prefix_mask: ``(batch, l)``, nonzero = attend (views of the prefix, masked padding positions), or ``None``
+            when every row attends to every position.
+    """
+
+    def __init__(self, draw: PrefixDraw, prefix_mask: torch.Tensor | None) -> None:
+        self.draw = draw
+        self.prefix = draw.prefix.unbind(0)
+        self.keep = draw.keep.unbind(0) if draw.keep is not None else None
+        self.visible = None if prefix_mask is None else prefix_mask.bool()
+        # All rows attend to all positions: sdpa may then run without a mask on a bidirectional model.
+        self.all_visible = self.visible is None or bool(self.visible.all())
+        self._applications: dict[int, int] = {}
+        self._masks: dict[tuple, tuple[Any, torch.Tensor | None]] = {}
+
+    def layer(self, module: torch.nn.Module) -> int:
+        """The prefix layer of this call of ``module``: its own, or for a module applied several times per pass
+        (ALBERT's shared layers), the next of its layers in order."""
+        layers = getattr(module, LAYER_ATTRIBUTE, None)
+        if not layers:
+            raise ConfigurationError(f"{type(module).__name__} was not inspected for deep prompts: build the "
+                                     "PromptedTransformer on this backbone.")
+        if len(layers) == 1:
+            return layers[0]
+        count = self._applications.get(id(module), 0)
+        self._applications[id(module)] = count + 1
+        return layers[count % len(layers)]
+
+    def inject(self, module, query, key, value, attention_mask, backend: str, kwargs: dict):
+        """``(keys, values, mask)`` with the prefix in front, for ``module``'s attention call."""
+        layer = self.layer(module)
+        batch = key.shape[0]
+        keys = self._concat(2 * layer, key, batch)
+        values = self._concat(2 * layer + 1, value, batch)
+        mask = self._mask(module, query, key.shape[2], attention_mask, backend, kwargs.get("is_causal"))
+        return keys, values, mask
+
+    def _concat(self, index: int, states: torch.Tensor, batch: int) -> torch.Tensor:
+        prefix = self.prefix[index]
+        if prefix.shape[1] != states.shape[1] or prefix.shape[-1] != states.shape[-1]:
+            raise ConfigurationError(f"The prefix has {prefix.shape[1]} heads of size {prefix.shape[-1]} but the layer "
+                                     f"has {states.shape[1]} of size {states.shape[-1]}.")
+        if prefix.dtype != states.dtype:
+            prefix = prefix.to(states.dtype)
+        keep = self.keep[index] if self.keep is not None else None
+        return prefix_concat(prefix, keep, self.draw.scale, states)
+
+    def _mask(self, module, query, text_keys: int, mask, backend: str, is_causal) -> torch.Tensor | None:
+        """The text's mask with the prefix columns in front (built once per pass and mask kind, then reused)."""
+        queries = query.shape[2]
+        causal = False
+        if mask is None and backend == "sdpa":
+            # What sdpa would have done without a mask: causal attention for a causal module (a decoder).
+            causal = queries > 1 and bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if mask is None and not causal and self.all_visible:
+            return None
+        cache_key = (id(mask), causal, queries, text_keys, backend)
+        cached = self._masks.get(cache_key)
+        if cached is not None and cached[0] is mask:
+            return cached[1]
+        device = query.device
+        if mask is None:
+            text = torch.ones(queries, text_keys, dtype=torch.bool, device=device)
+            if causal:
+                text = text.tril(text_keys - queries)
+            text = text.view(1, 1, queries, text_keys)
+            if backend == "eager":
+                text = _additive(text, query.dtype)
+        else:
+            text = mask
+        visible = self.visible
+        if visible is None:
+            visible = torch.ones(1, self.prefix[0].shape[2], dtype=torch.bool, device=device)
+        visible = visible.to(device).view(visible.shape[0], 1, 1, -1)
+        rows = max(visible.shape[0], text.shape[0])
+        heads = text.shape[1]
+        prefix_part = visible if text.dtype == torch.bool else _additive(visible, text.dtype)
+        combined = torch.cat([prefix_part.expand(rows, heads, text.shape[2], -1),
+                              text.expand(rows, heads, -1, -1)], dim=-1)
+        self._masks[cache_key] = (mask, combined)
+        return combined
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = attend) as the additive float mask eager attention takes."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)

@@ -1,0 +1,295 @@
+"""Deep prompts on every supported architecture, through the attention interface (tiny random configs).
+
+For each type: the prefix changes every layer's output; only the prompts get gradient; a row alone and the same row in
+a padded batch (either padding side for decoders) give the same embedding; save -> load and prompts-only -> load give
+identical embeddings; per-row prefix views; gradient checkpointing. Rotary models: a prefix no row attends to changes
+nothing (the text keeps its positions). Local attention: the prefix stays visible to every token. And the refusals.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+from conftest import DECODERS
+from st_prompts import PromptedTransformer, save_prompts_only
+from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
+from st_prompts.modules import PREFIX_ATTENTION_MASK, prefix_view_mask
+from st_prompts.modules.backbones import SUPPORTED_MODEL_TYPES
+from st_prompts.prompts import injection
+from st_prompts.prompts.injection import LAYER_ATTRIBUTE
+from st_prompts.prompts.prefix import key_padding
+
+ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "distilbert", "albert", "modernbert")
+ARCHITECTURES = ENCODERS + DECODERS
+ROTARY = ("modernbert", *DECODERS)
+SENTENCES = ["the man plays guitar .", "a dog runs in the park with a red car and a big tree", "the cat",
+             "this is happy music"]
+
+
+def pooling(model_type: str) -> str:
+    return "lasttoken" if model_type in DECODERS else "mean"
+
+
+def prompted(path: str, length: int = 3, **kwargs) -> PromptedTransformer:
+    torch.manual_seed(0)
+    encoder = PromptedTransformer(path, prefix_length=length, **kwargs)
+    with torch.no_grad():  # a prefix large enough to move every output clearly
+        encoder.prefix_encoder.embedding.weight.normal_()
+    return encoder
+
+
+def sentence_model(encoder: PromptedTransformer, model_type: str) -> SentenceTransformer:
+    pool = Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling(model_type))
+    return SentenceTransformer(modules=[encoder, pool], device="cpu")
+
+
+def encode(model: SentenceTransformer, texts) -> torch.Tensor:
+    return model.encode(list(texts), convert_to_tensor=True, batch_size=len(texts))
+
+
+class LayerOutputs:
+    """Records the output of every attention call (ALBERT's shared layer once per application)."""
+
+    def __init__(self, encoder: PromptedTransformer) -> None:
+        self.outputs: list[torch.Tensor] = []
+        self.handles = [module.register_forward_hook(self.hook) for module in encoder.auto_model.modules()
+                        if getattr(module, LAYER_ATTRIBUTE, None)]
+
+    def hook(self, module, args, output):
+        self.outputs.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_the_prefix_changes_every_layer(tiny_backbones, model_type):
+    encoder = prompted(tiny_backbones(model_type)).eval()
+    features = encoder.preprocess(SENTENCES)
+    hidden = torch.zeros_like(features["attention_mask"][:, :1]).expand(-1, 3)
+    with torch.no_grad(), LayerOutputs(encoder) as on:
+        encoder(dict(features))
+    with torch.no_grad(), LayerOutputs(encoder) as off:
+        encoder({**features, PREFIX_ATTENTION_MASK: torch.zeros_like(hidden)})
+    assert len(on.outputs) == encoder.prefix_encoder.num_layers == len(off.outputs)
+    for a, b in zip(on.outputs, off.outputs):
+        assert (a - b).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("model_type", ROTARY)
+def test_a_prefix_no_row_attends_to_changes_nothing_on_rotary_models(tiny_backbones, model_type):
+    """Rotary positions: the prefix enters after the rotation and the text keeps its positions, so a prefix of zeros
+    that every row masks out gives the plain backbone's outputs."""
+    path = tiny_backbones(model_type)
+    encoder = prompted(path).eval()
+    with torch.no_grad():
+        encoder.prefix_encoder.embedding.weight.zero_()
+    plain = Transformer(path).eval()
+    features = encoder.preprocess(SENTENCES)
+    mask = features["attention_mask"].bool()
+    with torch.no_grad():
+        ours = encoder({**features, PREFIX_ATTENTION_MASK: torch.zeros(len(SENTENCES), 3)})["token_embeddings"]
+        reference = plain(dict(features))["token_embeddings"]
+    assert torch.allclose(ours[mask], reference[mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_only_the_prompts_get_gradient(tiny_backbones, model_type):
+    encoder = prompted(tiny_backbones(model_type)).train()
+    out = encoder(dict(encoder.preprocess(SENTENCES)))["token_embeddings"]
+    out.pow(2).mean().backward()
+    prompts = {id(p) for p in encoder.prompt_parameters()}
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.prompt_parameters())
+    assert all(p.grad is None for p in encoder.parameters() if id(p) not in prompts)
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_a_row_alone_equals_the_row_in_a_padded_batch(tiny_backbones, model_type):
+    model = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
+    batch = encode(model, SENTENCES)
+    for i, sentence in enumerate(SENTENCES):
+        assert torch.allclose(encode(model, [sentence])[0], batch[i], atol=1e-5), sentence
+
+
+@pytest.mark.parametrize("model_type", DECODERS)
+def test_decoders_give_the_same_embedding_with_left_or_right_padding(tiny_backbones, model_type):
+    right = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
+    left_encoder = prompted(tiny_backbones(model_type, padding_side="left")).eval()
+    assert left_encoder.tokenizer.padding_side == "left"
+    left = sentence_model(left_encoder, model_type)
+    for mode in ("lasttoken", "mean"):
+        right[1].pooling_mode = left[1].pooling_mode = mode
+        right[1].__init__(right[1].embedding_dimension, pooling_mode=mode)
+        left[1].__init__(left[1].embedding_dimension, pooling_mode=mode)
+        assert torch.allclose(encode(right, SENTENCES), encode(left, SENTENCES), atol=1e-5), mode
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_save_load_and_prompts_only_give_identical_embeddings(tiny_backbones, model_type, tmp_path):
+    model = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
+    expected = encode(model, SENTENCES)
+    model.save(str(tmp_path / "full"))
+    save_prompts_only(model, str(tmp_path / "prompts"))
+    for folder in ("full", "prompts"):
+        loaded = SentenceTransformer(str(tmp_path / folder), trust_remote_code=True, device="cpu")
+        assert torch.equal(encode(loaded, SENTENCES), expected), folder
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_rows_attend_to_their_own_view_of_the_prefix_in_one_pass(tiny_backbones, model_type):
+    encoder = prompted(tiny_backbones(model_type), length=4).eval()
+    features = encoder.preprocess(SENTENCES)
+    views = [0, 1, 1, 0]
+    with torch.no_grad():
+        mixed = encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, views)})["token_embeddings"]
+        for view in (0, 1):
+            alone = encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, view)})["token_embeddings"]
+            rows = [i for i, v in enumerate(views) if v == view]
+            assert torch.allclose(mixed[rows], alone[rows], atol=1e-5)
+        assert not torch.allclose(mixed[0], encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, 1)})
+                                  ["token_embeddings"][0], atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ARCHITECTURES if t != "albert"])
+def test_gradient_checkpointing_keeps_the_prefix(tiny_backbones, model_type):
+    encoder = prompted(tiny_backbones(model_type)).train()
+    features = encoder.preprocess(SENTENCES)
+    encoder.prefix_encoder.dropout.p = 0.0  # the same numbers with and without recomputation
+
+    def step():
+        encoder.zero_grad()
+        torch.manual_seed(1)
+        out = encoder(dict(features))["token_embeddings"]
+        out.pow(2).mean().backward()
+        return out.detach(), encoder.prefix_encoder.embedding.weight.grad.clone()
+
+    for module in encoder.auto_model.modules():  # no dropout: recomputation must give the same numbers
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    plain_out, plain_grad = step()
+    encoder.auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert encoder.auto_model.is_gradient_checkpointing
+    out, grad = step()
+    assert torch.allclose(out, plain_out, atol=1e-5) and torch.allclose(grad, plain_grad, atol=1e-6)
+
+
+def test_albert_gets_one_prefix_per_application_of_its_shared_layer(tiny_backbones, monkeypatch):
+    """ALBERT applies one attention module to every layer: the prefix has a layer per application, read in order."""
+    encoder = prompted(tiny_backbones("albert"))
+    modules = [m for m in encoder.auto_model.modules() if getattr(m, LAYER_ATTRIBUTE, None)]
+    config = encoder.auto_model.config
+    assert len(modules) == 1 and getattr(modules[0], LAYER_ATTRIBUTE) == tuple(range(config.num_hidden_layers))
+    assert encoder.prefix_encoder.num_layers == config.num_hidden_layers and encoder.backbone_plan.shared
+    seen = []
+    real = injection.PrefixInjection.layer
+    encoder.eval()
+    with torch.no_grad():
+        injection.PrefixInjection.layer = lambda self, module: seen.append(real(self, module)) or seen[-1]
+        try:
+            encoder(dict(encoder.preprocess(SENTENCES)))
+            encoder(dict(encoder.preprocess(SENTENCES)))
+        finally:
+            injection.PrefixInjection.layer = real
+    assert seen == [0, 1, 0, 1]
+    # transformers checkpoints no ALBERT layer; were it to, a recomputed shared layer would read the wrong prefix
+    assert not encoder.auto_model.supports_gradient_checkpointing
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        monkeypatch.setattr(type(encoder.auto_model), name, property(lambda self: True), raising=False)
+    encoder.train()
+    with pytest.raises(ConfigurationError, match="shared layer"):
+        encoder(dict(encoder.preprocess(SENTENCES)))
+
+
+def test_grouped_query_decoders_get_a_prefix_of_their_key_value_heads(tiny_backbones):
+    encoder = prompted(tiny_backbones("qwen3"))
+    config = encoder.auto_model.config
+    assert encoder.backbone_plan.kv_heads == config.num_key_value_heads < config.num_attention_heads
+    assert encoder.prefix_encoder.num_heads == config.num_key_value_heads
+    assert encoder.backbone_plan.causal and not encoder.backbone_plan.absolute_positions
+
+
+def test_local_attention_layers_see_the_whole_prefix(tiny_backbones, monkeypatch):
+    """ModernBERT's local (sliding-window) layers: every token attends to every prefix position, and the text part
+    of the mask keeps its window."""
+    encoder = prompted(tiny_backbones("modernbert"), length=3).eval()
+    masks = []
+    real = injection.sdpa_attention_forward
+
+    def spy(module, query, key, value, mask, **kwargs):
+        masks.append(mask)
+        return real(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setattr(injection, "sdpa_attention_forward", spy)
+    features = encoder.preprocess(["a man plays the guitar on a big red car in the park with a dog"])
+    with torch.no_grad():
+        encoder(dict(features))
+    tokens = features["input_ids"].shape[1]
+    padding = key_padding(3, tokens)  # inference pads the prefix with masked positions to a multiple of 16 keys
+    assert len(masks) == 3 and all(m is not None and m.shape[-1] == 3 + padding + tokens for m in masks)
+    assert all(bool(m[..., :3].all()) and not bool(m[..., 3:3 + padding].any()) for m in masks)
+    text = [m[..., 3 + padding:] for m in masks]
+    assert bool(text[0].all()) and not bool(text[1].all()) and not bool(text[2].all())  # layer 0 global, 1-2 local
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "bert"])
+def test_templates_and_the_cls_prompt_work_on_encoders(tiny_backbones, model_type):
+    path = tiny_backbones(model_type)
+    encoder = PromptedTransformer(path, prefix_length=2, template='this sentence : "[X]" means [MASK] .',
+                                  cls_prompt=True).eval()
+    with torch.no_grad():
+        out = encoder(dict(encoder.preprocess(SENTENCES)))["token_embeddings"]
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("option", [{"cls_prompt": True}, {"template": 'this sentence : "[X]" means [MASK] .'}])
+def test_decoders_refuse_templates_and_the_cls_prompt_in_one_line(tiny_backbones, option):
+    with pytest.raises(ConfigurationError, match="causal decoder.*lasttoken") as caught:
+        PromptedTransformer(tiny_backbones("llama"), prefix_length=2, **option)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("model_type", ["mpnet", "deberta-v2"])
+def test_backbones_computing_attention_themselves_are_refused_in_one_line(tiny_backbones, model_type):
+    with pytest.raises(UnsupportedArchitectureError, match="Supported model types: bert, roberta") as caught:
+        PromptedTransformer(tiny_backbones(model_type), prefix_length=3)
+    message = str(caught.value)
+    assert "\n" not in message and all(t in message for t in SUPPORTED_MODEL_TYPES)
+
+
+def test_the_cache_path_is_refused_where_the_backbone_takes_no_cache(tiny_backbones):
+    with pytest.raises(UnsupportedArchitectureError, match="prefix_injection='cache'"):
+        PromptedTransformer(tiny_backbones("distilbert"), prefix_length=3, prefix_injection="cache")
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta", "electra", "camembert"])
+def test_the_attention_path_computes_what_the_cache_path_computes(tiny_backbones, model_type):
+    """On the backbones that also take a key/value cache (PEFT's mechanism, and this package's before): the same
+    token embeddings and the same gradients, in training (per-example prefix dropout, the same draw) and at inference,
+    with padding, per-row views, a soft template and a [CLS] prompt, and the official position shift."""
+    path = tiny_backbones(model_type)
+    options = dict(prefix_length=4, template='this sentence : "[X]" means [MASK] .', cls_prompt=True)
+    encoders = {}
+    for injection_kind in ("attention", "cache"):
+        torch.manual_seed(0)
+        encoders[injection_kind] = PromptedTransformer(path, prefix_injection=injection_kind, **options)
+    encoders["cache"].load_state_dict(encoders["attention"].state_dict())
+    features = encoders["attention"].preprocess(SENTENCES)
+    views = {PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 1, 0])}
+    for training in (False, True):
+        results = {}
+        for kind, encoder in encoders.items():
+            encoder.train(training).zero_grad()
+            torch.manual_seed(3)
+            out = encoder({**features, **views})["token_embeddings"]
+            out.pow(2).mean().backward()
+            results[kind] = (out.detach(), [p.grad.clone() for p in encoder.prompt_parameters()])
+        (a, grads_a), (b, grads_b) = results["attention"], results["cache"]
+        assert torch.allclose(a, b, atol=1e-5), training
+        assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(grads_a, grads_b)), training
