@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
-from st_prompts.errors import ConfigurationError, DataNotFoundError
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
 
 _TEXT_WIDTH = 200
 
@@ -102,6 +102,8 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--processes", type=int, default=None,
                        help="encode with sentence-transformers' multi-process pool of N CPU workers")
     build.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    build.add_argument("--task", default=None, help="a prompt set of a bank (st-prompts bank) that encodes the "
+                       "documents and, when searching, the queries (default: the model's document and query sets)")
     add_trust_remote_code_argument(build)
     build.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds an index")
     add_no_progress_argument(build)
@@ -126,6 +128,8 @@ def _add_search(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--mmap", action="store_true",
                         help="memory-map the index instead of reading it into RAM (for indexes larger than RAM)")
     search.add_argument("--device", default=None, help="device to encode on")
+    search.add_argument("--task", default=None, help="the prompt set that encoded the index (checked; default: the "
+                        "one the index records)")
     add_trust_remote_code_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
     search.set_defaults(func=run_search)
@@ -262,6 +266,7 @@ def run_build(args: argparse.Namespace) -> int:
             model_name=_recorded_model_name(args.model),
             target_recall=target,
             calibration_queries=calibration_queries,
+            task=args.task,
             **encoding,
             **params,
         )
@@ -311,6 +316,9 @@ def run_search(args: argparse.Namespace) -> int:
     check_queries(args.queries)
     with _warnings_as_messages():
         index = SemanticIndex.load(args.index, mmap=args.mmap)
+        recorded = index.model_identity.task if index.model_identity is not None else None
+        if args.task is not None and args.task != recorded:
+            raise BackboneMismatchError(f"{args.index} was encoded with the prompt set {recorded!r}, not {args.task!r}")
         if args.nprobe is not None or args.ef_search is not None or args.rerank is not None:
             index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search, rerank=args.rerank)
         if args.model is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from st_prompts.errors import UnsupportedArchitectureError
+from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
 from st_prompts.prompts.injection import (
     BACKENDS,
     LAYER_ATTRIBUTE,
@@ -236,3 +236,18 @@ def backbone_dropout(config) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return DEFAULT_PREFIX_DROPOUT
+
+
+def check_checkpointing(encoder) -> None:
+    """Refuse activation checkpointing where a recomputed layer would read the wrong prefix."""
+    model = encoder.auto_model
+    # transformers 5.23 renamed the property (the old name warns); earlier 5.x releases only know the old one
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else (
+        "is_gradient_checkpointing")
+    if not (encoder.training and getattr(model, name, False)):
+        return
+    if encoder.prefix_injection == "cache":
+        raise ConfigurationError("Gradient checkpointing drops a key/value cache: use prefix_injection='attention'.")
+    if encoder.backbone_plan.shared:
+        raise ConfigurationError("Gradient checkpointing cannot recompute a shared layer (ALBERT) with its own "
+                                 "prefix: train this backbone without it.")

@@ -150,6 +150,16 @@ class PromptsCheckpointMixin:
     """Saving and loading of :class:`~st_prompts.PromptedTransformer`: full checkpoints (backbone + prompts) and
     prompts-only ones (:meth:`prompts_only`), with the backbone checks both need."""
 
+    def prompt_state_dict(self) -> dict[str, torch.Tensor]:
+        """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
+
+    @property
+    def backbone_reference(self) -> str:
+        """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
+        or (for other local folders) an absolute path."""
+        return portable_backbone_reference(self.backbone_name_or_path)
+
     def check_backbone_unchanged(self) -> None:
         """Make sure the backbone's weights are those at :attr:`backbone_name_or_path` (what a prompts-only checkpoint
         refers to); raise :class:`~st_prompts.errors.BackboneMismatchError` if they differ.

@@ -11,14 +11,15 @@ MIN_TEXT_TOKENS = 8
 
 
 def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
-                             prefix_init_std=None) -> None:
+                             prefix_init_std=None, bank: bool = False) -> None:
     if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
         raise ConfigurationError(
             f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
         )
-    if prefix_length is None and template is None and not cls_prompt:
+    if prefix_length is None and template is None and not cls_prompt and not bank:
         raise ConfigurationError(
-            "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, or a combination."
+            "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, prompt_sets (a bank), or a "
+            "combination."
         )
     if template is not None and not isinstance(template, str):
         raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")

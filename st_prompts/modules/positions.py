@@ -6,6 +6,8 @@ import logging
 
 import torch
 
+from st_prompts.modules.checks import check_room_for_text
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,9 +23,26 @@ class PositionsMixin:
 
     @property
     def prefix_positions(self) -> int:
-        """Positions the prefix takes from the text: ``prefix_length`` with learned absolute positions (the text
-        starts after the prefix, as after a key/value cache in the official DCPCSE code), 0 with rotary positions."""
-        return (self.prefix_length or 0) if self.backbone_plan.absolute_positions else 0
+        """Positions the prefix takes from the text: the longest prefix (own or of a prompt set) with learned absolute
+        positions (the text starts after the prefix, as after a key/value cache in the official DCPCSE code), 0 with
+        rotary positions."""
+        if not self.backbone_plan.absolute_positions:
+            return 0
+        sets = getattr(self, "prompt_sets", None) or {}
+        return max([self.prefix_length or 0, *(encoder.prefix_length for encoder in sets.values())])
+
+    def _check_room(self, prefix_length: int) -> None:
+        """Make room for a prompt set of ``prefix_length`` positions (a shorter ``max_seq_length`` if need be)."""
+        if not self.backbone_plan.absolute_positions:
+            return
+        check_room_for_text(self.max_positions, self._position_offset,
+                            self.tokenizer.num_special_tokens_to_add(pair=False), self.template_num_tokens,
+                            prefix_length)
+        limit = self.max_positions - self._position_offset - max(self.prefix_positions, prefix_length)
+        if self.tokenizer.model_max_length > limit:
+            logger.warning(f"max_seq_length={self.tokenizer.model_max_length} does not fit a prefix of {prefix_length} "
+                           f"positions; using {limit}.")
+            self.tokenizer.model_max_length = limit
 
     @property
     def max_positions(self) -> int:
@@ -48,7 +67,8 @@ class PositionsMixin:
             value = self.max_position_limit
         self.tokenizer.model_max_length = value
 
-    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+    def position_ids(self, attention_mask: torch.Tensor, prefix_lengths: int | torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """The position ids of the real tokens, on every path (deep prefix, template, overrides).
 
         Learned absolute positions: exactly what transformers computes from ``input_ids`` after a cache of
@@ -58,6 +78,8 @@ class PositionsMixin:
 
         Args:
             attention_mask: ``(batch, seq)`` mask of the real tokens (without the prefix).
+            prefix_lengths: the prefix length of the pass, or of each row (``(batch,)``: rows of several prompt sets);
+                default ``prefix_length``.
 
         Rotary positions: ``0, 1, ...`` over the real tokens, whichever side the padding is on.
         """
@@ -65,11 +87,13 @@ class PositionsMixin:
             # Rotary (or no) positions: the text keeps the positions it has without a prefix, counted over the real
             # tokens so that left and right padding give a row the same positions.
             return (torch.cumsum(attention_mask.long(), dim=1) - 1).clamp(min=0)
-        prefix = self.prefix_length or 0
+        prefix = (self.prefix_length or 0) if prefix_lengths is None else prefix_lengths
+        if isinstance(prefix, torch.Tensor):
+            prefix = prefix.to(attention_mask.device).view(-1, 1)
         if self._position_offset:  # RoBERTa family
             padding_idx = self._position_offset - 1
             mask = (attention_mask != 0).long()
             return (torch.cumsum(mask, dim=1) + prefix) * mask + padding_idx
         batch, seq = attention_mask.shape
-        return (torch.arange(seq, device=attention_mask.device) + prefix).unsqueeze(0).expand(batch, seq)
+        return (torch.arange(seq, device=attention_mask.device).unsqueeze(0) + prefix).expand(batch, seq)
 

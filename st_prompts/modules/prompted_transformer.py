@@ -11,21 +11,23 @@ from sentence_transformers.base.modules.transformer import Transformer
 
 from st_prompts import utils
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules.backbones import backbone_dropout, cache_argument, check_injection, inspect_backbone
+from st_prompts.modules.backbones import cache_argument, check_checkpointing, check_injection, inspect_backbone
 from st_prompts.modules.checkpoint import (
     PromptsCheckpointMixin,
     backbone_identity,
-    portable_backbone_reference,
     resolve_quietly,
 )
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
 from st_prompts.modules.model_card import PromptsModelCardData
 from st_prompts.modules.positions import PositionsMixin
+from st_prompts.modules.prompt_sets import PromptSetsMixin
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
     POSITION_IDS,
     PREFIX_ATTENTION_MASK,
     PREFIX_VALUES,
+    PROMPT_TASK,
+    PROMPT_TASKS,
     SOFT_PROMPT_POSITIONS,
     TEMPLATE_DENOISING,
     TEMPLATE_MASK_INDEX,
@@ -44,7 +46,7 @@ from st_prompts.prompts.shallow import (
 logger = logging.getLogger(__name__)
 
 
-class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
+class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixin, Transformer):
     """A drop-in replacement for sentence-transformers' ``Transformer`` that adds trainable soft prompts.
 
     Kinds of prompt, usable alone or together, all on one code path:
@@ -62,26 +64,23 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
       at position 0 for that call, e.g. to condition a second pass of the encoder on a sentence vector; it is not
       detached (gradient flows into it) and takes precedence over the [CLS] prompt.
 
-    Every forward computes explicit ``position_ids`` (real tokens start after the prefix, numbered exactly as
-    transformers numbers ``input_ids`` after a cache of ``prefix_length``, for BERT- and RoBERTa-style position
-    embeddings alike) and feeds the backbone ``inputs_embeds``; ``features["position_ids"]`` overrides them (see
-    :meth:`template_only_features`).
+    * **prompt sets** (``prompt_sets``): named deep prefixes on the same backbone, chosen per call
+      (``encode(task=...)``) or per row, in one forward pass (:mod:`~st_prompts.modules.prompt_sets`).
+
+    The prefix reaches every layer through transformers' attention interface (:mod:`~st_prompts.prompts.injection`;
+    the supported backbones: :data:`~st_prompts.modules.backbones.SUPPORTED_MODEL_TYPES`). Every forward computes
+    explicit ``position_ids`` (:class:`~st_prompts.modules.positions.PositionsMixin`) and feeds the backbone
+    ``inputs_embeds``; ``features["position_ids"]`` overrides them (see :meth:`template_only_features`).
 
     With ``freeze_backbone=True`` (the default) only the prompts receive gradients. The backbone still follows the
     module's train/eval mode, so in training its dropout makes the two views of a SimCSE positive pair differ.
 
-    Example::
-
-        from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import Pooling
-        from st_prompts import PromptedTransformer
-
-        encoder = PromptedTransformer("bert-base-uncased", prefix_length=16)
-        model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+    Example: ``SentenceTransformer(modules=[encoder := PromptedTransformer("bert-base-uncased", prefix_length=16),
+    Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])``.
 
     Args:
         model_name_or_path: backbone name on the hub, local path, or an alias of the packaged MiniLM (``"minilm"``,
-            see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`). BERT, RoBERTa, XLM-R, ELECTRA, CamemBERT.
+            see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`), ``"smollm2"`` or a ``.gguf`` file.
         prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
         prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
         prefix_hidden_size: hidden size of that MLP (DCPCSE: 512; ``None``: the backbone's hidden size, DiffAug).
@@ -104,6 +103,11 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
             packaged alias, a hub id, or an absolute path) and used by prompts-only checkpoints (defaults to
             ``model_name_or_path``).
         max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
+        prefix_injection: ``"attention"`` (default, every supported backbone) or ``"cache"`` (a key/value cache, the
+            BERT family only; the same outputs).
+        prompt_sets: named prompt sets, name -> options of :meth:`new_prompt_set` (their weights load with the
+            module); ``default_task``: the set used without ``task`` (``None``: the module's own prefix, else the
+            plain backbone); ``query_task``/``document_task``: the sets of ``encode_query``/``encode_document``.
         **kwargs: passed on to :class:`sentence_transformers.base.modules.Transformer` (``model_kwargs``,
             ``processor_kwargs``, ``config_kwargs``, ...).
 
@@ -130,6 +134,10 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         "backbone_name_or_path",
         "max_seq_length",
         "prefix_injection",
+        "prompt_sets",
+        "default_task",
+        "query_task",
+        "document_task",
     ]
 
     def __init__(
@@ -150,10 +158,14 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         backbone_name_or_path: str | None = None,
         max_seq_length: int | None = None,
         prefix_injection: str = "attention",
+        prompt_sets: dict[str, dict[str, Any]] | None = None,
+        default_task: str | None = None,
+        query_task: str | None = None,
+        document_task: str | None = None,
         **kwargs: Any,
     ) -> None:
         validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
-                                 prefix_init_std)
+                                 prefix_init_std, bank=prompt_sets is not None)
         if kwargs.get("backend", "torch") != "torch":
             raise ConfigurationError("PromptedTransformer needs the 'torch' backend (ONNX/OpenVINO cannot take prompts).")
         if kwargs.get("transformer_task", "feature-extraction") != "feature-extraction":
@@ -208,18 +220,9 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
 
         self.prefix_encoder: PrefixEncoder | None = None
         if prefix_length is not None:
-            plan = self.backbone_plan
-            self.prefix_encoder = PrefixEncoder(
-                prefix_length=prefix_length,
-                num_layers=plan.layers,
-                num_heads=plan.kv_heads,
-                head_dim=plan.head_dim,
-                projection=prefix_projection,
-                projection_hidden_size=prefix_hidden_size or config.hidden_size,
-                dropout=backbone_dropout(config) if prefix_dropout is None else prefix_dropout,
-                shared_dropout=self.prefix_dropout_shared,
-                init_std=self.initial_prefix_std,
-            )
+            self.prefix_encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size,
+                                                            prefix_dropout, self.prefix_dropout_shared,
+                                                            self.initial_prefix_std)
 
         # Input-embedding prompts: one table of trainable vectors (soft template tokens, then the [CLS] prompt).
         self._template = parse_template(template, self.tokenizer) if template is not None else None
@@ -239,6 +242,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         if vector_ids:
             self.shallow_prompt = ShallowPrompt.from_token_ids(vector_ids, self.auto_model.get_input_embeddings().weight)
 
+        self._init_prompt_sets(prompt_sets, default_task, query_task, document_task)
         check_room_for_text(self.max_positions, self._position_offset,
                             self.tokenizer.num_special_tokens_to_add(pair=False), self.template_num_tokens,
                             self.prefix_positions)
@@ -300,20 +304,23 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
                 params.extend(module.parameters())
         return params
 
-    def prompt_state_dict(self) -> dict[str, torch.Tensor]:
-        """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
-
-    @property
-    def backbone_reference(self) -> str:
-        """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
-        or (for other local folders) an absolute path."""
-        return portable_backbone_reference(self.backbone_name_or_path)
-
     # ------------------------------------------------------------------ preprocessing
-    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, **kwargs) -> dict[str, Any]:
+    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, task: str | None = None,
+                   **kwargs) -> dict[str, Any]:
         """Tokenise texts. With a template, the sentence is put into the template's ``[X]`` slot and only the sentence
-        is truncated, so the template (and its ``[MASK]``) always survives."""
+        is truncated, so the template (and its ``[MASK]``) always survives. ``task`` (``encode(task=...)``) or inputs
+        tagged with their own task (:func:`~st_prompts.modules.prompt_sets.with_tasks`) choose the prompt set."""
+        tasks = self.task_features(inputs, task)
+        if tasks is not None:
+            inputs = [str(item) for item in inputs]
+        features = self._tokenize(inputs, prompt, **kwargs)
+        if tasks is not None:
+            features[PROMPT_TASKS] = tasks
+        elif task is not None:
+            features[PROMPT_TASK] = task
+        return features
+
+    def _tokenize(self, inputs: Sequence[Any], prompt: str | None, **kwargs) -> dict[str, Any]:
         if self._template is None:
             return super().preprocess(inputs, prompt=prompt, **kwargs)
         texts = []
@@ -361,6 +368,8 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         ``features["template_token_embeddings"]`` and ``features["template_mask_index"]``;
         ``features["template_denoising"] = False`` turns it off for that call.
         """
+        if "task" in kwargs and PROMPT_TASKS not in features:
+            features.setdefault(PROMPT_TASK, kwargs["task"])
         denoise = features.pop(TEMPLATE_DENOISING, None)
         denoise = self.template_denoising if denoise is None else bool(denoise)
         if denoise and self._template is None:
@@ -390,9 +399,13 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         if features.get(CLS_OVERRIDE) is not None:
             inputs_embeds = place_vectors(inputs_embeds, features[CLS_OVERRIDE], position=0)
 
+        selection = self.select_prompts(features.get(PROMPT_TASKS), features.get(PROMPT_TASK), batch_size,
+                                        input_ids.device)
+        encoder = selection.encoder
         position_ids = features.get(POSITION_IDS)
         if position_ids is None:
-            position_ids = self.position_ids(attention_mask)
+            lengths = selection.lengths if selection.mixed else (encoder.prefix_length if encoder is not None else 0)
+            position_ids = self.position_ids(attention_mask, lengths)
         elif position_ids.shape != input_ids.shape:
             raise ConfigurationError(f"features['position_ids'] must have shape {tuple(input_ids.shape)}, got "
                                      f"{tuple(position_ids.shape)}.")
@@ -404,23 +417,26 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
             model_inputs["use_cache"] = False
 
         prefix_mask = features.get(PREFIX_ATTENTION_MASK)
-        if self.prefix_encoder is not None:
+        if selection.mixed:
+            self._mixed_prefix(model_inputs, features, selection, input_ids.shape[1])
+        elif encoder is not None:
+            length = encoder.prefix_length
             # The cache is broadcast over the batch; views of the prefix are made by the attention mask alone.
             values = features.get(PREFIX_VALUES)
             if values is None:
-                values = self.prefix_encoder.values(batch_size)
+                values = encoder.values(batch_size)
             elif values.shape[1] != batch_size:
                 raise ConfigurationError(f"features['{PREFIX_VALUES}'] holds a prefix for {values.shape[1]} rows, the "
                                          f"batch has {batch_size}.")
             features[PREFIX_VALUES] = values
-            self._check_checkpointing()
+            check_checkpointing(self)
             if prefix_mask is None:
-                prefix_mask = attention_mask.new_ones(batch_size, self.prefix_length)
+                prefix_mask = attention_mask.new_ones(batch_size, length)
                 given_mask = False
-            elif tuple(prefix_mask.shape) != (batch_size, self.prefix_length):
+            elif tuple(prefix_mask.shape) != (batch_size, length):
                 raise ConfigurationError(
                     f"features['prefix_attention_mask'] must have shape (batch, prefix_length) = "
-                    f"{(batch_size, self.prefix_length)}, got {tuple(prefix_mask.shape)}."
+                    f"{(batch_size, length)}, got {tuple(prefix_mask.shape)}."
                 )
             else:
                 given_mask = True
@@ -430,12 +446,12 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
             # runs through matrix products (dropout) and extra keys would only cost.
             padding = 0
             if not self.training and (isinstance(values, torch.Tensor) or values.keep is None):
-                padding = key_padding(self.prefix_length, input_ids.shape[1])
+                padding = key_padding(length, input_ids.shape[1])
             if padding:
                 values = pad_prefix(values, padding)
                 prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(batch_size, padding)], dim=1)
             if self.prefix_injection == "cache":
-                model_inputs[cache_argument(self.auto_model)] = self.prefix_encoder.cache(values)
+                model_inputs[cache_argument(self.auto_model)] = encoder.cache(values)
                 attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
             else:
                 if isinstance(values, torch.Tensor):
@@ -446,20 +462,6 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, Transformer):
         output = self.auto_model(**model_inputs, attention_mask=attention_mask, return_dict=True)
         features["token_embeddings"] = output.last_hidden_state
         return features
-
-    def _check_checkpointing(self) -> None:
-        """Refuse activation checkpointing where a recomputed layer would read the wrong prefix."""
-        model = self.auto_model
-        # transformers 5.23 renamed the property (the old name warns); earlier 5.x releases only know the old one
-        name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else (
-            "is_gradient_checkpointing")
-        if not (self.training and getattr(model, name, False)):
-            return
-        if self.prefix_injection == "cache":
-            raise ConfigurationError("Gradient checkpointing drops a key/value cache: use prefix_injection='attention'.")
-        if self.backbone_plan.shared:
-            raise ConfigurationError("Gradient checkpointing cannot recompute a shared layer (ALBERT) with its own "
-                                     "prefix: train this backbone without it.")
 
     def _vector_slots(self, features: dict[str, Any]) -> torch.Tensor | None:
         """Which trainable vector goes to each input position (-1: none), or ``None`` when there is none."""

@@ -107,10 +107,12 @@ class PrefixInjection:
             ``(1 or batch, kv_heads, l, head_dim)``; keys of layer ``i`` at ``2i``, values at ``2i + 1``).
         prefix_mask: ``(batch, l)``, nonzero = attend (views of the prefix, masked padding positions), or ``None``
             when every row attends to every position.
+        rows: with several prefixes stacked in ``draw`` (prompt sets), the one each row uses (``(batch,)``).
     """
 
-    def __init__(self, draw: PrefixDraw, prefix_mask: torch.Tensor | None) -> None:
+    def __init__(self, draw: PrefixDraw, prefix_mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> None:
         self.draw = draw
+        self.rows = rows
         self.prefix = draw.prefix.unbind(0)
         self.keep = draw.keep.unbind(0) if draw.keep is not None else None
         self.visible = None if prefix_mask is None else prefix_mask.bool()
@@ -148,6 +150,8 @@ class PrefixInjection:
                                      f"has {states.shape[1]} of size {states.shape[-1]}.")
         if prefix.dtype != states.dtype:
             prefix = prefix.to(states.dtype)
+        if self.rows is not None:  # each row its own prompt set
+            prefix = prefix.index_select(0, self.rows)
         keep = self.keep[index] if self.keep is not None else None
         return prefix_concat(prefix, keep, self.draw.scale, states)
 

@@ -91,9 +91,14 @@ class IndexConstruction:
         encode_cache_dir: str | os.PathLike | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         processes: int | None = None,
+        task: str | None = None,
         **index_params: Any,
     ) -> Self:
         """Encode ``documents`` with ``model`` and index them.
+
+        ``task``: a prompt set of a bank (:mod:`st_prompts.bank`) that encodes the documents and, at search time, the
+        queries; recorded in the index. Without it: ``encode_document`` / ``encode_query`` (a bank's document and
+        query sets).
 
         Args:
             model: the sentence-transformers model (documents go through ``encode_document``, so a model with a
@@ -142,6 +147,7 @@ class IndexConstruction:
             encode_cache_dir=encode_cache_dir,
             chunk_size=chunk_size,
             processes=processes,
+            task=task,
             **index_params,
         )
 
@@ -189,11 +195,12 @@ def index_corpus(
     encode_cache_dir: str | os.PathLike | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     processes: int | None = None,
+    task: str | None = None,
     **index_params: Any,
 ) -> IndexConstruction:
     """Encode a validated corpus and index it (the common part of :meth:`SemanticIndex.build` and ``from_file``)."""
     # Resolve parameters before the (long) encoding so that a bad option fails fast.
-    identity = ModelIdentity.of(model, name=model_name)
+    identity = ModelIdentity.of(model, name=model_name, task=task)
     resolve_index_params(index_type, len(corpus.texts), index_params, identity.dimension)
     target = resolve_target(index_type, target_recall, index_params, calibration_queries)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -201,11 +208,11 @@ def index_corpus(
     if encode_cache_dir is not None or (processes is not None and processes > 1):
         embeddings = encode_in_chunks(
             model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
-            cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar,
+            cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar, task=task,
         ).embeddings  # fmt: skip
     else:
         embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
-                                  progress=show_progress_bar)  # fmt: skip
+                                  progress=show_progress_bar, task=task)  # fmt: skip
     index = assemble_index(
         cls,
         embeddings,

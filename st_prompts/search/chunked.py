@@ -124,6 +124,7 @@ def encode_in_chunks(
     processes: int | None = None,
     pool: dict[str, Any] | None = None,
     progress: bool = True,
+    task: str | None = None,
 ) -> ChunkedEncoding:
     """Encode a (large) corpus chunk by chunk; with ``cache_dir``, every finished chunk is saved there, so that an
     interrupted run resumes where it stopped instead of encoding everything again.
@@ -145,6 +146,7 @@ def encode_in_chunks(
         pool: an already started pool (``model.start_multi_process_pool(...)``, e.g. over several GPUs); it is used
             and left running. Overrides ``processes``.
         progress: show a progress bar (documents; chunks read from the cache count as done at once).
+        task: encode with this prompt set of a bank (``encode(task=...)``) instead of ``encode_{kind}``.
 
     Returns:
         a :class:`ChunkedEncoding` (the L2-normalised embeddings and how many chunks were encoded or reused).
@@ -160,7 +162,7 @@ def encode_in_chunks(
     cache = Path(cache_dir) if cache_dir is not None else None
     dimension = None
     if cache is not None:
-        identity = ModelIdentity.of(model)
+        identity = ModelIdentity.of(model, task=task)
         dimension = identity.dimension
         _check_manifest(
             cache,
@@ -183,7 +185,7 @@ def encode_in_chunks(
                 if pool is None and processes is not None and processes > 1 and own_pool is None:
                     with _threads_per_worker(processes):
                         own_pool = model.start_multi_process_pool(["cpu"] * processes)
-                array = _encode_chunk(model, chunk, kind=kind, batch_size=batch_size, pool=pool or own_pool)
+                array = _encode_chunk(model, chunk, kind=kind, batch_size=batch_size, pool=pool or own_pool, task=task)
                 if path is not None:
                     _save_chunk(path, array)
                 encoded += 1
@@ -200,12 +202,15 @@ def encode_in_chunks(
 
 
 def _encode_chunk(
-    model: SentenceTransformer, texts: list[str], *, kind: str, batch_size: int, pool: dict[str, Any] | None
+    model: SentenceTransformer, texts: list[str], *, kind: str, batch_size: int, pool: dict[str, Any] | None,
+    task: str | None = None,
 ) -> np.ndarray:
     method = getattr(model, f"encode_{kind}", None) or model.encode
     kwargs: dict[str, Any] = {"batch_size": batch_size, "show_progress_bar": False, "convert_to_numpy": True}
     if pool is not None:
         kwargs["pool"] = pool
+    if task is not None:
+        method, kwargs["task"] = model.encode, task
     return l2_normalize(method(texts, **kwargs))
 
 

@@ -32,13 +32,17 @@ def l2_normalize(embeddings: Any) -> np.ndarray:
 
 
 def encode_texts(
-    model: SentenceTransformer, texts: Sequence[str], *, kind: str, batch_size: int, progress: bool
+    model: SentenceTransformer, texts: Sequence[str], *, kind: str, batch_size: int, progress: bool,
+    task: str | None = None,
 ) -> np.ndarray:
-    """Encode with ``encode_{kind}`` (``kind`` = ``"query"`` or ``"document"``: the model's prompt for that side,
-    when it has one; plain ``encode`` otherwise) and L2-normalise."""
+    """Encode with ``encode_{kind}`` (``kind`` = ``"query"`` or ``"document"``: the model's prompt or prompt set for
+    that side, when it has one; plain ``encode`` otherwise), or with ``encode(task=task)`` for one prompt set of a bank
+    on both sides, and L2-normalise."""
+    kwargs = {"batch_size": batch_size, "show_progress_bar": progress, "convert_to_numpy": True}
+    if task is not None:
+        return l2_normalize(model.encode(list(texts), task=task, **kwargs))
     method = getattr(model, f"encode_{kind}", None) or model.encode
-    embeddings = method(list(texts), batch_size=batch_size, show_progress_bar=progress, convert_to_numpy=True)
-    return l2_normalize(embeddings)
+    return l2_normalize(method(list(texts), **kwargs))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -92,17 +92,23 @@ class ModelIdentity:
     fingerprint: str
     probe_embeddings: np.ndarray = field(repr=False)
     path: str | None = None
+    #: The prompt set of a bank that encoded the documents (and encodes the queries), or ``None``: the model's
+    #: ``encode_document``/``encode_query``.
+    task: str | None = None
 
     @classmethod
-    def of(cls, model: SentenceTransformer, name: str | None = None) -> ModelIdentity:
-        """Compute the identity of ``model`` (encodes the :data:`PROBE_SENTENCES`, a few milliseconds)."""
-        probe = encode_texts(model, PROBE_SENTENCES, kind="document", batch_size=len(PROBE_SENTENCES), progress=False)
+    def of(cls, model: SentenceTransformer, name: str | None = None, task: str | None = None) -> ModelIdentity:
+        """Compute the identity of ``model`` (encodes the :data:`PROBE_SENTENCES`, a few milliseconds), with the
+        prompt set ``task`` of a bank if given."""
+        probe = encode_texts(model, PROBE_SENTENCES, kind="document", batch_size=len(PROBE_SENTENCES), progress=False,
+                             task=task)
         return cls(
             name=name or model_name(model),
             dimension=int(probe.shape[1]),
             fingerprint=cls.fingerprint_of(probe),
             probe_embeddings=probe,
             path=_config_name_or_path(model),
+            task=task,
         )
 
     @classmethod
@@ -114,6 +120,7 @@ class ModelIdentity:
             fingerprint=info["fingerprint"],
             probe_embeddings=probe_embeddings,
             path=info.get("path"),
+            task=info.get("task"),
         )
 
     @staticmethod
@@ -132,6 +139,7 @@ class ModelIdentity:
             "dimension": self.dimension,
             "fingerprint": self.fingerprint,
             "probe_sentences": list(PROBE_SENTENCES),
+            **({"task": self.task} if self.task is not None else {}),
         }
 
     def loadable_name(self) -> str:
@@ -143,6 +151,9 @@ class ModelIdentity:
 
     def check_compatible(self, other: ModelIdentity) -> None:
         """Raise :class:`BackboneMismatchError` unless ``other`` (a candidate model) encodes like ``self``."""
+        if other.task != self.task:
+            raise BackboneMismatchError(f"the index was encoded with the prompt set {self.task!r}, not {other.task!r}: "
+                                        "queries must be encoded with the documents' set")
         if other.dimension != self.dimension:
             raise BackboneMismatchError(
                 f"model {other.name!r} produces {other.dimension}-dimensional embeddings but the index was built "

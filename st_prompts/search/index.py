@@ -201,7 +201,7 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
 
             model = load_sentence_model(str(model), trust_remote_code, device=device)
         if self.model_identity is not None:
-            self.model_identity.check_compatible(ModelIdentity.of(model))
+            self.model_identity.check_compatible(ModelIdentity.of(model, task=self.model_identity.task))
         elif embedding_dimension(model) not in (None, self.dimension):
             raise BackboneMismatchError(
                 f"the model produces {embedding_dimension(model)}-dimensional embeddings, the index has "
@@ -254,13 +254,19 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         *,
         batch_size: int = 64,
         show_progress_bar: bool = False,
+        task: str | None = None,
     ) -> list[list[SearchHit]]:
         """Return the ``k`` nearest documents of each query, best first, as :class:`SearchHit` (id, text, cosine).
 
         ``queries`` is a string or a list of strings; the result always has one list per query. Queries are encoded
         with ``encode_query`` of the index's model (loaded by :meth:`use_recorded_model` on first use if the index
-        has none yet). ``k`` is clamped to the corpus size with a warning.
+        has none yet), or with the prompt set that encoded the documents (an index built with ``task``; a ``task``
+        given here must be that one). ``k`` is clamped to the corpus size with a warning.
         """
+        recorded = self.model_identity.task if self.model_identity is not None else None
+        if task is not None and task != recorded:
+            raise BackboneMismatchError(f"this index was encoded with the prompt set {recorded!r}: its queries must be "
+                                        f"too, not {task!r}")
         single = isinstance(queries, str)
         queries = [queries] if single else list(queries)
         check_queries(queries)
@@ -299,7 +305,8 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         """Encode query texts with the index's model (``encode_query``; loaded from the index on first use)."""
         if self.model is None:
             self.use_recorded_model()
-        return encode_texts(self.model, queries, kind="query", batch_size=batch_size, progress=progress)
+        task = self.model_identity.task if self.model_identity is not None else None
+        return encode_texts(self.model, queries, kind="query", batch_size=batch_size, progress=progress, task=task)
 
     def search_positions(self, queries: np.ndarray, k: int, params: dict[str, Any] | None = None
                          ) -> tuple[np.ndarray, np.ndarray]:

@@ -68,8 +68,9 @@ class IndexUpdates:
         if embeddings is None:
             if self.model is None:
                 self.use_recorded_model()
+            task = self.model_identity.task if self.model_identity is not None else None
             vectors = encode_texts(self.model, documents, kind="document", batch_size=batch_size,
-                                   progress=show_progress_bar)  # fmt: skip
+                                   progress=show_progress_bar, task=task)  # fmt: skip
         else:
             vectors = l2_normalize(embeddings)
             if vectors.shape[0] != len(documents):

@@ -1,0 +1,235 @@
+"""Many tasks on one frozen backbone: a bank of named prompt sets.
+
+A bank is a ``SentenceTransformer`` whose :class:`~st_prompts.PromptedTransformer` holds named prompt sets (deep
+prefixes) on one frozen backbone, each a few hundred kilobytes. Choose a set per call
+(``model.encode(texts, task="sts")``, ``encode_query``/``encode_document`` with a query and a document set) or per row
+(``model.encode(texts, task=["sts", "nli", ...])``: mixed batches, one forward pass each); train one set with any
+sentence-transformers loss while the others stay frozen::
+
+    from sentence_transformers.losses import CoSENTLoss
+    from st_prompts import bank
+
+    model = bank.create_bank("minilm")                       # the shipped model's own pooling (mean) and normalisation
+    bank.train_prompt_set(model, "sts", train_dataset, CoSENTLoss(model), evaluator=dev_evaluator)
+    bank.add_prompt_set(model, "nli", "./nli-prompts")      # a set trained elsewhere (same backbone weights)
+    model.encode(["A man plays a guitar.", "A dog runs."], task=["sts", "nli"])
+    model.save("./my-bank")                                  # SentenceTransformer("./my-bank", trust_remote_code=True)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
+from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+
+from st_prompts import utils
+from st_prompts.errors import ConfigurationError
+from st_prompts.modules import PromptedTransformer
+from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
+from st_prompts.training.run import KeepBestCallback
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BACKBONE_TASK", "TaskText", "with_tasks", "create_bank", "bank_encoder", "add_prompt_set",
+           "remove_prompt_set", "training_prompt_set", "train_prompt_set", "TrainedSet"]
+
+
+def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normalize: bool | None = None,
+                max_seq_length: int | None = None, default_task: str | None = None, **encoder_kwargs: Any
+                ) -> SentenceTransformer:
+    """An empty bank on ``backbone``: a :class:`~st_prompts.PromptedTransformer` without a prefix of its own (no task:
+    the plain backbone) and a pooling.
+
+    Starting from a sentence-embedding model (a folder with ``modules.json``, such as the packaged MiniLM), its own
+    pooling and normalisation are kept (read from its JSON files, no code runs), so the bank without a task gives
+    the shipped model's embeddings. Otherwise ``pooling`` (default ``"mean"``).
+    """
+    location = utils.resolve_model_name(str(backbone))
+    shipped_pooling, shipped_normalize = _shipped_pooling(location)
+    if max_seq_length is None:  # the shipped model's own (all-MiniLM-L6-v2: 256, where its tokenizer says 512)
+        max_seq_length = _shipped_max_seq_length(location)
+    pooling = pooling or (shipped_pooling or {}).get("pooling_mode") or "mean"
+    normalize = shipped_normalize if normalize is None else normalize
+    encoder = PromptedTransformer(backbone, prefix_length=None, prompt_sets={}, default_task=default_task,
+                                  max_seq_length=max_seq_length, **encoder_kwargs)
+    if shipped_pooling and shipped_pooling.get("pooling_mode") == pooling:
+        pool = Pooling(**shipped_pooling)
+    else:
+        pool = Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)
+    modules = [encoder, pool] + ([Normalize()] if normalize else [])
+    return SentenceTransformer(modules=modules, device="cpu" if not torch.cuda.is_available() else None)
+
+
+def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
+    """The pooling configuration and whether a ``Normalize`` module follows, of a saved sentence-transformers model."""
+    modules_file = os.path.join(location, "modules.json")
+    if not os.path.isfile(modules_file):
+        return None, False
+    with open(modules_file, encoding="utf-8") as handle:
+        entries = json.load(handle)
+    pooling, normalize = None, False
+    for entry in entries:
+        kind = str(entry.get("type", ""))
+        if kind.endswith(".Pooling"):
+            config = os.path.join(location, entry.get("path", ""), "config.json")
+            if os.path.isfile(config):
+                with open(config, encoding="utf-8") as handle:
+                    raw = json.load(handle)
+                pooling = _pooling_options(raw)
+        elif kind.endswith(".Normalize"):
+            normalize = True
+    return pooling, normalize
+
+
+def _shipped_max_seq_length(location: str) -> int | None:
+    config = os.path.join(location, "sentence_bert_config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config, encoding="utf-8") as handle:
+        value = json.load(handle).get("max_seq_length")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _pooling_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """sentence-transformers' Pooling arguments from its saved config (older files list each mode as a flag)."""
+    if "pooling_mode" in raw and "embedding_dimension" in raw:
+        return {"embedding_dimension": raw["embedding_dimension"], "pooling_mode": raw["pooling_mode"]}
+    modes = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+             "pooling_mode_lasttoken": "lasttoken"}
+    mode = next((name for key, name in modes.items() if raw.get(key)), "mean")
+    dimension = raw.get("word_embedding_dimension") or raw.get("embedding_dimension")
+    return {"embedding_dimension": dimension, "pooling_mode": mode}
+
+
+def bank_encoder(model: SentenceTransformer) -> PromptedTransformer:
+    """The :class:`~st_prompts.PromptedTransformer` of a model (its first module)."""
+    encoder = model[0]
+    if not isinstance(encoder, PromptedTransformer):
+        raise ConfigurationError(f"A prompt bank needs a PromptedTransformer first module, found "
+                                 f"{type(encoder).__name__}.")
+    return encoder
+
+
+def add_prompt_set(model: SentenceTransformer, name: str, source: Any) -> None:
+    """Add a trained prompt set (a saved model folder, a prompts-only checkpoint or a model) under ``name``; see
+    :meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin.add_prompt_set`. A source whose pooling differs from the
+    bank's is refused (its prompts were trained for another sentence vector)."""
+    if isinstance(source, (str, os.PathLike)):
+        theirs, _ = _shipped_pooling(str(source))
+        ours = _bank_pooling(model)
+        if theirs is not None and ours is not None and theirs.get("pooling_mode") != ours:
+            raise ConfigurationError(f"{str(source)!r} pools {theirs.get('pooling_mode')!r} but this bank pools "
+                                     f"{ours!r}: its prompts were trained for another sentence vector.")
+    bank_encoder(model).add_prompt_set(name, source)
+
+
+def remove_prompt_set(model: SentenceTransformer, name: str) -> None:
+    """Remove the prompt set ``name``."""
+    bank_encoder(model).remove_prompt_set(name)
+
+
+def _bank_pooling(model: SentenceTransformer) -> str | None:
+    for module in model:
+        if isinstance(module, Pooling):
+            return module.pooling_mode
+    return None
+
+
+@contextmanager
+def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -> Iterator[torch.nn.Module]:
+    """Within this context the model trains the prompt set ``name`` alone: it is the default task (what a loss's
+    forward passes use), its parameters are the only trainable ones (backbone and other sets frozen, bit for bit),
+    and the model is restored afterwards. A missing set is created first (``new_set``: options of
+    :meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin.new_prompt_set`, e.g. ``prefix_length=16``).
+
+    Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
+    SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.
+    """
+    encoder = bank_encoder(model)
+    if name not in encoder.prompt_sets:
+        encoder.new_prompt_set(name, **new_set)
+    elif new_set:
+        raise ConfigurationError(f"The prompt set {name!r} exists; options {sorted(new_set)} apply to new sets only.")
+    trained = encoder.prompt_sets[name]
+    saved = {id(p): p.requires_grad for p in model.parameters()}
+    default = encoder.default_task
+    try:
+        for parameter in model.parameters():
+            parameter.requires_grad = False
+        for parameter in trained.parameters():
+            parameter.requires_grad = True
+        encoder.default_task = name
+        yield trained
+    finally:
+        encoder.default_task = default
+        for parameter in model.parameters():
+            parameter.requires_grad = saved.get(id(parameter), True)
+
+
+@dataclass
+class TrainedSet:
+    """What :func:`train_prompt_set` returns."""
+
+    name: str
+    steps: int
+    best_metric: float | None
+    best_step: int | None
+    trainable_parameters: int
+    seconds: float
+
+
+def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss, *, evaluator=None,
+                     learning_rate: float = 1e-2, epochs: float = 1.0, batch_size: int = 32,
+                     eval_steps: int | None = None, max_steps: int = -1, warmup_ratio: float = 0.0, seed: int = 42,
+                     show_progress_bar: bool = True, **new_set: Any) -> TrainedSet:
+    """Train the prompt set ``name`` (created if missing: ``new_set`` options) with any sentence-transformers loss,
+    the backbone and the other sets frozen (:func:`training_prompt_set`), with ``SentenceTransformerTrainer``.
+
+    With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs every ``eval_steps`` (default:
+    a tenth of the steps) and at the end, and the best weights are kept (in memory, no checkpoints).
+    ``loss`` is a loss object built on ``model`` (``CoSENTLoss(model)``, ``MultipleNegativesRankingLoss(model)``,
+    :class:`~st_prompts.losses.PromptContrastiveLoss`, ...).
+    """
+    import time
+
+    if isinstance(loss, type):
+        raise ConfigurationError("Pass a loss object built on the model, e.g. CoSENTLoss(model).")
+    with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
+        steps = max_steps if max_steps > 0 else None
+        if eval_steps is None:
+            per_epoch = max(1, -(-len(train_dataset) // batch_size))
+            eval_steps = max(1, int((steps or per_epoch * epochs) // 10))
+        args = SentenceTransformerTrainingArguments(
+            output_dir=scratch, num_train_epochs=epochs, max_steps=max_steps, per_device_train_batch_size=batch_size,
+            learning_rate=learning_rate, warmup_steps=warmup_ratio, weight_decay=0.0, lr_scheduler_type="linear",
+            seed=seed, eval_strategy="steps" if evaluator is not None else "no", eval_steps=eval_steps,
+            save_strategy="no", logging_steps=max(1, eval_steps), report_to="none",
+            disable_tqdm=not show_progress_bar, use_cpu=not torch.cuda.is_available(),
+        )
+        keep = KeepBestCallback(model, evaluator) if evaluator is not None else None
+        torch.manual_seed(seed)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss,
+                                             evaluator=evaluator, callbacks=[keep] if keep else [])
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+        if keep is not None:
+            if keep.last_step != trainer.state.global_step:
+                final = evaluator(model)
+                keep.consider(final[evaluator.primary_metric], trainer.state.global_step)
+            keep.restore()
+        count = sum(p.numel() for p in trained.parameters())
+    model.eval()
+    return TrainedSet(name=name, steps=trainer.state.global_step, best_metric=keep.best if keep else None,
+                      best_step=keep.best_step if keep else None, trainable_parameters=count, seconds=seconds)

@@ -1,0 +1,257 @@
+"""``st-prompts bank``: many tasks on one frozen backbone (named prompt sets).
+
+    st-prompts bank train my-bank sts --data stsb_train.csv --loss cosent --dev stsb_dev.csv   # creates my-bank
+    st-prompts bank train my-bank nli --data nli_triplets.csv --loss mnrl --data-dir ../shared/data
+    st-prompts bank add my-bank dcpcse outputs/dcpcse-unsup-cpu-prompts
+    st-prompts bank roles my-bank --default sts
+    st-prompts bank list my-bank
+
+A bank is a sentence-transformers model folder (``SentenceTransformer("my-bank", trust_remote_code=True)``). Every
+change loads it, changes it and replaces the folder atomically, one writer at a time; a folder st-prompts did not
+write is never replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
+
+logger = logging.getLogger(__name__)
+
+LOSSES = ("cosent", "mnrl", "dcpcse")
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("bank", help="many tasks on one frozen backbone: train, add, list prompt sets",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = parser.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
+
+    create = actions.add_parser("create", help="an empty bank on a backbone")
+    create.add_argument("bank", help="folder of the bank to create")
+    _backbone_options(create)
+    create.add_argument("--overwrite", action="store_true", help="replace a bank st-prompts saved there")
+    create.set_defaults(func=run_create)
+
+    train = actions.add_parser("train", help="train one prompt set (the others stay frozen) and save the bank",
+                               description="Train the prompt set NAME of BANK (created on --backbone if missing) "
+                               "from a CSV/TSV/JSON-lines file of scored pairs, pairs, triplets or sentences.")
+    train.add_argument("bank", help="folder of the bank (created if missing)")
+    train.add_argument("name", help="name of the prompt set to train (created if missing)")
+    train.add_argument("--data", required=True, help="training file: scored pairs (two text columns and a score), "
+                       "pairs, triplets or sentences (.csv, .tsv, .jsonl)")
+    train.add_argument("--loss", choices=LOSSES, help="cosent (scored pairs), mnrl (pairs or triplets: multiple "
+                       "negatives ranking), dcpcse (DCPCSE's InfoNCE with dropout views; sentences); default: by the "
+                       "data's shape")
+    train.add_argument("--dev", help="scored pairs for model selection (default: STS-B dev of --data-dir/--senteval-dir "
+                       "if given, else no selection)")
+    train.add_argument("--data-dir", help="folder with senteval/ (STS-B dev selects the best weights)")
+    train.add_argument("--senteval-dir", help="SentEval folder (STS-B dev selects the best weights)")
+    train.add_argument("--prefix-length", type=int, default=16, help="prefix positions of a new set (default: 16)")
+    train.add_argument("--learning-rate", "--lr", type=float, default=1e-2, help="peak learning rate (default 1e-2)")
+    train.add_argument("--epochs", type=float, default=1.0, help="training epochs (default 1)")
+    train.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    train.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (-1: the epochs)")
+    train.add_argument("--eval-steps", type=int, help="evaluate every this many steps (default: a tenth of the run)")
+    train.add_argument("--limit", type=int, help="train on the first N rows")
+    train.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    train.add_argument("--replace", action="store_true", help="retrain NAME from scratch if the bank has it")
+    _backbone_options(train)
+    add_trust_remote_code_argument(train)
+    add_no_progress_argument(train)
+    train.set_defaults(func=run_train)
+
+    add = actions.add_parser("add", help="add a trained prompt set (a model folder or prompts-only checkpoint)")
+    add.add_argument("bank")
+    add.add_argument("name")
+    add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone")
+    add_trust_remote_code_argument(add)
+    add.set_defaults(func=run_add)
+
+    remove = actions.add_parser("remove", help="remove a prompt set")
+    remove.add_argument("bank")
+    remove.add_argument("name")
+    add_trust_remote_code_argument(remove)
+    remove.set_defaults(func=run_remove)
+
+    roles = actions.add_parser("roles", help="which set encodes without a task, and the query and document sets")
+    roles.add_argument("bank")
+    for role in ("default", "query", "document"):
+        roles.add_argument(f"--{role}", help=f"the {role} set (a name; 'none' to unset)")
+    add_trust_remote_code_argument(roles)
+    roles.set_defaults(func=run_roles)
+
+    show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles")
+    show.add_argument("bank")
+    add_trust_remote_code_argument(show)
+    show.set_defaults(func=run_list)
+
+
+def _backbone_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backbone", default="minilm", help="backbone of a new bank (default: minilm, the packaged "
+                        "all-MiniLM-L6-v2; its own pooling is kept)")
+    parser.add_argument("--pooling", choices=("mean", "cls", "lasttoken", "max"),
+                        help="pooling of a new bank (default: the backbone's own, else mean)")
+
+
+def _load(path: str, trust_remote_code):
+    from st_prompts.bank import bank_encoder
+    from st_prompts.loading import load_sentence_model
+
+    model = load_sentence_model(path, trust_remote_code=trust_remote_code)
+    bank_encoder(model)
+    return model
+
+
+def _save(model, path: str, overwrite: bool = True) -> None:
+    from st_prompts.storage import save_model_folder
+
+    save_model_folder(path, lambda folder: model.save(str(folder)), overwrite=overwrite, kind="prompt bank")
+
+
+def _summary(model, path: str) -> dict:
+    from st_prompts.bank import bank_encoder
+
+    encoder = bank_encoder(model)
+    sets = {name: {"prefix_length": e.prefix_length, "parameters": sum(p.numel() for p in e.parameters()),
+                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters())}
+            for name, e in encoder.prompt_sets.items()}
+    return {"bank": path, "backbone": encoder.backbone_reference, "sets": sets, "default": encoder.default_task,
+            "query": encoder.query_task, "document": encoder.document_task}
+
+
+def _modify(args, change) -> int:
+    from st_prompts.storage import folder_lock
+
+    with folder_lock(args.bank):  # load, change and save as one step: a concurrent change waits, none is lost
+        model = _load(args.bank, args.trust_remote_code)
+        change(model)
+        _save(model, args.bank)
+    print(json.dumps(_summary(model, args.bank), indent=2))
+    return 0
+
+
+def run_create(args: argparse.Namespace) -> int:
+    from st_prompts.bank import create_bank
+    from st_prompts.storage import check_model_destination
+
+    check_model_destination(args.bank, args.overwrite)
+    model = create_bank(args.backbone, pooling=args.pooling)
+    _save(model, args.bank, overwrite=args.overwrite)
+    print(json.dumps(_summary(model, args.bank), indent=2))
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from st_prompts.bank import add_prompt_set
+
+    return _modify(args, lambda model: add_prompt_set(model, args.name, args.source))
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    from st_prompts.bank import remove_prompt_set
+
+    return _modify(args, lambda model: remove_prompt_set(model, args.name))
+
+
+def run_roles(args: argparse.Namespace) -> int:
+    from st_prompts.bank import bank_encoder
+    from st_prompts.errors import ConfigurationError
+
+    def change(model) -> None:
+        encoder = bank_encoder(model)
+        for role in ("default", "query", "document"):
+            value = getattr(args, role)
+            if value is None:
+                continue
+            value = None if value == "none" else value
+            if value is not None:
+                encoder.resolve_task(value)  # an unknown name is refused here
+                if value in ("query", "document") and value not in encoder.prompt_sets:
+                    raise ConfigurationError(f"No prompt set {value!r}.")
+            setattr(encoder, f"{role}_task", value)
+
+    return _modify(args, change)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    print(json.dumps(_summary(_load(args.bank, args.trust_remote_code), args.bank), indent=2))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from st_prompts.bank import create_bank, train_prompt_set
+    from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
+    from st_prompts.errors import ConfigurationError
+    from st_prompts.storage import check_model_destination, folder_lock
+
+    data = read_task_file(args.data, limit=args.limit)
+    loss_name = args.loss or KINDS[data.kind]
+    if data.kind not in LOSS_KINDS[loss_name]:
+        raise ConfigurationError(f"--loss {loss_name} trains on {' or '.join(LOSS_KINDS[loss_name])}; {args.data} "
+                                 f"holds {data.kind}.")
+    with folder_lock(args.bank):
+        exists = os.path.isdir(args.bank) and bool(os.listdir(args.bank))
+        if exists:
+            model = _load(args.bank, args.trust_remote_code)
+        else:
+            check_model_destination(args.bank, overwrite=False)
+            model = create_bank(args.backbone, pooling=args.pooling)
+        encoder = model[0]
+        if args.name in encoder.prompt_sets:
+            if not args.replace:
+                raise ConfigurationError(f"{args.bank} already has a prompt set {args.name!r}: pass --replace to "
+                                         "retrain it from scratch, or choose another name.")
+            encoder.remove_prompt_set(args.name)
+        result = train_prompt_set(
+            model, args.name, data.dataset, _loss(loss_name, model), evaluator=_evaluator(args),
+            learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
+            max_steps=args.max_steps, eval_steps=args.eval_steps, seed=args.seed,
+            show_progress_bar=show_progress(args), prefix_length=args.prefix_length,
+        )
+        _save(model, args.bank)
+    summary = _summary(model, args.bank)
+    summary["trained"] = {"name": args.name, "loss": loss_name, "data": data.kind, "rows": len(data.dataset),
+                          "steps": result.steps, "best_dev": result.best_metric, "best_step": result.best_step,
+                          "seconds": round(result.seconds, 1)}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _loss(name: str, model):
+    if name == "cosent":
+        from sentence_transformers.losses import CoSENTLoss
+
+        return CoSENTLoss(model)
+    if name == "mnrl":
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+        return MultipleNegativesRankingLoss(model)
+    from st_prompts.losses import PromptContrastiveLoss
+
+    return PromptContrastiveLoss(model, mlp=True)
+
+
+def _evaluator(args: argparse.Namespace):
+    if args.dev:
+        from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+
+        from st_prompts.data.task_data import read_task_file
+
+        dev = read_task_file(args.dev)
+        if dev.kind != "scored-pairs":
+            from st_prompts.errors import DataFormatError
+
+            raise DataFormatError(f"--dev {args.dev} must hold scored pairs (two text columns and a score).")
+        d = dev.dataset
+        return EmbeddingSimilarityEvaluator(d["sentence1"], d["sentence2"], d["score"], name="dev",
+                                            batch_size=128)
+    senteval = args.senteval_dir or (os.path.join(args.data_dir, "senteval") if args.data_dir else None)
+    if senteval:
+        from st_prompts.evaluation import stsb_dev_evaluator
+
+        return stsb_dev_evaluator(senteval, batch_size=128)
+    return None

@@ -1,0 +1,128 @@
+"""Training data of a prompt set from a CSV (or TSV) or JSON-lines file: scored pairs, pairs, triplets or sentences.
+
+The shape is read off the columns: two text columns and a numeric one (``score``/``label``) are scored pairs (for
+``CoSENTLoss``); three text columns are triplets (anchor, positive, hard negative) and two are pairs (for
+``MultipleNegativesRankingLoss``); one is sentences (unsupervised: each sentence is its own positive, as in SimCSE
+and DCPCSE). Column names are free; their order is kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from datasets import Dataset
+
+from st_prompts.errors import DataFormatError, DataNotFoundError
+
+#: The data shapes and the loss each trains with by default.
+KINDS = {"scored-pairs": "cosent", "triplets": "mnrl", "pairs": "mnrl", "sentences": "dcpcse"}
+#: Which shapes each loss can train on.
+LOSS_KINDS = {"cosent": ("scored-pairs",), "mnrl": ("pairs", "triplets"),
+              "dcpcse": ("sentences", "pairs", "triplets")}
+_SCORE_NAMES = ("score", "label", "similarity", "relatedness")
+
+
+@dataclass
+class TaskData:
+    """A training file read for a prompt set: its shape and a dataset in the column order the losses take."""
+
+    kind: str
+    dataset: Dataset
+    path: str
+
+
+def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskData:
+    """Read ``path`` (``.csv``, ``.tsv``, ``.jsonl``/``.json``) into a :class:`TaskData`.
+
+    Raises:
+        DataNotFoundError: no such file.
+        DataFormatError: an unknown extension, an empty file, a row with another number of fields than the header,
+            a score that is not a number, or a shape none of the losses takes (with the line number where it applies).
+    """
+    path = str(path)
+    if not os.path.isfile(path):
+        raise DataNotFoundError(f"No training file at {path!r}.")
+    extension = os.path.splitext(path)[1].lower()
+    if extension in (".csv", ".tsv"):
+        columns, rows = _read_delimited(path, "\t" if extension == ".tsv" else ",")
+    elif extension in (".jsonl", ".json"):
+        columns, rows = _read_jsonl(path)
+    else:
+        raise DataFormatError(f"{path}: expected a .csv, .tsv or .jsonl file of pairs, scored pairs, triplets or "
+                              "sentences.")
+    if not rows:
+        raise DataFormatError(f"{path}: no rows.")
+    if limit is not None:
+        rows = rows[:limit]
+    scores = [c for c in columns if c.lower() in _SCORE_NAMES]
+    texts = [c for c in columns if c not in scores]
+    if len(scores) > 1:
+        raise DataFormatError(f"{path}: more than one score column ({', '.join(scores)}).")
+    if scores:
+        if len(texts) != 2:
+            raise DataFormatError(f"{path}: scored pairs need two text columns besides {scores[0]!r}, found "
+                                  f"{len(texts)}.")
+        score = scores[0]
+        values = []
+        for number, row in enumerate(rows, start=2):
+            try:
+                value = float(row[score])
+            except (TypeError, ValueError):
+                raise DataFormatError(f"{path}, row {number}: score {row[score]!r} is not a number.") from None
+            if not math.isfinite(value):
+                raise DataFormatError(f"{path}, row {number}: score {row[score]!r} is not finite.")
+            values.append(value)
+        data = {"sentence1": [str(r[texts[0]]) for r in rows], "sentence2": [str(r[texts[1]]) for r in rows],
+                "score": values}
+        return TaskData("scored-pairs", Dataset.from_dict(data), path)
+    if len(texts) == 1:
+        sentences = [str(r[texts[0]]) for r in rows]
+        return TaskData("sentences", Dataset.from_dict({"anchor": sentences, "positive": sentences}), path)
+    if len(texts) in (2, 3):
+        names = ("anchor", "positive", "negative")[: len(texts)]
+        data = {name: [str(r[column]) for r in rows] for name, column in zip(names, texts)}
+        return TaskData("triplets" if len(texts) == 3 else "pairs", Dataset.from_dict(data), path)
+    raise DataFormatError(f"{path}: {len(texts)} text columns; expected 1 (sentences), 2 (pairs, with a score column "
+                          "for scored pairs) or 3 (triplets).")
+
+
+def _read_delimited(path: str, delimiter: str) -> tuple[list[str], list[dict]]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
+        header = next(reader, None)
+        if not header:
+            return [], []
+        rows = []
+        for number, fields in enumerate(reader, start=2):
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                raise DataFormatError(f"{path}, line {number}: {len(fields)} fields, the header has {len(header)}.")
+            rows.append(dict(zip(header, fields)))
+    return header, rows
+
+
+def _read_jsonl(path: str) -> tuple[list[str], list[dict]]:
+    columns: list[str] | None = None
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise DataFormatError(f"{path}, line {number}: not JSON ({exc}).") from None
+            if not isinstance(row, dict):
+                raise DataFormatError(f"{path}, line {number}: expected an object of columns.")
+            if columns is None:
+                columns = list(row)
+            elif list(row) != columns:
+                raise DataFormatError(f"{path}, line {number}: columns {list(row)} differ from the first line's "
+                                      f"{columns}.")
+            rows.append(row)
+    return columns or [], rows

@@ -1,0 +1,421 @@
+"""Named prompt sets on one frozen backbone: chosen per call (``encode(task=...)``) and per row (mixed batches).
+
+A :class:`~st_prompts.PromptedTransformer` holds its own deep prefix (``prefix_encoder``, the one the methods train)
+and any number of *named* deep prefixes, ``prompt_sets``: a bank of tasks sharing one copy of the backbone, each a few
+hundred kilobytes. Every row of a batch may use another set: the sets' keys/values are stacked (padded with masked
+positions to the longest set) and each layer gathers its row's prefix, so one forward pass serves any mix of tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.modules.backbones import backbone_dropout
+from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
+from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
+from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
+from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
+
+#: The task name that selects the plain backbone (no prefix), in a call or for one row.
+BACKBONE_TASK = "backbone"
+#: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
+QUERY, DOCUMENT = "query", "document"
+#: Options a prompt set is built from (saved in the module config).
+SET_OPTIONS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout")
+
+
+class TaskText(str):
+    """A text that carries the task (prompt set) it is to be encoded with: survives sentence-transformers' length
+    sorting, so one ``encode`` call can mix tasks row by row (see :func:`with_tasks`)."""
+
+    task: str | None
+
+    def __new__(cls, text: str, task: str | None):
+        obj = super().__new__(cls, text)
+        obj.task = task
+        return obj
+
+    def __reduce__(self):
+        return TaskText, (str(self), self.task)
+
+
+def with_tasks(texts: Sequence[str], tasks: Sequence[str | None] | str | None) -> list[TaskText]:
+    """Tag each text with its task: ``model.encode(with_tasks(texts, tasks))`` encodes every row with its own prompt
+    set in mixed batches (``model.encode(texts, task=tasks)`` does the same for a model with prompt sets)."""
+    if isinstance(tasks, str) or tasks is None:
+        tasks = [tasks] * len(texts)
+    if len(tasks) != len(texts):
+        raise ConfigurationError(f"one task per text: got {len(tasks)} tasks for {len(texts)} texts.")
+    out = []
+    for text, task in zip(texts, tasks):
+        if not isinstance(text, str):
+            raise ConfigurationError(f"a task per row needs text inputs, got {type(text).__name__}.")
+        if task is not None and not isinstance(task, str):
+            raise ConfigurationError(f"tasks must be names (str), got {type(task).__name__}.")
+        out.append(TaskText(text, task))
+    return out
+
+
+@dataclass
+class PromptSelection:
+    """The prefix of one pass: one set for every row (``encoder``), none (plain backbone), or a mix.
+
+    Attributes:
+        encoder: the set every row uses (``None``: no prefix, or a mix).
+        draw: with a mix, the stacked sets' keys/values ``(2L, sets, heads, longest, head_dim)``.
+        rows: with a mix, the index of each row's set in ``draw`` (``(batch,)``).
+        lengths: with a mix, each row's prefix length (``(batch,)``; 0 for the plain backbone).
+    """
+
+    encoder: PrefixEncoder | None = None
+    draw: PrefixDraw | None = None
+    rows: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+
+    @property
+    def mixed(self) -> bool:
+        return self.draw is not None
+
+
+class RowTaskEncode:
+    """``model.encode`` of a model with prompt sets: ``task`` may be one name per input (tagged with
+    :class:`TaskText` before sentence-transformers sorts them by length), otherwise sentence-transformers' own
+    ``encode``. Installed on the model by :meth:`PromptSetsMixin.on_model_ready`; pickles with the model."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, *args, task=None, **kwargs):
+        encode = type(self.model).encode
+        if task is None or isinstance(task, str):
+            return encode(self.model, *args, task=task, **kwargs)
+        args = list(args)
+        inputs = args.pop(0) if args else kwargs.pop("inputs", kwargs.pop("sentences", None))
+        singular = isinstance(inputs, str)
+        texts = [inputs] if singular else list(inputs)
+        result = encode(self.model, with_tasks(texts, list(task)), *args, **kwargs)
+        return result[0] if singular else result
+
+
+class PromptSetsMixin:
+    """Named prompt sets of :class:`~st_prompts.PromptedTransformer` (see the module docstring)."""
+
+    #: ``encode(task=...)`` reaches this module's forward too (sentence-transformers passes a module the keyword
+    #: arguments it declares here).
+    forward_kwargs = {"task"}
+
+    def _init_prompt_sets(self, prompt_sets: dict[str, dict[str, Any]] | None, default_task: str | None,
+                          query_task: str | None, document_task: str | None) -> None:
+        self.prompt_sets = torch.nn.ModuleDict()
+        self._set_options: dict[str, dict[str, Any]] = {}
+        self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
+        for name, options in (prompt_sets or {}).items():
+            self.new_prompt_set(name, **options, _room_checked_by_caller=True)
+        self.default_task, self.query_task, self.document_task = default_task, query_task, document_task
+        for role in ("default_task", "query_task", "document_task"):
+            value = getattr(self, role)
+            if value is not None and value != BACKBONE_TASK and value not in self.prompt_sets:
+                raise ConfigurationError(f"{role}={value!r} names no prompt set ({self._known_tasks()}).")
+
+    # ------------------------------------------------------------------ the bank
+    @property
+    def prompt_set_names(self) -> list[str]:
+        """The names of the prompt sets, in the order they were added."""
+        return list(self.prompt_sets)
+
+    def new_prompt_set(self, name: str, prefix_length: int = 16, prefix_projection: bool = False,
+                       prefix_hidden_size: int | None = None, prefix_dropout: float | None = None,
+                       init_std: float | None = None, _room_checked_by_caller: bool = False) -> PrefixEncoder:
+        """Add an untrained prompt set ``name`` (a deep prefix of ``prefix_length`` positions) and return it."""
+        self._check_new_name(name)
+        if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1:
+            raise ConfigurationError(f"prefix_length must be a positive integer, got {prefix_length!r}.")
+        options = {"prefix_length": prefix_length, "prefix_projection": bool(prefix_projection),
+                   "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout}
+        encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size, prefix_dropout,
+                                            shared_dropout=False, init_std=init_std)
+        if not _room_checked_by_caller:
+            self._check_room(prefix_length)
+        device = next(self.auto_model.parameters()).device
+        self.prompt_sets[name] = encoder.to(device)
+        self._set_options[name] = options
+        self._stack_cache = None
+        return encoder
+
+    def add_prompt_set(self, name: str, source: str | os.PathLike | Any) -> PrefixEncoder:
+        """Add a trained prompt set under ``name``: the deep prefix of a saved model folder or prompts-only checkpoint
+        (read as data, no code runs), or of a :class:`~st_prompts.PromptedTransformer` / SentenceTransformer.
+
+        Raises:
+            BackboneMismatchError: the set was trained on other backbone weights (fingerprint), or for another
+                architecture (layers, heads, head size).
+            ConfigurationError: the name is taken; the source has no deep prefix, or also a template or [CLS]
+                prompt (only deep prefixes share a batch).
+        """
+        self._check_new_name(name)
+        if isinstance(source, (str, os.PathLike)):
+            options, state, fingerprint = read_prompt_set(str(source))
+            if fingerprint is not None and fingerprint != self.fingerprint:
+                raise BackboneMismatchError(f"The prompt set in {str(source)!r} was trained on other backbone weights "
+                                            f"(fingerprint {fingerprint}, this backbone {self.fingerprint}).")
+            label = repr(str(source))
+        else:
+            encoder = source if hasattr(source, "prefix_encoder") else source[0]  # a module, or a SentenceTransformer
+            if getattr(encoder, "prefix_encoder", None) is None:
+                raise ConfigurationError("add_prompt_set needs a model with a deep prefix.")
+            if encoder.template is not None or encoder.cls_prompt:
+                raise ConfigurationError("Only a deep prefix can join a prompt bank; this model also has a template "
+                                         "or a [CLS] prompt.")
+            if encoder.fingerprint != self.fingerprint:
+                raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
+                                            f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
+            options = {k: getattr(encoder, k) for k in SET_OPTIONS}
+            state = {k[len("prefix_encoder."):]: v for k, v in encoder.prompt_state_dict().items()
+                     if k.startswith("prefix_encoder.")}
+            label = "the given model"
+        encoder = self.new_prompt_set(name, **options)
+        expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if expected != found:
+            del self.prompt_sets[name], self._set_options[name]
+            raise BackboneMismatchError(f"The prompt set in {label} does not fit this backbone's {self.backbone_plan.layers} "
+                                        f"layers of {self.backbone_plan.kv_heads} heads of size "
+                                        f"{self.backbone_plan.head_dim} ({found} against {expected}).")
+        with torch.no_grad():
+            encoder.load_state_dict({k: v.to(next(encoder.parameters()).device) for k, v in state.items()})
+        self._stack_cache = None
+        return encoder
+
+    def remove_prompt_set(self, name: str) -> None:
+        """Remove the prompt set ``name`` (and unset any role it had)."""
+        if name not in self.prompt_sets:
+            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
+        del self.prompt_sets[name], self._set_options[name]
+        for role in ("default_task", "query_task", "document_task"):
+            if getattr(self, role) == name:
+                setattr(self, role, None)
+        self._stack_cache = None
+
+    @property
+    def fingerprint(self) -> str:
+        """The backbone's weight fingerprint (computed once: the backbone of a bank stays frozen)."""
+        cached = getattr(self, "_fingerprint", None)
+        if cached is None or not self.freeze_backbone:
+            cached = self._fingerprint = backbone_fingerprint(self.auto_model)
+        return cached
+
+    def prompt_set_options(self) -> dict[str, dict[str, Any]]:
+        """Each set's construction options (what the saved config records)."""
+        return {name: dict(options) for name, options in self._set_options.items()}
+
+    def inference_cache_bytes(self) -> int:
+        """Bytes of the stacked sets' keys/values kept for mixed batches at inference (0 before the first one)."""
+        if self._stack_cache is None:
+            return 0
+        prefix = self._stack_cache[1].prefix
+        return prefix.numel() * prefix.element_size()
+
+    def get_config_dict(self) -> dict[str, Any]:
+        config = super().get_config_dict()
+        config["prompt_sets"] = self.prompt_set_options() or None
+        return config
+
+    def _check_new_name(self, name: str) -> None:
+        if not isinstance(name, str) or not name or name in (BACKBONE_TASK,) or "." in name:
+            raise ConfigurationError(f"A prompt set needs a name (no '.', not {BACKBONE_TASK!r}), got {name!r}.")
+        if name in self.prompt_sets:
+            raise ConfigurationError(f"The bank already has a prompt set {name!r}; remove it first.")
+
+    def _known_tasks(self) -> str:
+        names = self.prompt_set_names
+        return f"prompt sets: {', '.join(names)}" if names else "this model has no prompt sets"
+
+    def build_prefix_encoder(self, prefix_length: int, projection: bool = False, hidden_size: int | None = None,
+                             dropout: float | None = None, shared_dropout: bool = False,
+                             init_std: float | None = None) -> PrefixEncoder:
+        """A deep prefix shaped for this backbone (its prefix layers, key/value heads and head size), initialised as
+        the official code does (``init_std``: default :attr:`initial_prefix_std`)."""
+        plan, config = self.backbone_plan, self.auto_model.config
+        return PrefixEncoder(
+            prefix_length=prefix_length,
+            num_layers=plan.layers,
+            num_heads=plan.kv_heads,
+            head_dim=plan.head_dim,
+            projection=projection,
+            projection_hidden_size=hidden_size or config.hidden_size,
+            dropout=backbone_dropout(config) if dropout is None else dropout,
+            shared_dropout=shared_dropout,
+            init_std=self.initial_prefix_std if init_std is None else init_std,
+        )
+
+    # ------------------------------------------------------------------ choosing
+    def resolve_task(self, task: str | None) -> PrefixEncoder | None:
+        """The prefix a task name selects: a set, the model's own prefix (no task, no default), or none
+        (``"backbone"``, or a default of ``None`` on a model without a prefix). ``"query"``/``"document"`` (from
+        ``encode_query``/``encode_document``) select a set of that name, else the bank's query/document set, else the
+        default."""
+        if task in (QUERY, DOCUMENT) and task not in self.prompt_sets:
+            task = self.query_task if task == QUERY else self.document_task
+        if task is None:
+            task = self.default_task
+            if task is None:
+                return self.prefix_encoder
+        if task == BACKBONE_TASK:
+            return None
+        encoder = self.prompt_sets[task] if task in self.prompt_sets else None
+        if encoder is None:
+            raise ConfigurationError(f"Unknown task {task!r} ({self._known_tasks()}; {BACKBONE_TASK!r} is the plain "
+                                     "backbone).")
+        return encoder
+
+    def task_features(self, inputs: Iterable[Any], task: Any) -> list[str | None] | None:
+        """The task of each row (tagged inputs, else the call's task), or ``None`` when every row has the call's."""
+        if task is not None and not isinstance(task, str):
+            raise ConfigurationError("A task per row: call model.encode(texts, task=[...]) on the model itself, or "
+                                     "encode st_prompts.with_tasks(texts, tasks).")
+        tags = [getattr(item, "task", None) if isinstance(item, TaskText) else task for item in inputs]
+        return tags if any(isinstance(item, TaskText) for item in inputs) else None
+
+    def select_prompts(self, tasks: list[str | None] | None, task: str | None, batch_size: int,
+                       device: torch.device) -> PromptSelection:
+        """The prefix of a pass: per row (``tasks``) or for the call (``task``)."""
+        if tasks is None:
+            return PromptSelection(encoder=self.resolve_task(task))
+        encoders = [self.resolve_task(name) for name in tasks]
+        distinct = {id(e): e for e in encoders}
+        if len(distinct) == 1:
+            return PromptSelection(encoder=encoders[0])
+        if self.training:
+            raise ConfigurationError("Rows of several tasks in one batch are for inference: train one prompt set at a "
+                                     "time (the others stay frozen).")
+        if self.prefix_injection == "cache":
+            raise ConfigurationError("Mixed tasks in one batch need prefix_injection='attention'.")
+        members = [e for e in distinct.values() if e is not None]
+        draw, index = self._stacked(members, device)
+        rows = torch.tensor([index[id(e)] if e is not None else 0 for e in encoders], device=device)
+        lengths = torch.tensor([e.prefix_length if e is not None else 0 for e in encoders], device=device)
+        return PromptSelection(draw=draw, rows=rows, lengths=lengths)
+
+    def _stacked(self, members: list[PrefixEncoder], device) -> tuple[PrefixDraw, dict[int, int]]:
+        """The keys/values of ``members`` stacked along the batch dimension, padded to the longest set (inference:
+        cached until a parameter changes)."""
+        params = [p for m in members for p in m.parameters()]
+        # parameters change in place (optimizer steps, load_state_dict): their version counters say so
+        key = (tuple(id(m) for m in members), tuple(p._version for p in params), device)
+        if self._stack_cache is not None and self._stack_cache[0] == key:
+            return self._stack_cache[1], self._stack_cache[2]
+        longest = max(m.prefix_length for m in members)
+        with torch.no_grad():
+            values = [torch.nn.functional.pad(m.values(1).prefix, (0, 0, 0, longest - m.prefix_length))
+                      for m in members]
+            stacked = torch.cat(values, dim=1).to(device)  # (2L, sets, heads, longest, hd)
+        draw = PrefixDraw(stacked, len(members))
+        index = {id(m): i for i, m in enumerate(members)}
+        self._stack_cache = (key, draw, index)
+        return draw, index
+
+    def _mixed_prefix(self, model_inputs: dict[str, Any], features: dict[str, Any], selection: PromptSelection,
+                      tokens: int) -> None:
+        """The prefix of a batch whose rows use several prompt sets: each row gathers its set from the stacked sets
+        (inference only); positions past a row's own prefix are masked out."""
+        if features.get(PREFIX_ATTENTION_MASK) is not None or features.get(PREFIX_VALUES) is not None:
+            raise ConfigurationError("prefix views and shared prefix draws need one prompt set for the whole batch.")
+        draw, longest = selection.draw, selection.draw.shape[3]
+        prefix_mask = torch.arange(longest, device=selection.lengths.device).unsqueeze(0) < selection.lengths.unsqueeze(1)
+        padding = key_padding(longest, tokens)
+        if padding:
+            draw = pad_prefix(draw, padding)
+            prefix_mask = torch.nn.functional.pad(prefix_mask, (0, padding))
+        model_inputs[PREFIX_KWARG] = PrefixInjection(draw, prefix_mask, rows=selection.rows)
+
+    def on_model_ready(self, model) -> None:
+        """sentence-transformers' hook when the model is assembled: a model with prompt sets takes ``task`` per row."""
+        super().on_model_ready(model)
+        if not isinstance(model.__dict__.get("encode"), RowTaskEncode):
+            model.encode = RowTaskEncode(model)
+
+
+def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], str | None]:
+    """``(options, prefix state dict, backbone fingerprint or None)`` of the deep prefix saved in a model folder or
+    prompts-only checkpoint at ``path``: read from its JSON files and ``soft_prompts.safetensors`` only (no module is
+    imported, no code runs). A full model folder's fingerprint is that of its saved backbone weights.
+
+    Raises:
+        DataNotFoundError, DataFormatError, ConfigurationError: no such folder, damaged files, or no deep prefix.
+    """
+    folder = _prompted_module_folder(path)
+    try:
+        with open(os.path.join(folder, "sentence_bert_config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise DataFormatError(f"Cannot read the prompted encoder's configuration in {path!r}: {exc}") from exc
+    sets = config.get("prompt_sets") or {}
+    if not config.get("prefix_length") and len(sets) == 1:  # a bank of one set: that set
+        (name, options), = sets.items()
+        state = _load_prompts_file(folder, path)
+        prefix = f"prompt_sets.{name}."
+        return ({k: options.get(k) for k in SET_OPTIONS},
+                {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, _fingerprint(config, folder))
+    if not config.get("prefix_length"):
+        raise ConfigurationError(f"{path!r} has no deep prefix to add as a prompt set"
+                                 + (" (a bank of several sets: add them one by one from their own folders)."
+                                    if sets else "."))
+    if config.get("template") is not None or config.get("cls_prompt"):
+        raise ConfigurationError(f"Only a deep prefix can join a prompt bank; {path!r} also has a template or a [CLS] "
+                                 "prompt.")
+    state = _load_prompts_file(folder, path)
+    state = {k[len("prefix_encoder."):]: v for k, v in state.items() if k.startswith("prefix_encoder.")}
+    options = {k: config.get(k) for k in SET_OPTIONS}
+    options["prefix_projection"] = bool(options["prefix_projection"])
+    return options, state, _fingerprint(config, folder)
+
+
+def _load_prompts_file(folder: str, path: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(os.path.join(folder, PROMPTS_FILE))
+    except Exception as exc:  # safetensors' SafetensorError, OSError
+        raise DataFormatError(f"{PROMPTS_FILE} in {path!r} is damaged or missing ({str(exc).splitlines()[0]}).") from exc
+
+
+def _fingerprint(config: dict[str, Any], folder: str) -> str | None:
+    """The backbone fingerprint a prompts-only checkpoint records, or that of a full folder's saved weights."""
+    fingerprint = config.get("backbone_fingerprint")
+    weights = os.path.join(folder, "model.safetensors")
+    if fingerprint is None and os.path.isfile(weights):
+        fingerprint = _file_fingerprint(weights)
+    return fingerprint
+
+
+def _prompted_module_folder(path: str) -> str:
+    if not os.path.isdir(path):
+        raise DataNotFoundError(f"No model folder at {path!r}.")
+    modules = os.path.join(path, "modules.json")
+    if not os.path.isfile(modules):
+        return path
+    try:
+        entries = json.loads(open(modules, encoding="utf-8").read())
+    except ValueError as exc:
+        raise DataFormatError(f"{modules} is damaged: {exc}") from exc
+    for entry in entries:
+        if str(entry.get("type", "")).endswith("PromptedTransformer"):
+            return os.path.join(path, entry.get("path", ""))
+    raise ConfigurationError(f"{path!r} holds no PromptedTransformer: nothing to add as a prompt set.")
+
+
+def _file_fingerprint(path: str) -> str:
+    """:func:`backbone_fingerprint` of the weights saved in a safetensors file (same names, dtypes, bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(path).items()):
+        tensor = tensor.contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return "sha256:" + digest.hexdigest()
