@@ -238,14 +238,26 @@ def test_local_attention_layers_see_the_whole_prefix(tiny_backbones, monkeypatch
     assert bool(text[0].all()) and not bool(text[1].all()) and not bool(text[2].all())  # layer 0 global, 1-2 local
 
 
-@pytest.mark.parametrize("model_type", ["modernbert", "bert"])
+@pytest.mark.parametrize("model_type", ENCODERS)
 def test_templates_and_the_cls_prompt_work_on_encoders(tiny_backbones, model_type):
+    """A soft template and a [CLS] prompt beside the prefix: trainable, and a row alone equals the row in a padded
+    batch."""
     path = tiny_backbones(model_type)
+    torch.manual_seed(0)
     encoder = PromptedTransformer(path, prefix_length=2, template='this sentence : "[X]" means [MASK] .',
-                                  cls_prompt=True).eval()
+                                  cls_prompt=True)
     with torch.no_grad():
-        out = encoder(dict(encoder.preprocess(SENTENCES)))["token_embeddings"]
-    assert torch.isfinite(out).all()
+        encoder.shallow_prompt.embeddings.normal_()
+    out = encoder.train()(dict(encoder.preprocess(SENTENCES)))["token_embeddings"]
+    out.pow(2).mean().backward()
+    assert encoder.shallow_prompt.embeddings.grad.abs().sum() > 0
+    encoder.eval()
+    with torch.no_grad():
+        batch = encoder(dict(encoder.preprocess(SENTENCES)))
+        for i, sentence in enumerate(SENTENCES):
+            alone = encoder(dict(encoder.preprocess([sentence])))
+            mine, theirs = alone["prompt_mask_index"][0], batch["prompt_mask_index"][i]
+            assert torch.allclose(alone["token_embeddings"][0, mine], batch["token_embeddings"][i, theirs], atol=1e-5)
 
 
 @pytest.mark.parametrize("option", [{"cls_prompt": True}, {"template": 'this sentence : "[X]" means [MASK] .'}])
@@ -293,3 +305,12 @@ def test_the_attention_path_computes_what_the_cache_path_computes(tiny_backbones
         (a, grads_a), (b, grads_b) = results["attention"], results["cache"]
         assert torch.allclose(a, b, atol=1e-5), training
         assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(grads_a, grads_b)), training
+
+
+def test_dcpcse_on_a_decoder_pools_what_the_decoder_has(tiny_backbones):
+    from st_prompts import methods
+
+    with pytest.raises(ConfigurationError, match="no \\[CLS\\] to pool.*--pooling lasttoken"):
+        methods.build("dcpcse", backbone=tiny_backbones("llama"), scale="cpu")
+    model = methods.build("dcpcse", backbone=tiny_backbones("llama"), scale="cpu", pooling="lasttoken")
+    assert model[1].pooling_mode == "lasttoken" and model.encode(["the cat"]).shape == (1, 32)
