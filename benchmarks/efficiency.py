@@ -69,6 +69,10 @@ VARIANTS = [
         (("learning_rate", run_all_rows.LORA_LR[False]), ("gradient_checkpointing", True)), adapter="lora"),
     Row("simcse-unsup+checkpointing", "SimCSE, activation checkpointing", "simcse", False,
         (("gradient_checkpointing", True),)),
+    # The prefix as a key/value cache (PEFT's mechanism, and this package's before the attention interface), beside
+    # the default injection through the attention functions: the same numbers (tests), compared for cost.
+    Row("dcpcse-unsup+cache-path", "DCPCSE, prefix as a key/value cache", "dcpcse", False, note="cache"),
+    Row("dcpcse-sup+cache-path", "DCPCSE, prefix as a key/value cache", "dcpcse", True, note="cache"),
 ]
 ALL = {**{r.name: r for r in ROWS.values() if not r.ablation and r.method is not None}, **{r.name: r for r in VARIANTS}}
 #: The rows whose step times the targets compare, timed step by step in one process (see paired_child).
@@ -77,6 +81,20 @@ PAIRED = {
               f"dcpcse-{setting}+shared-dropout"]
     for setting in ("unsup", "sup")
 }
+#: The two ways the prefix gets into the backbone, paired the same way (the first row is the base of the ratios).
+PAIRED.update({f"{setting}-injection": [f"dcpcse-{setting}", f"dcpcse-{setting}+cache-path"]
+               for setting in ("unsup", "sup")})
+
+
+def apply_variant(model, row: Row):
+    """The model of a variant row whose change is not a setting (the cache path, torch.compile)."""
+    import torch
+
+    if row.note == "cache":
+        model[0].prefix_injection = "cache"
+    if row.note == "compile":
+        model[0].auto_model.forward = torch.compile(model[0].auto_model.forward, dynamic=True)
+    return model
 
 
 # ------------------------------------------------------------------------------------------------- child
@@ -246,8 +264,7 @@ def child(row: Row, args) -> dict[str, Any]:
         model = method.build_model(settings)
         if row.adapter:
             model = run_all_runner.attach_adapter(model, row)
-        if row.note == "compile":
-            model[0].auto_model.forward = torch.compile(model[0].auto_model.forward, dynamic=True)
+        model = apply_variant(model, row)
         # The memory profiler with a compiled model needs more memory than this machine has (killed): not profiled.
         probe = StepProbe(args.warmup, profile=not args.no_memory and row.note != "compile", last_step=steps + 1)
         load = os.getloadavg()
@@ -341,6 +358,7 @@ def paired_child(setting: str, args) -> dict[str, Any]:
             model = method.build_model(settings)
             if row.adapter:
                 model = run_all_runner.attach_adapter(model, row)
+            model = apply_variant(model, row)
             trainer, _, _ = stage_trainer(settings, stage, data, model, show_progress_bar=False)
             trainer.create_optimizer_and_scheduler(num_training_steps=rounds)
             trainer.current_gradient_accumulation_steps = 1  # set by the trainer's loop, read by training_step
@@ -526,10 +544,11 @@ def markdown(report: dict[str, Any]) -> str:
                   f"the same batches: {report.get('paired_steps')} timed batches after {report['warmup']} warm-up; "
                   "the ratio is taken per batch, then the median and the quartiles across batches; load drifts and "
                   "batch lengths cancel out of it):", "",
-                  "| row | median step (s) | × SimCSE, median | quartiles | prefix dropout draws per step | "
+                  "| row | median step (s) | × first row, median | quartiles | prefix dropout draws per step | "
                   "drawing them alone (ms) | with `bernoulli_` (ms) | encode × backbone, median | quartiles |",
                   "|---|---:|---:|---|---:|---:|---:|---:|---|"]
         for setting, result in paired.items():
+            lines.append(f"| **{setting}** (first row: `{result['base']}`) |  |  |  |  |  |  |  |  |")
             for name, r in result["rows"].items():
                 q1, q3 = r["quartiles_vs_base"]
                 count = r.get("prefix_dropout_draws_per_step")
@@ -581,6 +600,19 @@ def ratios(results: dict[str, Any], paired: dict[str, Any] | None = None) -> lis
             if r.get("memory") and base.get("memory"):
                 r["memory_vs_simcse"] = r["memory"]["peak_mib"] / base["memory"]["peak_mib"]
     checks = []
+    for setting in ("unsup", "sup"):
+        pair = (paired or {}).get(f"{setting}-injection")
+        ratio = paired_ratio(pair, f"dcpcse-{setting}", f"dcpcse-{setting}+cache-path")
+        attention, cache = (results.get(f"dcpcse-{setting}{v}") for v in ("", "+cache-path"))
+        if ratio and attention and cache and "error" not in attention and "error" not in cache:
+            encode = {n: pair["rows"][n]["encode"]["median_vs_backbone"] for n in pair["rows"]}
+            memory = (attention["memory"]["peak_mib"] / cache["memory"]["peak_mib"]
+                      if attention.get("memory") and cache.get("memory") else float("nan"))
+            checks.append((f"DCPCSE {setting}, prefix through the attention functions vs as a key/value cache: step "
+                           f"{ratio[0]:.3f} × (paired, quartiles {ratio[1]:.3f}-{ratio[2]:.3f}), memory {memory:.3f} "
+                           f"×, encode {encode[f'dcpcse-{setting}']:.3f} vs "
+                           f"{encode[f'dcpcse-{setting}+cache-path']:.3f} × backbone; at most the cache path's step "
+                           "time", ratio[0] <= 1.0))
     for setting in ("unsup", "sup"):
         ours, lora, prefix = (results.get(f"{m}-{setting}") for m in ("dcpcse", "lora", "peft-prefix"))
         if not all(x and "error" not in x for x in (ours, lora, prefix)):
@@ -641,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="repeats of the paired encode-throughput comparison (the one the target uses)")
     parser.add_argument("--paired-only", action="store_true",
                         help="run only the paired comparisons of the settings of --rows, keep the rows' results")
+    parser.add_argument("--paired", nargs="+", choices=list(PAIRED), metavar="SET",
+                        help=f"paired comparisons to run (default: those with a row in --rows): {', '.join(PAIRED)}")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_paired", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -679,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['throughput']['ratio']:.3f}", flush=True)
     paired = dict(previous.get("paired", {}))
     if not args.no_paired:
-        settings = [s for s in PAIRED if any(n in args.rows for n in PAIRED[s])]
+        settings = args.paired or [s for s in PAIRED if any(n in args.rows for n in PAIRED[s])]
         for setting in settings:
             print(f"paired step times, {setting}: {', '.join(PAIRED[setting])} ...", flush=True)
             paired[setting] = measure_paired(setting, args)

@@ -11,6 +11,7 @@ from rows import (
     BATCH_SIZE,
     DCPCSE_LR,
     LORA_LR,
+    OFFICIAL_MLP_INITIALISATION_SINCE,
     PEFT_PREFIX_LR,
     PEFT_PREFIX_LR_CANDIDATES,
     ROWS,
@@ -73,8 +74,11 @@ def collect(results: Path, rows: list[Row], data_dir: Path, quick: bool) -> dict
             if record and record.get("key") == run_key(row, seed, data_dir, quick):
                 records.append(record)
         if records:
-            summary[row.name] = {"label": row.label, "setting": row.setting, "ablation": row.ablation,
-                                 "issue": row.issue, "compare": row.compare, **aggregate(records)}
+            earlier = row.method is not None and any(r.get("finished", "") < OFFICIAL_MLP_INITIALISATION_SINCE
+                                                     for r in records)
+            summary[row.name] = {"label": row.label + (" ¹" if earlier else ""), "setting": row.setting,
+                                 "ablation": row.ablation, "compare": row.compare, "earlier_mlp_init": earlier,
+                                 **aggregate(records)}
     return summary
 
 
@@ -115,8 +119,8 @@ def quality_table(summary: dict[str, Any], names: list[str]) -> list[str]:
 
 
 def ablation_table(summary: dict[str, Any], names: list[str]) -> list[str]:
-    lines = ["| issue | row | compared with | seeds | STS-B dev | Δ | SICK-R trial | Δ | R@1 | Δ | alignment | "
-             "uniformity |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| row | compared with | seeds | STS-B dev | Δ | SICK-R trial | Δ | R@1 | Δ | alignment | "
+             "uniformity |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def delta(entry: dict[str, Any], other: dict[str, Any] | None, metric: str, factor: float) -> str:
         """Mean over the seeds both rows ran of (this run - the compared row's run of the same seed)."""
@@ -132,7 +136,7 @@ def ablation_table(summary: dict[str, Any], names: list[str]) -> list[str]:
         e = summary[name]
         other = summary.get(e.get("compare") or "")
         lines.append(
-            f"| {e['issue']} | `{name}` {e['label']} | `{e.get('compare') or '–'}` | {len(e['seeds'])} | "
+            f"| `{name}` {e['label']} | `{e.get('compare') or '–'}` | {len(e['seeds'])} | "
             f"{fmt(e, 'stsb_dev')} | "
             f"{delta(e, other, 'stsb_dev', 100)} | {fmt(e, 'sick_trial')} | {delta(e, other, 'sick_trial', 100)} | "
             f"{fmt(e, 'recall@1')} | {delta(e, other, 'recall@1', 100)} | {fmt(e, 'alignment')} | "
@@ -197,6 +201,12 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
                 "re-selected.")
                if lr_rows else
                "The learning-rate selection rows (`*-lr*`, with `--ablations`) have not run: every row uses its preset.")
+    if any(e.get("earlier_mlp_init") for e in summary.values()):
+        lines += ["¹ Runs made before SimCSE's MLP heads (training-only or saved) started at N(0, 0.02) with zero "
+                  "biases as in SimCSE's code; they used torch's default initialisation of those layers. These rows "
+                  "train no prefix of this package and were not re-run for that change; every row with a prefix "
+                  "(DCPCSE, D2CSE, DiffAug, SKICSE's prompted encoder) was re-run with the official initialisation "
+                  "of the prefix and the MLP.", ""]
     lines += [
         "Notes: SKICSE rows train on the rows that have SmolLM2 SKI (2,028 Wikipedia sentences / 2,000 NLI "
         "premises) for the same number of steps; their λ = 0 ablations below are SimCSE / DCPCSE on that data. "

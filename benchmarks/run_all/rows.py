@@ -252,10 +252,13 @@ KEY_NEUTRAL_DEFAULTS: dict[str, Any] = {"pooling": "mask",  # DiffAug --pooling 
                                         "gradient_accumulation_steps": 1}
 #: The same, per method, where a method's field has another earlier value than KEY_NEUTRAL_DEFAULTS says.
 METHOD_KEY_NEUTRAL_DEFAULTS: dict[str, dict[str, Any]] = {"dcpcse": {"pooling": "cls"}}  # DCPCSE --pooling
-#: Version of the initialisation of the trainable parts the benchmark's runs were made with, in the key of every run
-#: that trains a prefix or SimCSE's training-only MLP: 2 = as the official code (N(0, initializer_range), zero
-#: biases); runs made with torch's defaults (1) are stale.
+#: Version of the prefix initialisation, in the key of every run that trains a prefix of this package: 2 = as the
+#: official code (N(0, initializer_range), zero biases); runs made with torch's defaults (1) are stale and re-run.
 INITIALISATION_VERSION = 2
+#: When SimCSE's MLP heads started at N(0, 0.02) too (torch's defaults before). The rows without a prefix of this
+#: package (SimCSE, LoRA, PEFT prefix tuning, SCPCSE, SKICSE's full encoder) were not re-run for it: their key does
+#: not carry the version, and the report marks their runs finished before this time.
+OFFICIAL_MLP_INITIALISATION_SINCE = "2026-11-25 14:13"
 
 
 def run_key(row: Row, seed: int, data_dir: Path, quick: bool) -> str:
@@ -273,8 +276,10 @@ def run_key(row: Row, seed: int, data_dir: Path, quick: bool) -> str:
         # from the preset
         spec["row"]["overrides"] = [o for o in spec["row"]["overrides"] if o[0] not in neutral]
         spec["settings"] = settings
-        if "prefix_length" in settings or settings.get("mlp_head") == "train_only" or row.adapter == "peft-prefix":
+        if settings.get("prefix_length") and row.adapter is None and settings.get("encoder") != "full":
             spec["initialisation"] = INITIALISATION_VERSION
+        elif settings.get("prefix_init_std") is None:
+            settings.pop("prefix_init_std", None)  # a field added with the official initialisation; no prefix here
     for key in ("name", "label", "note", "issue", "ablation", "compare", "all_seeds"):
         spec["row"].pop(key)  # two rows with the same settings share their runs
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
