@@ -9,13 +9,16 @@ from typing import Any
 
 from rows import (
     BATCH_SIZE,
+    D2CSE_LR,
     DCPCSE_LR,
+    DIFFAUG_STAGE1_LR,
     LORA_LR,
     OFFICIAL_MLP_INITIALISATION_SINCE,
     PEFT_PREFIX_LR,
     PEFT_PREFIX_LR_CANDIDATES,
     ROWS,
     SEEDS,
+    SKICSE_PROMPTED_LR,
     Row,
     run_key,
 )
@@ -196,9 +199,11 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
 
     lr_note = ((f"Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): LoRA "
                 f"{e(LORA_LR[False])} unsupervised and {e(LORA_LR[True])} supervised, DCPCSE {e(DCPCSE_LR[False])}; "
+                f"D2CSE {e(D2CSE_LR[False])}, SKICSE's prompted encoder {e(SKICSE_PROMPTED_LR[False])}, DiffAug's "
+                f"stage 1 {e(DIFFAUG_STAGE1_LR[False])} (their supervised rows take the unsupervised selection: the "
+                "supervised sweeps did not run); "
                 f"PEFT prefix tuning keeps {e(PEFT_PREFIX_LR[False])} (checked at {e(max(PEFT_PREFIX_LR_CANDIDATES))}). "
-                "D2CSE and SKICSE's prompted encoder (3e-2) and SCPCSE (1e-3) run at their CPU presets, not "
-                "re-selected.")
+                "SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
                if lr_rows else
                "The learning-rate selection rows (`*-lr*`, with `--ablations`) have not run: every row uses its preset.")
     if any(e.get("earlier_mlp_init") for e in summary.values()):
@@ -206,11 +211,11 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
                   "biases as in SimCSE's code; they used torch's default initialisation of those layers. These rows "
                   "train no prefix of this package and were not re-run for that change; every row with a prefix "
                   "(DCPCSE, D2CSE, DiffAug, SKICSE's prompted encoder) was re-run with the official initialisation "
-                  "of the prefix and the MLP.", ""]
+                  "of the prefix and the MLP (ablation rows not re-run are left out of the tables).", ""]
     lines += [
         "Notes: SKICSE rows train on the rows that have SmolLM2 SKI (2,028 Wikipedia sentences / 2,000 NLI "
         "premises) for the same number of steps; their λ = 0 ablations below are SimCSE / DCPCSE on that data. "
-        "DiffAug's stage 1 (200 steps of 64 NLI pairs, prefix only) comes on top of the budget, and its semi-"
+        "DiffAug's stage 1 (200 steps of 32 NLI triplets, 64 classifier rows, prefix only) comes on top of the budget, and its semi-"
         "supervised setting uses those NLI labels. DiffAug trains its backbone in stage 2, so it is counted as "
         "100% trainable; on MiniLM it pools [CLS] without the PromptBERT template (the paper's template runs are "
         "the `diffaug-*-template` ablations; see the DiffAug reading). " + lr_note,
