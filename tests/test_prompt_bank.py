@@ -78,6 +78,17 @@ def test_save_load_and_prompts_only_give_identical_embeddings(tiny_bert, tmp_pat
         assert torch.equal(encode(loaded, TEXTS, task=tasks), expected), folder
 
 
+def test_an_empty_bank_saves_and_reloads_as_a_bank(tiny_bert, tmp_path):
+    """A bank created without any set yet (``st-prompts bank create``) reloads as a bank that sets can join."""
+    model = bank_on(tiny_bert)
+    expected = encode(model, TEXTS)
+    model.save(str(tmp_path / "empty"))
+    loaded = SentenceTransformer(str(tmp_path / "empty"), trust_remote_code=True, device="cpu")
+    assert loaded[0].prompt_set_names == [] and torch.equal(encode(loaded, TEXTS), expected)
+    loaded[0].new_prompt_set("later", prefix_length=4)
+    assert encode(loaded, TEXTS, task="later").shape == expected.shape
+
+
 def test_encode_query_and_encode_document_use_their_sets(tiny_bert):
     model = bank_on(tiny_bert, q=3, d=5)
     plain = encode(model, TEXTS)

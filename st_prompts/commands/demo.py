@@ -98,15 +98,16 @@ def run(args: argparse.Namespace) -> int:
     difference = float((mixed - separate).abs().max())
     save_model_folder(args.output, lambda folder: model.save(str(folder)), overwrite=True)
 
-    labels = {"sts": "STS-B dev Spearman x100 (1,500 pairs)", "nli": f"NLI: entailment closer than contradiction, "
-              f"% of {len(held_out)} held-out triplets"}
+    labels = {"sts": "STS-B dev, Spearman x100 (1,500 pairs)",
+              "nli": f"NLI, % of {len(held_out)} held-out triplets with entailment first"}
     sizes = {name: sum(p.numel() for p in model[0].prompt_sets[name].parameters()) for name in ("sts", "nli")}
     backbone = sum(p.numel() for p in model[0].auto_model.parameters())
     print()
     print(f"One frozen all-MiniLM-L6-v2 ({backbone / 1e6:.1f}M parameters), two prompt sets trained on bundled data:")
-    print(f"{'task':5} {'score':58} {'shipped':>8} {'its set':>8}   set size")
+    width = max(len(label) for label in labels.values())
+    print(f"{'task':5} {'score':{width}} {'shipped':>8} {'its set':>8}   set size")
     for name in ("sts", "nli"):
-        print(f"{name:5} {labels[name]:58} {100 * scores[name]['shipped']:8.2f} {100 * scores[name]['prompt set']:8.2f}"
+        print(f"{name:5} {labels[name]:{width}} {100 * scores[name]['shipped']:8.2f} {100 * scores[name]['prompt set']:8.2f}"
               f"   {sizes[name]:,} parameters, {4 * sizes[name] / 1e3:.0f} KB ({100 * sizes[name] / backbone:.2f} %)")
     print(f"\nOne encode call, {len(texts)} sentences, a task per row (mixed batches): {mixed_seconds:.1f}s; largest "
           f"difference from encoding each task separately: {difference:.1e}.")

@@ -116,6 +116,8 @@ class PromptSetsMixin:
     def _init_prompt_sets(self, prompt_sets: dict[str, dict[str, Any]] | None, default_task: str | None,
                           query_task: str | None, document_task: str | None) -> None:
         self.prompt_sets = torch.nn.ModuleDict()
+        #: a bank (``prompt_sets`` given, even empty) saves its sets' dict, so a bank with no set yet reloads as one
+        self._is_bank = prompt_sets is not None
         self._set_options: dict[str, dict[str, Any]] = {}
         self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
         for name, options in (prompt_sets or {}).items():
@@ -226,7 +228,8 @@ class PromptSetsMixin:
 
     def get_config_dict(self) -> dict[str, Any]:
         config = super().get_config_dict()
-        config["prompt_sets"] = self.prompt_set_options() or None
+        options = self.prompt_set_options()
+        config["prompt_sets"] = options if options or self._is_bank else None
         return config
 
     def _check_new_name(self, name: str) -> None:
