@@ -349,12 +349,8 @@ def prompts_only_bytes(model) -> float:
     return size / len(model[0].prompt_set_names)
 
 
-def full_models_serving(count, batches, row_tasks, tasks, repeats) -> dict:
-    """(c) one full fine-tuned model per task: the task-grouped rows of each batch go to that task's model. Up to 16
-    models are held (cycled beyond); memory is the weights of ``count`` models (what serving them takes)."""
-    base = shipped().eval()
-    held = [copy.deepcopy(base) for _ in range(min(count, 16))]
-    weights = sum(p.numel() * p.element_size() for p in base.parameters())
+def grouped_timing(batches, row_tasks, repeats, encode_group) -> tuple[int, list[float]]:
+    """Time each batch split into its tasks' groups, ``encode_group(task, texts)`` per group: (sentences, seconds)."""
     seconds, n = [], 0
     for _ in range(repeats):
         start_row = 0
@@ -363,10 +359,23 @@ def full_models_serving(count, batches, row_tasks, tasks, repeats) -> dict:
             start_row += len(batch)
             start = time.perf_counter()
             for task in sorted(set(tasks_of_batch)):
-                held[tasks.index(task) % len(held)].encode([s for s, t in zip(batch, tasks_of_batch) if t == task],
-                                                           batch_size=128)
+                encode_group(task, [s for s, t in zip(batch, tasks_of_batch) if t == task])
             seconds.append(time.perf_counter() - start)
             n += len(batch)
+    return n, seconds
+
+
+def full_models_serving(count, batches, row_tasks, tasks, repeats) -> dict:
+    """(c) one full fine-tuned model per task: the task-grouped rows of each batch go to that task's model. Up to 16
+    models are held (cycled beyond); memory is the weights of ``count`` models (what serving them takes)."""
+    base = shipped().eval()
+    held = [copy.deepcopy(base) for _ in range(min(count, 16))]
+    weights = sum(p.numel() * p.element_size() for p in base.parameters())
+
+    def encode_group(task, texts):
+        held[tasks.index(task) % len(held)].encode(texts, batch_size=128)
+
+    n, seconds = grouped_timing(batches, row_tasks, repeats, encode_group)
     return {"sentences_per_s": n / sum(seconds), "memory_bytes": weights * count, "per_task_bytes": weights}
 
 
@@ -379,19 +388,13 @@ def lora_serving(count, batches, row_tasks, tasks, repeats) -> dict:
         model.add_adapter(LoraConfig(r=8, lora_alpha=16, target_modules=["query", "value"],
                                      task_type=TaskType.FEATURE_EXTRACTION), adapter_name=task)
     adapter_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n) / count
-    seconds, n = [], 0
+
+    def encode_group(task, texts):
+        model.set_adapter(task)
+        model.encode(texts, batch_size=128)
+
     with torch.no_grad():
-        for _ in range(repeats):
-            start_row = 0
-            for batch in batches:
-                tasks_of_batch = row_tasks[start_row:start_row + len(batch)]
-                start_row += len(batch)
-                start = time.perf_counter()
-                for task in sorted(set(tasks_of_batch)):
-                    model.set_adapter(task)
-                    model.encode([s for s, t in zip(batch, tasks_of_batch) if t == task], batch_size=128)
-                seconds.append(time.perf_counter() - start)
-                n += len(batch)
+        n, seconds = grouped_timing(batches, row_tasks, repeats, encode_group)
     return {"sentences_per_s": n / sum(seconds), "per_adapter_bytes": adapter_bytes}
 
 
