@@ -433,7 +433,9 @@ def report(args) -> None:
              f"Packaged all-MiniLM-L6-v2, mean pooling (its own); one epoch, batch {BATCH_SIZE}, seed {SEED}, "
              "best weights of five evaluations on the task's selection set; learning rate selected per row on that "
              "set over " + "; ".join(f"{a} {', '.join(f'{x:g}' for x in lrs)}" for a, lrs in LEARNING_RATES.items())
-             + ". Spearman × 100. Command: `python benchmarks/multitask.py --data-dir ../shared/data quality`.", ""]
+             + ". Spearman × 100. Command: `python benchmarks/multitask.py --data-dir ../shared/data quality "
+             f"--tasks {' '.join(t for t in TASKS if any(r['task'] == t for r in records))}`"
+             f"{'' if {r['task'] for r in records} >= set(TASKS) else ' (the tasks not listed did not run)'}.", ""]
     if base:
         lines += [f"The shipped model, untouched: STS-B dev {base['metrics']['stsb_dev']:.2f}, SICK-R trial "
                   f"{base['metrics']['sick_trial']:.2f}.", ""]

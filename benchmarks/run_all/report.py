@@ -184,8 +184,9 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
             lines += [f"**{title}**", "", *quality_table(summary, names), ""]
     missing = [n for n in [*main, *(r.name for r in rows if r.all_seeds)] if n not in summary]
     if missing:
-        lines += ["Not run yet (the full run takes hours on two cores and is run in parts; rerunning the command "
-                  "resumes it): " + ", ".join(f"`{n}`" for n in missing) + ".", ""]
+        lines += ["Not run with the current settings (a run whose settings changed since, e.g. the prefix "
+                  "initialisation, does not count; the full run takes hours on two cores and is run in parts; "
+                  "rerunning the command resumes it): " + ", ".join(f"`{n}`" for n in missing) + ".", ""]
     by_name = {r.name: r for r in rows}
     short = [f"`{n}` ({len(summary[n]['seeds'])} of {len(by_name[n].seeds)})"
              for n in [*main, *(r.name for r in rows if r.all_seeds)]

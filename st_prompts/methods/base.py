@@ -42,6 +42,8 @@ class TrainSettings:
 
     method: str = option("", "method name (set by the registry)", cli=False)
     supervised: bool = option(False, "supervised NLI training (default: unsupervised)", cli=False)
+    #: which preset table fills the unset options: "paper" (the paper's) or "cpu" (the packaged MiniLM on two cores).
+    #: A preset, not a device: training runs wherever torch puts the model either way.
     scale: str = option("paper", "preset scale", SCALES, cli=False)
     backbone: str = option("bert-base-uncased", "backbone name, path or alias ('minilm')")
     learning_rate: float = option(3e-5, "peak learning rate (linear decay)")
