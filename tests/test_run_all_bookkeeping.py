@@ -16,16 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def run_all():
-    """The benchmark's modules (benchmarks/run_all/rows.py and runner.py) as one namespace."""
+    """The benchmark's modules (benchmarks/run_all/rows.py, runner.py and report.py) as one namespace."""
     import types
 
     sys.path.insert(0, str(REPO / "benchmarks" / "run_all"))
     try:
         rows = importlib.import_module("rows")
         runner = importlib.import_module("runner")
+        report = importlib.import_module("report")
     finally:
         sys.path.pop(0)
-    names = {**vars(rows), **vars(runner)}
+    names = {**vars(rows), **vars(runner), **vars(report)}
     return types.SimpleNamespace(**{k: v for k, v in names.items() if not k.startswith("__")})
 
 
@@ -73,3 +74,22 @@ def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypat
     assert ".[bench]" in problem
 
 
+
+
+def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows_do_not_use(run_all):
+    """The report's sentence on learning rates is read from the sweep rows, never written by hand: a setting without
+    its sweep says so, and a sweep whose best STS-B dev rate differs from the rows' rate is named."""
+    def e(x):
+        return f"{x:.0e}".replace("e-0", "e-")
+
+    def entry(dev):
+        return {"stsb_dev": {"mean": dev}}
+
+    chosen = run_all.D2CSE_LR[False]
+    summary = {f"d2cse-unsup-lr{lr:g}": entry(0.80 + (0.05 if lr == chosen else 0.0)) for lr in (1e-2, chosen)}
+    note = run_all._lr_selection_note(summary, e)
+    assert f"D2CSE unsupervised {e(chosen)} and supervised {e(run_all.D2CSE_LR[True])} (its sweep has not run" in note
+    summary.update({f"d2cse-sup-lr{lr:g}": entry(0.70 + (0.1 if lr == 3e-1 else 0.0)) for lr in (chosen, 3e-1)})
+    note = run_all._lr_selection_note(summary, e)
+    assert f"supervised {e(run_all.D2CSE_LR[True])} (the sweep's best on STS-B dev is 3e-1)" in note
+    assert "D2CSE unsupervised 1e-1 and" in note and "(its sweep has not run" not in note.split("D2CSE")[1].split(";")[0]

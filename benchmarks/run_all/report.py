@@ -156,6 +156,35 @@ def efficiency_section(results: Path) -> list[str]:
             for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def _lr_selection_note(summary: dict[str, Any], e: Any) -> str:
+    """One sentence per selected method: the rate its rows use in each setting, read from the ``*-lr*`` rows of the
+    summary. A setting whose sweep has not run says so (its rows take the other setting's rate), and a sweep whose
+    best STS-B dev rate is not the one the rows use is flagged, so the note can never claim a selection that did not
+    happen."""
+    methods = (("LoRA", "lora-{s}-lr", LORA_LR), ("DCPCSE", "dcpcse-{s}-lr", DCPCSE_LR),
+               ("D2CSE", "d2cse-{s}-lr", D2CSE_LR), ("SKICSE's prompted encoder", "skicse-prompted-{s}-lr",
+                                                     SKICSE_PROMPTED_LR),
+               ("DiffAug's stage 1", "diffaug-{s}-stage1-lr", DIFFAUG_STAGE1_LR))
+    parts = []
+    for label, pattern, rates in methods:
+        settings = []
+        for sup in (False, True):
+            s = ("sup" if sup else "semi") if "diffaug" in pattern else ("sup" if sup else "unsup")
+            prefix = pattern.format(s=s)
+            sweep = {float(n[len(prefix):]): summary[n]["stsb_dev"]["mean"] for n in summary if n.startswith(prefix)}
+            name = {"sup": "supervised", "unsup": "unsupervised", "semi": "semi-supervised"}[s]
+            if len(sweep) < 2:
+                settings.append(f"{name} {e(rates[sup])} (its sweep has not run: the other setting's selection)")
+                continue
+            best = max(sweep, key=sweep.get)
+            flag = "" if math.isclose(best, rates[sup]) else f" (the sweep's best on STS-B dev is {e(best)})"
+            settings.append(f"{name} {e(rates[sup])}{flag}")
+        parts.append(f"{label} " + " and ".join(settings))
+    return ("Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): " + "; ".join(parts)
+            + f"; PEFT prefix tuning keeps {e(PEFT_PREFIX_LR[False])} (checked at "
+            f"{e(max(PEFT_PREFIX_LR_CANDIDATES))}). SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
+
+
 def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -> str:
     main = [r.name for r in rows if not r.ablation]
     lines = [
@@ -198,14 +227,7 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
     def e(x: float) -> str:  # 0.005 -> 5e-3
         return f"{x:.0e}".replace("e-0", "e-")
 
-    lr_note = ((f"Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): LoRA "
-                f"{e(LORA_LR[False])} unsupervised and {e(LORA_LR[True])} supervised, DCPCSE {e(DCPCSE_LR[False])}; "
-                f"D2CSE {e(D2CSE_LR[False])}, SKICSE's prompted encoder {e(SKICSE_PROMPTED_LR[False])}, DiffAug's "
-                f"stage 1 {e(DIFFAUG_STAGE1_LR[False])} (their supervised rows take the unsupervised selection: the "
-                "supervised sweeps did not run); "
-                f"PEFT prefix tuning keeps {e(PEFT_PREFIX_LR[False])} (checked at {e(max(PEFT_PREFIX_LR_CANDIDATES))}). "
-                "SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
-               if lr_rows else
+    lr_note = (_lr_selection_note(summary, e) if lr_rows else
                "The learning-rate selection rows (`*-lr*`, with `--ablations`) have not run: every row uses its preset.")
     if any(e.get("earlier_mlp_init") for e in summary.values()):
         lines += ["¹ Runs made before SimCSE's MLP heads (training-only or saved) started at N(0, 0.02) with zero "
