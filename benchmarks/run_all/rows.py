@@ -97,7 +97,8 @@ DCPCSE_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 #: 84.66, the top of the grid). The supervised sweeps of D2CSE, SKICSE and DiffAug's stage 1 did not run (CPU
 #: time): their supervised rows use the unsupervised (semi-supervised for DiffAug) selection.
 D2CSE_LR = {False: 1e-1, True: 1e-1}
-D2CSE_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
+#: per setting (supervised?): the supervised grid was extended to 1 when its best value sat at 3e-1, its edge
+D2CSE_LR_CANDIDATES = {False: (1e-2, 3e-2, 1e-1, 3e-1), True: (1e-2, 3e-2, 1e-1, 3e-1, 1.0)}
 SKICSE_PROMPTED_LR = {False: 3e-2, True: 3e-2}
 SKICSE_PROMPTED_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 DIFFAUG_STAGE1_LR = {False: 1e-2, True: 1e-2}
@@ -179,7 +180,7 @@ def _rows() -> list[Row]:
         for lr in DCPCSE_LR_CANDIDATES:
             rows.append(Row(f"dcpcse-{s}-lr{lr:g}", f"DCPCSE {s}, lr {lr:g} (selection check)", "dcpcse", sup,
                             (("learning_rate", lr),), ablation=True, issue="11", compare=f"dcpcse-{s}"))
-        for lr in D2CSE_LR_CANDIDATES:
+        for lr in D2CSE_LR_CANDIDATES[sup]:
             rows.append(Row(f"d2cse-{s}-lr{lr:g}", f"D2CSE {s}, lr {lr:g} (selection)", "d2cse", sup,
                             (("learning_rate", lr),), ablation=True, issue="28", compare=f"d2cse-{s}"))
         for lr in SKICSE_PROMPTED_LR_CANDIDATES:
