@@ -464,7 +464,8 @@ def test_paper_presets_follow_table_7():
     assert (cpu.batch_size, cpu.epochs, cpu.prefix_length) == (
         dcpcse.batch_size, dcpcse.epochs, dcpcse.prefix_length)  # the same budget
     assert (cpu.learning_rate, dcpcse.learning_rate) == (1e-1, 1e-1)  # both selected on STS-B dev (seed 42)
-    assert methods.settings("d2cse", supervised=True, scale="cpu").cls_prompt is True
+    supervised = methods.settings("d2cse", supervised=True, scale="cpu")
+    assert (supervised.learning_rate, supervised.cls_prompt) == (3e-1, True)  # selected on STS-B dev (seed 42)
     with pytest.raises(ConfigurationError, match="masking_ratio"):
         methods.settings("d2cse", scale="cpu", masking_ratio=0.0)
 

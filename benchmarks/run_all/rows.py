@@ -96,13 +96,14 @@ DCPCSE_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 #: 76.48), SKICSE prompted 3e-2 (83.70 / 84.08 / 83.72 / 12.71), DiffAug stage 1 1e-2 (82.99 / 84.22 / 84.18 /
 #: 84.66, the top of the grid). The supervised sweeps of D2CSE, SKICSE and DiffAug's stage 1 did not run (CPU
 #: time): their supervised rows use the unsupervised (semi-supervised for DiffAug) selection.
-D2CSE_LR = {False: 1e-1, True: 1e-1}
+D2CSE_LR = {False: 1e-1, True: 3e-1}
 #: per setting (supervised?): the supervised grid was extended to 1 when its best value sat at 3e-1, its edge
 D2CSE_LR_CANDIDATES = {False: (1e-2, 3e-2, 1e-1, 3e-1), True: (1e-2, 3e-2, 1e-1, 3e-1, 1.0)}
 SKICSE_PROMPTED_LR = {False: 3e-2, True: 3e-2}
 SKICSE_PROMPTED_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 DIFFAUG_STAGE1_LR = {False: 1e-2, True: 1e-2}
-DIFFAUG_STAGE1_LR_CANDIDATES = (3e-4, 1e-3, 3e-3, 1e-2)
+#: extended to 3e-2 when 1e-2, the top of the first grid, led in both settings
+DIFFAUG_STAGE1_LR_CANDIDATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def _rows() -> list[Row]:
