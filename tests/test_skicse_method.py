@@ -41,6 +41,7 @@ def test_presets_follow_appendix_a_and_the_encoder():
     cpu = methods.settings("skicse", False, "cpu", encoder="prompted")
     assert (cpu.backbone, cpu.learning_rate, cpu.prefix_length, cpu.max_seq_length, cpu.ski_max_seq_length) == (
         "minilm", 3e-2, 16, 32, 64)
+    assert methods.settings("skicse", True, "cpu", encoder="prompted").learning_rate == 1e-1  # selected (seed 42)
     assert methods.settings("skicse", False, "cpu").learning_rate == 3e-5
     assert methods.settings("skicse", False, "cpu", encoder="prompted", learning_rate=1e-2).learning_rate == 1e-2
     with pytest.raises(ConfigurationError, match="encoder='frozen'"):

@@ -99,7 +99,7 @@ DCPCSE_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 D2CSE_LR = {False: 1e-1, True: 3e-1}
 #: per setting (supervised?): the supervised grid was extended to 1 when its best value sat at 3e-1, its edge
 D2CSE_LR_CANDIDATES = {False: (1e-2, 3e-2, 1e-1, 3e-1), True: (1e-2, 3e-2, 1e-1, 3e-1, 1.0)}
-SKICSE_PROMPTED_LR = {False: 3e-2, True: 3e-2}
+SKICSE_PROMPTED_LR = {False: 3e-2, True: 1e-1}
 SKICSE_PROMPTED_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 DIFFAUG_STAGE1_LR = {False: 1e-2, True: 1e-2}
 #: extended to 3e-2 when 1e-2, the top of the first grid, led in both settings

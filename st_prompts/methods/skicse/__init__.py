@@ -26,5 +26,6 @@ while the sentences keep ``max_seq_length`` (the saved model's limit).
 Presets: ``paper`` = appendix A (batch 512, lr 1e-4, max length 128, bert-base-uncased; epochs as SimCSE: 1
 unsupervised, 3 supervised); with ``encoder="prompted"`` the learning rate and prefix length are DCPCSE's for
 bert-base (3e-2 / 16 unsupervised, 5e-3 / 12 supervised). ``cpu`` = the packaged MiniLM, batch 64, sentences 32
-tokens, SKI 64 tokens, SimCSE's (3e-5 / 5e-5) or DCPCSE's CPU learning rate (3e-2).
+tokens, SKI 64 tokens, SimCSE's (3e-5 / 5e-5) or, prompted, the rates selected on STS-B dev (3e-2 unsupervised, 1e-1
+supervised).
 """
