@@ -61,6 +61,26 @@ def test_all_seeds_changes_the_seeds_not_the_run_key(run_all, tmp_path):
     assert run_all.run_key(row, 42, data, False) == run_all.run_key(single, 42, data, False)
 
 
+def test_a_preset_change_of_a_setting_the_run_does_not_use_keeps_its_key(run_all, tmp_path, monkeypatch):
+    """SKICSE's full encoder never reads the prompted encoder's learning rate: changing that preset keeps the full
+    runs cached, and changes the prompted runs."""
+    from st_prompts.methods.skicse import config as skicse_config
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "wiki_sentences.txt").write_text("one sentence\nanother sentence\n")
+    (tmp_path / "train" / "nli_triplets.csv").write_text("sent0,sent1,hard_neg\na man sits,a person sits,nobody\n")
+    full, prompted = run_all.ROWS["skicse-full-sup"], run_all.ROWS["skicse-prompted-sup-lambda0"]
+    before = [run_all.run_key(row, 42, tmp_path, False) for row in (full, prompted)]
+    presets = skicse_config.presets
+
+    def changed(scale, supervised, backbone):
+        return {**presets(scale, supervised, backbone), "prompted_learning_rate": 7e-2}
+
+    monkeypatch.setattr(skicse_config, "CONFIG", dataclasses.replace(skicse_config.CONFIG, presets=changed))
+    after = [run_all.run_key(row, 42, tmp_path, False) for row in (full, prompted)]
+    assert after[0] == before[0] and after[1] != before[1]
+
+
 def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypatch):
     """transformers checks the PEFT version only inside add_adapter; the benchmark checks it up front."""
     import peft
@@ -89,7 +109,8 @@ def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows
     summary = {f"d2cse-unsup-lr{lr:g}": entry(0.80 + (0.05 if lr == chosen else 0.0)) for lr in (1e-2, chosen)}
     note = run_all._lr_selection_note(summary, e)
     assert f"D2CSE unsupervised {e(chosen)} and supervised {e(run_all.D2CSE_LR[True])} (its sweep has not run" in note
-    summary.update({f"d2cse-sup-lr{lr:g}": entry(0.70 + (0.1 if lr == 3e-1 else 0.0)) for lr in (chosen, 3e-1)})
+    rows_rate = run_all.D2CSE_LR[True]
+    summary.update({f"d2cse-sup-lr{lr:g}": entry(0.70 + (0.1 if lr == 1e-2 else 0.0)) for lr in (rows_rate, 1e-2)})
     note = run_all._lr_selection_note(summary, e)
-    assert f"supervised {e(run_all.D2CSE_LR[True])} (the sweep's best on STS-B dev is 3e-1)" in note
+    assert f"supervised {e(rows_rate)} (the sweep's best on STS-B dev is 1e-2)" in note
     assert "D2CSE unsupervised 1e-1 and" in note and "(its sweep has not run" not in note.split("D2CSE")[1].split(";")[0]

@@ -224,8 +224,8 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         lines += ["Seeds still to run (the same command resumes them): " + ", ".join(short) + ".", ""]
     lr_rows = [n for n in summary if "-lr" in n]
 
-    def e(x: float) -> str:  # 0.005 -> 5e-3
-        return f"{x:.0e}".replace("e-0", "e-")
+    def e(x: float) -> str:  # 0.005 -> 5e-3, 1.0 -> 1
+        return f"{x:g}" if x >= 1 else f"{x:.0e}".replace("e-0", "e-")
 
     lr_note = (_lr_selection_note(summary, e) if lr_rows else
                "The learning-rate selection rows (`*-lr*`, with `--ablations`) have not run: every row uses its preset.")
