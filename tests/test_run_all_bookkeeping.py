@@ -62,23 +62,24 @@ def test_all_seeds_changes_the_seeds_not_the_run_key(run_all, tmp_path):
 
 
 def test_a_preset_change_of_a_setting_the_run_does_not_use_keeps_its_key(run_all, tmp_path, monkeypatch):
-    """SKICSE's full encoder never reads the prompted encoder's learning rate: changing that preset keeps the full
-    runs cached, and changes the prompted runs."""
+    """SKICSE's preset ``prompted_learning_rate`` is only the source of ``learning_rate``: changing it keeps the runs
+    whose rate does not change cached (full encoder; a prompted row naming its rate) and changes the prompted runs
+    that take the preset's rate."""
     from st_prompts.methods.skicse import config as skicse_config
 
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "wiki_sentences.txt").write_text("one sentence\nanother sentence\n")
     (tmp_path / "train" / "nli_triplets.csv").write_text("sent0,sent1,hard_neg\na man sits,a person sits,nobody\n")
-    full, prompted = run_all.ROWS["skicse-full-sup"], run_all.ROWS["skicse-prompted-sup-lambda0"]
-    before = [run_all.run_key(row, 42, tmp_path, False) for row in (full, prompted)]
+    rows = [run_all.ROWS[n] for n in ("skicse-full-sup", "skicse-prompted-sup", "skicse-prompted-sup-lambda0")]
+    before = [run_all.run_key(row, 42, tmp_path, False) for row in rows]
     presets = skicse_config.presets
 
     def changed(scale, supervised, backbone):
         return {**presets(scale, supervised, backbone), "prompted_learning_rate": 7e-2}
 
     monkeypatch.setattr(skicse_config, "CONFIG", dataclasses.replace(skicse_config.CONFIG, presets=changed))
-    after = [run_all.run_key(row, 42, tmp_path, False) for row in (full, prompted)]
-    assert after[0] == before[0] and after[1] != before[1]
+    after = [run_all.run_key(row, 42, tmp_path, False) for row in rows]
+    assert after[:2] == before[:2] and after[2] != before[2]
 
 
 def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypatch):

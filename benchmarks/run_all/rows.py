@@ -266,10 +266,11 @@ INITIALISATION_VERSION = 2
 #: package (SimCSE, LoRA, PEFT prefix tuning, SCPCSE, SKICSE's full encoder) were not re-run for it: their key does
 #: not carry the version, and the report marks their runs finished before this time.
 OFFICIAL_MLP_INITIALISATION_SINCE = "2026-11-25 14:13"
-#: Settings a run does not use, per (method, encoder): written into the key at one fixed value (the preset's value
-#: when the key first held them), so that a preset change of a field the run never reads (SKICSE's prompted rate, for
-#: a full-encoder run) does not invalidate its runs.
-KEY_UNUSED_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {("skicse", "full"): {"prompted_learning_rate": 3e-2}}
+#: Settings a run never reads, per method: held in the key at one fixed value (the preset's value when the key first
+#: held them), so that a preset change of such a field does not invalidate runs. SKICSE's ``prompted_learning_rate``
+#: is only where ``learning_rate`` comes from when a row does not name it, and the key holds the resolved
+#: ``learning_rate`` (the rate a run trains at) in every case.
+KEY_UNUSED_SETTINGS: dict[str, dict[str, Any]] = {"skicse": {"prompted_learning_rate": 3e-2}}
 
 
 def run_key(row: Row, seed: int, data_dir: Path, quick: bool) -> str:
@@ -286,7 +287,7 @@ def run_key(row: Row, seed: int, data_dir: Path, quick: bool) -> str:
         # such a field's override is fully captured by the settings: the same run whether it comes from the row or
         # from the preset
         spec["row"]["overrides"] = [o for o in spec["row"]["overrides"] if o[0] not in neutral]
-        for name, fixed in KEY_UNUSED_SETTINGS.get((row.method, settings.get("encoder")), {}).items():
+        for name, fixed in KEY_UNUSED_SETTINGS.get(row.method, {}).items():
             if name in settings:
                 settings[name] = fixed
         spec["settings"] = settings
