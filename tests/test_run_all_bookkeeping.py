@@ -95,8 +95,6 @@ def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypat
     assert ".[bench]" in problem
 
 
-
-
 def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows_do_not_use(run_all):
     """The report's sentence on learning rates is read from the sweep rows, never written by hand: a setting without
     its sweep says so, and a sweep whose best STS-B dev rate differs from the rows' rate is named."""
@@ -108,10 +106,11 @@ def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows
 
     chosen = run_all.D2CSE_LR[False]
     summary = {f"d2cse-unsup-lr{lr:g}": entry(0.80 + (0.05 if lr == chosen else 0.0)) for lr in (1e-2, chosen)}
-    note = run_all._lr_selection_note(summary, e)
+    note = run_all._lr_selection_note(summary)
     assert f"D2CSE unsupervised {e(chosen)} and supervised {e(run_all.D2CSE_LR[True])} (its sweep has not run" in note
     rows_rate = run_all.D2CSE_LR[True]
     summary.update({f"d2cse-sup-lr{lr:g}": entry(0.70 + (0.1 if lr == 1e-2 else 0.0)) for lr in (rows_rate, 1e-2)})
-    note = run_all._lr_selection_note(summary, e)
+    note = run_all._lr_selection_note(summary)
     assert f"supervised {e(rows_rate)} (the sweep's best on STS-B dev is 1e-2)" in note
-    assert "D2CSE unsupervised 1e-1 and" in note and "(its sweep has not run" not in note.split("D2CSE")[1].split(";")[0]
+    d2cse = note.split("D2CSE")[1].split(";")[0]
+    assert "D2CSE unsupervised 1e-1 and" in note and "(its sweep has not run" not in d2cse

@@ -156,33 +156,37 @@ def efficiency_section(results: Path) -> list[str]:
             for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def _lr_selection_note(summary: dict[str, Any], e: Any) -> str:
+def _rate(x: float) -> str:
+    """A learning rate as the report writes it: 0.005 -> 5e-3, 1.0 -> 1."""
+    return f"{x:g}" if x >= 1 else f"{x:.0e}".replace("e-0", "e-")
+
+
+def _lr_selection_note(summary: dict[str, Any]) -> str:
     """One sentence per selected method: the rate its rows use in each setting, read from the ``*-lr*`` rows of the
-    summary. A setting whose sweep has not run says so (its rows take the other setting's rate), and a sweep whose
-    best STS-B dev rate is not the one the rows use is flagged, so the note can never claim a selection that did not
-    happen."""
-    methods = (("LoRA", "lora-{s}-lr", LORA_LR), ("DCPCSE", "dcpcse-{s}-lr", DCPCSE_LR),
-               ("D2CSE", "d2cse-{s}-lr", D2CSE_LR), ("SKICSE's prompted encoder", "skicse-prompted-{s}-lr",
-                                                     SKICSE_PROMPTED_LR),
-               ("DiffAug's stage 1", "diffaug-{s}-stage1-lr", DIFFAUG_STAGE1_LR))
+    summary. A setting whose sweep has not run says so, and a sweep whose best STS-B dev rate is not the one the rows
+    use is flagged, so the note can never claim a selection that did not happen."""
+    methods = (("LoRA", "lora", LORA_LR, "unsup"), ("DCPCSE", "dcpcse", DCPCSE_LR, "unsup"),
+               ("D2CSE", "d2cse", D2CSE_LR, "unsup"),
+               ("SKICSE's prompted encoder", "skicse-prompted", SKICSE_PROMPTED_LR, "unsup"),
+               ("DiffAug's stage 1", "diffaug", DIFFAUG_STAGE1_LR, "semi"))
+    names = {"sup": "supervised", "unsup": "unsupervised", "semi": "semi-supervised"}
     parts = []
-    for label, pattern, rates in methods:
+    for label, method, rates, unsupervised in methods:
         settings = []
         for sup in (False, True):
-            s = ("sup" if sup else "semi") if "diffaug" in pattern else ("sup" if sup else "unsup")
-            prefix = pattern.format(s=s)
+            s = "sup" if sup else unsupervised
+            prefix = f"{method}-{s}-{'stage1-' if method == 'diffaug' else ''}lr"
             sweep = {float(n[len(prefix):]): summary[n]["stsb_dev"]["mean"] for n in summary if n.startswith(prefix)}
-            name = {"sup": "supervised", "unsup": "unsupervised", "semi": "semi-supervised"}[s]
             if len(sweep) < 2:
-                settings.append(f"{name} {e(rates[sup])} (its sweep has not run: the other setting's selection)")
-                continue
-            best = max(sweep, key=sweep.get)
-            flag = "" if math.isclose(best, rates[sup]) else f" (the sweep's best on STS-B dev is {e(best)})"
-            settings.append(f"{name} {e(rates[sup])}{flag}")
+                flag = " (its sweep has not run)"
+            else:
+                best = max(sweep, key=sweep.get)
+                flag = "" if math.isclose(best, rates[sup]) else f" (the sweep's best on STS-B dev is {_rate(best)})"
+            settings.append(f"{names[s]} {_rate(rates[sup])}{flag}")
         parts.append(f"{label} " + " and ".join(settings))
     return ("Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): " + "; ".join(parts)
-            + f"; PEFT prefix tuning keeps {e(PEFT_PREFIX_LR[False])} (checked at "
-            f"{e(max(PEFT_PREFIX_LR_CANDIDATES))}). SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
+            + f"; PEFT prefix tuning keeps {_rate(PEFT_PREFIX_LR[False])} (checked at "
+            f"{_rate(max(PEFT_PREFIX_LR_CANDIDATES))}). SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
 
 
 def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -> str:
@@ -224,11 +228,8 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
         lines += ["Seeds still to run (the same command resumes them): " + ", ".join(short) + ".", ""]
     lr_rows = [n for n in summary if "-lr" in n]
 
-    def e(x: float) -> str:  # 0.005 -> 5e-3, 1.0 -> 1
-        return f"{x:g}" if x >= 1 else f"{x:.0e}".replace("e-0", "e-")
-
-    lr_note = (_lr_selection_note(summary, e) if lr_rows else
-               "The learning-rate selection rows (`*-lr*`, with `--ablations`) have not run: every row uses its preset.")
+    lr_note = (_lr_selection_note(summary) if lr_rows else "The learning-rate selection rows (`*-lr*`, with "
+               "`--ablations`) have not run: every row uses its preset.")
     if any(e.get("earlier_mlp_init") for e in summary.values()):
         lines += ["¹ Runs made before SimCSE's MLP heads (training-only or saved) started at N(0, 0.02) with zero "
                   "biases as in SimCSE's code; they used torch's default initialisation of those layers. These rows "

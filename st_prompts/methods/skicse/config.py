@@ -69,8 +69,9 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
         # the prompted encoder's rates were selected on STS-B dev (seed 42, benchmarks/run_all's
         # skicse-prompted-*-lr* rows, the official prefix initialisation): 3e-2 unsupervised, 1e-1 supervised
         return dict(backbone="minilm", batch_size=64, full_learning_rate=5e-5 if supervised else 3e-5,
-                    prompted_learning_rate=1e-1 if supervised else 3e-2, prompted_prefix_length=12 if supervised else 16, epochs=1.0,
-                    eval_steps=50, max_seq_length=32, ski_max_seq_length=64, mlp_head="train_only")
+                    prompted_learning_rate=1e-1 if supervised else 3e-2,
+                    prompted_prefix_length=12 if supervised else 16, epochs=1.0, eval_steps=50, max_seq_length=32,
+                    ski_max_seq_length=64, mlp_head="train_only")
     return dict(backbone=backbone or "bert-base-uncased", batch_size=512, full_learning_rate=1e-4,
                 prompted_learning_rate=5e-3 if supervised else 3e-2, prompted_prefix_length=12 if supervised else 16,
                 epochs=3.0 if supervised else 1.0, eval_steps=125, max_seq_length=128, ski_max_seq_length=128,
