@@ -36,6 +36,7 @@ from sentence_transformers.sentence_transformer.training_args import SentenceTra
 from st_prompts import utils
 from st_prompts.errors import ConfigurationError
 from st_prompts.modules import PromptedTransformer
+from st_prompts.modules.lengths import full_length_evaluator
 from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
 from st_prompts.training.run import KeepBestCallback
 
@@ -205,6 +206,7 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
 
     if isinstance(loss, type):
         raise ConfigurationError("Pass a loss object built on the model, e.g. CoSENTLoss(model).")
+    evaluator = full_length_evaluator(evaluator)  # selection sees whole sentences, as SentEval
     with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
         steps = max_steps if max_steps > 0 else None
         if eval_steps is None:

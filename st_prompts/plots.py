@@ -102,7 +102,11 @@ def pair_cosine_similarities(
     index: dict[str, int] = {}
     for s in (*sentences1, *sentences2):
         index.setdefault(s, len(index))
-    emb = model.encode(list(index), batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True)
+    from st_prompts.modules.lengths import full_length
+
+    with full_length(model):  # sentences whole, as the STS protocol encodes them
+        emb = model.encode(list(index), batch_size=batch_size, show_progress_bar=show_progress_bar,
+                           convert_to_numpy=True)
     emb = np.asarray(emb, dtype=np.float64)
     emb /= np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
     left = emb[[index[s] for s in sentences1]]

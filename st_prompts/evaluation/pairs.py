@@ -21,6 +21,7 @@ from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_prompts.data.senteval import load_sts
 from st_prompts.errors import DataFormatError
+from st_prompts.modules.lengths import full_length
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -61,6 +62,8 @@ class PairsEvaluator(BaseEvaluator):
 
     #: First part of the CSV file name, e.g. ``"STS-Retrieval_evaluation"``.
     csv_prefix: str = "Pairs_evaluation"
+    #: Encodes without truncation below the model's limit (:func:`~st_prompts.modules.lengths.full_length`).
+    encodes_full_length = True
 
     def __init__(
         self,
@@ -85,6 +88,8 @@ class PairsEvaluator(BaseEvaluator):
         self.write_csv = write_csv
         self.task: str | None = None
         self.split: str | None = None
+        #: The most tokens per sentence the last call encoded (the model's full length, as SentEval).
+        self.max_length: int | None = None
         self.csv_file = self.csv_prefix + (f"_{name}" if name else "") + "_results.csv"
 
     @classmethod
@@ -118,8 +123,10 @@ class PairsEvaluator(BaseEvaluator):
     def __call__(
         self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
     ) -> dict[str, float]:
-        """Compute the metrics of ``model``, log them, append them to the CSV file and return them, name-prefixed."""
-        metrics = self.compute(model)
+        """Compute the metrics of ``model`` (encoding at its full length, :func:`~st_prompts.modules.lengths.full_length`),
+        log them, append them to the CSV file and return them, name-prefixed."""
+        with full_length(model) as self.max_length:
+            metrics = self.compute(model)
         logger.info(self.describe(metrics))
         if output_path is not None and self.write_csv:
             self._append_csv(Path(output_path), [epoch, steps, *metrics.values()])

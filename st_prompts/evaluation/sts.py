@@ -3,7 +3,10 @@
 Protocol (SimCSE, "all" setting): for each of STS12-16, STS-B and SICK-R, the Spearman correlation between the gold
 scores and the cosine similarity of the two sentence embeddings, over all pairs of the task's test split (the
 subsets of STS12-16 concatenated), and the average of the tasks. Models are selected on STS-B dev
-(:func:`stsb_dev_evaluator`), never on the test sets.
+(:func:`stsb_dev_evaluator`), never on the test sets. Sentences are encoded whole, as SentEval's and the official
+SimCSE, PromCSE and DiffAug batchers tokenize them (no maximum length): up to what the backbone can take, whatever
+length the model was trained at (:func:`~st_prompts.modules.lengths.full_length`); each evaluator records the length
+it used (``max_length``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from st_prompts.data.senteval import (
     normalize_task,
 )
 from st_prompts.errors import ConfigurationError
+from st_prompts.modules.lengths import full_length
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -125,6 +129,11 @@ class STSSuiteEvaluator(BaseEvaluator):
             for task, pairs in self.pairs.items()
         }
         self.primary_metric = f"{name}_avg_spearman" if name else "avg_spearman"
+        #: The most tokens per sentence the last call encoded (the model's full length, as SentEval).
+        self.max_length: int | None = None
+
+    #: Encodes without truncation below the model's limit (:func:`~st_prompts.modules.lengths.full_length`).
+    encodes_full_length = True
 
     def __call__(
         self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
@@ -135,9 +144,10 @@ class STSSuiteEvaluator(BaseEvaluator):
         show = self.show_progress_bar
         if show is None:
             show = logger.getEffectiveLevel() <= logging.INFO
-        embeddings = model.encode(
-            sentences, batch_size=self.batch_size, show_progress_bar=show, convert_to_numpy=True
-        )
+        with full_length(model) as self.max_length:
+            embeddings = model.encode(
+                sentences, batch_size=self.batch_size, show_progress_bar=show, convert_to_numpy=True
+            )
         cache = dict(zip(sentences, embeddings))
         metrics = {}
         try:
@@ -164,13 +174,31 @@ class STSSuiteEvaluator(BaseEvaluator):
         return "Semantic Similarity (SentEval STS suite)"
 
     def get_config_dict(self) -> dict:
-        return {"tasks": self.tasks, "source": self.source, "similarity": self.similarity}
+        return {"tasks": self.tasks, "source": self.source, "similarity": self.similarity,
+                "max_length": self.max_length}
+
+
+class FullLengthEmbeddingSimilarityEvaluator(EmbeddingSimilarityEvaluator):
+    """sentence-transformers' ``EmbeddingSimilarityEvaluator`` encoding at the model's full length
+    (:func:`~st_prompts.modules.lengths.full_length`), as SentEval: the STS-B dev selection of a model trained at 32
+    tokens sees every sentence whole. ``max_length`` is the length the last call used."""
+
+    encodes_full_length = True
+    max_length: int | None = None
+
+    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        with full_length(model) as self.max_length:
+            return super().__call__(model, output_path=output_path, epoch=epoch, steps=steps)
+
+    def get_config_dict(self) -> dict:
+        return {**super().get_config_dict(), "max_length": self.max_length}
 
 
 def stsb_dev_evaluator(
     senteval_dir=None, batch_size: int = 64, name: str = "sts-dev", source: str = "senteval"
-) -> EmbeddingSimilarityEvaluator:
-    """STS-B dev, the model-selection evaluator used during training (primary metric ``f"{name}_spearman_cosine"``).
+) -> FullLengthEmbeddingSimilarityEvaluator:
+    """STS-B dev, the model-selection evaluator used during training (primary metric ``f"{name}_spearman_cosine"``),
+    encoding every sentence whole (:class:`FullLengthEmbeddingSimilarityEvaluator`).
 
     Args:
         senteval_dir: SentEval data directory (required when ``source="senteval"``).
@@ -182,7 +210,7 @@ def stsb_dev_evaluator(
         DataNotFoundError / DataFormatError / ConfigurationError: for bad data or options.
     """
     pairs = _load_pairs(senteval_dir, ["STSBenchmark"], "dev", source)["STSBenchmark"]
-    return EmbeddingSimilarityEvaluator(
+    return FullLengthEmbeddingSimilarityEvaluator(
         pairs.sentences1, pairs.sentences2, pairs.scores, batch_size=batch_size, main_similarity="cosine", name=name
     )
 

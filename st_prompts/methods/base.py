@@ -52,7 +52,11 @@ class TrainSettings:
     gradient_accumulation_steps: int = option(1, "optimizer step every this many batches (in-batch negatives stay "
                                               "those of one batch)")
     max_steps: int = option(-1, "stop after this many optimisation steps (-1: run the epochs)")
-    max_seq_length: int = option(32, "maximum tokens per sentence")
+    max_seq_length: int = option(32, "maximum tokens per sentence in training (the training length; the saved model "
+                                 "encodes up to --max-encode-length)")
+    max_encode_length: int | None = option(None, "most tokens per text the saved model encodes (default: the "
+                                           "backbone's own limit, e.g. 256 for all-MiniLM-L6-v2, 512 for BERT, less "
+                                           "the prefix)")
     temperature: float = option(0.05, "InfoNCE temperature tau")
     eval_steps: int = option(125, "evaluate STS-B dev every this many steps (model selection)")
     warmup_ratio: float = option(0.0, "share of the steps with a linear warm-up")
@@ -74,6 +78,8 @@ class TrainSettings:
         for name in ("eval_steps", "logging_steps", "max_seq_length", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.max_encode_length is not None and self.max_encode_length < 2:
+            raise ConfigurationError(f"max_encode_length must be at least 2 tokens, got {self.max_encode_length}.")
         if not self.learning_rate > 0:
             raise ConfigurationError(f"learning_rate must be positive, got {self.learning_rate}.")
         if self.scale not in SCALES:

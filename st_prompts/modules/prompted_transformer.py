@@ -18,11 +18,13 @@ from st_prompts.modules.checkpoint import (
     resolve_quietly,
 )
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
+from st_prompts.modules.lengths import shipped_max_seq_length
 from st_prompts.modules.model_card import PromptsModelCardData
 from st_prompts.modules.positions import PositionsMixin
 from st_prompts.modules.prompt_sets import PromptSetsMixin
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
+    DENOISING_POSITIONS,
     POSITION_IDS,
     PREFIX_ATTENTION_MASK,
     PREFIX_VALUES,
@@ -183,6 +185,12 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             model_name_or_path = requested
         super().__init__(location, **kwargs)
         config = self.auto_model.config
+        #: The backbone's own length limit, before any training length: the ``max_seq_length`` of the
+        #: sentence-transformers model saved at ``location`` (256 for all-MiniLM-L6-v2), else its tokenizer's limit
+        #: (capped by sentence-transformers at the position table); ``None`` if it has none. The saved model of a
+        #: training run encodes up to it (:func:`~st_prompts.modules.lengths.backbone_encode_length`).
+        self.backbone_max_length: int | None = shipped_max_seq_length(location) or (
+            self.tokenizer.model_max_length if self.tokenizer.model_max_length < 1_000_000 else None)
         #: How this backbone takes the prompts (attention calls, heads, positions): see inspect_backbone.
         self.backbone_plan = inspect_backbone(self.auto_model)
         check_injection(prefix_injection, config.model_type)
@@ -371,7 +379,11 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         if "task" in kwargs and PROMPT_TASKS not in features:
             features.setdefault(PROMPT_TASK, kwargs["task"])
         denoise = features.pop(TEMPLATE_DENOISING, None)
-        denoise = self.template_denoising if denoise is None else bool(denoise)
+        denoise = self.template_denoising if denoise is None else denoise
+        positions = denoise if isinstance(denoise, str) else "exact"
+        if positions not in DENOISING_POSITIONS:
+            raise ConfigurationError(f"features['{TEMPLATE_DENOISING}'] must be a bool or one of "
+                                     f"{', '.join(DENOISING_POSITIONS)}, got {denoise!r}.")
         if denoise and self._template is None:
             raise ConfigurationError("template denoising needs a PromptedTransformer with a template.")
         features = self._encode(features)
@@ -379,12 +391,28 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             if "prompt_mask_index" not in features:
                 raise ConfigurationError("template_denoising needs features from this module's template tokenisation.")
             template_features = self.template_only_features(features)
-            if PREFIX_VALUES in features:
+            if positions == "official":
+                self._official_denoising_positions(template_features)  # and no PREFIX_VALUES: a draw of its own
+            elif PREFIX_VALUES in features:
                 template_features[PREFIX_VALUES] = features[PREFIX_VALUES]
             template_features = self._encode(template_features)
             features[TEMPLATE_TOKEN_EMBEDDINGS] = template_features["token_embeddings"]
             features[TEMPLATE_MASK_INDEX] = template_features["prompt_mask_index"]
         return features
+
+    def _official_denoising_positions(self, template_features: dict[str, Any]) -> None:
+        """Move the template tokens after the sentence slot as many positions further as each row attends prefix
+        positions: the state DiffAug's official ``get_delta`` subtracts. It indexes its template-alone batch (row
+        ``i``: tokens after the slot shifted by ``i``) with ``attention_mask.sum(-1) - template length``, a mask that
+        includes the prefix-mask columns (``l`` ones for a view of ``2l`` positions), so the subtracted ``[MASK]``
+        state sits ``l`` positions off the sentence's own. Positions stay inside the position table."""
+        prefix = self.prefix_length or 0
+        mask = template_features.get(PREFIX_ATTENTION_MASK)
+        positions = template_features[POSITION_IDS]
+        attended = (mask.sum(dim=1) if mask is not None else positions.new_full((positions.shape[0],), prefix))
+        after_slot = torch.arange(positions.shape[1], device=positions.device) > len(self._template.left_ids)
+        shifted = positions + after_slot.unsqueeze(0).long() * attended.to(positions).view(-1, 1)
+        template_features[POSITION_IDS] = shifted.clamp(max=self.max_positions - 1)
 
     def _encode(self, features: dict[str, Any]) -> dict[str, Any]:
         """One pass of the prompted backbone (see :meth:`forward`)."""

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Stage, TrainSettings
+from st_prompts.modules.lengths import backbone_encode_length, full_length_evaluator, position_capacity
 from st_prompts.training.callbacks import SyncLossParametersCallback
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class TrainResult:
     settings: dict[str, Any]
     #: What each stage's ``prepare_loss`` pre-pass reported (e.g. D2CSE's generator accuracy and replaced share).
     stage_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The most tokens the trained model encodes (its ``max_seq_length`` after training; it trained at
+    #: ``settings["max_seq_length"]``): :func:`apply_encode_length`.
+    encode_length: int | None = None
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
@@ -193,6 +197,7 @@ def train(
                     f" in {time.perf_counter() - start:.0f}s.")
     scratch.cleanup()
     model.eval()
+    encode_length = apply_encode_length(model, settings)
     trainable, total = count_parameters(model)
     result = TrainResult(
         steps=total_steps,
@@ -204,10 +209,42 @@ def train(
         total_parameters=total,
         settings=asdict(settings),
         stage_reports=stage_reports,
+        encode_length=encode_length,
     )
     if best is not None:
         logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")
     return model, result
+
+
+def apply_encode_length(model: SentenceTransformer, settings: TrainSettings) -> int | None:
+    """Give the trained ``model`` its encoding length: ``settings.max_encode_length``, else the backbone's own limit
+    (:func:`~st_prompts.modules.lengths.backbone_encode_length`: the shipped sentence-transformers model's
+    ``max_seq_length``, else its tokenizer's, capped by the position table less the prefix). Training truncated the
+    batches at ``settings.max_seq_length``; the saved model, its card and every later ``encode`` use this length.
+
+    Returns the length set (``None`` when the model has no length to set).
+
+    Raises:
+        ConfigurationError: ``max_encode_length`` exceeds what the backbone can take.
+    """
+    from st_prompts.utils import resolve_gguf, resolve_model_name
+
+    if getattr(model, "max_seq_length", None) is None:
+        return None
+    capacity = position_capacity(model)
+    length = settings.max_encode_length
+    if length is not None and capacity is not None and length > capacity:
+        raise ConfigurationError(f"max_encode_length={length} exceeds what the backbone takes ({capacity} tokens with "
+                                 f"its prefix); use at most {capacity}.")
+    if length is None:
+        location = resolve_gguf(resolve_model_name(str(settings.backbone)))[0]
+        length = backbone_encode_length(model, location)
+    if length is None:
+        return model.max_seq_length
+    model.max_seq_length = length
+    logger.info(f"The trained model encodes up to {model.max_seq_length} tokens (it trained on {settings.max_seq_length}"
+                "-token batches).")
+    return model.max_seq_length
 
 
 def stage_trainer(
@@ -240,7 +277,8 @@ def stage_trainer(
     accumulation = (stage.gradient_accumulation(settings) if stage.gradient_accumulation is not None
                     else settings.gradient_accumulation_steps)
     learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
-    evaluator = dev_evaluator if stage.select_model else None
+    # Selection encodes sentences whole, as SentEval, while the batches train at settings.max_seq_length.
+    evaluator = full_length_evaluator(dev_evaluator) if stage.select_model else None
     batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
     args = SentenceTransformerTrainingArguments(
         output_dir=trainer_dir if trainer_dir is not None else tempfile.mkdtemp(prefix="st-prompts-trainer-"),

@@ -1,0 +1,172 @@
+"""How many tokens a model reads: the training length, the length a saved model encodes, and full-length evaluation.
+
+Two settings, never one:
+
+* the **training length** (``max_seq_length`` of a method, 32 in the papers) truncates the sentences of the training
+  batches only;
+* the **encoding length** is what a trained, saved model encodes (``model.max_seq_length`` after training): the
+  backbone's own limit (:func:`backbone_encode_length`: the shipped sentence-transformers model's ``max_seq_length``,
+  else the tokenizer's limit, capped by the position table less the prefix), or what the user asks for
+  (``--max-encode-length``).
+
+Evaluation follows SentEval and the official PromCSE, SimCSE and DiffAug batchers, which tokenize without a maximum
+length: :func:`full_length` lifts a model's limit to what its backbone can take (:func:`encode_limit`) while an
+evaluator encodes, whatever length the model trains at, and :class:`FullLengthEvaluator` does it around any
+sentence-transformers evaluator (the trainer's model selection included).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FullLengthEvaluator", "backbone_encode_length", "encode_limit", "full_length", "full_length_evaluator",
+           "position_capacity", "shipped_max_seq_length"]
+
+#: Tokenizers without a limit of their own report a huge ``model_max_length`` (``int(1e30)``): not a limit.
+_NO_LIMIT = 1_000_000
+
+
+def shipped_max_seq_length(location: str | os.PathLike | None) -> int | None:
+    """``max_seq_length`` of the sentence-transformers model saved in the folder ``location`` (its
+    ``sentence_bert_config.json``), or ``None`` (not a folder, no such file, no valid value). Reads JSON only."""
+    if not location:
+        return None
+    path = os.path.join(str(location), "sentence_bert_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _input_module(model: Any) -> Any:
+    """The module of ``model`` that tokenizes (a ``SentenceTransformer``'s first module, or the module itself)."""
+    try:
+        first = model[0]
+    except (TypeError, IndexError, KeyError):
+        return model
+    return first if hasattr(first, "tokenizer") else model
+
+
+def position_capacity(module: Any) -> int | None:
+    """The most tokens ``module``'s backbone can take in one input: a
+    :class:`~st_prompts.PromptedTransformer`'s position table less its offset and its prefix (``max_position_limit``),
+    a sentence-transformers ``Transformer``'s ``max_position_embeddings`` less the RoBERTa offset; ``None`` when the
+    backbone has no position table (or is not a transformers model)."""
+    module = _input_module(module)
+    limit = getattr(module, "max_position_limit", None)
+    if isinstance(limit, int):
+        return limit if limit < _NO_LIMIT else None
+    config = getattr(getattr(module, "auto_model", None), "config", None)
+    if config is None:
+        return None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    offset = module._infer_flatten_position_offset() if hasattr(module, "_infer_flatten_position_offset") else 0
+    return positions - offset
+
+
+def backbone_encode_length(module: Any, location: str | os.PathLike | None = None) -> int | None:
+    """What a model trained from ``module`` should encode after training: the ``max_seq_length`` of the
+    sentence-transformers model saved at ``location`` (e.g. 256 for all-MiniLM-L6-v2), else the module's recorded
+    backbone limit (:attr:`PromptedTransformer.backbone_max_length`), else its position capacity; never more than the
+    position capacity (:func:`position_capacity`). ``None`` when nothing is known."""
+    module = _input_module(module)
+    capacity = position_capacity(module)
+    own = shipped_max_seq_length(location) or getattr(module, "backbone_max_length", None)
+    if own is None or own >= _NO_LIMIT:
+        return capacity
+    return min(own, capacity) if capacity is not None else own
+
+
+def encode_limit(model: Any) -> int | None:
+    """The length :func:`full_length` encodes at: the most tokens the model's backbone can take
+    (:func:`position_capacity`), never less than the model's own ``max_seq_length``; ``None`` when unknown."""
+    module = _input_module(model)
+    capacity = position_capacity(module)
+    current = getattr(module, "max_seq_length", None)
+    if capacity is None:
+        return current if isinstance(current, int) and current < _NO_LIMIT else None
+    return max(capacity, current) if isinstance(current, int) and current < capacity else capacity
+
+
+@contextmanager
+def full_length(model: Any, length: int | None = None) -> Iterator[int | None]:
+    """Encode without truncation below the model's limit inside the block (SentEval's protocol), then restore the
+    model's ``max_seq_length``.
+
+    Args:
+        model: a ``SentenceTransformer`` (or its input module).
+        length: the length to encode at (default: :func:`encode_limit`).
+
+    Yields the length used (``None`` if the model has no length to set; then nothing changes).
+    """
+    module = _input_module(model)
+    limit = length if length is not None else encode_limit(module)
+    previous = getattr(module, "max_seq_length", None)
+    if limit is None or previous is None or limit == previous:
+        yield limit if limit is not None else previous
+        return
+    module.max_seq_length = limit
+    try:
+        yield module.max_seq_length
+    finally:
+        module.max_seq_length = previous
+
+
+class FullLengthEvaluator(BaseEvaluator):
+    """Wrap any sentence-transformers evaluator so that it encodes at full length (:func:`full_length`), e.g. the
+    STS-B dev evaluator that selects a model while it trains at 32 tokens. Every other attribute is the wrapped
+    evaluator's (``primary_metric``, ``greater_is_better``, ``name``, ...); :attr:`max_length` is the length the last
+    call encoded at.
+
+    A subclass of sentence-transformers' ``BaseEvaluator`` (the trainer takes anything else for a list of
+    evaluators), whose own ``__init__`` is not run: its attributes would hide the wrapped evaluator's.
+    """
+
+    encodes_full_length = True
+
+    def __init__(self, evaluator: Any) -> None:  # super().__init__ is not called on purpose (see above)
+        self.__dict__["evaluator"] = evaluator
+        self.__dict__["max_length"] = None
+
+    def __call__(self, model: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+        with full_length(model) as length:
+            self.__dict__["max_length"] = length
+            return self.evaluator(model, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["evaluator"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["evaluator"], name, value)
+
+    @property
+    def description(self) -> str:
+        return self.__dict__["evaluator"].description
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {**self.__dict__["evaluator"].get_config_dict(), "max_length": self.__dict__["max_length"]}
+
+
+def full_length_evaluator(evaluator: Any) -> Any:
+    """``evaluator`` wrapped in :class:`FullLengthEvaluator` (once: st_prompts' own evaluators and wrapped ones are
+    returned as they are); ``None`` stays ``None``."""
+    if evaluator is None or getattr(evaluator, "encodes_full_length", False):
+        return evaluator
+    return FullLengthEvaluator(evaluator)
