@@ -77,6 +77,8 @@ def test_template_constant_and_paper_presets():
     assert semi.prefix_hidden_size is None and semi.prefix_init_std is None  # H and initializer_range
     assert semi.mlp_train and semi.template_denoising and not semi.inference_denoising
     assert semi.stage1_schedule == "official"
+    assert semi.denoising_positions == "official"
+    assert semi.eval_steps == sup.eval_steps == 50  # run scripts and appendix A: STS-B dev every 50 steps
     assert methods.get("diffaug").prompts_only is False
 
 
@@ -298,18 +300,51 @@ def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir,
     assert stage2_steps(one_epoch, {"stage2": list(range(17))}) == 2 * (5 // 2)  # as the trainer counts them
 
 
+def official_delta(model, texts, view):
+    """The [MASK] state DiffAug's official ``get_delta`` subtracts from each row of ``texts`` seen through prefix
+    ``view`` (0 or 1), written from its arithmetic (models.py): the template alone, ``[CLS] left right [SEP]``, repeated
+    in rows ``i = 0..127``, position ids ``prefix_len + j`` (``prefix_len`` = all ``2l`` positions) with the tokens from
+    ``len(enc_bs)`` on shifted by ``i``, attending to the ``l`` positions of its view; row ``blen`` taken, where
+    ``blen = attention_mask.sum(-1) - template_len`` over a mask that holds the prefix-mask columns (``l`` ones)."""
+    encoder = model[0]
+    template = encoder.parsed_template
+    tokenizer = encoder.tokenizer
+    enc_bs = [tokenizer.cls_token_id, *template.left_ids]
+    enc_template = enc_bs + [*template.right_ids, tokenizer.sep_token_id]
+    prefix_len, half = encoder.prefix_length, encoder.prefix_length // 2
+    attention = features_of(model, texts)["attention_mask"]
+    blen = attention.sum(-1) + half - len(enc_template)  # the real tokens plus the view's l prefix-mask ones
+    rows = int(blen.max()) + 1  # the official code builds 128 rows; the tiny backbone has 64 positions
+    input_ids = torch.tensor(enc_template).repeat(rows, 1)
+    positions = torch.arange(prefix_len, prefix_len + len(enc_template)).repeat(rows, 1)
+    positions[:, len(enc_bs):] += torch.arange(rows).unsqueeze(-1)
+    view_mask = torch.zeros(rows, prefix_len, dtype=torch.long)
+    view_mask[:, view * half:(view + 1) * half] = 1
+    features = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "position_ids": positions,
+                "prefix_attention_mask": view_mask, "prompt_mask_index": torch.full((rows,), enc_template.index(
+                    tokenizer.mask_token_id))}
+    with torch.no_grad():
+        delta = model(features)["sentence_embedding"]
+    return delta[blen]
+
+
 def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
     """The official code subtracts the template-only state in stage 2's contrastive loss only: not in stage 1, not on
-    the auxiliary NLI rows, not in selection or the saved model (``inference_denoising`` keeps it there)."""
+    the auxiliary NLI rows, not in selection or the saved model (``inference_denoising`` keeps it there). The state it
+    subtracts is the official one (:func:`official_delta`: tokens after the sentence l positions further); the
+    ``exact`` option subtracts the template alone at the full input's own positions."""
     from st_prompts.methods.diffaug.method import nli_loss, stage1_prepare, stage2_loss, stage2_prepare
 
     settings, model = build(tiny_bert, skip_stage1=True, aux_weight=1e-3)
+    assert settings.denoising_positions == "official"
     model.eval()
     encoder = model[0]
     features = features_of(model, SENTENCES[:4], view=0)
     with torch.no_grad():
         plain = model(dict(features))["sentence_embedding"]
-        alone = model(encoder.template_only_features(features))["sentence_embedding"]
+        exact = model(encoder.template_only_features(features))["sentence_embedding"]
+    alone = official_delta(model, SENTENCES[:4], view=0)
+    assert (alone - exact).abs().max() > 1e-4  # the two positions differ: the test can tell them apart
     pooled = []
     hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
     try:
@@ -336,6 +371,31 @@ def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
     stage1_opted, model = build(tiny_bert, stage1_template_denoising=True)
     stage1_prepare(model, stage1_opted)
     assert nli_loss(model, stage1_opted).template_denoising is True
+
+
+def test_exact_denoising_positions_option(tiny_bert):
+    """``denoising_positions="exact"``: the template alone at the full input's positions (view 1 here, the positive's
+    view, whose official state is l positions off as well)."""
+    from st_prompts.methods.diffaug.method import stage2_loss, stage2_prepare
+
+    settings, model = build(tiny_bert, skip_stage1=True, denoising_positions="exact")
+    stage2_prepare(model, settings)
+    model.eval()
+    features = features_of(model, SENTENCES[:4], view=1)
+    with torch.no_grad():
+        plain = model(dict(features))["sentence_embedding"]
+        exact = model(model[0].template_only_features(features))["sentence_embedding"]
+    pooled = []
+    hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
+    try:
+        stage2_loss(model, settings)([features_of(model, SENTENCES[:4]) for _ in range(2)], None)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(pooled[1], plain - exact, atol=1e-5, rtol=1e-5)  # the positive: view 1
+    official = official_delta(model, SENTENCES[:4], view=1)
+    assert (pooled[1] - (plain - official)).abs().max() > 1e-4
+    with pytest.raises(ConfigurationError, match="denoising_positions"):
+        settings_for(tiny_bert, denoising_positions="shifted")
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])

@@ -17,7 +17,7 @@ from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
 from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.features import PREFIX_VALUES as PREFIX_VALUES_KEY
-from st_prompts.prompts.features import TEMPLATE_DENOISING
+from st_prompts.prompts.features import DENOISING_POSITIONS, TEMPLATE_DENOISING
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -65,7 +65,9 @@ class PromptContrastiveLoss(nn.Module):
         num_views: how many views the prefix is cut into.
         template_denoising: subtract the template-only ``[MASK]`` state from this loss's embeddings (PromptBERT's
             template denoising, which DiffAug applies in its contrastive loss only), whatever the encoder's own
-            ``template_denoising`` (what inference does).
+            ``template_denoising`` (what inference does). ``True``/``"exact"``: the template alone at the positions of
+            the full input, same prefix draw; ``"official"``: as DiffAug's official code
+            (:data:`~st_prompts.prompts.features.DENOISING_POSITIONS`).
     """
 
     def __init__(
@@ -80,11 +82,15 @@ class PromptContrastiveLoss(nn.Module):
         mlm_head_source: str | None = None,
         prefix_views: tuple[int, ...] | None = None,
         num_views: int = 2,
-        template_denoising: bool = False,
+        template_denoising: bool | str = False,
     ) -> None:
         super().__init__()
         self.model = model
-        self.template_denoising = bool(template_denoising)
+        if isinstance(template_denoising, str) and template_denoising not in DENOISING_POSITIONS:
+            raise ConfigurationError(f"template_denoising must be a bool or one of {', '.join(DENOISING_POSITIONS)}, "
+                                     f"got {template_denoising!r}.")
+        self.template_denoising: bool | str = (template_denoising if isinstance(template_denoising, str)
+                                               else bool(template_denoising))
         self.prefix_views = tuple(prefix_views) if prefix_views is not None else None
         self.num_views = num_views
         if self.prefix_views is not None:
@@ -126,7 +132,7 @@ class PromptContrastiveLoss(nn.Module):
             apply_prefix_views(self.model, sentence_features, self.prefix_views, self.num_views)
         if self.template_denoising:
             for features in sentence_features:
-                features[TEMPLATE_DENOISING] = True
+                features[TEMPLATE_DENOISING] = self.template_denoising
         training = self.model.training
         with_mlm = self.mlm_head is not None and training
         # Keep each column's raw inputs before the model adds its outputs to the features dict.

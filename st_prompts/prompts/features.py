@@ -16,8 +16,15 @@ PREFIX_VALUES = "prefix_values"
 #: ``features`` key written by template tokenisation: index of the trainable vector placed at each position (-1: none).
 SOFT_PROMPT_POSITIONS = "soft_prompt_positions"
 #: ``features`` key: ``True``/``False`` encodes the template alone too (template denoising) for this call, whatever
-#: the module's ``template_denoising``; absent = the module's setting.
+#: the module's ``template_denoising``; absent = the module's setting. A value of :data:`DENOISING_POSITIONS` also
+#: says where the template-alone state is taken (``True`` = ``"exact"``).
 TEMPLATE_DENOISING = "template_denoising"
+#: Where template denoising takes the template-alone state from:
+#: ``"official"`` — as DiffAug's official ``get_delta``: the template tokens after the sentence slot sit as many
+#: positions further as the row attends prefix positions (its index, ``attention_mask.sum() - template length``, counts
+#: the prefix-mask ones), with a prefix draw of its own;
+#: ``"exact"`` — every template token at the position it has in the full input, with the full pass's prefix draw.
+DENOISING_POSITIONS = ("official", "exact")
 #: ``features`` key written by ``forward`` with ``template_denoising=True``: the last hidden states of the template
 #: alone (:meth:`PromptedTransformer.template_only_features`), shape ``(batch, template tokens + 2, hidden)``.
 TEMPLATE_TOKEN_EMBEDDINGS = "template_token_embeddings"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import MethodConfig, PrefixSettings, option
+from st_prompts.prompts.features import DENOISING_POSITIONS
 from st_prompts.prompts.templates import PROMPTBERT_TEMPLATE
 
 #: ``--stage1-switch`` values.
@@ -46,8 +47,12 @@ class DiffAugSettings(PrefixSettings):
                           "last layer's [CLS] state or mean (the official code's apply_prompt=False)", POOLINGS)
     template: str = option(PROMPTBERT_TEMPLATE, "hard template with one [X] (sentence) and one [MASK] (pooled); "
                            "used only with --pooling mask")
-    template_denoising: bool = option(True, "subtract the template-only [MASK] state (same positions) in stage 2's "
-                                      "contrastive loss (the official code)")
+    template_denoising: bool = option(True, "subtract the template-only [MASK] state in stage 2's contrastive loss "
+                                      "(the official code)")
+    denoising_positions: str = option("official", "where the subtracted template-only state is taken: official (as "
+                                      "the official get_delta: tokens after the sentence l positions further, a "
+                                      "prefix draw of its own) or exact (the full input's positions and draw)",
+                                      DENOISING_POSITIONS)
     inference_denoising: bool = option(False, "also subtract it in STS-B dev selection and in the saved model (the "
                                        "official evaluation does not)")
     stage1_template_denoising: bool = option(False, "also denoise in stage 1 (the official code does not: the paper "
@@ -133,7 +138,7 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     stage1, lr, batch, epochs = PAPER_TABLE["sup" if supervised else "semi"]
     # The official supervised script runs batches of 128 with --gradient_accumulation_steps 4 (table 5 reads 128).
     return dict(backbone=backbone or "bert-base-uncased", batch_size=batch, learning_rate=lr, epochs=epochs,
-                eval_steps=125, stage1_batch_size=128, stage1_learning_rate=1e-3, prefix_length=8,
+                eval_steps=50, stage1_batch_size=128, stage1_learning_rate=1e-3, prefix_length=8,
                 max_seq_length=32, gradient_accumulation_steps=4 if supervised else 1)
 
 

@@ -161,7 +161,8 @@ def stage2_loss(model, settings: DiffAugSettings):
     views = None if settings.same_prefix else (0,) + (1,) * (columns - 1)
     contrastive = PromptContrastiveLoss(model, scale=1.0 / settings.temperature, prefix_views=views, num_views=2,
                                         mlp=training_mlp(model, settings) or False,
-                                        template_denoising=settings.uses_template and settings.template_denoising)
+                                        template_denoising=settings.denoising_positions
+                                        if settings.uses_template and settings.template_denoising else False)
     if settings.aux_weight > 0 and not settings.supervised:
         return ColumnSplitLoss(model, contrastive, nli_loss(model, settings), main_columns=2, weight=settings.aux_weight)
     return contrastive
