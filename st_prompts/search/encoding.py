@@ -45,6 +45,30 @@ def encode_texts(
     return l2_normalize(method(list(texts), **kwargs))
 
 
+def documents_over_limit(model: SentenceTransformer, texts: Sequence[str], batch: int = 10_000) -> tuple[int, int | None]:
+    """``(how many of texts are longer than the model encodes, that limit)``: each of them is cut to its first
+    ``model.max_seq_length`` tokens (special tokens included). ``(0, None)`` when the model has no tokenizer or limit.
+    Tokenizes without padding, ``batch`` texts at a time (a fast tokenizer: a small share of the encoding time)."""
+    limit = getattr(model, "max_seq_length", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    if not isinstance(limit, int) or tokenizer is None:
+        return 0, None
+    longer = 0
+    for start in range(0, len(texts), batch):
+        ids = tokenizer(list(texts[start:start + batch]), add_special_tokens=True, truncation=False,
+                        verbose=False)["input_ids"]
+        longer += sum(len(row) > limit for row in ids)
+    return longer, limit
+
+
+def truncation_message(longer: int, total: int, limit: int | None) -> str | None:
+    """One line saying how many documents were cut to the model's limit, or ``None`` when none was."""
+    if not longer or limit is None:
+        return None
+    return (f"{longer} of {total} documents are longer than the model encodes ({limit} tokens): each is indexed by "
+            f"its first {limit} tokens; split long documents into passages to index all of their text")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Large corpora: chunked, resumable, optionally multi-process encoding
 # ---------------------------------------------------------------------------------------------------------------------

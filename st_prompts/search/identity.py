@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError
+from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.encoding import encode_texts
 from st_prompts.utils import PACKAGED_MINILM_ALIASES, packaged_minilm_path
 
@@ -71,6 +72,11 @@ def model_name(model: SentenceTransformer) -> str:
     return name
 
 
+def _max_seq_length(model: SentenceTransformer) -> int | None:
+    value = getattr(model, "max_seq_length", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value < 1_000_000 else None
+
+
 def embedding_dimension(model: SentenceTransformer) -> int | None:
     """The model's sentence-embedding dimension (``None`` when it cannot tell)."""
     getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
@@ -95,6 +101,8 @@ class ModelIdentity:
     #: The prompt set of a bank that encoded the documents (and encodes the queries), or ``None``: the model's
     #: ``encode_document``/``encode_query``.
     task: str | None = None
+    #: The most tokens per document the model encoded (its ``max_seq_length``); ``None`` for indexes that predate it.
+    max_seq_length: int | None = None
 
     @classmethod
     def of(cls, model: SentenceTransformer, name: str | None = None, task: str | None = None) -> ModelIdentity:
@@ -109,6 +117,7 @@ class ModelIdentity:
             probe_embeddings=probe,
             path=_config_name_or_path(model),
             task=task,
+            max_seq_length=_max_seq_length(model),
         )
 
     @classmethod
@@ -121,6 +130,7 @@ class ModelIdentity:
             probe_embeddings=probe_embeddings,
             path=info.get("path"),
             task=info.get("task"),
+            max_seq_length=info.get("max_seq_length") if isinstance(info.get("max_seq_length"), int) else None,
         )
 
     @staticmethod
@@ -140,6 +150,7 @@ class ModelIdentity:
             "fingerprint": self.fingerprint,
             "probe_sentences": list(PROBE_SENTENCES),
             **({"task": self.task} if self.task is not None else {}),
+            **({"max_seq_length": self.max_seq_length} if self.max_seq_length is not None else {}),
         }
 
     def loadable_name(self) -> str:
@@ -159,6 +170,11 @@ class ModelIdentity:
                 f"model {other.name!r} produces {other.dimension}-dimensional embeddings but the index was built "
                 f"with {self.name!r} ({self.dimension} dimensions); use the index's model or rebuild the index"
             )
+        if other.max_seq_length is not None and self.max_seq_length is not None and \
+                other.max_seq_length != self.max_seq_length:
+            warn_at_caller(f"the index's documents were encoded at up to {self.max_seq_length} tokens each, but model "
+                           f"{other.name!r} now encodes up to {other.max_seq_length}: queries and new documents are "
+                           "encoded at another length than the corpus; rebuild the index to encode them alike")
         if other.fingerprint == self.fingerprint:
             return
         cosines = np.sum(self.probe_embeddings * other.probe_embeddings, axis=1)

@@ -11,7 +11,7 @@ import numpy as np
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.corpus import prepare_corpus
-from st_prompts.search.encoding import encode_texts, l2_normalize
+from st_prompts.search.encoding import documents_over_limit, encode_texts, l2_normalize, truncation_message
 from st_prompts.search.faiss_index import (
     DRIFT_WARN_RATIO,
     add_vectors,
@@ -69,6 +69,10 @@ class IndexUpdates:
             if self.model is None:
                 self.use_recorded_model()
             task = self.model_identity.task if self.model_identity is not None else None
+            longer, limit = documents_over_limit(self.model, documents)
+            message = truncation_message(longer, len(documents), limit)
+            if message:
+                warn_at_caller(message)
             vectors = encode_texts(self.model, documents, kind="document", batch_size=batch_size,
                                    progress=show_progress_bar, task=task)  # fmt: skip
         else:
@@ -161,3 +165,4 @@ class IndexUpdates:
                 f"{ratio:.1f}x that of the documents the lists were trained on ({reference:.3f}); they come from "
                 "another distribution, so recall may drop: recalibrate (calibrate()) or rebuild the index"
             )
+
