@@ -27,6 +27,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 
 from st_prompts import PromptedTransformer, utils
 from st_prompts.data.senteval import load_sts
+from st_prompts.modules.lengths import full_length
 from st_prompts.storage import write_file_atomic, write_json_atomic
 from st_prompts.training import train_and_save
 
@@ -40,8 +41,9 @@ def evaluate(model: SentenceTransformer, senteval: Path) -> dict[str, float]:
     scores = {}
     for key, task in (("stsb_dev", "STSBenchmark"), ("sick_trial", "SICKRelatedness")):
         pairs = load_sts(str(senteval), task, "dev")
-        a = model.encode(pairs.sentences1, batch_size=64, normalize_embeddings=True)
-        b = model.encode(pairs.sentences2, batch_size=64, normalize_embeddings=True)
+        with full_length(model):  # sentences whole, as SentEval
+            a = model.encode(pairs.sentences1, batch_size=64, normalize_embeddings=True)
+            b = model.encode(pairs.sentences2, batch_size=64, normalize_embeddings=True)
         scores[key] = 100 * float(spearmanr(np.sum(a * b, axis=1), pairs.scores).statistic)
     return scores
 

@@ -99,12 +99,14 @@ def dev_evaluator(task: str, data_dir: Path):
 
 def evaluate(model, data_dir: Path, **encode) -> dict[str, float]:
     from st_prompts.data.senteval import load_sts
+    from st_prompts.modules.lengths import full_length
 
     out = {}
     for key, name in (("stsb_dev", "STSBenchmark"), ("sick_trial", "SICKRelatedness")):
         pairs = load_sts(senteval(data_dir), name, "dev")
-        a = model.encode(pairs.sentences1, batch_size=128, normalize_embeddings=True, **encode)
-        b = model.encode(pairs.sentences2, batch_size=128, normalize_embeddings=True, **encode)
+        with full_length(model):  # sentences whole, as SentEval
+            a = model.encode(pairs.sentences1, batch_size=128, normalize_embeddings=True, **encode)
+            b = model.encode(pairs.sentences2, batch_size=128, normalize_embeddings=True, **encode)
         out[key] = 100 * float(spearmanr(np.sum(a * b, axis=1), pairs.scores).statistic)
     return out
 

@@ -198,7 +198,8 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
            "trial pairs; the numbers only show that every row runs, they measure nothing.**", ""] if args.quick else []),
         f"`python benchmarks/run_all --data-dir ../shared/data{' --ablations' if args.ablations else ''}`; "
         f"{environment}. Packaged all-MiniLM-L6-v2, [CLS] pooling (mean pooling only where stated), batch "
-        f"{BATCH_SIZE}, max length 32, τ = 0.05; one epoch of the setting's training set in optimizer steps for "
+        f"{BATCH_SIZE}, training length 32 tokens (selection and evaluation encode sentences whole, as SentEval), "
+        "τ = 0.05; one epoch of the setting's training set in optimizer steps for "
         "every row (unsupervised: 187 steps over 11,914 Wikipedia sentences; supervised: 92 steps over 5,864 SNLI "
         "triplets); best STS-B dev checkpoint (evaluated every 50 steps). Mean ± std over the runs counted in the "
         f"`seeds` column (seeds {', '.join(map(str, SEEDS))} planned per main row; a row with one seed shows a single "

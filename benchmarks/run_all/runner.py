@@ -80,12 +80,14 @@ def evaluate_all(model, senteval: str) -> dict[str, float]:
 
     from st_prompts.data.senteval import load_sts
     from st_prompts.evaluation import AlignmentUniformityEvaluator, STSRetrievalEvaluator, stsb_dev_evaluator
+    from st_prompts.modules.lengths import full_length
 
     metrics: dict[str, float] = {}
     metrics["stsb_dev"] = stsb_dev_evaluator(senteval, batch_size=128)(model)["sts-dev_spearman_cosine"]
     pairs = load_sts(senteval, "SICKRelatedness", "dev")
-    a = model.encode(pairs.sentences1, batch_size=128, normalize_embeddings=True)
-    b = model.encode(pairs.sentences2, batch_size=128, normalize_embeddings=True)
+    with full_length(model) as metrics["max_length"]:  # SentEval encodes sentences whole
+        a = model.encode(pairs.sentences1, batch_size=128, normalize_embeddings=True)
+        b = model.encode(pairs.sentences2, batch_size=128, normalize_embeddings=True)
     metrics["sick_trial"] = float(spearmanr(np.sum(a * b, axis=1), pairs.scores).statistic)
     retrieval = STSRetrievalEvaluator.from_senteval(senteval, split="dev", name="r", batch_size=128,
                                                     recall_at_k=(1, 3, 5), write_csv=False)(model)
