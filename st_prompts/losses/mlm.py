@@ -32,11 +32,12 @@ def mlm_weight(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps:
     return weight * decay ** (step / decay_steps)
 
 
-def _checkpoint_tensors(source: str, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _checkpoint_tensors(source: str, prefixes: tuple[str, ...], pickles: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of a checkpoint whose names start with one of ``prefixes``, without loading the others.
 
-    Reads ``model.safetensors`` (or its shards) lazily with ``safe_open``; falls back to ``pytorch_model.bin``. Works
-    for local folders and hub ids (through transformers' cache). Returns ``{}`` when nothing can be read.
+    Reads ``model.safetensors`` (or its shards) lazily with ``safe_open``; falls back to ``pytorch_model.bin`` only
+    with ``pickles=True`` (the user trusted the backbone: a pickle can run code). Works for local folders and hub ids
+    (through transformers' cache). Returns ``{}`` when nothing can be read.
     """
 
     def find(name: str) -> str | None:
@@ -59,7 +60,7 @@ def _checkpoint_tensors(source: str, prefixes: tuple[str, ...]) -> dict[str, tor
             for key in handle.keys():
                 if key.startswith(prefixes):
                     tensors[key] = handle.get_tensor(key)
-    if not files and (binary := find("pytorch_model.bin")) is not None:
+    if not files and pickles and (binary := find("pytorch_model.bin")) is not None:
         state = torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
         tensors = {k: v.clone() for k, v in state.items() if k.startswith(prefixes)}
     # Old BERT checkpoints name LayerNorm parameters gamma/beta (transformers renames them when it loads a model).
@@ -104,7 +105,8 @@ class MLMHead(nn.Module):
         self._forward_order = self.head_names
         del skeleton
 
-        state = _checkpoint_tensors(source, tuple(f"{name}." for name in self.head_names))
+        state = _checkpoint_tensors(source, tuple(f"{name}." for name in self.head_names),
+                                    pickles=getattr(encoder, "trust_remote_code", False) is True)
         expected = set(self.head.state_dict())
         # Tied entries that are absent from a checkpoint (saved once under their twin's name): copy from the twin.
         for key, twin in tied.items():

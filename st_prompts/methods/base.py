@@ -66,6 +66,9 @@ class TrainSettings:
     logging_steps: int = option(10, "log the loss every this many steps")
     gradient_checkpointing: bool = option(False, "activation checkpointing: recompute each layer in the backward pass "
                                           "(less training memory, more time)")
+    trust_remote_code: bool = option(False, "let the backbone (and a generator or LLM the method loads) run code that "
+                                     "ships with it or load pickled weights; without it such a backbone is refused "
+                                     "before anything of it runs. Only for backbones whose code you trust")
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:

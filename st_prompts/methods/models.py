@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Dense, Pooling
+from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
 from st_prompts.methods.base import TrainSettings
 from st_prompts.modules import MaskTokenPooling
 from st_prompts.modules.model_card import PromptsModelCardData, backbone_card_name
+from st_prompts.utils import resolve_model_name
 
 
 def mlp_head_module(dimension: int, initializer_range: float = 0.02):
@@ -42,6 +44,29 @@ def assemble(settings: TrainSettings, encoder, pooling_mode: str = "cls"):
     if "/" in backbone and not os.path.exists(settings.backbone):
         card.base_model = backbone  # a hub id: the card links to it
     return SentenceTransformer(modules=modules, model_card_data=card)
+
+
+def backbone_kwargs(settings: TrainSettings) -> dict[str, Any]:
+    """Keyword arguments of an encoder that hand the user's ``trust_remote_code=True`` (``--trust-remote-code``) to
+    the backbone's loaders; none otherwise, and the backbone is then checked against st_prompts' allow-list
+    (:mod:`st_prompts.trust`) before anything of it is read."""
+    if not getattr(settings, "trust_remote_code", False):
+        return {}
+    return {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")}
+
+
+def plain_transformer(settings: TrainSettings) -> Transformer:
+    """sentence-transformers' ``Transformer`` on ``settings.backbone`` (the trainable encoder of SimCSE and SKICSE's
+    full encoder), checked and loaded like a :class:`~st_prompts.PromptedTransformer`'s backbone: nothing of it runs
+    and nothing is unpickled unless ``settings.trust_remote_code``."""
+    from st_prompts.loading import require_safe_backbone, safe_loading
+
+    trusted = bool(getattr(settings, "trust_remote_code", False))
+    require_safe_backbone(settings.backbone, trusted)
+    kwargs = backbone_kwargs(settings)
+    with safe_loading(trusted) as safe:
+        kwargs["model_kwargs"] = {**safe, **kwargs.get("model_kwargs", {})}
+        return Transformer(resolve_model_name(settings.backbone), max_seq_length=settings.max_seq_length, **kwargs)
 
 
 def seed_everything(seed: int) -> None:

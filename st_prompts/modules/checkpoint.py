@@ -61,10 +61,13 @@ def backbone_identity(name_or_path: str) -> tuple[str, str | None]:
 
 def load_backbone(name_or_path: str, **kwargs) -> torch.nn.Module:
     """The plain transformers model behind a backbone name (packaged aliases and GGUF files resolved)."""
+    from st_prompts.loading import safe_loading
+
     location, gguf_file, _ = utils.resolve_gguf(utils.resolve_model_name(str(name_or_path)))
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    return AutoModel.from_pretrained(location, **kwargs)
+    with safe_loading(kwargs.get("trust_remote_code") is True) as safe:  # never a pickle without trust
+        return AutoModel.from_pretrained(location, **{**safe, **kwargs})
 
 
 def is_local_reference(reference: str) -> bool:

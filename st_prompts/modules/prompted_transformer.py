@@ -37,6 +37,7 @@ from st_prompts.prompts.features import (
 )
 from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
+from st_prompts.trust import trusted_in_kwargs
 from st_prompts.prompts.shallow import (
     ShallowPrompt,
     parse_template,
@@ -179,11 +180,20 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         model_name_or_path = utils.resolve_model_name(requested)
         # A GGUF model (the packaged SmolLM2 "smollm2", or a .gguf file): transformers de-quantises it from its folder.
         location, gguf_file, _ = utils.resolve_gguf(model_name_or_path)
+        # Nothing of the backbone runs, and nothing is unpickled, unless the user trusts it (--trust-remote-code):
+        # its files are checked against st_prompts.trust's allow-list before transformers reads them.
+        from st_prompts.loading import require_safe_backbone, safe_loading
+
+        #: Whether the user trusted the backbone's code (``trust_remote_code=True`` reached this module).
+        self.trust_remote_code = trusted_in_kwargs(kwargs)
+        require_safe_backbone(requested, self.trust_remote_code)
         if gguf_file:
             for key in ("model_kwargs", "processor_kwargs", "config_kwargs"):
                 kwargs[key] = {"gguf_file": gguf_file, **(kwargs.get(key) or {})}
             model_name_or_path = requested
-        super().__init__(location, **kwargs)
+        with safe_loading(self.trust_remote_code) as safe:
+            kwargs["model_kwargs"] = {**safe, **(kwargs.get("model_kwargs") or {})}
+            super().__init__(location, **kwargs)
         config = self.auto_model.config
         #: The backbone's own length limit, before any training length: the ``max_seq_length`` of the
         #: sentence-transformers model saved at ``location`` (256 for all-MiniLM-L6-v2), else its tokenizer's limit

@@ -127,21 +127,27 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
         DataNotFoundError: when the checkpoint cannot be loaded (e.g. offline without a local copy).
     """
 
-    def __init__(self, name_or_path: str, encoder_tokenizer=None, device=None, model=None, tokenizer=None) -> None:
+    def __init__(self, name_or_path: str, encoder_tokenizer=None, device=None, model=None, tokenizer=None,
+                 trust_remote_code: bool = False) -> None:
+        from st_prompts.loading import require_safe_backbone, safe_loading
 
         self.name = str(name_or_path)
+        if model is None or tokenizer is None:
+            require_safe_backbone(self.name, trust_remote_code, what="generator")
         try:
-            self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name_or_path)
-            if encoder_tokenizer is not None:
-                check_same_vocabulary(self.tokenizer, encoder_tokenizer, self.name)
-            if model is None:
-                model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True)
-                if info.get("missing_keys"):
-                    raise ConfigurationError(
-                        f"The generator {name_or_path!r} has no trained masked-LM head (missing weights: "
-                        f"{', '.join(sorted(info['missing_keys'])[:4])}): its predictions would be random. Use a masked-LM "
-                        f"checkpoint, or generator={BACKBONE_GENERATOR!r} to train a head on the frozen backbone."
-                    )
+            with safe_loading(trust_remote_code) as safe:
+                self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name_or_path)
+                if encoder_tokenizer is not None:
+                    check_same_vocabulary(self.tokenizer, encoder_tokenizer, self.name)
+                if model is None:
+                    model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True, **safe)
+                    if info.get("missing_keys"):
+                        raise ConfigurationError(
+                            f"The generator {name_or_path!r} has no trained masked-LM head (missing weights: "
+                            f"{', '.join(sorted(info['missing_keys'])[:4])}): its predictions would be random. Use a "
+                            f"masked-LM checkpoint, or generator={BACKBONE_GENERATOR!r} to train a head on the frozen "
+                            "backbone."
+                        )
             self.model = model
         except OSError as exc:
             raise DataNotFoundError(
@@ -419,4 +425,5 @@ def resolve_generator(generator: Any, encoder, masking_ratio: float = 0.3, seed:
         return BackboneMLMGenerator(encoder, masking_ratio=masking_ratio, seed=seed, **options)
 
     device = encoder.auto_model.get_input_embeddings().weight.device
-    return HubMaskedLMGenerator(resolve_model_name(generator), encoder_tokenizer=encoder.tokenizer, device=device)
+    return HubMaskedLMGenerator(resolve_model_name(generator), encoder_tokenizer=encoder.tokenizer, device=device,
+                                trust_remote_code=getattr(encoder, "trust_remote_code", False) is True)

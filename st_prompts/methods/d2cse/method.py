@@ -5,7 +5,7 @@ from __future__ import annotations
 from st_prompts.losses import CRTDLoss
 from st_prompts.methods.base import Method, Stage
 from st_prompts.methods.d2cse.config import CONFIG, D2CSESettings
-from st_prompts.methods.models import assemble, seed_everything
+from st_prompts.methods.models import assemble, backbone_kwargs, seed_everything
 from st_prompts.methods.stages import contrastive_columns, contrastive_data
 from st_prompts.modules import PromptedTransformer
 from st_prompts.utils import resolve_model_name
@@ -19,6 +19,7 @@ def build_model(settings: D2CSESettings):
         **settings.prefix_options(),
         cls_prompt=settings.cls_prompt,
         max_seq_length=settings.max_seq_length,
+        **backbone_kwargs(settings),
     )
     return assemble(settings, encoder, pooling_mode="cls")
 

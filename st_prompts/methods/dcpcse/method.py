@@ -5,7 +5,7 @@ from __future__ import annotations
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Method
 from st_prompts.methods.dcpcse.config import CONFIG, DCPCSESettings
-from st_prompts.methods.models import assemble, seed_everything
+from st_prompts.methods.models import assemble, backbone_kwargs, seed_everything
 from st_prompts.methods.stages import contrastive_stage
 from st_prompts.modules import PromptedTransformer
 from st_prompts.utils import resolve_model_name
@@ -20,6 +20,7 @@ def build_model(settings: DCPCSESettings):
         **settings.prefix_options(),
         prefix_dropout_shared=settings.prefix_dropout_shared,
         max_seq_length=settings.max_seq_length,
+        **backbone_kwargs(settings),
     )
     if settings.pooling == "cls" and encoder.backbone_plan.causal:
         raise ConfigurationError(f"{settings.backbone!r} is a causal decoder: it has no [CLS] to pool; use "

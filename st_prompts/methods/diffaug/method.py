@@ -24,7 +24,7 @@ from st_prompts.methods.diffaug.checkpoint import load_stage1, save_stage1
 from st_prompts.methods.diffaug.config import CONFIG, STAGE1_SUFFIX, DiffAugSettings
 from st_prompts.methods.diffaug.diagnostics import PrefixDiagnosticsCallback
 from st_prompts.methods.diffaug.state import nli_loss, run_state, training_mlp
-from st_prompts.methods.models import assemble, seed_everything
+from st_prompts.methods.models import assemble, backbone_kwargs, seed_everything
 from st_prompts.modules import PromptedTransformer
 from st_prompts.utils import resolve_model_name
 
@@ -42,6 +42,7 @@ def build_model(settings: DiffAugSettings):
         template_mode="hard",
         template_denoising=settings.inference_denoising and settings.uses_template,
         freeze_backbone=True,
+        **backbone_kwargs(settings),
     )
     # max_seq_length counts the sentence's tokens; the template and special tokens come on top.
     encoder.max_seq_length = settings.max_seq_length + encoder.template_num_tokens + 2

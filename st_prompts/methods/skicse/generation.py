@@ -141,16 +141,22 @@ def resolve_llm(name_or_path: str) -> tuple[str, str | None, str]:
     return utils.resolve_gguf(name_or_path)
 
 
-def load_llm(name_or_path: str, dtype: str = "float32"):
+def load_llm(name_or_path: str, dtype: str = "float32", trust_remote_code: bool = False):
     """``(model, tokenizer, label)`` of a causal LM for SKI generation (eval mode, left padding, a pad token).
 
-    GGUF files (``smollm2`` included) are de-quantised by transformers into a regular model (``gguf`` needed).
+    GGUF files (``smollm2`` included) are de-quantised by transformers into a regular model (``gguf`` needed). The
+    LLM's folder is checked like a backbone (:func:`st_prompts.loading.require_safe_backbone`): no code of it runs and
+    no pickle is read unless ``trust_remote_code=True``.
     """
+    from st_prompts.loading import require_safe_backbone, safe_loading
+
     location, gguf_file, label = resolve_llm(name_or_path)
+    require_safe_backbone(name_or_path, trust_remote_code, what="LLM")
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=getattr(torch, dtype), **kwargs)
+        with safe_loading(trust_remote_code) as safe:
+            tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=getattr(torch, dtype), **kwargs, **safe)
     except ImportError as exc:
         raise ConfigurationError(f"Loading {name_or_path!r} needs a missing package: {exc}. "
                                  "pip install 'st-prompts[ski]' brings gguf and accelerate.") from exc

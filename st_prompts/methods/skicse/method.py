@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 from datasets import Dataset
-from sentence_transformers.sentence_transformer.modules import Transformer
 from transformers import TrainerCallback
 
 from st_prompts.data.collators import ColumnMaxLengthCollator
@@ -16,7 +15,7 @@ from st_prompts.data.training_data import load_training_dataset
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.losses import MultiPositiveInfoNCELoss, skicse_supervised_terms, skicse_unsupervised_terms
 from st_prompts.methods.base import Method, Stage, TrainSettings
-from st_prompts.methods.models import assemble, seed_everything
+from st_prompts.methods.models import assemble, backbone_kwargs, plain_transformer, seed_everything
 from st_prompts.methods.skicse.config import CONFIG, PRESENCE_LABEL, UNCACHED, SKICSESettings, default_ski_file
 from st_prompts.methods.skicse.generation import SKICache
 from st_prompts.methods.stages import head_learning_rates
@@ -32,9 +31,10 @@ def build_model(settings: SKICSESettings):
     seed_everything(settings.seed)
     name = resolve_model_name(settings.backbone)
     if settings.encoder == "prompted":
-        encoder = PromptedTransformer(name, **settings.prefix_options(), max_seq_length=settings.max_seq_length)
+        encoder = PromptedTransformer(name, **settings.prefix_options(), max_seq_length=settings.max_seq_length,
+                                      **backbone_kwargs(settings))
     else:
-        encoder = Transformer(name, max_seq_length=settings.max_seq_length)
+        encoder = plain_transformer(settings)
     return assemble(settings, encoder, pooling_mode="cls")
 
 

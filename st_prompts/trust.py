@@ -1,0 +1,484 @@
+"""What a model folder may ask of a loader: an allow-list, checked before anything of the folder is loaded.
+
+A saved sentence-transformers model hands options to the libraries that load it: a ``Transformer`` module's
+``sentence_bert_config.json`` carries ``model_kwargs`` / ``config_kwargs`` / ``processor_kwargs`` (and their older
+names ``model_args`` / ``config_args`` / ``tokenizer_args``) that sentence-transformers passes to transformers'
+``from_pretrained`` after stripping only ``trust_remote_code``, and other keys (``tokenizer_name_or_path``,
+``backend``, ``modality_config``) that choose what is loaded and which method is called. transformers honours
+``weights_only``, ``use_safetensors``, ``gguf_file``, ``revision``, ``subfolder``, ``code_revision``, ``from_tf``, ...
+there, and some of them unpickle a weight file (which can run any code). So here:
+
+* **every loader option is checked against a list of options known to be safe** (:data:`MODEL_OPTIONS`,
+  :data:`CONFIG_OPTIONS`, :data:`PROCESSOR_OPTIONS`, :data:`TRANSFORMER_KEYS`); anything else is refused in one line
+  naming the file and the key (:func:`transformer_config_reason`);
+* the other modules' configurations may only hold their own constructor's arguments, and a ``Dense`` activation must
+  be a class under ``torch.nn`` found without importing anything (:func:`module_config_reason`);
+* the transformers files of every folder a loader reads (``config.json``, the tokenizer and processor files, a PEFT
+  ``adapter_config.json``) may not point to code (``auto_map`` at any depth, ``custom_pipelines``, ``auto_mapping``,
+  a class name outside transformers), name files outside the folder, ask for a quantizer, or name an architecture
+  transformers does not know (:func:`hf_files_reason`); a PEFT adapter's base model is checked the same way;
+* **pickled weight files are never unpickled** without trust: a folder whose weights exist only as a pickle
+  (``pytorch_model.bin``, ``*.pt``, ...) is refused (:func:`pickle_reason`), transformers is asked for safetensors
+  (:data:`SAFE_MODEL_KWARGS`), and while an untrusted model loads ``torch.load`` itself refuses
+  (:func:`no_unpickling`);
+* a ``.gguf`` backbone must be a GGUF file (:func:`gguf_reason`).
+
+Nothing here imports torch at module level; the checks read JSON and list folders. :mod:`st_prompts.loading` applies
+them to a model and every folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from st_prompts.errors import UntrustedCodeError
+
+__all__ = ["CONFIG_OPTIONS", "MODEL_OPTIONS", "PROCESSOR_OPTIONS", "SAFE_MODEL_KWARGS", "TRANSFORMER_KEYS",
+           "gguf_reason", "hf_files_reason", "module_config_reason", "no_unpickling", "pickle_reason",
+           "transformer_config_reason", "trusted_in_kwargs"]
+
+# ----------------------------------------------------------------------------------------------------- value checks
+Check = Callable[[Any], bool]
+
+#: dtypes a folder may ask for (strings, as transformers reads them from JSON).
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64", "torch.float32", "torch.float16", "torch.bfloat16",
+          "torch.float64", "fp32", "fp16", "bf16")
+#: Attention implementations a folder may ask for: transformers' own, with no kernel fetched from the hub.
+ATTENTION = ("sdpa", "eager")
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**7
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _one_of(*allowed: Any) -> Check:
+    def check(value: Any) -> bool:
+        return isinstance(value, (str, type(None))) and value in allowed
+    check.allowed = allowed  # type: ignore[attr-defined]
+    return check
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) < 100_000
+
+
+def _name(value: Any) -> bool:
+    """A short plain name (no path, no dotted import path)."""
+    return isinstance(value, str) and 0 < len(value) < 200 and not any(c in value for c in "/\\.:\x00")
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+#: ``model_kwargs`` / ``model_args``: passed to ``AutoModel.from_pretrained``. Each entry only chooses how the weights
+#: already in the folder are laid out in memory or which of transformers' own kernels computes attention.
+MODEL_OPTIONS: dict[str, Check] = {
+    "dtype": _one_of(*DTYPES),
+    "torch_dtype": _one_of(*DTYPES),
+    "attn_implementation": _one_of(*ATTENTION),
+    "add_pooling_layer": _bool,
+    "output_hidden_states": _bool,
+    "output_attentions": _bool,
+    "low_cpu_mem_usage": _bool,
+}
+#: ``config_kwargs`` / ``config_args``: passed to ``AutoConfig.from_pretrained`` (they override configuration
+#: attributes). Only attributes that change numerics or outputs, never what is loaded.
+CONFIG_OPTIONS: dict[str, Check] = {
+    "dtype": _one_of(*DTYPES),
+    "torch_dtype": _one_of(*DTYPES),
+    "attn_implementation": _one_of(*ATTENTION),
+    "use_cache": _bool,
+    "output_hidden_states": _bool,
+    "output_attentions": _bool,
+    "hidden_dropout_prob": _fraction,
+    "attention_probs_dropout_prob": _fraction,
+    "classifier_dropout": _optional(_fraction),
+}
+#: ``processor_kwargs`` / ``tokenizer_args``: passed to ``AutoProcessor`` / ``AutoTokenizer.from_pretrained``. Only
+#: how the folder's own vocabulary is applied; no file names, no class names, no hub location.
+PROCESSOR_OPTIONS: dict[str, Check] = {
+    "model_max_length": _int,
+    "do_lower_case": _bool,
+    "padding_side": _one_of("left", "right"),
+    "truncation_side": _one_of("left", "right"),
+    "use_fast": _bool,
+    "add_prefix_space": _bool,
+    "clean_up_tokenization_spaces": _bool,
+    "legacy": _bool,
+    "strip_accents": _optional(_bool),
+    "tokenize_chinese_chars": _bool,
+    "chat_template": _text,  # rendered by transformers in a sandboxed Jinja environment
+}
+#: The names a module configuration may use for the three option dicts (new name, then sentence-transformers' older
+#: one), with their allow-lists.
+OPTION_DICTS: dict[str, dict[str, Check]] = {
+    "model_kwargs": MODEL_OPTIONS, "model_args": MODEL_OPTIONS,
+    "config_kwargs": CONFIG_OPTIONS, "config_args": CONFIG_OPTIONS,
+    "processor_kwargs": PROCESSOR_OPTIONS, "tokenizer_args": PROCESSOR_OPTIONS,
+}
+#: Methods of a transformers model that ``modality_config`` may name (what sentence-transformers itself infers).
+MODALITY_METHODS = ("forward", "get_text_features", "get_image_features", "get_audio_features",
+                    "get_video_features", "get_vision_features", "get_multimodal_features")
+#: ``processing_kwargs`` sections sentence-transformers knows.
+PROCESSING_SECTIONS = ("common", "text", "audio", "image", "video", "chat_template")
+
+
+def _scalar_tree(value: Any, depth: int = 0) -> bool:
+    """JSON made of numbers, booleans, short strings, and lists/dicts of them (a few levels deep)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) < 100_000
+    if depth > 4:
+        return False
+    if isinstance(value, list):
+        return all(_scalar_tree(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _scalar_tree(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _modality_config(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    for entry in value.values():
+        if not isinstance(entry, dict) or set(entry) - {"method", "method_output_name", "format"}:
+            return False
+        if entry.get("method") not in MODALITY_METHODS or not _name(entry.get("method_output_name", "x")):
+            return False
+    return True
+
+
+def _processing_kwargs(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and set(value) <= set(PROCESSING_SECTIONS)
+                             and _scalar_tree(value))
+
+
+def _transformer_task() -> Check:
+    try:
+        from sentence_transformers.base.modules.transformer import TRANSFORMER_TASK_TO_AUTO_MODEL
+        tasks = tuple(TRANSFORMER_TASK_TO_AUTO_MODEL)
+    except ImportError:  # pragma: no cover - an older sentence-transformers
+        tasks = ("feature-extraction",)
+    return _one_of(*tasks)
+
+
+#: The other keys of a ``Transformer`` module's configuration (sentence-transformers' own constructor arguments),
+#: with what each may hold. ``backend`` only ``torch``: ONNX/OpenVINO load other files through optimum.
+#: ``tokenizer_name_or_path`` only ``null``: it would load the tokenizer (and its files) from somewhere else.
+TRANSFORMER_KEYS: dict[str, Check] = {
+    "max_seq_length": _optional(_int),
+    "do_lower_case": _bool,
+    "transformer_task": _transformer_task(),
+    "modality_config": _modality_config,
+    "module_output_name": _optional(_name),
+    "unpad_inputs": _optional(_bool),
+    "query_length": _optional(_int),
+    "document_length": _optional(_int),
+    "query_expansion": lambda v: v is None or (isinstance(v, dict) and _scalar_tree(v)),
+    "processing_kwargs": _processing_kwargs,
+    "backend": _one_of("torch"),
+    "tokenizer_name_or_path": lambda v: v is None,
+}
+#: Keys of a :class:`~st_prompts.PromptedTransformer` configuration besides sentence-transformers' (read by
+#: st_prompts' own constructor, which validates their values; ``backbone_name_or_path`` is checked as a model of its
+#: own by :mod:`st_prompts.loading`).
+PROMPTED_KEYS: dict[str, Check] = {
+    "prefix_length": _optional(_int), "prefix_projection": _bool, "prefix_hidden_size": _optional(_int),
+    "prefix_dropout": _optional(_fraction), "prefix_dropout_shared": _bool,
+    "prefix_init_std": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "template": _optional(_text), "template_mode": _one_of("soft", "hard"), "cls_prompt": _bool,
+    "template_denoising": _bool, "freeze_backbone": _bool, "backbone_name_or_path": _optional(_text),
+    "prefix_injection": _one_of("attention", "cache"), "prompt_sets": lambda v: v is None or _scalar_tree(v),
+    "default_task": _optional(_text), "query_task": _optional(_text), "document_task": _optional(_text),
+    "prompts_only": _bool, "backbone_fingerprint": _optional(_text), "prefix_gate": _bool,
+}
+
+
+def _describe(check: Check) -> str:
+    allowed = getattr(check, "allowed", None)
+    return f" (one of {', '.join(map(str, allowed))})" if allowed else ""
+
+
+def _options_reason(name: str, key: str, value: Any) -> str | None:
+    allowed = OPTION_DICTS[key]
+    if not isinstance(value, dict):
+        return f"{name}: {key} must be an object of loader options, got {type(value).__name__}"
+    for option, setting in value.items():
+        check = allowed.get(option)
+        if check is None:
+            return (f"{name}: {key}.{option} is not a loader option a model folder may set (allowed: "
+                    f"{', '.join(sorted(allowed))})")
+        if not check(setting):
+            return f"{name}: {key}.{option}={_short(setting)} is not allowed{_describe(check)}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def transformer_config_reason(name: str, config: Any, prompted: bool = False) -> str | None:
+    """Why the configuration ``name`` of a ``Transformer`` module (``sentence_bert_config.json``) asks a loader for
+    something outside the allow-list, or ``None``. ``prompted``: a :class:`~st_prompts.PromptedTransformer`'s, which
+    also holds the prompts' options."""
+    if not isinstance(config, dict):
+        return f"{name} is not a JSON object"
+    for key, value in config.items():
+        if key in OPTION_DICTS:
+            reason = _options_reason(name, key, value)
+        else:
+            check = TRANSFORMER_KEYS.get(key) or (PROMPTED_KEYS.get(key) if prompted else None)
+            if check is None:
+                return f"{name}: {key!r} is not a setting this module reads"
+            reason = None if check(value) else f"{name}: {key}={_short(value)} is not allowed{_describe(check)}"
+        if reason:
+            return reason
+    return None
+
+
+# ------------------------------------------------------------------------------------------- other modules' configs
+def _accepted_keys(module_class: type) -> set[str] | None:
+    """The keys a module's ``load`` passes to its constructor without complaint (``None``: any, it takes
+    ``**kwargs``)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(module_class.__init__).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keys = {p.name for p in parameters if p.name != "self"}
+    keys |= set(getattr(module_class, "config_key_renames", {}) or {})
+    if module_class.__name__ == "Pooling":
+        try:
+            from sentence_transformers.sentence_transformer.modules.pooling import _LEGACY_POOLING_MODE_KWARGS
+            keys |= set(_LEGACY_POOLING_MODE_KWARGS)
+        except ImportError:  # pragma: no cover
+            pass
+    return keys
+
+
+def torch_nn_class(dotted: str) -> type | None:
+    """The ``torch.nn.Module`` subclass ``dotted`` names (``torch.nn.Tanh``, ``torch.nn.modules.activation.Tanh``),
+    found by walking attributes of the already imported ``torch.nn`` (nothing is imported), or ``None``."""
+    import torch
+
+    parts = dotted.split(".")
+    if len(parts) < 3 or parts[:2] != ["torch", "nn"] or not all(p.isidentifier() and not p.startswith("_")
+                                                                 for p in parts):
+        return None
+    target: Any = torch.nn
+    for part in parts[2:]:
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    return target if isinstance(target, type) and issubclass(target, torch.nn.Module) else None
+
+
+def module_config_reason(name: str, module_class: type, config: Any) -> str | None:
+    """Why the configuration ``name`` of a module of ``module_class`` (not a ``Transformer``) holds something its
+    constructor does not take, or names code: a ``Dense`` activation must be a class under ``torch.nn``."""
+    if not isinstance(config, dict):
+        return f"{name} is not a JSON object"
+    accepted = _accepted_keys(module_class)
+    for key, value in config.items():
+        if accepted is not None and key not in accepted:
+            return f"{name}: {key!r} is not a setting of {module_class.__name__}"
+        if key == "activation_function":
+            if not isinstance(value, str) or torch_nn_class(value) is None:
+                return (f"{name} names the activation function {_short(value)}, which is not a torch.nn module "
+                        "class")
+        elif key == "tokenizer_class":
+            if not (isinstance(value, str) and value.startswith("sentence_transformers.")):
+                return f"{name} names the tokenizer class {_short(value)}, not one of sentence-transformers'"
+        elif not _scalar_tree(value):
+            return f"{name}: {key} holds something other than plain values"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ transformers files
+#: Keys that make transformers or PEFT import code from the folder (or a package it names), at any depth.
+CODE_KEYS = ("auto_map", "custom_pipelines", "auto_mapping")
+#: Keys whose value transformers resolves as a class name: only its own classes (no dotted import paths).
+CLASS_KEYS = ("tokenizer_class", "processor_class", "feature_extractor_type", "image_processor_type",
+              "video_processor_type")
+#: Keys that name a file the loader opens: plain file names inside the folder only.
+FILE_KEYS = ("tokenizer_file", "vocab_file", "merges_file", "spm_file", "sentencepiece_model_file",
+             "added_tokens_file", "special_tokens_map_file", "gguf_file", "chat_template_file")
+
+
+def _find_key(value: Any, keys: tuple[str, ...], depth: int = 0) -> tuple[str, Any] | None:
+    """The first ``(key, value)`` among ``keys`` anywhere in a parsed JSON value (any depth)."""
+    if depth > 20:
+        return ("(nested too deep)", None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in keys and item not in (None, {}, [], ""):
+                return key, item
+            found = _find_key(item, keys, depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            found = _find_key(item, keys, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _unsafe_file_name(value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, str):
+        return True
+    return (os.path.isabs(value) or value.startswith("~") or ".." in value.replace("\\", "/").split("/")
+            or "\x00" in value)
+
+
+def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], bool] | None = None) -> str | None:
+    """Why the transformers file ``name`` (``config.json``, ``tokenizer_config.json``, a processor configuration, a
+    PEFT ``adapter_config.json``; any other JSON of a folder transformers reads) would make a loader run code, read a
+    file outside the folder, load a quantizer, or fail on an unknown architecture; ``None`` if it would not."""
+    found = _find_key(config, CODE_KEYS)
+    if found:
+        return f"{name} points to custom code ({found[0]})"
+    if not isinstance(config, dict):
+        return None
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for key in CLASS_KEYS:
+        value = config.get(key)
+        if value is not None and not _name(value):
+            return f"{name} names the class {_short(value)} ({key}), not one of transformers'"
+    found = _find_key(config, FILE_KEYS)
+    if found and _unsafe_file_name(found[1]):
+        return f"{name}: {found[0]}={_short(found[1])} names a file outside the model folder"
+    if base == "config.json":
+        if config.get("quantization_config"):
+            return f"{name} asks for a quantizer (quantization_config)"
+        model_type = config.get("model_type")
+        if model_type is not None and (not isinstance(model_type, str)
+                                       or (known_model_types and not known_model_types(model_type))):
+            return f"{name} names model_type {_short(model_type)}, which this transformers does not know"
+        architectures = config.get("architectures")
+        if architectures is not None and not (isinstance(architectures, list)
+                                              and all(isinstance(a, str) and _name(a) for a in architectures)):
+            return f"{name} names architectures {_short(architectures)} that are not transformers classes"
+    return None
+
+
+def known_model_type(model_type: str) -> bool:
+    """Whether transformers knows ``model_type`` (read from its registry; nothing is imported from a folder)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
+
+
+# --------------------------------------------------------------------------------------------------------- pickles
+#: File names (patterns) of pickled weights a loader may read: PyTorch's, transformers' shards, PEFT adapters.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+#: Pickles no loader of a model reads (training state saved beside a checkpoint).
+UNREAD_PICKLES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt")
+
+
+def pickle_reason(folder: str, label: str | None = None) -> str | None:
+    """Why the local ``folder`` would make a loader unpickle weights: it holds a pickled weight file
+    (``pytorch_model.bin``, ``adapter_model.bin``, ``*.pt``, ...) and no ``.safetensors`` file beside it that the
+    loader would read instead; ``None`` otherwise (or when ``folder`` is not a local folder)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES) and n not in UNREAD_PICKLES
+                     and os.path.isfile(os.path.join(folder, n)))
+    if not pickles:
+        return None
+    safetensors = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
+    adapters = [n for n in pickles if n.startswith("adapter_model")]
+    if adapters and not any(n.startswith("adapter_model") for n in safetensors):
+        return f"{label or folder}/{adapters[0]} is a pickled weight file (unpickling can run any code)"
+    weights = [n for n in pickles if not n.startswith("adapter_model")]
+    if weights and not [n for n in safetensors if not n.startswith("adapter_model")]:
+        return (f"{label or folder}/{weights[0]} is a pickled weight file and the folder has no safetensors weights "
+                "(unpickling can run any code)")
+    return None
+
+
+#: Passed to transformers' ``from_pretrained`` for an untrusted model: read safetensors, never a pickle.
+SAFE_MODEL_KWARGS = {"use_safetensors": True}
+
+_guard_lock = threading.Lock()
+_guard_depth = 0
+_guard_saved: dict[str, Any] = {}
+
+
+def _refuse_pickle(*args: Any, **kwargs: Any) -> Any:
+    target = args[0] if args else kwargs.get("f")
+    raise UntrustedCodeError(
+        f"refused to unpickle {str(target)!r}: a pickled weight file can run any code. Convert it to safetensors, or "
+        "pass --trust-remote-code (trust_remote_code=True in Python) only if you trust the model."
+    )
+
+
+@contextmanager
+def no_unpickling() -> Iterator[None]:
+    """While an untrusted model loads, ``torch.load`` refuses (raises :class:`UntrustedCodeError`) instead of
+    unpickling: the last line of defence behind :func:`pickle_reason` and :data:`SAFE_MODEL_KWARGS` (e.g. for a hub
+    model whose files cannot be listed). Re-entrant; restores ``torch.load`` when the outermost block ends."""
+    import torch
+    import torch.serialization
+
+    global _guard_depth
+    with _guard_lock:
+        if _guard_depth == 0:
+            _guard_saved["torch"] = torch.load
+            _guard_saved["serialization"] = torch.serialization.load
+            torch.load = _refuse_pickle
+            torch.serialization.load = _refuse_pickle
+        _guard_depth += 1
+    try:
+        yield
+    finally:
+        with _guard_lock:
+            _guard_depth -= 1
+            if _guard_depth == 0:
+                torch.load = _guard_saved.pop("torch")
+                torch.serialization.load = _guard_saved.pop("serialization")
+
+
+# ------------------------------------------------------------------------------------------------------------- GGUF
+def gguf_reason(path: str) -> str | None:
+    """Why the file ``path`` is not a GGUF model (its first four bytes are ``GGUF``), or ``None``."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        return f"{path} could not be read ({exc.strerror or exc})"
+    if magic != b"GGUF":
+        return f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)"
+    return None
+
+
+def trusted_in_kwargs(kwargs: dict[str, Any]) -> bool:
+    """Whether a module's keyword arguments carry the user's ``trust_remote_code=True`` (sentence-transformers puts it
+    into ``model_kwargs`` / ``config_kwargs`` / ``processor_kwargs`` when the user passed it)."""
+    return any(isinstance(kwargs.get(key), dict) and kwargs[key].get("trust_remote_code") is True
+               for key in ("model_kwargs", "config_kwargs", "processor_kwargs"))

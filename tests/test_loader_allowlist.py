@@ -1,0 +1,409 @@
+"""What a model folder may ask of a loader: an allow-list, proven by hostile folders.
+
+Every hostile folder carries code that writes a marker file when it runs: an ``evil.py`` importable from the folder
+(``evil.Evil``, ``evil.EvilModel``, ...) and a ``pytorch_model.bin`` whose pickle writes the marker in ``__reduce__``.
+Without ``--trust-remote-code`` nothing of it may run: every load ends in a one-line error (exit 2 from the CLI) or a
+clean load, and the marker is never written. The property-based test builds such folders by mutating the JSON files
+of a real saved model with keys and values drawn from a list of dangerous loader options, at every level of every
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from st_prompts.cli import main
+from st_prompts.errors import StPromptsError, UntrustedCodeError
+from st_prompts.loading import backbone_reason, load_sentence_model, untrusted_reason
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SENTEVAL = FIXTURES / "senteval"
+CORPUS = FIXTURES / "search" / "real_queries.txt"
+
+
+class _Evil:
+    """Unpickling this writes the marker (``__reduce__`` returns a call of ``exec``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+def plant(folder: Path, marker: Path, remove_safetensors: bool = True) -> None:
+    """Put a malicious pickled weight file and an ``evil.py`` in ``folder`` (the safetensors weights removed)."""
+    torch.save({"embeddings.word_embeddings.weight": _Evil(marker)}, folder / "pytorch_model.bin")
+    (folder / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "import torch\n"
+        "from transformers import BertConfig, BertModel, BertTokenizerFast\n\n\n"
+        "class Evil(torch.nn.Tanh):\n    pass\n\n\n"
+        "class EvilModel(BertModel):\n    pass\n\n\n"
+        "class EvilConfig(BertConfig):\n    pass\n\n\n"
+        "class EvilTokenizer(BertTokenizerFast):\n    pass\n"
+    )
+    if remove_safetensors:
+        for path in folder.glob("*.safetensors"):
+            path.unlink()
+
+
+def edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    data = change(data) or data
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def st_model(tmp_path_factory, tiny_bert) -> Path:
+    """A saved SentenceTransformer of sentence-transformers' own classes: tiny BERT, mean pooling, Dense, Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    path = tmp_path_factory.mktemp("clean") / "model"
+    modules = [Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean"),
+               Dense(32, 16, activation_function=torch.nn.Tanh()), Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompted_model(tmp_path_factory, tiny_bert) -> Path:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+
+    path = tmp_path_factory.mktemp("prompted") / "model"
+    SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
+                        device="cpu").save(str(path))
+    return path
+
+
+def _one_line_refusal(argv: list[str], capsys, marker: Path, words: tuple[str, ...] = ()) -> str:
+    capsys.readouterr()
+    code = main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if ": error: " in line]
+    assert code == 2, (argv, lines)
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in "\n".join(lines), lines
+    assert all(word in errors[0] for word in words), errors[0]
+    assert not marker.exists(), f"{argv[:2]} ran the folder's code"
+    return errors[0]
+
+
+# ---------------------------------------------------------------------------------------------- the reported case
+def minilm_exploit(minilm_path: str, tmp_path: Path, key: str = "model_kwargs") -> tuple[Path, Path]:
+    """The issue's folder: the packaged MiniLM with a malicious pickle instead of its safetensors,
+    ``{key: {"weights_only": false}}`` in sentence_bert_config.json and no dtype in config.json."""
+    folder = Path(shutil.copytree(minilm_path, tmp_path / f"minilm-{key}"))
+    marker = tmp_path / f"marker-{key}"
+    plant(folder, marker)
+    edit_json(folder / "sentence_bert_config.json", lambda c: {**c, key: {"weights_only": False}})
+    edit_json(folder / "config.json", lambda c: {k: v for k, v in c.items() if k not in ("dtype", "torch_dtype")})
+    return folder, marker
+
+
+def test_the_harness_detects_code_that_runs(minilm_path, tmp_path):
+    """With trust, the same folder's pickle runs: a missing marker below means the loader prevented it."""
+    folder, marker = minilm_exploit(minilm_path, tmp_path)
+    with pytest.raises(Exception):  # noqa: B017 - the pickle is not a state dict: loading fails after it ran
+        load_sentence_model(str(folder), trust_remote_code=True)
+    assert marker.read_text() == "ran"
+
+
+@pytest.mark.parametrize("key", ["model_kwargs", "model_args"])
+def test_weights_only_in_a_module_config_is_refused_everywhere(minilm_path, tmp_path, capsys, key):
+    folder, marker = minilm_exploit(minilm_path, tmp_path, key)
+    with pytest.raises(UntrustedCodeError, match=f"sentence_bert_config.json: {key}.weights_only"):
+        load_sentence_model(str(folder))
+    index = tmp_path / "shared.index"
+    assert main(["index", "build", "minilm", str(CORPUS), str(index), "--no-progress"]) == 0
+    edit_json(index / "meta.json", lambda m: m["model"].update(name=str(folder), path=str(folder)))
+    senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
+    commands = [
+        ["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", *senteval],
+        ["plot", "similarity", str(folder), "--out", str(tmp_path / "s.png"), *senteval],
+        ["index", "build", str(folder), str(CORPUS), str(tmp_path / "new.index"), "--no-progress"],
+        ["index", "search", str(index), "a cat"],
+        ["index", "add", str(index), str(CORPUS), "--no-progress"],
+        ["index", "calibrate", str(index)],
+    ]
+    for argv in commands:
+        _one_line_refusal(argv, capsys, marker, ("weights_only", "--trust-remote-code"))
+    assert not marker.exists()
+
+
+def test_a_pickle_without_safetensors_is_refused_even_without_options(st_model, tmp_path, capsys):
+    folder = Path(shutil.copytree(st_model, tmp_path / "pickled"))
+    marker = tmp_path / "marker"
+    plant(folder, marker)
+    reason = untrusted_reason(str(folder))
+    assert reason is not None and "pytorch_model.bin is a pickled weight file" in reason
+    _one_line_refusal(["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", "--senteval-dir",
+                       str(SENTEVAL)], capsys, marker, ("pickled weight file",))
+    # beside safetensors weights a pickle is ignored: transformers is asked for safetensors only
+    clean = Path(shutil.copytree(st_model, tmp_path / "both"))
+    plant(clean, marker, remove_safetensors=False)
+    assert untrusted_reason(str(clean)) is None
+    assert load_sentence_model(str(clean)).encode(["a cat"]).shape == (1, 16)
+    assert not marker.exists()
+
+
+def test_a_prompted_model_with_model_args_and_only_a_pickle(prompted_model, tmp_path, capsys):
+    folder = Path(shutil.copytree(prompted_model, tmp_path / "prompted"))
+    marker = tmp_path / "marker"
+    plant(folder, marker)
+    edit_json(folder / "sentence_bert_config.json", lambda c: {**c, "model_args": {"weights_only": False}})
+    with pytest.raises(UntrustedCodeError, match="model_args.weights_only"):
+        load_sentence_model(str(folder))
+    edit_json(folder / "sentence_bert_config.json", lambda c: {k: v for k, v in c.items() if k != "model_args"})
+    with pytest.raises(UntrustedCodeError, match="pickled weight file"):
+        load_sentence_model(str(folder))
+    assert not marker.exists()
+
+
+def test_unpickling_is_refused_at_the_last_line_too(st_model, tmp_path, monkeypatch):
+    """Should the checks miss a pickle (a hub model whose files cannot be listed), torch.load itself refuses while
+    an untrusted model loads."""
+    import st_prompts.loading as loading
+
+    folder = Path(shutil.copytree(st_model, tmp_path / "pickled"))
+    marker = tmp_path / "marker"
+    plant(folder, marker)
+    monkeypatch.setattr(loading.trust, "pickle_reason", lambda *a, **k: None)  # pretend the check missed it
+    monkeypatch.setattr(loading.trust, "SAFE_MODEL_KWARGS", {})  # and transformers were allowed a pickle
+    with pytest.raises(StPromptsError) as caught:
+        load_sentence_model(str(folder))
+    assert "pickled weight file" in str(caught.value) and "\n" not in str(caught.value)
+    assert not marker.exists()
+    assert torch.load is not loading.trust._refuse_pickle  # restored afterwards
+
+
+# -------------------------------------------------------------------------- loader options and code, case by case
+@pytest.mark.parametrize("where, change, words", [
+    ("sentence_bert_config.json", lambda c: {**c, "config_kwargs": {"auto_map": {"AutoConfig": "evil.EvilConfig"}}},
+     ("config_kwargs.auto_map",)),
+    ("sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"trust_remote_code": True}},
+     ("model_kwargs.trust_remote_code",)),
+    ("sentence_bert_config.json", lambda c: {**c, "processor_kwargs": {"gguf_file": "/etc/passwd"}},
+     ("processor_kwargs.gguf_file",)),
+    ("sentence_bert_config.json", lambda c: {**c, "tokenizer_name_or_path": "../elsewhere"},
+     ("tokenizer_name_or_path",)),
+    ("sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"attn_implementation": "kernels-community/x"}},
+     ("attn_implementation",)),
+    ("sentence_bert_config.json", lambda c: {**c, "backend": "onnx"}, ("backend",)),
+    ("config.json", lambda c: {**c, "model_type": "evil"}, ("model_type", "evil")),
+    ("config.json", lambda c: {**c, "text_config": {"auto_map": {"AutoModel": "evil.EvilModel"}}}, ("auto_map",)),
+    ("config.json", lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}},
+     ("quantization_config",)),
+    ("tokenizer_config.json", lambda c: {**c, "tokenizer_class": "evil.EvilTokenizer"}, ("tokenizer_class",)),
+    ("tokenizer_config.json", lambda c: {**c, "tokenizer_file": "/etc/passwd"}, ("tokenizer_file",)),
+    ("2_Dense/config.json", lambda c: {**c, "activation_function": "torch.hub.load"}, ("torch.hub.load",)),
+    ("2_Dense/config.json",
+     lambda c: {**c, "activation_function": "torch.testing._internal.common_utils.TestCase"}, ("torch.testing",)),
+    ("1_Pooling/config.json", lambda c: {**c, "weights_only": False}, ("weights_only",)),
+    ("modules.json", lambda m: [m[0], {**m[1], "path": "../outside"}, *m[2:]], ("outside the model",)),
+])
+def test_each_loader_option_is_refused_in_one_line(st_model, tmp_path, capsys, where, change, words):
+    folder = Path(shutil.copytree(st_model, tmp_path / "model"))
+    marker = tmp_path / "marker"
+    plant(folder, marker, remove_safetensors=False)
+    sys.path.insert(0, str(folder))
+    try:
+        edit_json(folder / where, change)
+        before = set(sys.modules)
+        with pytest.raises(UntrustedCodeError) as caught:
+            load_sentence_model(str(folder))
+        assert "\n" not in str(caught.value) and all(w in str(caught.value) for w in words), str(caught.value)
+        assert not {m for m in set(sys.modules) - before if m.startswith(("torch.testing._internal", "evil"))}
+        _one_line_refusal(["plot", "similarity", str(folder), "--out", str(tmp_path / "s.png"), "--senteval-dir",
+                           str(SENTEVAL), "--no-progress"], capsys, marker, words)
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("evil", None)
+    assert not marker.exists()
+
+
+def test_allowed_options_still_load(st_model, tmp_path):
+    """The allow-list's own entries load, and a key no loader reads as an option (a configuration attribute of
+    config.json, a pickle beside safetensors weights) does not make a folder unloadable."""
+    folder = Path(shutil.copytree(st_model, tmp_path / "model"))
+    marker = tmp_path / "marker"
+    plant(folder, marker, remove_safetensors=False)
+    edit_json(folder / "config.json", lambda c: {**c, "weights_only": False, "use_safetensors": False})
+    edit_json(folder / "sentence_bert_config.json", lambda c: {
+        **c, "model_kwargs": {"dtype": "float32", "attn_implementation": "eager"},
+        "config_kwargs": {"use_cache": False}, "processor_kwargs": {"model_max_length": 24}})
+    model = load_sentence_model(str(folder))
+    assert model.encode(["a cat sits on the mat"]).shape == (1, 16)
+    assert model[0].model.config._attn_implementation == "eager"
+    assert not marker.exists()
+
+
+def test_a_peft_adapter_s_base_model_is_checked(st_model, tiny_bert, tmp_path):
+    folder = Path(shutil.copytree(st_model, tmp_path / "adapter"))
+    base = Path(shutil.copytree(tiny_bert, tmp_path / "base"))
+    marker = tmp_path / "marker"
+    plant(base, marker, remove_safetensors=False)
+    edit_json(base / "config.json", lambda c: {**c, "auto_map": {"AutoModel": "evil.EvilModel"}})
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": str(base),
+                                                            "r": 8, "target_modules": ["query"]}))
+    reason = untrusted_reason(str(folder))
+    assert reason is not None and "adapter_config.json: its base model" in reason and "auto_map" in reason
+    with pytest.raises(UntrustedCodeError, match="base model"):
+        load_sentence_model(str(folder))
+    assert not marker.exists()
+
+
+def test_a_gguf_backbone_is_checked(tiny_bert, tmp_path, capsys):
+    fake = tmp_path / "x.gguf"
+    fake.write_bytes(b"not a gguf file at all")
+    assert "is not a GGUF file" in backbone_reason(str(fake))
+    from st_prompts import PromptedTransformer
+
+    with pytest.raises(UntrustedCodeError, match="is not a GGUF file"):
+        PromptedTransformer(str(fake), prefix_length=2)
+    folder = tmp_path / "gguf-dir"
+    folder.mkdir()
+    real = folder / "model.gguf"
+    real.write_bytes(b"GGUF" + b"\x00" * 16)
+    marker = tmp_path / "marker"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    assert "auto_map" in backbone_reason(str(real))
+    assert not marker.exists()
+
+
+def test_train_and_bank_refuse_a_hostile_backbone_before_training(tiny_bert, tmp_path, capsys):
+    backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
+    marker = tmp_path / "marker"
+    plant(backbone, marker)
+    data = tmp_path / "pairs.csv"
+    data.write_text("sentence1,sentence2,score\na cat,a dog,0.5\nthe man,a woman,0.2\n")
+    for argv in (["train", "dcpcse", "--backbone", str(backbone), "--max-steps", "1", "--output",
+                  str(tmp_path / "out"), "--no-progress"],
+                 ["train", "simcse", "--backbone", str(backbone), "--max-steps", "1", "--output",
+                  str(tmp_path / "out2"), "--no-progress"],
+                 ["bank", "train", str(tmp_path / "bank"), "sts", "--data", str(data), "--backbone", str(backbone),
+                  "--no-progress"]):
+        _one_line_refusal(argv, capsys, marker, ("pickled weight file", "--trust-remote-code"))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "bank").exists()
+
+
+def test_bank_add_reads_a_hostile_source_as_data(tiny_bert, tmp_path, capsys):
+    """``bank add`` reads a set's prompts as data: a pickle and an evil.py beside them never run."""
+    from st_prompts import bank
+
+    model = bank.create_bank(tiny_bert)
+    model.save(str(tmp_path / "bank"))
+    source = bank.create_bank(tiny_bert)
+    with bank.training_prompt_set(source, "sts", prefix_length=2):
+        pass
+    from st_prompts import save_prompts_only
+
+    encoder = source[0]
+    trained = encoder.prompt_sets["sts"]
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+
+    single = PromptedTransformer(tiny_bert, prefix_length=2)
+    single.prefix_encoder.load_state_dict(trained.state_dict())
+    save_prompts_only(SentenceTransformer(modules=[single, Pooling(32, "mean")], device="cpu"),
+                      str(tmp_path / "set"))
+    marker = tmp_path / "marker"
+    plant(tmp_path / "set", marker)
+    edit_json(tmp_path / "set" / "sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"weights_only": False}})
+    capsys.readouterr()
+    code = main(["bank", "add", str(tmp_path / "bank"), "sts", str(tmp_path / "set")])
+    assert code in (0, 2) and "Traceback" not in capsys.readouterr().err
+    assert not marker.exists()
+
+
+# -------------------------------------------------------------------------------------------- property-based test
+#: Keys a hostile folder may plant, at any level of any of its JSON files.
+DANGEROUS_KEYS = ("weights_only", "use_safetensors", "trust_remote_code", "code_revision", "auto_map", "gguf_file",
+                  "from_tf", "from_flax", "revision", "subfolder", "tokenizer_class", "activation_function",
+                  "model_type", "architectures", "tokenizer_name_or_path", "custom_pipelines", "model_kwargs",
+                  "model_args", "config_kwargs", "processor_kwargs", "tokenizer_args", "quantization_config",
+                  "backend", "type", "path", "backbone_name_or_path", "tokenizer_file", "attn_implementation")
+AUTO_MAP = {"AutoModel": "evil.EvilModel", "AutoConfig": "evil.EvilConfig",
+            "AutoTokenizer": ["evil.EvilTokenizer", None]}
+DANGEROUS_VALUES = (False, True, "evil.Evil", "evil.EvilModel", "evil.EvilTokenizer", AUTO_MAP, ["evil.EvilModel"],
+                    "../outside", "/etc/passwd", "model.gguf", "main", "torch.hub.load",
+                    "torch.testing._internal.common_utils.TestCase", {"weights_only": False},
+                    {"trust_remote_code": True, "auto_map": AUTO_MAP}, "onnx", "kernels-community/evil")
+#: A mutation: (which JSON file of the saved model, by its position in the sorted list of them; key; value; level).
+mutation = st.tuples(st.integers(min_value=0, max_value=100), st.sampled_from(DANGEROUS_KEYS),
+                     st.sampled_from(DANGEROUS_VALUES), st.integers(min_value=0, max_value=3))
+
+
+def _containers(data, found=None, depth=0):
+    """Every dict inside ``data`` (itself included), to place a key at any level."""
+    found = [] if found is None else found
+    if isinstance(data, dict):
+        found.append(data)
+        for value in data.values():
+            _containers(value, found, depth + 1)
+    elif isinstance(data, list):
+        for value in data:
+            _containers(value, found, depth + 1)
+    return found
+
+
+def _apply(folder: Path, which: int, key: str, value, level: int) -> None:
+    files = sorted(p for p in folder.rglob("*.json"))  # every JSON file of every module folder
+    path = files[which % len(files)]
+    data = json.loads(path.read_text())
+    targets = _containers(data)
+    if not targets:
+        return
+    target = targets[level % len(targets)]
+    if level == 3:  # a new nested object under an existing dict
+        target = target.setdefault("nested", {}) if isinstance(target.get("nested", {}), dict) else target
+    target[key] = value
+    path.write_text(json.dumps(data))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(mutations=st.lists(mutation, min_size=1, max_size=3), remove_safetensors=st.booleans())
+def test_hostile_folders_never_run_code(st_model, capsys, mutations, remove_safetensors):
+    root = Path(tempfile.mkdtemp(prefix="hostile-"))
+    folder = Path(shutil.copytree(st_model, root / "model"))
+    marker = root / "marker"
+    plant(folder, marker, remove_safetensors=remove_safetensors)
+    for which, key, value, level in mutations:
+        _apply(folder, which, key, value, level)
+    sys.path.insert(0, str(folder))  # so that any import of "evil.*" would succeed and write the marker
+    try:
+        try:
+            model = load_sentence_model(str(folder))
+        except StPromptsError as exc:
+            assert "\n" not in str(exc).strip(), str(exc)
+            loaded = False
+        else:
+            loaded = True
+            model.encode(["a cat sits on the mat"])
+        assert not marker.exists(), f"code ran: {mutations}"
+        capsys.readouterr()
+        code = main(["plot", "similarity", str(folder), "--out", str(root / "s.png"), "--senteval-dir",
+                     str(SENTEVAL), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == (0 if loaded else 2), (mutations, err)
+        assert "Traceback" not in err and (loaded or len([x for x in err.splitlines() if ": error: " in x]) == 1)
+        assert not marker.exists(), f"code ran through the CLI: {mutations}"
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("evil", None)
+        shutil.rmtree(root, ignore_errors=True)
