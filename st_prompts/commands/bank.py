@@ -134,6 +134,13 @@ def _modify(args, change) -> int:
     return 0
 
 
+def _trust(args: argparse.Namespace) -> dict:
+    """The backbone's loader arguments for ``--trust-remote-code`` (none without it: the backbone is checked)."""
+    if not getattr(args, "trust_remote_code", None):
+        return {}
+    return {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")}
+
+
 def run_create(args: argparse.Namespace) -> int:
     from st_prompts.bank import create_bank
     from st_prompts.storage import check_model_destination
@@ -199,7 +206,7 @@ def run_train(args: argparse.Namespace) -> int:
             model = _load(args.bank, args.trust_remote_code)
         else:
             check_model_destination(args.bank, overwrite=False)
-            model = create_bank(args.backbone, pooling=args.pooling)
+            model = create_bank(args.backbone, pooling=args.pooling, **_trust(args))
         encoder = model[0]
         if args.name in encoder.prompt_sets:
             if not args.replace:
