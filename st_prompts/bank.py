@@ -32,6 +32,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
 from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+from transformers.trainer_callback import PrinterCallback
 
 from st_prompts import utils
 from st_prompts.errors import ConfigurationError
@@ -197,8 +198,10 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
     """Train the prompt set ``name`` (created if missing: ``new_set`` options) with any sentence-transformers loss,
     the backbone and the other sets frozen (:func:`training_prompt_set`), with ``SentenceTransformerTrainer``.
 
-    With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs every ``eval_steps`` (default:
-    a tenth of the steps) and at the end, and the best weights are kept (in memory, no checkpoints).
+    With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs before the first step (step
+    0: the set as it starts), every ``eval_steps`` (default: a tenth of the steps) and at the end, and the best weights
+    are kept (in memory, no checkpoints). With ``prefix_gate=True`` a new set starts as the backbone itself, so the
+    kept set is never below the backbone on the evaluator's set.
     ``loss`` is a loss object built on ``model`` (``CoSENTLoss(model)``, ``MultipleNegativesRankingLoss(model)``,
     :class:`~st_prompts.losses.PromptContrastiveLoss`, ...).
     """
@@ -220,9 +223,14 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
             disable_tqdm=not show_progress_bar, use_cpu=not torch.cuda.is_available(),
         )
         keep = KeepBestCallback(model, evaluator) if evaluator is not None else None
+        if keep is not None:  # step 0: the start may be the best (a gated set starts as the backbone)
+            model.eval()
+            keep.consider(evaluator(model)[evaluator.primary_metric], 0)
         torch.manual_seed(seed)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss,
                                              evaluator=evaluator, callbacks=[keep] if keep else [])
+        if not show_progress_bar:  # without a bar transformers prints every log dict instead: say nothing
+            trainer.remove_callback(PrinterCallback)
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start

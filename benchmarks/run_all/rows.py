@@ -261,7 +261,8 @@ def run_settings(row: Row, seed: int, data_dir: Path, quick: bool, output_dir: s
 #: at that value a field is left out of the key, so the earlier runs stay cached and in the report.
 KEY_NEUTRAL_DEFAULTS: dict[str, Any] = {"pooling": "mask",  # DiffAug --pooling (stop 17)
                                         "gradient_accumulation_steps": 1,
-                                        "trust_remote_code": False}  # loading only (issue 37)
+                                        "trust_remote_code": False,  # loading only (issue 37)
+                                        "prefix_gate": False}  # the official prefix (issue 39)
 #: The same, per method, where a method's field has another earlier value than KEY_NEUTRAL_DEFAULTS says.
 METHOD_KEY_NEUTRAL_DEFAULTS: dict[str, dict[str, Any]] = {"dcpcse": {"pooling": "cls"}}  # DCPCSE --pooling
 #: Version of the prefix initialisation, in the key of every run that trains a prefix of this package: 2 = as the

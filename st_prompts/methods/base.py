@@ -109,6 +109,8 @@ class PrefixSettings(TrainSettings):
                                             "hidden size)")
     prefix_init_std: float | None = option(None, "std of the prefix's normal initialisation, biases zero (default: "
                                            "the backbone's initializer_range, 0.02 for BERT, as in the official code)")
+    prefix_gate: bool = option(False, "reach attention through a zero-initialised gate per layer and head (LLaMA-"
+                               "Adapter): the untrained model is exactly its backbone; off = the official prefix")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,8 +119,11 @@ class PrefixSettings(TrainSettings):
 
     def prefix_options(self) -> dict[str, Any]:
         """The prefix's keyword arguments of :class:`~st_prompts.PromptedTransformer`."""
-        return dict(prefix_length=self.prefix_length, prefix_projection=self.prefix_projection,
-                    prefix_hidden_size=self.prefix_hidden_size, prefix_init_std=self.prefix_init_std)
+        options = dict(prefix_length=self.prefix_length, prefix_projection=self.prefix_projection,
+                       prefix_hidden_size=self.prefix_hidden_size, prefix_init_std=self.prefix_init_std)
+        if self.prefix_gate:
+            options["prefix_gate"] = True
+        return options
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ class BackbonePlan:
 class _Recorder(PrefixInjection):
     """A prefix injection that injects nothing and records each attention call (module, key shape, causality)."""
 
+    gate = None  # never gated: it only records
+
     def __init__(self) -> None:
         self.calls: list[tuple[torch.nn.Module, int, int, bool]] = []
 

@@ -29,7 +29,8 @@ class PositionsMixin:
         if not self.backbone_plan.absolute_positions:
             return 0
         sets = getattr(self, "prompt_sets", None) or {}
-        return max([self.prefix_length or 0, *(encoder.prefix_length for encoder in sets.values())])
+        own = self.prefix_encoder.position_length if getattr(self, "prefix_encoder", None) is not None else 0
+        return max([own, *(encoder.position_length for encoder in sets.values())])
 
     def _check_room(self, prefix_length: int) -> None:
         """Make room for a prompt set of ``prefix_length`` positions (a shorter ``max_seq_length`` if need be)."""
@@ -87,7 +88,10 @@ class PositionsMixin:
             # Rotary (or no) positions: the text keeps the positions it has without a prefix, counted over the real
             # tokens so that left and right padding give a row the same positions.
             return (torch.cumsum(attention_mask.long(), dim=1) - 1).clamp(min=0)
-        prefix = (self.prefix_length or 0) if prefix_lengths is None else prefix_lengths
+        if prefix_lengths is None:
+            own = getattr(self, "prefix_encoder", None)
+            prefix_lengths = own.position_length if own is not None else 0
+        prefix = prefix_lengths
         if isinstance(prefix, torch.Tensor):
             prefix = prefix.to(attention_mask.device).view(-1, 1)
         if self._position_offset:  # RoBERTa family

@@ -30,7 +30,7 @@ BACKBONE_TASK = "backbone"
 #: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
 QUERY, DOCUMENT = "query", "document"
 #: Options a prompt set is built from (saved in the module config).
-SET_OPTIONS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout")
+SET_OPTIONS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout", "prefix_gate")
 
 
 class TaskText(str):
@@ -74,12 +74,14 @@ class PromptSelection:
         draw: with a mix, the stacked sets' keys/values ``(2L, sets, heads, longest, head_dim)``.
         rows: with a mix, the index of each row's set in ``draw`` (``(batch,)``).
         lengths: with a mix, each row's prefix length (``(batch,)``; 0 for the plain backbone).
+        offsets: with a mix, the positions each row's prefix takes from its text (its length, 0 when gated).
     """
 
     encoder: PrefixEncoder | None = None
     draw: PrefixDraw | None = None
     rows: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
     @property
     def mixed(self) -> bool:
@@ -136,17 +138,27 @@ class PromptSetsMixin:
 
     def new_prompt_set(self, name: str, prefix_length: int = 16, prefix_projection: bool = False,
                        prefix_hidden_size: int | None = None, prefix_dropout: float | None = None,
-                       init_std: float | None = None, _room_checked_by_caller: bool = False) -> PrefixEncoder:
-        """Add an untrained prompt set ``name`` (a deep prefix of ``prefix_length`` positions) and return it."""
+                       init_std: float | None = None, prefix_gate: bool = False,
+                       _room_checked_by_caller: bool = False) -> PrefixEncoder:
+        """Add an untrained prompt set ``name`` (a deep prefix of ``prefix_length`` positions) and return it.
+
+        ``prefix_gate=True``: the set reaches attention through a zero-initialised gate (see
+        :class:`~st_prompts.prompts.PrefixEncoder`), so until it trains the bank encodes this task exactly as the
+        backbone does."""
         self._check_new_name(name)
         if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1:
             raise ConfigurationError(f"prefix_length must be a positive integer, got {prefix_length!r}.")
+        prefix_gate = bool(prefix_gate)
+        if prefix_gate and self.prefix_injection == "cache":
+            raise ConfigurationError("A gated prompt set needs prefix_injection='attention' (a key/value cache puts "
+                                     "the prefix in the text's softmax).")
         options = {"prefix_length": prefix_length, "prefix_projection": bool(prefix_projection),
-                   "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout}
+                   "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout,
+                   "prefix_gate": prefix_gate}
         encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size, prefix_dropout,
-                                            shared_dropout=False, init_std=init_std)
+                                            shared_dropout=False, init_std=init_std, gate=prefix_gate)
         if not _room_checked_by_caller:
-            self._check_room(prefix_length)
+            self._check_room(encoder.position_length)
         device = next(self.auto_model.parameters()).device
         self.prompt_sets[name] = encoder.to(device)
         self._set_options[name] = options
@@ -244,7 +256,7 @@ class PromptSetsMixin:
 
     def build_prefix_encoder(self, prefix_length: int, projection: bool = False, hidden_size: int | None = None,
                              dropout: float | None = None, shared_dropout: bool = False,
-                             init_std: float | None = None) -> PrefixEncoder:
+                             init_std: float | None = None, gate: bool = False) -> PrefixEncoder:
         """A deep prefix shaped for this backbone (its prefix layers, key/value heads and head size), initialised as
         the official code does (``init_std``: default :attr:`initial_prefix_std`)."""
         plan, config = self.backbone_plan, self.auto_model.config
@@ -258,6 +270,7 @@ class PromptSetsMixin:
             dropout=backbone_dropout(config) if dropout is None else dropout,
             shared_dropout=shared_dropout,
             init_std=self.initial_prefix_std if init_std is None else init_std,
+            gate=gate,
         )
 
     # ------------------------------------------------------------------ choosing
@@ -306,7 +319,8 @@ class PromptSetsMixin:
         draw, index = self._stacked(members, device)
         rows = torch.tensor([index[id(e)] if e is not None else 0 for e in encoders], device=device)
         lengths = torch.tensor([e.prefix_length if e is not None else 0 for e in encoders], device=device)
-        return PromptSelection(draw=draw, rows=rows, lengths=lengths)
+        offsets = torch.tensor([e.position_length if e is not None else 0 for e in encoders], device=device)
+        return PromptSelection(draw=draw, rows=rows, lengths=lengths, offsets=offsets)
 
     def _stacked(self, members: list[PrefixEncoder], device) -> tuple[PrefixDraw, dict[int, int]]:
         """The keys/values of ``members`` stacked along the batch dimension, padded to the longest set (inference:
@@ -317,11 +331,17 @@ class PromptSetsMixin:
         if self._stack_cache is not None and self._stack_cache[0] == key:
             return self._stack_cache[1], self._stack_cache[2]
         longest = max(m.prefix_length for m in members)
+        gate = gated = None
         with torch.no_grad():
             values = [torch.nn.functional.pad(m.values(1).prefix, (0, 0, 0, longest - m.prefix_length))
                       for m in members]
             stacked = torch.cat(values, dim=1).to(device)  # (2L, sets, heads, longest, hd)
-        draw = PrefixDraw(stacked, len(members))
+            if any(m.gated for m in members):  # (L, sets, heads); an ungated set's rows never read theirs
+                gate = torch.cat([m.gate_values() if m.gated else values[0].new_zeros(stacked.shape[0] // 2, 1,
+                                                                                       stacked.shape[2])
+                                  for m in members], dim=1).to(device)
+                gated = torch.tensor([m.gated for m in members], device=device)
+        draw = PrefixDraw(stacked, len(members), gate=gate, gated=gated)
         index = {id(m): i for i, m in enumerate(members)}
         self._stack_cache = (key, draw, index)
         return draw, index

@@ -108,6 +108,10 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
         prefix_injection: ``"attention"`` (default, every supported backbone) or ``"cache"`` (a key/value cache, the
             BERT family only; the same outputs).
+        prefix_gate: reach attention through a zero-initialised gate per layer and key/value head (LLaMA-Adapter's
+            zero-initialised attention): the prefix is softmaxed on its own and added through ``tanh(gate)``, takes no
+            positions, and the untrained module encodes exactly as its backbone (``prefix_injection="attention"``
+            only). Default ``False``: the official DCPCSE/DiffAug prefix, part of the text's softmax.
         prompt_sets: named prompt sets, name -> options of :meth:`new_prompt_set` (their weights load with the
             module); ``default_task``: the set used without ``task`` (``None``: the module's own prefix, else the
             plain backbone); ``query_task``/``document_task``: the sets of ``encode_query``/``encode_document``.
@@ -137,6 +141,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         "backbone_name_or_path",
         "max_seq_length",
         "prefix_injection",
+        "prefix_gate",
         "prompt_sets",
         "default_task",
         "query_task",
@@ -161,6 +166,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         backbone_name_or_path: str | None = None,
         max_seq_length: int | None = None,
         prefix_injection: str = "attention",
+        prefix_gate: bool = False,
         prompt_sets: dict[str, dict[str, Any]] | None = None,
         default_task: str | None = None,
         query_task: str | None = None,
@@ -212,6 +218,10 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
                 "(pooling 'lasttoken' or 'mean') and let the deep prefix carry the prompt."
             )
         self.prefix_length = prefix_length
+        self.prefix_gate = bool(prefix_gate)
+        if self.prefix_gate and prefix_injection == "cache":
+            raise ConfigurationError("prefix_gate needs prefix_injection='attention' (a key/value cache puts the prefix "
+                                     "in the text's softmax).")
         self.prefix_projection = prefix_projection
         self.prefix_hidden_size = prefix_hidden_size
         self.prefix_dropout = prefix_dropout
@@ -240,7 +250,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         if prefix_length is not None:
             self.prefix_encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size,
                                                             prefix_dropout, self.prefix_dropout_shared,
-                                                            self.initial_prefix_std)
+                                                            self.initial_prefix_std, gate=self.prefix_gate)
 
         # Input-embedding prompts: one table of trainable vectors (soft template tokens, then the [CLS] prompt).
         self._template = parse_template(template, self.tokenizer) if template is not None else None
@@ -442,7 +452,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         encoder = selection.encoder
         position_ids = features.get(POSITION_IDS)
         if position_ids is None:
-            lengths = selection.lengths if selection.mixed else (encoder.prefix_length if encoder is not None else 0)
+            lengths = selection.offsets if selection.mixed else (encoder.position_length if encoder is not None else 0)
             position_ids = self.position_ids(attention_mask, lengths)
         elif position_ids.shape != input_ids.shape:
             raise ConfigurationError(f"features['position_ids'] must have shape {tuple(input_ids.shape)}, got "
@@ -483,17 +493,20 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             # CPU attention kernel is up to twice as fast there (see key_padding). Not in training, where attention
             # runs through matrix products (dropout) and extra keys would only cost.
             padding = 0
-            if not self.training and (isinstance(values, torch.Tensor) or values.keep is None):
+            if not self.training and not encoder.gated and (isinstance(values, torch.Tensor) or values.keep is None):
                 padding = key_padding(length, input_ids.shape[1])
             if padding:
                 values = pad_prefix(values, padding)
                 prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(batch_size, padding)], dim=1)
             if self.prefix_injection == "cache":
+                if encoder.gated:
+                    raise ConfigurationError("A gated prefix needs prefix_injection='attention' (a key/value cache puts "
+                                             "the prefix in the text's softmax).")
                 model_inputs[cache_argument(self.auto_model)] = encoder.cache(values)
                 attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
             else:
                 if isinstance(values, torch.Tensor):
-                    values = PrefixDraw(values, values.shape[1])
+                    values = PrefixDraw(values, values.shape[1], gate=encoder.gate_values())
                 model_inputs[PREFIX_KWARG] = PrefixInjection(values, prefix_mask if given_mask or padding else None)
         elif prefix_mask is not None:
             raise ConfigurationError("features['prefix_attention_mask'] was given but this encoder has no prefix.")

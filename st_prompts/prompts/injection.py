@@ -10,6 +10,14 @@ columns in front of the attention mask; called without it, they are the backend 
 causality, a sliding window) is built by the model as always and kept, so the prefix is visible to every token in
 every layer, global or local, and a rotary model's prefix enters after the rotation (it has no position).
 
+**Gated prefixes** (zero-initialised attention, LLaMA-Adapter, Zhang et al. 2023): a prefix with a gate is not put in
+the text's softmax. The text attends to itself exactly as the backbone does (the wrapped backend, unchanged), and the
+prefix adds ``tanh(g) · softmax(q · K_p / sqrt(d)) · V_p``, its scores softmaxed on their own, with one gate ``g``
+per layer and key/value head (LLaMA-Adapter's released code gates each head with ``tanh``; PEFT's adaption prompt uses
+one ungated-scalar per layer). At ``g = 0`` a gated prefix leaves every layer's output as the backbone's, and it takes
+no positions, so an untrained set is the backbone. Rows of gated and ungated sets mix in one pass: the ungated rows'
+prefix joins their softmax, the gated rows' is masked out of it and added through the gate.
+
 Why not a cache (what PEFT's prefix tuning and this package's first implementation use): DistilBERT and ModernBERT
 take none, ALBERT takes one and ignores it, and transformers 5.24 renamed the argument. Why not PEFT: it has no
 per-row views of a prefix (DiffAug) and wraps the backbone, which sentence-transformers must keep as a plain model.
@@ -82,8 +90,11 @@ def _attention(backend: str):
         if observed is not None:
             observed.append(injection is not None)
         function = sdpa_attention_forward if backend == "sdpa" else _eager_function(type(module))
-        if injection is not None:
-            key, value, attention_mask = injection.inject(module, query, key, value, attention_mask, backend, kwargs)
+        if injection is None:
+            return function(module, query, key, value, attention_mask, **kwargs)
+        if injection.gate is not None:
+            return injection.gated_attention(function, module, query, key, value, attention_mask, backend, kwargs)
+        key, value, attention_mask = injection.inject(module, query, key, value, attention_mask, backend, kwargs)
         return function(module, query, key, value, attention_mask, **kwargs)
 
     attention.__name__ = attention.__qualname__ = BACKENDS[backend]
@@ -115,7 +126,25 @@ class PrefixInjection:
         self.rows = rows
         self.prefix = draw.prefix.unbind(0)
         self.keep = draw.keep.unbind(0) if draw.keep is not None else None
-        self.visible = None if prefix_mask is None else prefix_mask.bool()
+        visible = None if prefix_mask is None else prefix_mask.bool()
+        #: ``tanh(gate)`` per layer ``(L, 1 or sets, heads)`` of a gated prefix, else ``None``.
+        self.gate = draw.gate
+        # Which rows' prefix goes through the gate: every row (a gated prefix), some (stacked sets, some gated), none.
+        gated_rows = None
+        if self.gate is not None and draw.gated is not None:
+            gated_rows = draw.gated.index_select(0, rows) if rows is not None else draw.gated.expand(draw.batch_size)
+        self.all_gated = self.gate is not None and (gated_rows is None or bool(gated_rows.all()))
+        self.gate_visible: torch.Tensor | None = None
+        if self.gate is not None:
+            length = self.prefix[0].shape[2]
+            rows_visible = visible if visible is not None else torch.ones(1, length, dtype=torch.bool,
+                                                                          device=self.prefix[0].device)
+            if gated_rows is not None:
+                self.gate_visible = rows_visible & gated_rows.view(-1, 1).to(rows_visible.device)
+                visible = rows_visible & ~gated_rows.view(-1, 1).to(rows_visible.device)  # the joint softmax's part
+            else:
+                self.gate_visible, visible = rows_visible, None
+        self.visible = visible
         # All rows attend to all positions: sdpa may then run without a mask on a bidirectional model.
         self.all_visible = self.visible is None or bool(self.visible.all())
         self._applications: dict[int, int] = {}
@@ -142,6 +171,58 @@ class PrefixInjection:
         values = self._concat(2 * layer + 1, value, batch)
         mask = self._mask(module, query, key.shape[2], attention_mask, backend, kwargs.get("is_causal"))
         return keys, values, mask
+
+    def gated_attention(self, function, module, query, key, value, attention_mask, backend: str, kwargs: dict):
+        """The attention of a pass with a gated prefix: the text's own attention (with the ungated rows' prefix in
+        their softmax, when sets of both kinds share the pass), plus each gated row's ``tanh(g) · softmax(q K_p) V_p``
+        (see the module docstring)."""
+        if self.all_gated:
+            layer = self.layer(module)
+            output, weights = function(module, query, key, value, attention_mask, **kwargs)
+        else:
+            layer = self.layer(module)
+            batch = key.shape[0]
+            keys = self._concat(2 * layer, key, batch)
+            values = self._concat(2 * layer + 1, value, batch)
+            mask = self._mask(module, query, key.shape[2], attention_mask, backend, kwargs.get("is_causal"))
+            output, weights = function(module, query, keys, values, mask, **kwargs)
+        term = self._gated_term(layer, module, query, kwargs)
+        return output + term.to(output.dtype), weights
+
+    def _gated_term(self, layer: int, module, query: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """``tanh(g) · softmax(q K_p^T · scaling) V_p`` for every row (0 for rows whose prefix is not gated), in the
+        attention functions' output layout ``(batch, queries, heads, head_dim)``."""
+        batch, heads = query.shape[0], query.shape[1]
+        keys, values = (self._rows_prefix(2 * layer + i, batch) for i in (0, 1))
+        repeats = heads // keys.shape[1]  # grouped-query attention: each key/value head serves several queries
+        gate = self.gate[layer]  # (1 or sets, kv heads)
+        if self.rows is not None:
+            gate = gate.index_select(0, self.rows)
+        gate = gate.expand(batch, -1)
+        if repeats > 1:
+            keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
+            gate = gate.repeat_interleave(repeats, dim=1)
+        scaling = kwargs.get("scaling")
+        if scaling is None:
+            scaling = getattr(module, "scaling", None) or keys.shape[-1] ** -0.5
+        scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling  # (batch, heads, q, l)
+        visible = self.gate_visible.to(scores.device).view(self.gate_visible.shape[0], 1, 1, -1)
+        # a finite fill, not -inf: a row with no visible position (not gated, or the plain backbone) gets a finite
+        # uniform softmax that `any` below zeroes, so no NaN reaches the backward pass
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        probabilities = torch.softmax(scores, dim=-1) * visible.any(dim=-1, keepdim=True)
+        term = torch.matmul(probabilities.to(values.dtype), values)  # (batch, heads, q, head_dim)
+        term = term * gate.to(term.dtype).view(batch, heads, 1, 1)
+        return term.transpose(1, 2)
+
+    def _rows_prefix(self, index: int, batch: int) -> torch.Tensor:
+        """One layer's prefix keys (or values) of every row, ``(batch, kv heads, l, head_dim)``, dropout applied."""
+        prefix = self.prefix[index]
+        if self.rows is not None:
+            prefix = prefix.index_select(0, self.rows)
+        if self.keep is not None:
+            prefix = prefix * self.draw.scale * self.keep[index]
+        return prefix.expand(batch, -1, -1, -1)
 
     def _concat(self, index: int, states: torch.Tensor, batch: int) -> torch.Tensor:
         prefix = self.prefix[index]

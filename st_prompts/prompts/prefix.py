@@ -40,6 +40,11 @@ class PrefixEncoder(nn.Module):
             transformers' ``init_weights()``, so it gets the backbone's ``initializer_range`` (0.02 for BERT):
             :class:`~st_prompts.PromptedTransformer` passes that by default. ``None`` keeps torch's defaults
             (``Embedding``: N(0, 1), a prefix 50 times larger).
+        gate: a learnable gate on the prefix's share of attention, one per layer and key/value head, initialised at
+            zero (LLaMA-Adapter's zero-initialised attention): the prefix is softmaxed on its own and its output added
+            to the text's, scaled by ``tanh(gate)``; the text's attention is the backbone's own. At zero the encoder
+            is exactly its backbone, and the prefix takes no positions from the text (see
+            :mod:`st_prompts.prompts.injection`).
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class PrefixEncoder(nn.Module):
         dropout: float = 0.1,
         shared_dropout: bool = False,
         init_std: float | None = 0.02,
+        gate: bool = False,
     ) -> None:
         super().__init__()
         self.prefix_length = prefix_length
@@ -75,8 +81,25 @@ class PrefixEncoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.shared_dropout = shared_dropout
         self.register_buffer("prefix_tokens", torch.arange(prefix_length), persistent=False)
+        #: The gate of each layer and key/value head (``(L, heads)``, zero at the start), or ``None`` without a gate.
+        self.gate = nn.Parameter(torch.zeros(num_layers, num_heads)) if gate else None
         if init_std is not None:
             self.reset_parameters(init_std)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the prefix reaches attention through a gate (:attr:`gate`)."""
+        return self.gate is not None
+
+    @property
+    def position_length(self) -> int:
+        """Positions the prefix takes from the text with learned absolute positions: its length, or 0 with a gate
+        (a gated prefix has no position, so the text keeps the backbone's own)."""
+        return 0 if self.gated else self.prefix_length
+
+    def gate_values(self) -> torch.Tensor | None:
+        """``tanh(gate)`` as ``(L, 1, heads)`` (what scales each layer's prefix output), or ``None``."""
+        return None if self.gate is None else torch.tanh(self.gate).unsqueeze(1)
 
     def reset_parameters(self, std: float) -> None:
         """Every ``Embedding`` / ``Linear`` weight ~ N(0, ``std``), biases 0: transformers' ``_init_weights`` for BERT,
@@ -106,10 +129,12 @@ class PrefixEncoder(nn.Module):
         """
         values = self.key_values()  # (l, 2L, heads, hd)
         values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
+        gate = self.gate_values()
         if not (self.training and self.dropout.p > 0):
-            return PrefixDraw(values, batch_size)
+            return PrefixDraw(values, batch_size, gate=gate)
         if self.shared_dropout:
-            return PrefixDraw(self.dropout(values), batch_size)  # one mask for the batch; broadcast, never copied
+            # one mask for the batch; broadcast, never copied
+            return PrefixDraw(self.dropout(values), batch_size, gate=gate)
         # One mask per example, kept as a boolean mask (a quarter of the float noise nn.Dropout keeps for its
         # backward); the dropped-out prefix itself is never stored: each layer writes its rows straight into its
         # key/value concatenation (see PrefixDraw). The mask is drawn 16 bits at a time (see draw_keep_mask).
@@ -117,7 +142,7 @@ class PrefixEncoder(nn.Module):
                                                 device=values.device)
         scale = torch.full((), 1.0 / keep_probability if keep_probability > 0 else 0.0, dtype=values.dtype,
                            device=values.device)
-        return PrefixDraw(values, batch_size, keep, scale)
+        return PrefixDraw(values, batch_size, keep, scale, gate=gate)
 
     def cache(self, values: PrefixDraw | torch.Tensor) -> PrefixCache:
         """A fresh (read-only) cache over ``values`` (a :class:`PrefixDraw` from :meth:`values`, or a dense
@@ -148,7 +173,8 @@ class PrefixEncoder(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"prefix_length={self.prefix_length}, num_layers={self.num_layers}, num_heads={self.num_heads}, "
-            f"head_dim={self.head_dim}, projection={self.projection}, shared_dropout={self.shared_dropout}"
+            f"head_dim={self.head_dim}, projection={self.projection}, shared_dropout={self.shared_dropout}, "
+            f"gate={self.gated}"
         )
 
 
@@ -272,7 +298,7 @@ def pad_prefix(values: PrefixDraw | torch.Tensor, positions: int) -> PrefixDraw:
     if positions == 0:
         return values
     prefix = torch.nn.functional.pad(values.prefix, (0, 0, 0, positions))  # (2L, 1 or batch, heads, l + pad, hd)
-    return PrefixDraw(prefix, values.batch_size)
+    return PrefixDraw(prefix, values.batch_size, gate=values.gate, gated=values.gated)
 
 
 class PrefixDraw:
@@ -286,6 +312,10 @@ class PrefixDraw:
             mask; ``None`` otherwise.
         scale: ``1 / P(keep)`` as a 0-d tensor, with ``keep`` (``P(keep) = 1 - p`` up to ``2**-16``, see
             :func:`draw_keep_mask`).
+        gate: with a gated prefix, ``tanh(gate)`` as ``(L, 1 or sets, heads)`` (``None``: no gate; the prefix joins
+            the text's softmax).
+        gated: with stacked prompt sets of which only some are gated, which ones (``(sets,)`` bool); ``None`` when
+            every set is (``gate`` given) or none is.
 
     Why not simply ``dropout(prefix.expand(batch, ...))`` (what the official DCPCSE code does): on the CPU, nn.Dropout
     keeps a float noise tensor and the dropped-out prefix, ``2L·batch·l·H`` numbers each (36 MiB each for MiniLM,
@@ -295,14 +325,16 @@ class PrefixDraw:
     checks them bit for bit), a fraction of the memory.
     """
 
-    __slots__ = ("prefix", "batch_size", "keep", "scale")
+    __slots__ = ("prefix", "batch_size", "keep", "scale", "gate", "gated")
 
     def __init__(self, prefix: torch.Tensor, batch_size: int, keep: torch.Tensor | None = None,
-                 scale: torch.Tensor | None = None) -> None:
+                 scale: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+                 gated: torch.Tensor | None = None) -> None:
         if prefix.dim() != 5 or prefix.shape[1] not in (1, batch_size):
             raise ConfigurationError(f"prefix values must have shape (2L, 1 or batch={batch_size}, heads, length, "
                                      f"head_dim), got {tuple(prefix.shape)}.")
         self.prefix, self.batch_size, self.keep, self.scale = prefix, int(batch_size), keep, scale
+        self.gate, self.gated = gate, gated
 
     @property
     def shape(self) -> torch.Size:

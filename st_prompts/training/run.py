@@ -20,6 +20,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
 from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError
@@ -315,6 +316,8 @@ def stage_trainer(
         model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=stage_callbacks,
         data_collator=collator,
     )
+    if not show_progress_bar:  # without a bar transformers prints every log dict instead: say nothing
+        trainer.remove_callback(PrinterCallback)
     return trainer, keep_best, report
 
 
