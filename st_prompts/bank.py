@@ -37,6 +37,7 @@ from st_prompts import utils
 from st_prompts.errors import ConfigurationError
 from st_prompts.modules import PromptedTransformer
 from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
+from st_prompts.storage import contained_path
 from st_prompts.training.run import KeepBestCallback
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
     for entry in entries:
         kind = str(entry.get("type", ""))
         if kind.endswith(".Pooling"):
-            config = os.path.join(location, entry.get("path", ""), "config.json")
+            folder = contained_path(location, entry["path"], modules_file) if entry.get("path") else location
+            config = os.path.join(folder, "config.json")
             if os.path.isfile(config):
                 with open(config, encoding="utf-8") as handle:
                     raw = json.load(handle)

@@ -273,10 +273,10 @@ def test_index_build_overwrite_never_deletes_other_files(tmp_path, capsys):
     (project / "meta.json").write_text("{}")
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(project), "--overwrite", "--no-progress"]) == 2
-    assert "not part of a semantic index" in one_line_error(capsys)
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
     assert (project / "README.md").read_text() == "my project" and (project / "src").is_dir()
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
-    with pytest.raises(ConfigurationError, match="not part of a semantic index"):
+    with pytest.raises(ConfigurationError, match="not a semantic index saved by st-prompts"):
         SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(project)
     assert (project / "README.md").exists()
 
@@ -461,3 +461,239 @@ def test_a_calibration_without_a_model_says_what_it_cannot_promise(tmp_path, cap
     with_queries = SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(600)], index_type="ivf",
                                                  calibration_queries=vectors[:50] + 0.1)
     assert "caveat" not in with_queries.info["calibration"]
+
+
+# ---------------------------------------------------------------------------------------------- ownership (issue 37)
+def snapshot(folder: Path) -> dict:
+    """Everything below ``folder``, byte for byte: files (their bytes), folders, symbolic links (their targets)."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(root, name)
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                out[relative] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[relative] = ("folder",)
+            else:
+                out[relative] = ("file", path.read_bytes())
+    return out
+
+
+def small_index(tmp_path: Path, name: str = "idx", n: int = 10, **kw) -> Path:
+    vectors = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(n)], **kw).save(tmp_path / name)
+    return tmp_path / name
+
+
+def test_index_build_overwrite_keeps_a_users_meta_json_and_docs_jsonl(tmp_path, capsys):
+    """Issue 37: a folder of the user's own meta.json and docs.jsonl (an index's file names) is not an index."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "meta.json").write_text('{"my": "settings"}')
+    (folder / "docs.jsonl").write_text('{"mine": 1}\n')
+    before = snapshot(folder)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    with pytest.raises(ConfigurationError, match=MANIFEST_FILE):
+        SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(folder, overwrite=True)
+    assert snapshot(folder) == before
+
+
+def test_an_index_carries_a_manifest_of_exactly_its_files(tmp_path):
+    index = small_index(tmp_path)
+    manifest = json.loads((index / MANIFEST_FILE).read_text())
+    assert manifest["written_by"] == "st-prompts" and manifest["kind"] == "semantic index"
+    assert sorted(manifest["files"]) == sorted(p.name for p in index.iterdir() if p.name != MANIFEST_FILE)
+    with SemanticIndex.update(index) as loaded:
+        loaded.remove([3])
+    assert sorted(json.loads((index / MANIFEST_FILE).read_text())["files"]) == sorted(
+        p.name for p in index.iterdir() if p.name != MANIFEST_FILE)
+
+
+def test_an_index_without_the_proof_loads_updates_and_gets_it_but_build_overwrite_refuses(tmp_path, capsys):
+    """Indexes saved before the proof existed: loaded, searched and updated (which adds the proof), never replaced
+    by a new build."""
+    legacy = small_index(tmp_path, "legacy", n=12)
+    (legacy / MANIFEST_FILE).unlink()
+    vectors = np.random.default_rng(0).standard_normal((12, 8)).astype(np.float32)  # small_index's
+    loaded = SemanticIndex.load(legacy)
+    assert loaded.search_embeddings(vectors[:1], k=1)[0][0].id == loaded.ids[0]
+    assert main(["index", "info", str(legacy)]) == 0
+    before = snapshot(legacy)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(legacy), "--overwrite", "--no-progress"]) == 2
+    line = one_line_error(capsys)
+    assert "no st_prompts_save.json" in line and "index add" in line and "delete it yourself" in line
+    with pytest.raises(ConfigurationError, match="proof"):
+        SemanticIndex.from_embeddings(vectors, [f"x{i}" for i in range(12)]).save(legacy)
+    assert snapshot(legacy) == before
+    assert main(["index", "remove", str(legacy), "0"]) == 0  # an update of the old index: allowed, adds the proof
+    manifest = json.loads((legacy / MANIFEST_FILE).read_text())
+    assert sorted(manifest["files"]) == sorted(p.name for p in legacy.iterdir() if p.name != MANIFEST_FILE)
+    assert len(SemanticIndex.load(legacy)) == 11
+    with SemanticIndex.update(legacy) as index:  # and the Python update path keeps working on it
+        index.add(["one more"], embeddings=vectors[:1])
+    assert len(SemanticIndex.load(legacy)) == 12
+
+
+def test_index_calibrate_adds_the_proof_to_an_old_index(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    with pytest.warns(UserWarning):
+        SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(300)], index_type="ivf",
+                                      nlist=8).save(tmp_path / "ivf")
+    (tmp_path / "ivf" / MANIFEST_FILE).unlink()
+    assert main(["index", "calibrate", str(tmp_path / "ivf"), "--target-recall", "0.9"]) == 0
+    assert json.loads((tmp_path / "ivf" / MANIFEST_FILE).read_text())["kind"] == "semantic index"
+
+
+def _add_symlink_to_folder(folder: Path, outside: Path) -> str:
+    (outside / "data").mkdir()
+    (outside / "data" / "mine.txt").write_text("mine")
+    os.symlink(outside / "data", folder / "data")
+    return "data"
+
+
+def _add_symlink_to_file(folder: Path, outside: Path) -> str:
+    (outside / "notes.txt").write_text("notes")
+    os.symlink(outside / "notes.txt", folder / "notes.txt")
+    return "notes.txt"
+
+
+def _add_empty_folder(folder: Path, outside: Path) -> str:
+    (folder / "empty").mkdir()
+    return "empty/"
+
+
+def _add_nested_folder(folder: Path, outside: Path) -> str:
+    (folder / "nested" / "deeper").mkdir(parents=True)
+    return "nested/"
+
+
+def _add_file(folder: Path, outside: Path) -> str:
+    (folder / "my-notes.md").write_text("notes")
+    return "my-notes.md"
+
+
+def _replace_a_listed_file_by_a_link(folder: Path, outside: Path) -> str:
+    name = "meta.json" if (folder / "meta.json").exists() else "config.json"
+    (outside / "copy.json").write_bytes((folder / name).read_bytes())
+    (folder / name).unlink()
+    os.symlink(outside / "copy.json", folder / name)
+    return name
+
+
+ADDITIONS = {"symlink-to-folder": _add_symlink_to_folder, "symlink-to-file": _add_symlink_to_file,
+             "empty-folder": _add_empty_folder, "nested-folder": _add_nested_folder, "file": _add_file,
+             "listed-file-as-link": _replace_a_listed_file_by_a_link}
+
+
+@pytest.mark.parametrize("addition", ADDITIONS)
+def test_index_build_overwrite_and_updates_refuse_anything_the_manifest_does_not_list(addition, tmp_path, capsys):
+    index = small_index(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shown = ADDITIONS[addition](index, outside)
+    before, elsewhere = snapshot(index), snapshot(outside)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(index), "--overwrite", "--no-progress"]) == 2
+    assert shown in one_line_error(capsys)
+    assert main(["index", "remove", str(index), "1"]) == 2  # an update replaces the folder too: refused alike
+    assert shown in one_line_error(capsys)
+    assert snapshot(index) == before and snapshot(outside) == elsewhere
+
+
+@pytest.fixture(scope="module")
+def trained_model(tiny_bert, tmp_path_factory):
+    """A model saved by ``st-prompts train`` (once for this module; tests copy it)."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "data" / "train").mkdir(parents=True)
+    (root / "data" / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    shutil.copytree(FIXTURES / "senteval", root / "data" / "senteval")
+    assert main(train_argv(tiny_bert, root / "data", root / "model")) == 0
+    return root / "model", root / "data"
+
+
+@pytest.mark.parametrize("addition", ADDITIONS)
+def test_train_overwrite_refuses_anything_the_manifest_does_not_list(addition, trained_model, tiny_bert, tmp_path,
+                                                                     capsys, monkeypatch):
+    """Issue 37: a symlink to a folder, an empty folder, a nested folder (and the like) added to an st-prompts model
+    make ``train --overwrite`` refuse before training starts; nothing is deleted."""
+    import st_prompts.training.pipeline as pipeline
+    from st_prompts.storage import save_model_folder
+    from st_prompts.training import train_and_save
+
+    model, data = trained_model
+    folder = tmp_path / "model"
+    shutil.copytree(model, folder, symlinks=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shown = ADDITIONS[addition](folder, outside)
+    before, elsewhere = snapshot(folder), snapshot(outside)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started before the destination was checked")
+
+    monkeypatch.setattr(pipeline, "train", no_training)
+    assert main(train_argv(tiny_bert, data, folder, "--overwrite")) == 2
+    line = one_line_error(capsys)
+    assert shown in line and "did not write" in line
+    with pytest.raises(ConfigurationError, match="did not write"):
+        train_and_save("dcpcse", backbone=tiny_bert, data_dir=str(data), output=str(folder), overwrite=True,
+                       max_steps=1, batch_size=4, show_progress_bar=False)
+    with pytest.raises(ConfigurationError, match="did not write"):
+        save_model_folder(folder, lambda path: (path / "x.txt").write_text("x"), overwrite=True)
+    assert snapshot(folder) == before and snapshot(outside) == elsewhere
+
+
+def test_a_model_manifest_pointing_outside_its_folder_is_refused(trained_model, tmp_path):
+    from st_prompts.storage import check_model_destination
+
+    model, _ = trained_model
+    folder = tmp_path / "model"
+    shutil.copytree(model, folder)
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    manifest["files"].append("../elsewhere/thesis.tex")
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigurationError, match="outside the folder"):
+        check_model_destination(folder, overwrite=True)
+    # and a model is never mistaken for an index, nor an index for a model
+    index = small_index(tmp_path)
+    with pytest.raises(ConfigurationError, match="not a model"):
+        check_model_destination(index, overwrite=True)
+    with pytest.raises(ConfigurationError, match="not a semantic index"):
+        SemanticIndex.load(index).save(model, overwrite=True)
+
+
+# ---------------------------------------------------------------------------------------------- paths read from files
+@pytest.mark.parametrize("name", ["../outside.npy", "ABSOLUTE", "link.npy", "sub/../../outside.npy"])
+def test_vectors_file_of_meta_json_stays_inside_the_index(name, tmp_path, capsys):
+    index = small_index(tmp_path)
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros((10, 8), dtype=np.float16))
+    if name == "ABSOLUTE":
+        name = str(outside)
+    if name == "link.npy":
+        os.symlink(outside, index / name)
+    meta = json.loads((index / "meta.json").read_text())
+    meta["vectors"] = {"file": name, "dtype": "float16"}
+    (index / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFormatError, match="vectors.file"):
+        SemanticIndex.load(index)
+    for argv in (["index", "info", str(index)], ["index", "search", str(index), "q", "--mmap"]):
+        assert main(argv) == 2
+        assert "outside" in one_line_error(capsys) or "out of its folder" in capsys.readouterr().err
+
+
+def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
+    from st_prompts.modules.prompt_sets import read_prompt_set
+
+    folder = tmp_path / "source"
+    folder.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "modules.json").write_text(json.dumps(
+        [{"idx": 0, "name": "0", "path": "../elsewhere", "type": "st_prompts.PromptedTransformer"}]))
+    with pytest.raises(DataFormatError, match="out of its folder"):
+        read_prompt_set(str(folder))
