@@ -207,6 +207,9 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
 
     if isinstance(loss, type):
         raise ConfigurationError("Pass a loss object built on the model, e.g. CoSENTLoss(model).")
+    utils.check_finite(learning_rate=learning_rate, epochs=epochs, warmup_ratio=warmup_ratio)
+    if not learning_rate > 0:
+        raise ConfigurationError(f"learning_rate must be positive, got {learning_rate!r}.")
     with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
         steps = max_steps if max_steps > 0 else None
         if eval_steps is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from st_prompts.errors import DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 #: Aliases accepted wherever a backbone / model name is expected.
 PACKAGED_MINILM_ALIASES = ("minilm", "packaged-minilm", "all-MiniLM-L6-v2")
@@ -93,6 +94,25 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
     except DataNotFoundError:
         return None
     return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):  # numpy's float64 included; bool and int are always finite
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def check_finite(**values: Any) -> None:
+    """Refuse, with :class:`~st_prompts.errors.ConfigurationError` naming the first offender, any of ``values`` that
+    is (or, in a dict, list or tuple, holds) a float that is NaN or infinite: a learning rate, temperature, weight,
+    ratio or any other number of a setting. Other values (``None``, strings, integers) pass."""
+    for name, value in values.items():
+        if _non_finite(value):
+            raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
 
 
 def is_main_process() -> bool:

@@ -697,3 +697,144 @@ def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
         [{"idx": 0, "name": "0", "path": "../elsewhere", "type": "st_prompts.PromptedTransformer"}]))
     with pytest.raises(DataFormatError, match="out of its folder"):
         read_prompt_set(str(folder))
+
+
+# ---------------------------------------------------------------------------------------------- non-finite numbers
+def _float_options():
+    """``(argv prefix, flag)`` of every float option of every command: each method's settings and the others."""
+    import dataclasses as dc
+
+    from st_prompts import methods
+    from st_prompts.commands.train import _field_type
+    from st_prompts.methods.base import cli_fields
+
+    out = []
+    for name in methods.names():
+        for f in cli_fields(methods.config(name).settings_class):
+            if _field_type(f).__name__ == "finite_float":
+                out.append((["train", name], "--" + f.name.replace("_", "-")))
+    assert any(flag == "--temperature" for _, flag in out) and dc
+    out += [(["bank", "train", "b", "s", "--data", "d.csv"], "--learning-rate"),
+            (["bank", "train", "b", "s", "--data", "d.csv"], "--epochs"),
+            (["index", "build", "minilm", "c.txt", "out"], "--target-recall"),
+            (["index", "calibrate", "out"], "--target-recall"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--temperature"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--top-p"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--repetition-penalty"),
+            (["plot", "align-uniform", "minilm"], "--positive-threshold"), (["demo"], "--lr")]
+    return out
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e999"])
+def test_every_float_option_refuses_non_finite_numbers_in_one_line(value, capsys):
+    from st_prompts.cli import build_parser
+
+    parser = build_parser()
+    for prefix, flag in _float_options():
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(prefix + [f"{flag}={value}"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not a finite number" in err[0] and flag in err[0], (prefix, flag, err)
+
+
+@pytest.mark.parametrize("option", ["learning_rate", "temperature", "warmup_ratio", "prefix_init_std", "mlm_weight"])
+def test_method_settings_refuse_non_finite_numbers(option):
+    from st_prompts import methods
+
+    for value in (float("inf"), float("nan"), float("-inf")):
+        with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
+            methods.config("dcpcse").settings(scale="cpu", **{option: value})
+
+
+def test_train_learning_rate_inf_is_refused_before_training(tiny_bert, data_dir, tmp_path, capsys, monkeypatch):
+    """Issue 37: ``train --learning-rate inf`` trained and saved a model of NaN embeddings, exit 0."""
+    from st_prompts.training import train_and_save
+
+    with pytest.raises(SystemExit) as exc:
+        main(train_argv(tiny_bert, data_dir, tmp_path / "m", "--learning-rate", "inf"))
+    assert exc.value.code == 2 and "not a finite number" in capsys.readouterr().err
+    with pytest.raises(ConfigurationError, match="learning_rate must be a finite number"):
+        train_and_save("dcpcse", backbone=tiny_bert, data_dir=str(data_dir), output=str(tmp_path / "m"),
+                       learning_rate=float("inf"), max_steps=1, batch_size=4, show_progress_bar=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_diverged_training_is_not_saved(tiny_bert, data_dir, tmp_path, capsys):
+    """A finite learning rate that still blows the weights up: the selection score is NaN, nothing is saved, and an
+    existing model stays as it was."""
+    out = tmp_path / "m"
+    assert main(train_argv(tiny_bert, data_dir, out, "--learning-rate", "1e30")) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert not out.exists()
+    assert main(train_argv(tiny_bert, data_dir, out)) == 0
+    before = snapshot(out)
+    assert main(train_argv(tiny_bert, data_dir, out, "--learning-rate", "1e30", "--overwrite")) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert snapshot(out) == before
+
+
+def test_non_finite_weights_or_score_are_never_saved(tiny_bert, tmp_path):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+    from st_prompts.errors import TrainingDivergedError
+    from st_prompts.training.pipeline import save_run
+    from st_prompts.training.run import TrainResult
+
+    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
+                                device="cpu")
+    result = TrainResult(steps=1, seconds=0.0, best_metric=0.5, best_step=1, log_history=[], trainable_parameters=1,
+                         total_parameters=1, settings={})
+    with pytest.raises(TrainingDivergedError, match="model-selection score is inf"):
+        save_run(model, TrainResult(**{**result.__dict__, "best_metric": float("inf")}), str(tmp_path / "a"))
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).fill_(float("nan"))
+    with pytest.raises(TrainingDivergedError, match="NaN or infinite"):
+        save_run(model, result, str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_model_selection_never_prefers_a_non_finite_score():
+    from st_prompts.training.run import KeepBestCallback
+
+    class Evaluator:
+        primary_metric = "spearman"
+
+    for values, best in (([float("nan"), 0.5, 0.4], 0.5), ([0.3, float("nan"), float("inf")], 0.3),
+                         ([float("-inf"), 0.1], 0.1)):
+        keep = KeepBestCallback(torch_module(), Evaluator())
+        for step, value in enumerate(values):
+            keep.consider(value, step)
+        assert keep.best == best
+    keep = KeepBestCallback(torch_module(), Evaluator())
+    keep.consider(float("nan"), 1)
+    assert keep.best != keep.best  # only NaN seen: recorded as such (and refused at saving)
+
+
+def torch_module():
+    import torch
+
+    return torch.nn.Linear(2, 2)
+
+
+def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, capsys):
+    from st_prompts.bank import create_bank, train_prompt_set
+
+    data = tmp_path / "pairs.csv"
+    data.write_text("sentence1,sentence2,score\n" + "".join(f"a man plays {i},a woman plays {i},{i % 5}\n"
+                                                           for i in range(8)))
+    bank = tmp_path / "bank"
+    argv = ["bank", "train", str(bank), "sts", "--data", str(data), "--max-steps", "2", "--batch-size", "4",
+            "--prefix-length", "2", "--no-progress", "--backbone", tiny_bert]
+    assert main(argv + ["--learning-rate", "1e38"]) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert not bank.exists()
+    model = create_bank(tiny_bert)
+    from sentence_transformers.losses import CoSENTLoss
+
+    for option in ("learning_rate", "epochs", "warmup_ratio"):
+        with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
+            train_prompt_set(model, "sts", None, CoSENTLoss(model), **{option: float("nan")})
