@@ -168,6 +168,11 @@ def check_destination(destination: str | os.PathLike) -> Path:
         raise ConfigurationError(f"refusing to write to {destination}: give a folder of its own")
     if path.is_symlink():
         raise ConfigurationError(f"refusing to replace {destination}: it is a symbolic link; give the real folder")
+    ancestor = path.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigurationError(f"cannot write to {destination}: {ancestor} is a file, not a folder")
     return path
 
 
@@ -224,7 +229,10 @@ def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator
     turns. Re-entrant within a process."""
 
     destination = Path(os.path.abspath(destination))
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create the folder {destination.parent}: {exc.strerror or exc}") from exc
     lock = FileLock(str(destination.parent / f".{destination.name}.st-prompts.lock"), timeout=timeout,
                     is_singleton=True, thread_local=False)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import math
 import os
@@ -11,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from st_prompts.errors import ConfigurationError, DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 
 #: Aliases accepted wherever a backbone / model name is expected.
 PACKAGED_MINILM_ALIASES = ("minilm", "packaged-minilm", "all-MiniLM-L6-v2")
@@ -110,6 +111,29 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
     except DataNotFoundError:
         return None
     return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
+
+
+def check_utf8(path: str | os.PathLike, chunk_size: int = 1 << 20) -> None:
+    """Refuse a file that is not UTF-8 text with one line naming it and the line of the first bad byte
+    (:class:`~st_prompts.errors.DataFormatError`), before a reader (Python's, ``csv``, ``datasets``) fails on it with
+    a traceback or several lines. Read in chunks: a large corpus is never held in memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            pending = len(decoder.getstate()[0])  # bytes of a character split by the previous chunk
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                line += chunk.count(b"\n", 0, max(0, exc.start - pending))
+                raise DataFormatError(f"{path}, line {line}: not UTF-8 text ({exc.reason}); save the file as UTF-8 "
+                                      "(e.g. iconv -f latin1 -t utf-8)") from None
+            line += chunk.count(b"\n")
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(f"{path}, line {line}: not UTF-8 text ({exc.reason} at the end of the file); save "
+                                  "the file as UTF-8") from None
 
 
 def _non_finite(value: Any) -> bool:

@@ -760,16 +760,17 @@ def test_train_learning_rate_inf_is_refused_before_training(tiny_bert, data_dir,
     assert not (tmp_path / "m").exists()
 
 
-def test_a_diverged_training_is_not_saved(tiny_bert, data_dir, tmp_path, capsys):
+def test_a_diverged_training_is_not_saved(trained_model, tiny_bert, tmp_path, capsys):
     """A finite learning rate that still blows the weights up: the selection score is NaN, nothing is saved, and an
     existing model stays as it was."""
+    model, data = trained_model
     out = tmp_path / "m"
-    assert main(train_argv(tiny_bert, data_dir, out, "--learning-rate", "1e30")) == 2
+    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
     assert "training diverged" in one_line_error(capsys)
     assert not out.exists()
-    assert main(train_argv(tiny_bert, data_dir, out)) == 0
+    shutil.copytree(model, out)
     before = snapshot(out)
-    assert main(train_argv(tiny_bert, data_dir, out, "--learning-rate", "1e30", "--overwrite")) == 2
+    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30", "--overwrite")) == 2
     assert "training diverged" in one_line_error(capsys)
     assert snapshot(out) == before
 
@@ -949,3 +950,88 @@ def test_an_uncached_hub_backbone_is_refused_through_the_python_api(hub_backbone
     hub.check_hub_model("st-prompts-tests/cached")
     for name in ("smollm2", "minilm", str(tmp_path), "./relative/missing", "x.gguf"):
         hub.check_hub_model(name)
+
+
+# ---------------------------------------------------------------------------------------------- one line, not a traceback
+LATIN1 = "sentence1,sentence2,score\nthe café is open,a coffee shop,4.0\nthe dog,a cat,1.0\n".encode("latin-1")
+
+
+def test_bank_train_with_a_file_that_is_not_utf8_is_one_line(tiny_bert, tmp_path, capsys):
+    """Issue 37: ``bank train`` with a non-UTF-8 CSV ended in a UnicodeDecodeError traceback."""
+    from st_prompts.data.task_data import read_task_file
+
+    good = tmp_path / "good.csv"
+    good.write_text("sentence1,sentence2,score\na man plays,a woman plays,4.0\nthe dog,a cat,1.0\n")
+    for name, data in (("pairs.csv", LATIN1), ("pairs.tsv", LATIN1.replace(b",", b"\t")),
+                       ("pairs.jsonl", b'{"a": "ok", "b": "fine", "score": 1}\n{"a": "caf\xe9", "b": "x", "score": 2}\n')):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DataFormatError, match="line 2: not UTF-8"):
+            read_task_file(path)
+        for argv in (["--data", str(path)], ["--data", str(good), "--dev", str(path)]):
+            assert main(["bank", "train", str(tmp_path / "bank"), "sts", *argv, "--backbone", tiny_bert]) == 2
+            assert f"{name}, line 2: not UTF-8" in one_line_error(capsys)
+    assert not (tmp_path / "bank").exists()
+
+
+def test_other_readers_refuse_files_that_are_not_utf8_in_one_line(tiny_bert, data_dir, tmp_path, capsys):
+    (data_dir / "train" / "wiki_sentences.txt").write_bytes(b"a fine line\ncaf\xe9 au lait\n")
+    assert main(train_argv(tiny_bert, data_dir, tmp_path / "m")) == 2
+    assert "wiki_sentences.txt, line 2: not UTF-8" in one_line_error(capsys)
+    texts = {"corpus.txt": b"one\ncaf\xe9\n", "corpus.csv": b"text\ncaf\xe9\n",
+             "corpus.jsonl": b'{"text": "fine"}\n{"text": "caf\xe9"}\n'}
+    vectors = np.random.default_rng(0).standard_normal((10, 384)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
+    for name, data in texts.items():
+        (tmp_path / name).write_bytes(data)
+        for argv in (["index", "build", "minilm", str(tmp_path / name), str(tmp_path / "new")],
+                     ["index", "add", str(tmp_path / "idx"), str(tmp_path / name)],
+                     ["ski", "generate", "--llm", "smollm2", "--input", str(tmp_path / name), "--output",
+                      str(tmp_path / "ski.jsonl")]):
+            if argv[0] == "ski" and name != "corpus.txt":
+                continue
+            assert main(argv) == 2, argv
+            line = one_line_error(capsys)
+            assert f"{name}, line 2: not UTF-8" in line, (argv, line)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "ski.jsonl").exists()
+
+
+def test_an_output_below_a_file_is_one_line(tiny_bert, data_dir, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    assert main(train_argv(tiny_bert, data_dir, tmp_path / "a-file" / "model")) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+    assert main(["bank", "create", str(tmp_path / "a-file" / "sub" / "bank"), "--backbone", tiny_bert]) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+ESCAPE = "\x1b[2J\x1b[31m"
+
+
+def test_control_characters_of_user_text_never_reach_the_terminal(minilm, tmp_path, capsys):
+    """Issue 37: messages carried the ANSI escape codes of file names and file contents."""
+    import logging
+
+    from st_prompts.cli import configure_output
+    from st_prompts.errors import printable
+
+    missing = tmp_path / f"{ESCAPE}corpus\u202e.txt"
+    assert main(["index", "build", "minilm", str(missing), str(tmp_path / "out")]) == 2
+    line = one_line_error(capsys)
+    assert "\x1b" not in line and "\u202e" not in line and "\\x1b[2J\\x1b[31mcorpus\\u202e.txt" in line
+    with pytest.raises(SystemExit):  # argparse's own errors too
+        main(["index", "build", "minilm", "c.txt", "out", "--index-type", f"flat{ESCAPE}"])
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and len(err.strip().splitlines()) == 1
+    configure_output()
+    logging.getLogger("st_prompts.test").info("read %s\nline two", f"{ESCAPE}file")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2J" in err and "\nline two" in err
+    # a document's text (file content) in the ranked list of 'index search'
+    SemanticIndex.build(minilm, ["a dog runs in the park", f"{ESCAPE}evil\u202edocument"], model_name="minilm",
+                        show_progress_bar=False).save(tmp_path / "idx")
+    assert main(["index", "search", str(tmp_path / "idx"), f"dog{ESCAPE}", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\\x1b[2J\\x1b[31mevil\\u202edocument" in out
+    assert printable("tab\tnew\nline\r") == "tab\\tnew\\nline\\r"
+    assert printable("tab\tnew\nline", one_line=False) == "tab\tnew\nline"
