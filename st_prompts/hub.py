@@ -90,7 +90,7 @@ def _unreachable_reason(repo_id: str) -> str | None:
     try:
         get_session().head(f"{endpoint}/api/models/{repo_id}", timeout=PROBE_TIMEOUT, follow_redirects=False)
         reason = None
-    except Exception as exc:  # connection refused, DNS failure, timeout, proxy or TLS error: not reachable
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, proxy, TLS: not reachable
         reason = _first_line(exc)
     with _lock:
         _probes[endpoint] = (time.monotonic(), reason)

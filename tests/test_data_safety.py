@@ -621,9 +621,8 @@ def test_train_overwrite_refuses_anything_the_manifest_does_not_list(addition, t
                                                                      capsys, monkeypatch):
     """Issue 37: a symlink to a folder, an empty folder, a nested folder (and the like) added to an st-prompts model
     make ``train --overwrite`` refuse before training starts; nothing is deleted."""
-    import st_prompts.training.pipeline as pipeline
     from st_prompts.storage import save_model_folder
-    from st_prompts.training import train_and_save
+    from st_prompts.training import pipeline, train_and_save
 
     model, data = trained_model
     folder = tmp_path / "model"
@@ -886,14 +885,15 @@ def test_an_uncached_hub_backbone_without_network_fails_in_seconds_with_one_line
                 ["evaluate", str(hub_backbone_checkpoint), *senteval],
                 ["evaluate", "st-prompts-tests/not-cached-anywhere", *senteval]]
     result = subprocess.run([sys.executable, "-c", TIMED_COMMANDS, json.dumps(commands)], env=env,
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=600, check=False)
     outcomes = [json.loads(line) for line in result.stdout.strip().splitlines()]
     errors = result.stderr.strip().split("--- end of command")[:-1]
     assert len(outcomes) == len(errors) == len(commands), result.stderr[-3000:]
     for argv, (code, seconds), error in zip(commands, outcomes, errors):
         lines = error.strip().splitlines()
         assert code == 2 and len(lines) == 1, (argv, error[-2000:])
-        assert "not-cached-anywhere" in lines[0] and "Hugging Face cache" in lines[0] and "cannot be reached" in lines[0]
+        assert "not-cached-anywhere" in lines[0] and "Hugging Face cache" in lines[0]
+        assert "cannot be reached" in lines[0]
         assert seconds < 20, (argv, seconds)
     assert not (tmp_path / "idx").exists()
 
@@ -907,7 +907,7 @@ def test_an_uncached_hub_backbone_fails_in_one_line_through_the_command_line(off
 
     from huggingface_hub import constants
 
-    import st_prompts.hub as hub
+    from st_prompts import hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
@@ -928,7 +928,7 @@ def test_an_uncached_hub_backbone_is_refused_through_the_python_api(hub_backbone
 
     from huggingface_hub import constants
 
-    import st_prompts.hub as hub
+    from st_prompts import hub
     from st_prompts.errors import DataNotFoundError
     from st_prompts.loading import load_sentence_model
 
@@ -952,7 +952,7 @@ def test_an_uncached_hub_backbone_is_refused_through_the_python_api(hub_backbone
         hub.check_hub_model(name)
 
 
-# ---------------------------------------------------------------------------------------------- one line, not a traceback
+# ---------------------------------------------------------------------------------------------- one line, no traceback
 LATIN1 = "sentence1,sentence2,score\nthe café is open,a coffee shop,4.0\nthe dog,a cat,1.0\n".encode("latin-1")
 
 
@@ -963,7 +963,7 @@ def test_bank_train_with_a_file_that_is_not_utf8_is_one_line(tiny_bert, tmp_path
     good = tmp_path / "good.csv"
     good.write_text("sentence1,sentence2,score\na man plays,a woman plays,4.0\nthe dog,a cat,1.0\n")
     for name, data in (("pairs.csv", LATIN1), ("pairs.tsv", LATIN1.replace(b",", b"\t")),
-                       ("pairs.jsonl", b'{"a": "ok", "b": "fine", "score": 1}\n{"a": "caf\xe9", "b": "x", "score": 2}\n')):
+                       ("pairs.jsonl", b'{"a": "ok", "b": "x", "score": 1}\n{"a": "caf\xe9", "b": "x", "score": 2}\n')):
         path = tmp_path / name
         path.write_bytes(data)
         with pytest.raises(DataFormatError, match="line 2: not UTF-8"):

@@ -121,8 +121,8 @@ def listing(folder):
 def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_path):
     before = corpus_index.search(QUERIES, k=6)
     corpus_index.save(tmp_path / "idx")
-    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "docs.offsets.npy", "index.faiss", "meta.json", "probe.npy",
-                                                 "st_prompts_save.json"]
+    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "docs.offsets.npy", "index.faiss", "meta.json",
+                                                 "probe.npy", "st_prompts_save.json"]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["model"]["name"] == "minilm"
     assert meta["model"]["dimension"] == meta["dimension"] == 384

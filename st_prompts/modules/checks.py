@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.utils import check_finite
 from st_prompts.prompts.templates import TEMPLATE_MODES
+from st_prompts.utils import check_finite
 
 #: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
 #: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.

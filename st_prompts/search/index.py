@@ -112,8 +112,9 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         manifest (``st_prompts_save.json``) listing every file written: the proof that st-prompts wrote it. An existing
         index at ``directory`` is replaced (unless ``overwrite=False``) only if its manifest lists everything in it; a
         folder holding anything else, or without the proof, is never touched (an index saved by an older st-prompts,
-        without the proof, is replaced only when saved back to the folder it was loaded from, e.g. by :meth:`update`). Saving back to the folder this index was loaded from is refused if another process saved it
-        meanwhile (its update would be lost): use :meth:`update` to load, change and save under the index's lock.
+        without the proof, is replaced only when saved back to the folder it was loaded from, e.g. by :meth:`update`).
+        Saving back to the folder this index was loaded from is refused if another process saved it meanwhile (its
+        update would be lost): use :meth:`update` to load, change and save under the index's lock.
         """
         stored = StoredIndex(
             self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
