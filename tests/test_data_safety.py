@@ -500,6 +500,11 @@ def test_index_build_overwrite_keeps_a_users_meta_json_and_docs_jsonl(tmp_path, 
     with pytest.raises(ConfigurationError, match=MANIFEST_FILE):
         SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(folder, overwrite=True)
     assert snapshot(folder) == before
+    (folder / "meta.json").unlink()  # docs.jsonl alone
+    before = snapshot(folder)
+    assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    assert snapshot(folder) == before
 
 
 def test_an_index_carries_a_manifest_of_exactly_its_files(tmp_path):

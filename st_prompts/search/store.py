@@ -172,8 +172,8 @@ def _legacy_index_problem(folder: Path) -> str | None:
         return f"it holds files that are not part of a semantic index ({shown})"
     try:
         read_meta(folder)
-    except DataFormatError:
-        return f"it is not a semantic index ({META_FILE} does not describe one)"
+    except (OSError, DataFormatError):
+        return f"it is not a semantic index (no {META_FILE} describing one)"
     return None
 
 
@@ -435,7 +435,11 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise DataFormatError(f"{root / META_FILE} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataFormatError(f"{root / META_FILE} does not describe a st-prompts semantic index")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+    try:
+        version = int(meta.get("format_version", 0))
+    except (TypeError, ValueError):
+        raise DataFormatError(f"{root / META_FILE}: bad format_version {meta.get('format_version')!r}") from None
+    if version > FORMAT_VERSION:
         raise DataFormatError(
             f"{root} was written by a newer st-prompts (format {meta['format_version']} > {FORMAT_VERSION})"
         )
