@@ -39,6 +39,7 @@ from st_prompts.errors import ConfigurationError
 from st_prompts.modules import PromptedTransformer
 from st_prompts.modules.lengths import full_length_evaluator
 from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
+from st_prompts.storage import contained_path
 from st_prompts.training.run import KeepBestCallback
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
     for entry in entries:
         kind = str(entry.get("type", ""))
         if kind.endswith(".Pooling"):
-            config = os.path.join(location, entry.get("path", ""), "config.json")
+            folder = contained_path(location, entry["path"], modules_file) if entry.get("path") else location
+            config = os.path.join(folder, "config.json")
             if os.path.isfile(config):
                 with open(config, encoding="utf-8") as handle:
                     raw = json.load(handle)
@@ -209,6 +211,9 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
 
     if isinstance(loss, type):
         raise ConfigurationError("Pass a loss object built on the model, e.g. CoSENTLoss(model).")
+    utils.check_finite(learning_rate=learning_rate, epochs=epochs, warmup_ratio=warmup_ratio)
+    if not learning_rate > 0:
+        raise ConfigurationError(f"learning_rate must be positive, got {learning_rate!r}.")
     evaluator = full_length_evaluator(evaluator)  # selection sees whole sentences, as SentEval
     with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
         steps = max_steps if max_steps > 0 else None

@@ -9,7 +9,10 @@ inside the runners), so ``st-prompts --help`` and argument errors answer at once
 
 Output policy: st_prompts' own messages are logged at INFO without timestamps; other libraries only speak at ERROR
 (``-v`` shows everything at INFO, ``-vv`` at DEBUG); progress bars are shown on a terminal only (never written into a
-redirected log), and ``Ctrl-C`` ends a command with one line.
+redirected log), and ``Ctrl-C`` ends a command with one line. Errors (ours and argparse's) are one line
+``st-prompts COMMAND: error: ...``, exit status 2; control characters of any text shown in an error or a log line
+(ANSI escape sequences from a file name, a column name, a document) are printed as escapes
+(:func:`st_prompts.errors.printable`), never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -19,16 +22,32 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
-from st_prompts.errors import StPromptsError
+from st_prompts.errors import StPromptsError, printable
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
 COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "ski")
 _handler: logging.Handler | None = None
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``st-prompts`` and of every sub-command (argparse gives sub-parsers their parent's class): a
+    usage error is one line, with the user's text made printable, instead of the usage block and the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log records with their control characters escaped (line breaks and tabs kept)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), one_line=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="st-prompts",
         description="Prompt-based contrastive sentence embeddings for sentence-transformers.",
     )
@@ -60,10 +79,10 @@ def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
         root.removeHandler(_handler)
     handler = _handler = logging.StreamHandler(sys.stderr)
     if verbose:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+        handler.setFormatter(_PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
         root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
     else:
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_PrintableFormatter("%(message)s"))
         root.setLevel(logging.ERROR)
     root.addHandler(handler)
     logging.getLogger("st_prompts").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except StPromptsError as exc:
         # Errors we raise on purpose are meant for the user: print the message, not a traceback.
-        print(f"st-prompts {args.command}: error: {exc}", file=sys.stderr)
+        print(f"st-prompts {args.command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Models and indexes are written to a temporary name and renamed at the end: nothing half-written is left.

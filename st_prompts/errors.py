@@ -2,7 +2,32 @@
 
 All of them derive from :class:`StPromptsError`, which the CLI prints as a one-line message instead of a traceback.
 They also derive from the built-in exception a Python user would expect (``ValueError`` or ``FileNotFoundError``).
+:func:`printable` makes text from users and files safe to show in a message or a log line.
 """
+
+from __future__ import annotations
+
+import re
+
+# C0 and C1 control characters (ESC starts every ANSI escape sequence), DEL, and the bidirectional marks, embeddings,
+# overrides and isolates that make a terminal show text in another order than it is.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object, *, one_line: bool = True) -> str:
+    """``str(text)`` safe to print on a terminal or into a log: every control character (ANSI escape sequences
+    included) and bidirectional override is shown as its escape (``\\x1b``, ``\\u202e``) instead of acting on the
+    terminal. ``one_line``: line breaks and tabs are escaped too (an error message stays on one line); otherwise they
+    are kept (a multi-line log record, a traceback)."""
+    text = str(text)
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        if not one_line and char in "\n\t":
+            return char
+        return char.encode("unicode_escape").decode("ascii")
+
+    return _CONTROL.sub(escape, text)
 
 
 class StPromptsError(Exception):
@@ -46,6 +71,11 @@ class SKICacheMismatchError(StPromptsError, ValueError):
 class VocabularyMismatchError(StPromptsError, ValueError):
     """A model that must share the encoder's vocabulary does not: e.g. a replaced-token generator whose tokenizer maps
     tokens to other ids than the encoder's (replaced-token detection compares token ids position by position)."""
+
+
+class TrainingDivergedError(StPromptsError, ValueError):
+    """Training ended with weights or a model-selection score that are not finite numbers (NaN or infinite): the
+    model is not saved. A smaller learning rate usually helps."""
 
 
 class CorruptionCacheError(StPromptsError, ValueError):

@@ -14,8 +14,11 @@ Every file or folder st_prompts replaces goes through this module:
 * What is written gets the permissions the user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600
   files otherwise).
 
-Trained models carry a manifest (:data:`MANIFEST_FILE`) listing the files st_prompts wrote: it is how a later
-``--overwrite`` knows that replacing the folder deletes nothing else.
+Trained models and search indexes carry a manifest (:data:`MANIFEST_FILE`) listing the files and folders st_prompts
+wrote, its proof of authorship: it is how a later ``--overwrite`` knows that replacing the folder deletes nothing else.
+Anything it does not list (a file, a folder, a symbolic link) makes the replacement refuse (:func:`manifest_problem`).
+A file name read from a file of a folder (a manifest, an index's ``meta.json``) must stay inside it
+(:func:`contained_path`).
 """
 
 from __future__ import annotations
@@ -36,17 +39,20 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from st_prompts import __version__
-from st_prompts.errors import ConfigurationError
+from st_prompts.errors import ConfigurationError, DataFormatError
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "INDEX_KIND",
     "MANIFEST_FILE",
     "STAGING_MARKER",
     "apply_umask",
     "check_destination",
+    "contained_path",
     "folder_lock",
     "manifest_problem",
+    "read_manifest",
     "replace_folder",
     "save_model_folder",
     "check_model_destination",
@@ -162,6 +168,11 @@ def check_destination(destination: str | os.PathLike) -> Path:
         raise ConfigurationError(f"refusing to write to {destination}: give a folder of its own")
     if path.is_symlink():
         raise ConfigurationError(f"refusing to replace {destination}: it is a symbolic link; give the real folder")
+    ancestor = path.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigurationError(f"cannot write to {destination}: {ancestor} is a file, not a folder")
     return path
 
 
@@ -218,7 +229,10 @@ def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator
     turns. Re-entrant within a process."""
 
     destination = Path(os.path.abspath(destination))
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create the folder {destination.parent}: {exc.strerror or exc}") from exc
     lock = FileLock(str(destination.parent / f".{destination.name}.st-prompts.lock"), timeout=timeout,
                     is_singleton=True, thread_local=False)
     try:
@@ -336,36 +350,121 @@ def _swap(staging: Path, destination: Path, ownership: OwnershipCheck | None = N
 
 
 # ---------------------------------------------------------------------------------------------- manifests
-def _files_below(folder: Path) -> list[str]:
-    out = []
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            out.append(Path(root, name).relative_to(folder).as_posix())
-    return sorted(out)
+#: The ``kind`` a search index's manifest records (a model's records ``"model"``, ``"prompt bank"``, ...).
+INDEX_KIND = "semantic index"
+
+
+def _outside_reason(name: Any) -> str | None:
+    """Why the file name ``name`` (read from a file) is not a relative path inside its folder, by its text alone."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        return "which is not a file name"
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "an absolute path"
+    if ".." in re.split(r"[\\/]", name):
+        return "a path leading out of its folder (..)"
+    return None
+
+
+def contained_path(folder: str | os.PathLike, name: Any, source: str) -> Path:
+    """``folder/name`` for a file name read from a file of ``folder`` (``source``: a manifest, ``meta.json``,
+    ``modules.json``), refused unless it stays inside ``folder``: a non-empty relative path without ``..`` whose
+    symbolic links, if any, lead nowhere outside ``folder``.
+
+    Raises:
+        DataFormatError: the name is not such a path (one line naming ``source`` and the name).
+    """
+    reason = _outside_reason(name)
+    if reason is None:
+        root = os.path.realpath(folder)
+        if os.path.commonpath([root, os.path.realpath(os.path.join(root, name))]) != root:
+            reason = "a symbolic link leading out of its folder"
+    if reason is not None:
+        raise DataFormatError(f"{source} names {name!r}, {reason}; refusing to read or write outside {folder}")
+    return Path(folder, name)
+
+
+def _entries_below(folder: Path) -> tuple[list[str], list[str], list[str]]:
+    """``(files, folders, others)`` below ``folder`` as relative POSIX paths, without following symbolic links:
+    regular files, folders, and everything else (symbolic links to files or folders, sockets, ...)."""
+    files: list[str] = []
+    folders: list[str] = []
+    others: list[str] = []
+
+    def walk(directory: Path, prefix: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                name = prefix + entry.name
+                if entry.is_symlink():
+                    others.append(name)
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(name)
+                    walk(Path(entry.path), name + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(name)
+                else:
+                    others.append(name)
+
+    walk(folder, "")
+    return files, folders, others
 
 
 def write_manifest(folder: str | os.PathLike, kind: str) -> None:
-    """Record in ``folder/st_prompts_save.json`` every file now in ``folder``: what st_prompts wrote there."""
+    """Record in ``folder/st_prompts_save.json`` every file and folder now in ``folder``: what st_prompts wrote there
+    (its proof of authorship, read by :func:`manifest_problem` before anything replaces the folder)."""
     folder = Path(folder)
-    files = [name for name in _files_below(folder) if name not in (MANIFEST_FILE, STAGING_MARKER)]
-    manifest = {"written_by": "st-prompts", "version": __version__, "kind": kind, "files": files}
+    files, folders, _others = _entries_below(folder)
+    manifest = {"written_by": "st-prompts", "version": __version__, "kind": kind,
+                "files": [name for name in files if name not in (MANIFEST_FILE, STAGING_MARKER)], "folders": folders}
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def manifest_problem(folder: str | os.PathLike) -> str | None:
-    """``None`` if ``folder`` was saved by st_prompts and holds only the files its manifest lists; else why not."""
-    folder = Path(folder)
-    path = folder / MANIFEST_FILE
-    if not path.is_file():
-        return f"it is not a model saved by st-prompts (it has no {MANIFEST_FILE})"
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | str | None:
+    """The manifest of ``folder`` (a dict with ``kind``, ``files`` and ``folders``), ``None`` if it has none, or why it
+    cannot be used (a string): unreadable, or listing a path outside the folder."""
+    path = Path(folder) / MANIFEST_FILE
+    if os.path.islink(path) or not path.is_file():
+        return None
     try:
-        listed = set(json.loads(path.read_text(encoding="utf-8"))["files"])
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files, folders = manifest["files"], manifest.get("folders", [])
+        if not isinstance(files, list) or not isinstance(folders, list):
+            raise TypeError("not lists")
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} cannot be read"
-    extra = [name for name in _files_below(folder) if name not in listed and name not in (MANIFEST_FILE, STAGING_MARKER)]
+    for name in files + folders:
+        if _outside_reason(name) is not None:  # (symbolic links are refused by the folder's scan)
+            return f"its {MANIFEST_FILE} lists a path outside the folder ({str(name)!r})"
+    return {"kind": manifest.get("kind"), "files": set(files), "folders": set(folders)}
+
+
+def manifest_problem(folder: str | os.PathLike, *, index: bool = False) -> str | None:
+    """``None`` if ``folder`` was saved by st_prompts and holds nothing its manifest does not list; else why not.
+
+    Anything unlisted counts: a file, a folder (also an empty or nested one; a folder holding a listed file is
+    implied), a symbolic link (to a file or a folder, wherever it is, even under a listed name) or any other entry.
+    ``index``: the folder must be a search index (manifest kind :data:`INDEX_KIND`); otherwise it must not be one.
+    """
+    folder = Path(folder)
+    what = "a semantic index" if index else "a model"
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return f"it is not {what} saved by st-prompts (it has no {MANIFEST_FILE})"
+    if isinstance(manifest, str):
+        return manifest
+    kind = manifest["kind"]
+    if (kind == INDEX_KIND) != index:
+        return f"it is {'a ' + str(kind) if kind else 'something else'} saved by st-prompts, not {what}"
+    listed_files = manifest["files"]
+    implied = {parent.as_posix() for name in listed_files for parent in Path(name).parents if parent != Path(".")}
+    files, folders, others = _entries_below(folder)
+    extra = [name for name in files if name not in listed_files and name not in (MANIFEST_FILE, STAGING_MARKER)]
+    extra += [name + "/" for name in folders if name not in implied and name not in manifest["folders"]]
+    extra += [f"{name} (a symbolic link)" if os.path.islink(folder / name) else f"{name} (not a regular file)"
+              for name in others]
     if extra:
+        extra.sort()
         shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
-        return f"it holds files st-prompts did not write ({shown})"
+        return f"it holds files or folders st-prompts did not write ({shown})"
     return None
 
 

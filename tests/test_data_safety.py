@@ -273,10 +273,10 @@ def test_index_build_overwrite_never_deletes_other_files(tmp_path, capsys):
     (project / "meta.json").write_text("{}")
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(project), "--overwrite", "--no-progress"]) == 2
-    assert "not part of a semantic index" in one_line_error(capsys)
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
     assert (project / "README.md").read_text() == "my project" and (project / "src").is_dir()
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
-    with pytest.raises(ConfigurationError, match="not part of a semantic index"):
+    with pytest.raises(ConfigurationError, match="not a semantic index saved by st-prompts"):
         SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(project)
     assert (project / "README.md").exists()
 
@@ -461,3 +461,582 @@ def test_a_calibration_without_a_model_says_what_it_cannot_promise(tmp_path, cap
     with_queries = SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(600)], index_type="ivf",
                                                  calibration_queries=vectors[:50] + 0.1)
     assert "caveat" not in with_queries.info["calibration"]
+
+
+# ---------------------------------------------------------------------------------------------- ownership (issue 37)
+def snapshot(folder: Path) -> dict:
+    """Everything below ``folder``, byte for byte: files (their bytes), folders, symbolic links (their targets)."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(root, name)
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                out[relative] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[relative] = ("folder",)
+            else:
+                out[relative] = ("file", path.read_bytes())
+    return out
+
+
+def small_index(tmp_path: Path, name: str = "idx", n: int = 10, **kw) -> Path:
+    vectors = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(n)], **kw).save(tmp_path / name)
+    return tmp_path / name
+
+
+def test_index_build_overwrite_keeps_a_users_meta_json_and_docs_jsonl(tmp_path, capsys):
+    """Issue 37: a folder of the user's own meta.json and docs.jsonl (an index's file names) is not an index."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "meta.json").write_text('{"my": "settings"}')
+    (folder / "docs.jsonl").write_text('{"mine": 1}\n')
+    before = snapshot(folder)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    with pytest.raises(ConfigurationError, match=MANIFEST_FILE):
+        SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(folder, overwrite=True)
+    assert snapshot(folder) == before
+    (folder / "meta.json").unlink()  # docs.jsonl alone
+    before = snapshot(folder)
+    assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
+    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    assert snapshot(folder) == before
+
+
+def test_an_index_carries_a_manifest_of_exactly_its_files(tmp_path):
+    index = small_index(tmp_path)
+    manifest = json.loads((index / MANIFEST_FILE).read_text())
+    assert manifest["written_by"] == "st-prompts" and manifest["kind"] == "semantic index"
+    assert sorted(manifest["files"]) == sorted(p.name for p in index.iterdir() if p.name != MANIFEST_FILE)
+    with SemanticIndex.update(index) as loaded:
+        loaded.remove([3])
+    assert sorted(json.loads((index / MANIFEST_FILE).read_text())["files"]) == sorted(
+        p.name for p in index.iterdir() if p.name != MANIFEST_FILE)
+
+
+def test_an_index_without_the_proof_loads_updates_and_gets_it_but_build_overwrite_refuses(tmp_path, capsys):
+    """Indexes saved before the proof existed: loaded, searched and updated (which adds the proof), never replaced
+    by a new build."""
+    legacy = small_index(tmp_path, "legacy", n=12)
+    (legacy / MANIFEST_FILE).unlink()
+    vectors = np.random.default_rng(0).standard_normal((12, 8)).astype(np.float32)  # small_index's
+    loaded = SemanticIndex.load(legacy)
+    assert loaded.search_embeddings(vectors[:1], k=1)[0][0].id == loaded.ids[0]
+    assert main(["index", "info", str(legacy)]) == 0
+    before = snapshot(legacy)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(legacy), "--overwrite", "--no-progress"]) == 2
+    line = one_line_error(capsys)
+    assert "no st_prompts_save.json" in line and "index add" in line and "delete it yourself" in line
+    with pytest.raises(ConfigurationError, match="proof"):
+        SemanticIndex.from_embeddings(vectors, [f"x{i}" for i in range(12)]).save(legacy)
+    assert snapshot(legacy) == before
+    assert main(["index", "remove", str(legacy), "0"]) == 0  # an update of the old index: allowed, adds the proof
+    manifest = json.loads((legacy / MANIFEST_FILE).read_text())
+    assert sorted(manifest["files"]) == sorted(p.name for p in legacy.iterdir() if p.name != MANIFEST_FILE)
+    assert len(SemanticIndex.load(legacy)) == 11
+    with SemanticIndex.update(legacy) as index:  # and the Python update path keeps working on it
+        index.add(["one more"], embeddings=vectors[:1])
+    assert len(SemanticIndex.load(legacy)) == 12
+
+
+def test_index_calibrate_adds_the_proof_to_an_old_index(tmp_path):
+    vectors = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    with pytest.warns(UserWarning):
+        SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(300)], index_type="ivf",
+                                      nlist=8).save(tmp_path / "ivf")
+    (tmp_path / "ivf" / MANIFEST_FILE).unlink()
+    assert main(["index", "calibrate", str(tmp_path / "ivf"), "--target-recall", "0.9"]) == 0
+    assert json.loads((tmp_path / "ivf" / MANIFEST_FILE).read_text())["kind"] == "semantic index"
+
+
+def _add_symlink_to_folder(folder: Path, outside: Path) -> str:
+    (outside / "data").mkdir()
+    (outside / "data" / "mine.txt").write_text("mine")
+    os.symlink(outside / "data", folder / "data")
+    return "data"
+
+
+def _add_symlink_to_file(folder: Path, outside: Path) -> str:
+    (outside / "notes.txt").write_text("notes")
+    os.symlink(outside / "notes.txt", folder / "notes.txt")
+    return "notes.txt"
+
+
+def _add_empty_folder(folder: Path, outside: Path) -> str:
+    (folder / "empty").mkdir()
+    return "empty/"
+
+
+def _add_nested_folder(folder: Path, outside: Path) -> str:
+    (folder / "nested" / "deeper").mkdir(parents=True)
+    return "nested/"
+
+
+def _add_file(folder: Path, outside: Path) -> str:
+    (folder / "my-notes.md").write_text("notes")
+    return "my-notes.md"
+
+
+def _replace_a_listed_file_by_a_link(folder: Path, outside: Path) -> str:
+    name = "meta.json" if (folder / "meta.json").exists() else "config.json"
+    (outside / "copy.json").write_bytes((folder / name).read_bytes())
+    (folder / name).unlink()
+    os.symlink(outside / "copy.json", folder / name)
+    return name
+
+
+ADDITIONS = {"symlink-to-folder": _add_symlink_to_folder, "symlink-to-file": _add_symlink_to_file,
+             "empty-folder": _add_empty_folder, "nested-folder": _add_nested_folder, "file": _add_file,
+             "listed-file-as-link": _replace_a_listed_file_by_a_link}
+
+
+@pytest.mark.parametrize("addition", ADDITIONS)
+def test_index_build_overwrite_and_updates_refuse_anything_the_manifest_does_not_list(addition, tmp_path, capsys):
+    index = small_index(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shown = ADDITIONS[addition](index, outside)
+    before, elsewhere = snapshot(index), snapshot(outside)
+    corpus = FIXTURES / "search" / "corpus.txt"
+    assert main(["index", "build", "minilm", str(corpus), str(index), "--overwrite", "--no-progress"]) == 2
+    assert shown in one_line_error(capsys)
+    assert main(["index", "remove", str(index), "1"]) == 2  # an update replaces the folder too: refused alike
+    assert shown in one_line_error(capsys)
+    assert snapshot(index) == before and snapshot(outside) == elsewhere
+
+
+@pytest.fixture(scope="module")
+def trained_model(tiny_bert, tmp_path_factory):
+    """A model saved by ``st-prompts train`` (once for this module; tests copy it)."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "data" / "train").mkdir(parents=True)
+    (root / "data" / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    shutil.copytree(FIXTURES / "senteval", root / "data" / "senteval")
+    assert main(train_argv(tiny_bert, root / "data", root / "model")) == 0
+    return root / "model", root / "data"
+
+
+@pytest.mark.parametrize("addition", ADDITIONS)
+def test_train_overwrite_refuses_anything_the_manifest_does_not_list(addition, trained_model, tiny_bert, tmp_path,
+                                                                     capsys, monkeypatch):
+    """Issue 37: a symlink to a folder, an empty folder, a nested folder (and the like) added to an st-prompts model
+    make ``train --overwrite`` refuse before training starts; nothing is deleted."""
+    from st_prompts.storage import save_model_folder
+    from st_prompts.training import pipeline, train_and_save
+
+    model, data = trained_model
+    folder = tmp_path / "model"
+    shutil.copytree(model, folder, symlinks=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shown = ADDITIONS[addition](folder, outside)
+    before, elsewhere = snapshot(folder), snapshot(outside)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started before the destination was checked")
+
+    monkeypatch.setattr(pipeline, "train", no_training)
+    assert main(train_argv(tiny_bert, data, folder, "--overwrite")) == 2
+    line = one_line_error(capsys)
+    assert shown in line and "did not write" in line
+    with pytest.raises(ConfigurationError, match="did not write"):
+        train_and_save("dcpcse", backbone=tiny_bert, data_dir=str(data), output=str(folder), overwrite=True,
+                       max_steps=1, batch_size=4, show_progress_bar=False)
+    with pytest.raises(ConfigurationError, match="did not write"):
+        save_model_folder(folder, lambda path: (path / "x.txt").write_text("x"), overwrite=True)
+    assert snapshot(folder) == before and snapshot(outside) == elsewhere
+
+
+def test_a_model_manifest_pointing_outside_its_folder_is_refused(trained_model, tmp_path):
+    from st_prompts.storage import check_model_destination
+
+    model, _ = trained_model
+    folder = tmp_path / "model"
+    shutil.copytree(model, folder)
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    manifest["files"].append("../elsewhere/thesis.tex")
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigurationError, match="outside the folder"):
+        check_model_destination(folder, overwrite=True)
+    # and a model is never mistaken for an index, nor an index for a model
+    index = small_index(tmp_path)
+    with pytest.raises(ConfigurationError, match="not a model"):
+        check_model_destination(index, overwrite=True)
+    with pytest.raises(ConfigurationError, match="not a semantic index"):
+        SemanticIndex.load(index).save(model, overwrite=True)
+
+
+# ---------------------------------------------------------------------------------------------- paths read from files
+@pytest.mark.parametrize("name", ["../outside.npy", "ABSOLUTE", "link.npy", "sub/../../outside.npy"])
+def test_vectors_file_of_meta_json_stays_inside_the_index(name, tmp_path, capsys):
+    index = small_index(tmp_path)
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros((10, 8), dtype=np.float16))
+    if name == "ABSOLUTE":
+        name = str(outside)
+    if name == "link.npy":
+        os.symlink(outside, index / name)
+    meta = json.loads((index / "meta.json").read_text())
+    meta["vectors"] = {"file": name, "dtype": "float16"}
+    (index / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFormatError, match="vectors.file"):
+        SemanticIndex.load(index)
+    for argv in (["index", "info", str(index)], ["index", "search", str(index), "q", "--mmap"]):
+        assert main(argv) == 2
+        assert "outside" in one_line_error(capsys) or "out of its folder" in capsys.readouterr().err
+
+
+def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
+    from st_prompts.modules.prompt_sets import read_prompt_set
+
+    folder = tmp_path / "source"
+    folder.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "modules.json").write_text(json.dumps(
+        [{"idx": 0, "name": "0", "path": "../elsewhere", "type": "st_prompts.PromptedTransformer"}]))
+    with pytest.raises(DataFormatError, match="out of its folder"):
+        read_prompt_set(str(folder))
+
+
+# ---------------------------------------------------------------------------------------------- non-finite numbers
+def _float_options():
+    """``(argv prefix, flag)`` of every float option of every command: each method's settings and the others."""
+    import dataclasses as dc
+
+    from st_prompts import methods
+    from st_prompts.commands.train import _field_type
+    from st_prompts.methods.base import cli_fields
+
+    out = []
+    for name in methods.names():
+        for f in cli_fields(methods.config(name).settings_class):
+            if _field_type(f).__name__ == "finite_float":
+                out.append((["train", name], "--" + f.name.replace("_", "-")))
+    assert any(flag == "--temperature" for _, flag in out) and dc
+    out += [(["bank", "train", "b", "s", "--data", "d.csv"], "--learning-rate"),
+            (["bank", "train", "b", "s", "--data", "d.csv"], "--epochs"),
+            (["index", "build", "minilm", "c.txt", "out"], "--target-recall"),
+            (["index", "calibrate", "out"], "--target-recall"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--temperature"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--top-p"),
+            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--repetition-penalty"),
+            (["plot", "align-uniform", "minilm"], "--positive-threshold"), (["demo"], "--lr")]
+    return out
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e999"])
+def test_every_float_option_refuses_non_finite_numbers_in_one_line(value, capsys):
+    from st_prompts.cli import build_parser
+
+    parser = build_parser()
+    for prefix, flag in _float_options():
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(prefix + [f"{flag}={value}"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not a finite number" in err[0] and flag in err[0], (prefix, flag, err)
+
+
+@pytest.mark.parametrize("option", ["learning_rate", "temperature", "warmup_ratio", "prefix_init_std", "mlm_weight"])
+def test_method_settings_refuse_non_finite_numbers(option):
+    from st_prompts import methods
+
+    for value in (float("inf"), float("nan"), float("-inf")):
+        with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
+            methods.config("dcpcse").settings(scale="cpu", **{option: value})
+
+
+def test_train_learning_rate_inf_is_refused_before_training(tiny_bert, data_dir, tmp_path, capsys, monkeypatch):
+    """Issue 37: ``train --learning-rate inf`` trained and saved a model of NaN embeddings, exit 0."""
+    from st_prompts.training import train_and_save
+
+    with pytest.raises(SystemExit) as exc:
+        main(train_argv(tiny_bert, data_dir, tmp_path / "m", "--learning-rate", "inf"))
+    assert exc.value.code == 2 and "not a finite number" in capsys.readouterr().err
+    with pytest.raises(ConfigurationError, match="learning_rate must be a finite number"):
+        train_and_save("dcpcse", backbone=tiny_bert, data_dir=str(data_dir), output=str(tmp_path / "m"),
+                       learning_rate=float("inf"), max_steps=1, batch_size=4, show_progress_bar=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_diverged_training_is_not_saved(trained_model, tiny_bert, tmp_path, capsys):
+    """A finite learning rate that still blows the weights up: the selection score is NaN, nothing is saved, and an
+    existing model stays as it was."""
+    model, data = trained_model
+    out = tmp_path / "m"
+    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert not out.exists()
+    shutil.copytree(model, out)
+    before = snapshot(out)
+    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30", "--overwrite")) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert snapshot(out) == before
+
+
+def test_non_finite_weights_or_score_are_never_saved(tiny_bert, tmp_path):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer
+    from st_prompts.errors import TrainingDivergedError
+    from st_prompts.training.pipeline import save_run
+    from st_prompts.training.run import TrainResult
+
+    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
+                                device="cpu")
+    result = TrainResult(steps=1, seconds=0.0, best_metric=0.5, best_step=1, log_history=[], trainable_parameters=1,
+                         total_parameters=1, settings={})
+    with pytest.raises(TrainingDivergedError, match="model-selection score is inf"):
+        save_run(model, TrainResult(**{**result.__dict__, "best_metric": float("inf")}), str(tmp_path / "a"))
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).fill_(float("nan"))
+    with pytest.raises(TrainingDivergedError, match="NaN or infinite"):
+        save_run(model, result, str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_model_selection_never_prefers_a_non_finite_score():
+    from st_prompts.training.run import KeepBestCallback
+
+    class Evaluator:
+        primary_metric = "spearman"
+
+    for values, best in (([float("nan"), 0.5, 0.4], 0.5), ([0.3, float("nan"), float("inf")], 0.3),
+                         ([float("-inf"), 0.1], 0.1)):
+        keep = KeepBestCallback(torch_module(), Evaluator())
+        for step, value in enumerate(values):
+            keep.consider(value, step)
+        assert keep.best == best
+    keep = KeepBestCallback(torch_module(), Evaluator())
+    keep.consider(float("nan"), 1)
+    assert keep.best != keep.best  # only NaN seen: recorded as such (and refused at saving)
+
+
+def torch_module():
+    import torch
+
+    return torch.nn.Linear(2, 2)
+
+
+def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, capsys):
+    from st_prompts.bank import create_bank, train_prompt_set
+
+    data = tmp_path / "pairs.csv"
+    data.write_text("sentence1,sentence2,score\n" + "".join(f"a man plays {i},a woman plays {i},{i % 5}\n"
+                                                           for i in range(8)))
+    bank = tmp_path / "bank"
+    argv = ["bank", "train", str(bank), "sts", "--data", str(data), "--max-steps", "2", "--batch-size", "4",
+            "--prefix-length", "2", "--no-progress", "--backbone", tiny_bert]
+    assert main(argv + ["--learning-rate", "1e38"]) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert not bank.exists()
+    model = create_bank(tiny_bert)
+    from sentence_transformers.losses import CoSENTLoss
+
+    for option in ("learning_rate", "epochs", "warmup_ratio"):
+        with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
+            train_prompt_set(model, "sts", None, CoSENTLoss(model), **{option: float("nan")})
+
+
+# ---------------------------------------------------------------------------------------------- no network, not cached
+@pytest.fixture
+def hub_backbone_checkpoint(tiny_bert, tmp_path):
+    """A prompts-only checkpoint whose backbone is a hub id that no cache holds."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer, save_prompts_only
+
+    folder = tmp_path / "prompts"
+    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
+                                device="cpu")
+    save_prompts_only(model, str(folder))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    config["backbone_name_or_path"] = "st-prompts-tests/not-cached-anywhere"
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    return folder
+
+
+TIMED_COMMANDS = """
+import json, sys, time
+import faiss, sentence_transformers, transformers  # imported first: the bound is on each command, not on imports
+from st_prompts.cli import main
+for argv in json.loads(sys.argv[1]):
+    start = time.monotonic()
+    code = main(argv)
+    sys.stderr.flush()
+    print(json.dumps([code, time.monotonic() - start]), flush=True)
+    print("--- end of command", file=sys.stderr, flush=True)
+"""
+
+
+def test_an_uncached_hub_backbone_without_network_fails_in_seconds_with_one_line(hub_backbone_checkpoint, tmp_path):
+    """Issue 37: without network and without HF_HUB_OFFLINE, 177 s and ~70 'Retrying...' lines before the error.
+    Simulated: an empty cache, HF_HUB_OFFLINE unset, the hub at a closed port (environment read at import, so a
+    process of its own)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"),
+               HF_ENDPOINT="http://127.0.0.1:9", TQDM_DISABLE="1")
+    senteval = ["--tasks", "STSBenchmark", "--senteval-dir", str(FIXTURES / "senteval")]
+    commands = [["index", "build", str(hub_backbone_checkpoint), str(FIXTURES / "search" / "corpus.txt"),
+                 str(tmp_path / "idx")],
+                ["evaluate", str(hub_backbone_checkpoint), *senteval],
+                ["evaluate", "st-prompts-tests/not-cached-anywhere", *senteval]]
+    result = subprocess.run([sys.executable, "-c", TIMED_COMMANDS, json.dumps(commands)], env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    outcomes = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    errors = result.stderr.strip().split("--- end of command")[:-1]
+    assert len(outcomes) == len(errors) == len(commands), result.stderr[-3000:]
+    for argv, (code, seconds), error in zip(commands, outcomes, errors):
+        lines = error.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (argv, error[-2000:])
+        assert "not-cached-anywhere" in lines[0] and "Hugging Face cache" in lines[0]
+        assert "cannot be reached" in lines[0]
+        assert seconds < 20, (argv, seconds)
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_an_uncached_hub_backbone_fails_in_one_line_through_the_command_line(offline, hub_backbone_checkpoint,
+                                                                             tmp_path, capsys, monkeypatch):
+    """The same in this process (the hub's settings patched), with HF_HUB_OFFLINE set (before: 10 s and a message of
+    two lines) and without."""
+    import time
+
+    from huggingface_hub import constants
+
+    from st_prompts import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "_probes", {})
+    start = time.monotonic()
+    assert main(["index", "build", str(hub_backbone_checkpoint), str(FIXTURES / "search" / "corpus.txt"),
+                 str(tmp_path / "idx")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("st-prompts index: error: "), lines
+    line = lines[0]
+    assert ("HF_HUB_OFFLINE is set" if offline else "cannot be reached") in line and "hf download" in line
+    assert time.monotonic() - start < 20
+
+
+def test_an_uncached_hub_backbone_is_refused_through_the_python_api(hub_backbone_checkpoint, tmp_path, monkeypatch):
+    import time
+
+    from huggingface_hub import constants
+
+    from st_prompts import hub
+    from st_prompts.errors import DataNotFoundError
+    from st_prompts.loading import load_sentence_model
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "_probes", {})
+    start = time.monotonic()
+    with pytest.raises(DataNotFoundError, match="cannot be reached") as exc:
+        load_sentence_model(str(hub_backbone_checkpoint))
+    assert "\n" not in str(exc.value) and "prompts-only checkpoint" in str(exc.value)
+    with pytest.raises(DataNotFoundError, match="cannot be reached"):
+        load_sentence_model("st-prompts-tests/not-cached-anywhere")
+    assert time.monotonic() - start < 20
+    # A cached model passes without any network access, and local paths and the packaged aliases are never checked.
+    snapshot = tmp_path / "empty-cache" / "models--st-prompts-tests--cached" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    hub.check_hub_model("st-prompts-tests/cached")
+    for name in ("smollm2", "minilm", str(tmp_path), "./relative/missing", "x.gguf"):
+        hub.check_hub_model(name)
+
+
+# ---------------------------------------------------------------------------------------------- one line, no traceback
+LATIN1 = "sentence1,sentence2,score\nthe café is open,a coffee shop,4.0\nthe dog,a cat,1.0\n".encode("latin-1")
+
+
+def test_bank_train_with_a_file_that_is_not_utf8_is_one_line(tiny_bert, tmp_path, capsys):
+    """Issue 37: ``bank train`` with a non-UTF-8 CSV ended in a UnicodeDecodeError traceback."""
+    from st_prompts.data.task_data import read_task_file
+
+    good = tmp_path / "good.csv"
+    good.write_text("sentence1,sentence2,score\na man plays,a woman plays,4.0\nthe dog,a cat,1.0\n")
+    for name, data in (("pairs.csv", LATIN1), ("pairs.tsv", LATIN1.replace(b",", b"\t")),
+                       ("pairs.jsonl", b'{"a": "ok", "b": "x", "score": 1}\n{"a": "caf\xe9", "b": "x", "score": 2}\n')):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DataFormatError, match="line 2: not UTF-8"):
+            read_task_file(path)
+        for argv in (["--data", str(path)], ["--data", str(good), "--dev", str(path)]):
+            assert main(["bank", "train", str(tmp_path / "bank"), "sts", *argv, "--backbone", tiny_bert]) == 2
+            assert f"{name}, line 2: not UTF-8" in one_line_error(capsys)
+    assert not (tmp_path / "bank").exists()
+
+
+def test_other_readers_refuse_files_that_are_not_utf8_in_one_line(tiny_bert, data_dir, tmp_path, capsys):
+    (data_dir / "train" / "wiki_sentences.txt").write_bytes(b"a fine line\ncaf\xe9 au lait\n")
+    assert main(train_argv(tiny_bert, data_dir, tmp_path / "m")) == 2
+    assert "wiki_sentences.txt, line 2: not UTF-8" in one_line_error(capsys)
+    texts = {"corpus.txt": b"one\ncaf\xe9\n", "corpus.csv": b"text\ncaf\xe9\n",
+             "corpus.jsonl": b'{"text": "fine"}\n{"text": "caf\xe9"}\n'}
+    vectors = np.random.default_rng(0).standard_normal((10, 384)).astype(np.float32)
+    SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
+    for name, data in texts.items():
+        (tmp_path / name).write_bytes(data)
+        for argv in (["index", "build", "minilm", str(tmp_path / name), str(tmp_path / "new")],
+                     ["index", "add", str(tmp_path / "idx"), str(tmp_path / name)],
+                     ["ski", "generate", "--llm", "smollm2", "--input", str(tmp_path / name), "--output",
+                      str(tmp_path / "ski.jsonl")]):
+            if argv[0] == "ski" and name != "corpus.txt":
+                continue
+            assert main(argv) == 2, argv
+            line = one_line_error(capsys)
+            assert f"{name}, line 2: not UTF-8" in line, (argv, line)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "ski.jsonl").exists()
+
+
+def test_an_output_below_a_file_is_one_line(tiny_bert, data_dir, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    assert main(train_argv(tiny_bert, data_dir, tmp_path / "a-file" / "model")) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+    assert main(["bank", "create", str(tmp_path / "a-file" / "sub" / "bank"), "--backbone", tiny_bert]) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+ESCAPE = "\x1b[2J\x1b[31m"
+
+
+def test_control_characters_of_user_text_never_reach_the_terminal(minilm, tmp_path, capsys):
+    """Issue 37: messages carried the ANSI escape codes of file names and file contents."""
+    import logging
+
+    from st_prompts.cli import configure_output
+    from st_prompts.errors import printable
+
+    missing = tmp_path / f"{ESCAPE}corpus\u202e.txt"
+    assert main(["index", "build", "minilm", str(missing), str(tmp_path / "out")]) == 2
+    line = one_line_error(capsys)
+    assert "\x1b" not in line and "\u202e" not in line and "\\x1b[2J\\x1b[31mcorpus\\u202e.txt" in line
+    with pytest.raises(SystemExit):  # argparse's own errors too
+        main(["index", "build", "minilm", "c.txt", "out", "--index-type", f"flat{ESCAPE}"])
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and len(err.strip().splitlines()) == 1
+    configure_output()
+    logging.getLogger("st_prompts.test").info("read %s\nline two", f"{ESCAPE}file")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2J" in err and "\nline two" in err
+    # a document's text (file content) in the ranked list of 'index search'
+    SemanticIndex.build(minilm, ["a dog runs in the park", f"{ESCAPE}evil\u202edocument"], model_name="minilm",
+                        show_progress_bar=False).save(tmp_path / "idx")
+    assert main(["index", "search", str(tmp_path / "idx"), f"dog{ESCAPE}", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\\x1b[2J\\x1b[31mevil\\u202edocument" in out
+    assert printable("tab\tnew\nline\r") == "tab\\tnew\\nline\\r"
+    assert printable("tab\tnew\nline", one_line=False) == "tab\tnew\nline"

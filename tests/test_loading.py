@@ -127,6 +127,7 @@ def test_hub_ids_are_read_through_hf_hub_download(tmp_path, monkeypatch):
         raise EntryNotFoundError(f"{filename} not in {repo_id}")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached)
+    monkeypatch.setattr("st_prompts.hub.is_cached", lambda repo_id: True)  # as hf_hub_download answers from a cache
     assert should_trust_remote_code("some-org/some-model", revision="v1") is True
     assert asked[0] == ("some-org/some-model", "modules.json", {"revision": "v1"})
 

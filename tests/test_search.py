@@ -121,7 +121,8 @@ def listing(folder):
 def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_path):
     before = corpus_index.search(QUERIES, k=6)
     corpus_index.save(tmp_path / "idx")
-    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "docs.offsets.npy", "index.faiss", "meta.json", "probe.npy"]
+    assert sorted(os.listdir(tmp_path / "idx")) == ["docs.jsonl", "docs.offsets.npy", "index.faiss", "meta.json",
+                                                 "probe.npy", "st_prompts_save.json"]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["model"]["name"] == "minilm"
     assert meta["model"]["dimension"] == meta["dimension"] == 384
@@ -183,7 +184,7 @@ def test_save_replaces_an_index_atomically_and_cleans_up_on_failure(corpus_index
     other = tmp_path / "not-an-index"
     other.mkdir()
     (other / "precious.txt").write_text("keep me")
-    with pytest.raises(ConfigurationError, match="not part of a semantic index"):
+    with pytest.raises(ConfigurationError, match="not a semantic index saved by st-prompts"):
         corpus_index.save(other)
     assert (other / "precious.txt").read_text() == "keep me"
 

@@ -18,7 +18,12 @@ import json
 import logging
 import os
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
+from st_prompts.commands.options import (
+    add_no_progress_argument,
+    add_trust_remote_code_argument,
+    finite_float,
+    show_progress,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +56,9 @@ def add_parser(subparsers) -> None:
     train.add_argument("--data-dir", help="folder with senteval/ (STS-B dev selects the best weights)")
     train.add_argument("--senteval-dir", help="SentEval folder (STS-B dev selects the best weights)")
     train.add_argument("--prefix-length", type=int, default=16, help="prefix positions of a new set (default: 16)")
-    train.add_argument("--learning-rate", "--lr", type=float, default=1e-2, help="peak learning rate (default 1e-2)")
-    train.add_argument("--epochs", type=float, default=1.0, help="training epochs (default 1)")
+    train.add_argument("--learning-rate", "--lr", type=finite_float, default=1e-2,
+                       help="peak learning rate (default 1e-2)")
+    train.add_argument("--epochs", type=finite_float, default=1.0, help="training epochs (default 1)")
     train.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     train.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (-1: the epochs)")
     train.add_argument("--eval-steps", type=int, help="evaluate every this many steps (default: a tenth of the run)")
@@ -108,6 +114,9 @@ def _load(path: str, trust_remote_code):
 
 def _save(model, path: str, overwrite: bool = True) -> None:
     from st_prompts.storage import save_model_folder
+    from st_prompts.training.run import check_finite_training
+
+    check_finite_training(model, None)  # never save NaN or infinite prompts (a diverged set, or one added)
 
     save_model_folder(path, lambda folder: model.save(str(folder)), overwrite=overwrite, kind="prompt bank")
 
@@ -194,6 +203,7 @@ def run_train(args: argparse.Namespace) -> int:
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
     from st_prompts.errors import ConfigurationError
     from st_prompts.storage import check_model_destination, folder_lock
+    from st_prompts.training.run import check_finite_training
 
     data = read_task_file(args.data, limit=args.limit)
     loss_name = args.loss or KINDS[data.kind]
@@ -203,6 +213,7 @@ def run_train(args: argparse.Namespace) -> int:
     with folder_lock(args.bank):
         exists = os.path.isdir(args.bank) and bool(os.listdir(args.bank))
         if exists:
+            check_model_destination(args.bank, overwrite=True)  # replaceable? Asked before training, not after
             model = _load(args.bank, args.trust_remote_code)
         else:
             check_model_destination(args.bank, overwrite=False)
@@ -219,6 +230,7 @@ def run_train(args: argparse.Namespace) -> int:
             max_steps=args.max_steps, eval_steps=args.eval_steps, seed=args.seed,
             show_progress_bar=show_progress(args), prefix_length=args.prefix_length,
         )
+        check_finite_training(model, result.best_metric)
         _save(model, args.bank)
     summary = _summary(model, args.bank)
     summary["trained"] = {"name": args.name, "loss": loss_name, "data": data.kind, "rows": len(data.dataset),

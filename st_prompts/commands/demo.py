@@ -6,6 +6,8 @@ import argparse
 import logging
 import time
 
+from st_prompts.commands.options import finite_float
+
 logger = logging.getLogger(__name__)
 
 
@@ -18,7 +20,7 @@ def add_parser(subparsers) -> None:
         "triplets); prints each task's score beside the shipped model's, each set's size, and checks that one "
         "encode call with a task per row gives every row its own task's embedding; saves the bank.",
     )
-    parser.add_argument("--lr", type=float, default=1e-1, dest="learning_rate",
+    parser.add_argument("--lr", type=finite_float, default=1e-1, dest="learning_rate",
                         help="learning rate of both sets (default 1e-1)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--output", default="st-prompts-demo", help="where to save the bank")

@@ -34,8 +34,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
+from st_prompts.commands.options import (
+    add_no_progress_argument,
+    add_trust_remote_code_argument,
+    finite_float,
+    show_progress,
+)
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError, printable
 
 _TEXT_WIDTH = 200
 
@@ -88,7 +93,7 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--opq", action="store_true", default=None, help="IVF-PQ: learn an OPQ rotation first")
     build.add_argument("--rerank", type=int, default=None,
                        help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 200; 0 = off)")
-    build.add_argument("--target-recall", type=float, default=None,
+    build.add_argument("--target-recall", type=finite_float, default=None,
                        help="approximate indexes: calibrate nprobe / ef_search to the smallest value reaching this "
                        "recall@10 against exact search (default: 0.95, unless --nprobe / --ef-search is given)")
     build.add_argument("--no-calibration", action="store_true",
@@ -174,7 +179,8 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
         "against exact search reaches --target-recall, on perturbed held-out documents or --queries; saved atomically.",
     )  # fmt: skip
     calibrate.add_argument("index", metavar="OUT", type=Path, help="index directory")
-    calibrate.add_argument("--target-recall", type=float, default=0.95, help="recall@10 to reach (default: 0.95)")
+    calibrate.add_argument("--target-recall", type=finite_float, default=0.95,
+                           help="recall@10 to reach (default: 0.95)")
     calibrate.add_argument("--queries", type=Path, default=None, metavar="FILE",
                            help="text file of queries, one per line (default: perturbed held-out documents)")
     calibrate.add_argument("--model", default=None, help="model to encode with (default: the index's)")
@@ -208,7 +214,7 @@ def _warnings_as_messages() -> Iterator[None]:
                 message = str(warning.message)
                 if issubclass(warning.category, UserWarning) and message not in seen:
                     seen.add(message)
-                    print(f"st-prompts index: warning: {message}", file=sys.stderr)
+                    print(f"st-prompts index: warning: {printable(message)}", file=sys.stderr)
 
 
 def _recorded_model_name(name: str) -> str:
@@ -342,13 +348,13 @@ def run_search(args: argparse.Namespace) -> int:
     for number, (query, hits) in enumerate(zip(args.queries, results)):
         if number:
             print()
-        print(f"Query: {query}")
+        print(f"Query: {printable(query)}")
         if not hits:
             print("  (no hits)")
         id_width = max(len(str(hit.id)) for hit in hits) if hits else 0
         for rank, hit in enumerate(hits, start=1):
             text = hit.text if len(hit.text) <= _TEXT_WIDTH else hit.text[: _TEXT_WIDTH - 1] + "…"
-            print(f"  {rank:>2}. {hit.score:.4f}  [{str(hit.id):>{id_width}}]  {text}")
+            print(f"  {rank:>2}. {hit.score:.4f}  [{printable(hit.id):>{id_width}}]  {printable(text)}")
     return 0
 
 

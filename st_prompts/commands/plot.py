@@ -24,7 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
+from st_prompts.commands.options import (
+    add_no_progress_argument,
+    add_trust_remote_code_argument,
+    finite_float,
+    show_progress,
+)
 from st_prompts.errors import ConfigurationError, DataNotFoundError
 
 #: Tasks that have a dev split; the others (STS12-16) only have ``test``.
@@ -77,7 +82,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     common(au)
     au.add_argument(
-        "--positive-threshold", type=float, default=4.0, help="gold score from which a pair is positive (default: 4)"
+        "--positive-threshold", type=finite_float, default=4.0,
+        help="gold score from which a pair is positive (default: 4)",
     )
     au.set_defaults(func=run_align_uniform)
 

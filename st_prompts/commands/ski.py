@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 
-from st_prompts.commands.options import show_progress
+from st_prompts.commands.options import finite_float, show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,9 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--max-sentences", type=int, help="keep at most this many sentences of an answer (default: "
                      f"{d['max_sentences']}, as the paper's prompt asks)")
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    gen.add_argument("--temperature", type=float, help=f"sampling temperature (default: {d['temperature']})")
-    gen.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
-    gen.add_argument("--repetition-penalty", type=float,
+    gen.add_argument("--temperature", type=finite_float, help=f"sampling temperature (default: {d['temperature']})")
+    gen.add_argument("--top-p", type=finite_float, help=f"nucleus sampling (default: {d['top_p']})")
+    gen.add_argument("--repetition-penalty", type=finite_float,
                      help=f"repetition penalty (default: {d['repetition_penalty']})")
     gen.add_argument("--seed", type=int, help=f"sampling seed (default: {d['seed']})")
     gen.add_argument("--dtype", choices=("float32", "bfloat16"),

@@ -14,12 +14,12 @@ import logging
 from typing import Any
 
 from st_prompts import methods
-from st_prompts.commands.options import show_progress
+from st_prompts.commands.options import finite_float, show_progress
 from st_prompts.methods.base import SCALES, cli_fields
 
 logger = logging.getLogger(__name__)
 
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+_TYPES = {"int": int, "float": finite_float, "str": str, "bool": bool}
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -27,7 +27,8 @@ def _field_type(f: dataclasses.Field) -> type:
     for part in str(annotation).replace(" ", "").split("|"):
         if part in _TYPES:
             return _TYPES[part]
-    return type(f.default) if f.default is not None else str
+    kind = type(f.default) if f.default is not None else str
+    return finite_float if kind is float else kind
 
 
 def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfig | None = None) -> None:

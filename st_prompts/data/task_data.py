@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datasets import Dataset
 
 from st_prompts.errors import DataFormatError, DataNotFoundError
+from st_prompts.utils import check_utf8
 
 #: The data shapes and the loss each trains with by default.
 KINDS = {"scored-pairs": "cosent", "triplets": "mnrl", "pairs": "mnrl", "sentences": "dcpcse"}
@@ -40,13 +41,15 @@ def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskDat
 
     Raises:
         DataNotFoundError: no such file.
-        DataFormatError: an unknown extension, an empty file, a row with another number of fields than the header,
+        DataFormatError: an unknown extension, a file that is not UTF-8, an empty file, a row with another number of
+            fields than the header,
             a score that is not a number, or a shape none of the losses takes (with the line number where it applies).
     """
     path = str(path)
     if not os.path.isfile(path):
         raise DataNotFoundError(f"No training file at {path!r}.")
     extension = os.path.splitext(path)[1].lower()
+    check_utf8(path)  # one line naming the line, not a UnicodeDecodeError traceback
     if extension in (".csv", ".tsv"):
         columns, rows = _read_delimited(path, "\t" if extension == ".tsv" else ",")
     elif extension in (".jsonl", ".json"):

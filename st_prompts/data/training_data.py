@@ -13,6 +13,7 @@ import huggingface_hub
 from datasets import Dataset
 
 from st_prompts.errors import DataFormatError, DataNotFoundError
+from st_prompts.utils import check_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,11 @@ NLI_FILE = "nli_for_simcse.csv"
 
 
 def _existing(path: str | Path) -> Path:
+    """``path`` if it is a UTF-8 text file (:func:`st_prompts.utils.check_utf8`), else a one-line error."""
     path = Path(path)
     if not path.is_file():
         raise DataNotFoundError(f"Training file not found: {path}")
+    check_utf8(path)
     return path
 
 

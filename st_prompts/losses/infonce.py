@@ -18,6 +18,7 @@ from st_prompts.losses.views import apply_prefix_views, check_prefix_views
 from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.features import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.prompts.features import DENOISING_POSITIONS, TEMPLATE_DENOISING
+from st_prompts.utils import check_finite
 
 #: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
 _MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -85,6 +86,7 @@ class PromptContrastiveLoss(nn.Module):
         template_denoising: bool | str = False,
     ) -> None:
         super().__init__()
+        check_finite(scale=scale, mlm_weight=mlm_weight, mlm_decay=mlm_decay, mlm_probability=mlm_probability)
         self.model = model
         if isinstance(template_denoising, str) and template_denoising not in DENOISING_POSITIONS:
             raise ConfigurationError(f"template_denoising must be a bool or one of {', '.join(DENOISING_POSITIONS)}, "

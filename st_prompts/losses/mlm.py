@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import torch
 from safetensors import safe_open
@@ -22,6 +23,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForMaskedLM, DataCollatorForLanguageModeling
 from transformers.utils import cached_file
 
+from st_prompts.storage import contained_path
 from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ def _checkpoint_tensors(source: str, prefixes: tuple[str, ...], pickles: bool = 
     elif (index := find("model.safetensors.index.json")) is not None:
         with open(index) as f:
             shards = sorted({shard for key, shard in json.load(f)["weight_map"].items() if key.startswith(prefixes)})
+        for shard in shards:  # file names read from a file: they stay in the model's folder
+            contained_path(os.path.dirname(index), shard, index)
         files = [p for p in (find(s) for s in shards) if p is not None]
     tensors: dict[str, torch.Tensor] = {}
     for path in files:

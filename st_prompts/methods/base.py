@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.utils import check_finite
 
 #: ``--scale`` values: ``paper`` (hub backbone, the paper's hyperparameters), ``cpu`` (packaged MiniLM, minutes).
 SCALES = ("paper", "cpu")
@@ -71,6 +72,9 @@ class TrainSettings:
                                      "before anything of it runs. Only for backbones whose code you trust")
 
     def __post_init__(self) -> None:
+        # Every number of every method's settings (learning rates, temperatures, weights, ratios, ...): NaN and
+        # infinities are refused before anything else reads them.
+        check_finite(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.batch_size < 2:
             raise ConfigurationError("In-batch negatives need batch_size >= 2.")
         if self.max_steps != -1 and self.max_steps < 1:

@@ -16,6 +16,7 @@ from transformers import AutoModel
 
 from st_prompts import utils
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.hub import check_hub_model
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +77,10 @@ def is_local_reference(reference: str) -> bool:
 
 
 def resolve_quietly(name_or_path: str) -> str:
-    """Resolve a packaged-model alias if the package is there; otherwise keep the name (used for references only)."""
+    """Resolve a packaged-model alias if the package is there; otherwise keep the name (used for references only: no
+    hub access)."""
     try:
-        return utils.resolve_model_name(name_or_path)
+        return utils.resolve_alias(name_or_path)
     except DataNotFoundError:
         return name_or_path
 
@@ -265,6 +267,8 @@ class PromptsCheckpointMixin:
                             "trust_remote_code": trust_remote_code}
             init = {k: v for k, v in config.items() if k in cls.config_keys}
             init["backbone_name_or_path"] = source
+            # A hub backbone that is neither cached nor reachable: one line in seconds, not minutes of retries.
+            check_hub_model(source, what="backbone", needed_by=f"the prompts-only checkpoint {model_name_or_path!r}")
             try:
                 module = cls(
                     source,
@@ -275,9 +279,10 @@ class PromptsCheckpointMixin:
                     backend=backend,
                 )
             except OSError as exc:
+                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise DataNotFoundError(
                     f"The prompts-only checkpoint {model_name_or_path!r} needs its backbone {source!r}, which could not "
-                    f"be loaded ({exc}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
+                    f"be loaded ({first_line}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
                 ) from exc
             check_fingerprint(expected, module.auto_model, model_name_or_path, source)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.prompts.templates import TEMPLATE_MODES
+from st_prompts.utils import check_finite
 
 #: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
 #: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.
@@ -12,6 +13,7 @@ MIN_TEXT_TOKENS = 8
 
 def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
                              prefix_init_std=None, bank: bool = False) -> None:
+    check_finite(prefix_dropout=prefix_dropout, prefix_init_std=prefix_init_std)
     if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
         raise ConfigurationError(
             f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."

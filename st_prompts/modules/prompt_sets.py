@@ -24,6 +24,7 @@ from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
 from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
 from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
+from st_prompts.storage import contained_path
 
 #: The task name that selects the plain backbone (no prefix), in a call or for one row.
 BACKBONE_TASK = "backbone"
@@ -428,9 +429,9 @@ def _prompted_module_folder(path: str) -> str:
         entries = json.loads(open(modules, encoding="utf-8").read())
     except ValueError as exc:
         raise DataFormatError(f"{modules} is damaged: {exc}") from exc
-    for entry in entries:
-        if str(entry.get("type", "")).endswith("PromptedTransformer"):
-            return os.path.join(path, entry.get("path", ""))
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and str(entry.get("type", "")).endswith("PromptedTransformer"):
+            return str(contained_path(path, entry["path"], modules)) if entry.get("path") else path
     raise ConfigurationError(f"{path!r} holds no PromptedTransformer: nothing to add as a prompt set.")
 
 

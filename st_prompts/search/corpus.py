@@ -19,6 +19,7 @@ import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search._warnings import warn_at_caller
+from st_prompts.utils import check_utf8
 
 #: Files read with ``datasets`` (by suffix); any other file is a text file with one document per line.
 DATASET_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -156,13 +157,19 @@ def _read_text_file(path: Path, encoding: str) -> list[str]:
         with path.open(encoding=encoding, newline=None) as handle:
             return [line.rstrip("\n").strip() for line in handle]
     except UnicodeDecodeError as exc:
-        raise DataFormatError(f"{path} is not a {encoding} text file: {exc}") from exc
+        if encoding.replace("-", "").lower() == "utf8":
+            check_utf8(path)  # names the line
+        raise DataFormatError(f"{path} is not a {encoding} text file ({exc.reason})") from exc
 
 
 def _load_dataset_file(path: Path) -> Any:
     """Load a .jsonl/.json/.csv/.parquet file as a :class:`datasets.Dataset`."""
     if not path.exists():
         raise DataNotFoundError(f"corpus file not found: {path}")
+    if path.is_dir():
+        raise DataFormatError(f"corpus must be a dataset file, got a directory: {path}")
+    if path.suffix.lower() != ".parquet":
+        check_utf8(path)  # datasets would log errors and fail with a traceback (JSON lines) or several lines (CSV)
     loader = {
         "json": datasets.Dataset.from_json,
         "csv": datasets.Dataset.from_csv,

@@ -108,19 +108,24 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         ``vectors.npy`` for an IVF-PQ index).
 
         The files are written into a hidden folder next to the target, which is then renamed into place, so an
-        interrupted save never leaves a half-written index (see :mod:`st_prompts.search.store`). An existing index at
-        ``directory`` is replaced (unless ``overwrite=False``); a folder holding anything but an index's own files is
-        never touched. Saving back to the folder this index was loaded from is refused if another process saved it
-        meanwhile (its update would be lost): use :meth:`update` to load, change and save under the index's lock.
+        interrupted save never leaves a half-written index (see :mod:`st_prompts.search.store`). The folder gets a
+        manifest (``st_prompts_save.json``) listing every file written: the proof that st-prompts wrote it. An existing
+        index at ``directory`` is replaced (unless ``overwrite=False``) only if its manifest lists everything in it; a
+        folder holding anything else, or without the proof, is never touched (an index saved by an older st-prompts,
+        without the proof, is replaced only when saved back to the folder it was loaded from, e.g. by :meth:`update`).
+        Saving back to the folder this index was loaded from is refused if another process saved it meanwhile (its
+        update would be lost): use :meth:`update` to load, change and save under the index's lock.
         """
         stored = StoredIndex(
             self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
             self.vectors,
         )  # fmt: skip
         expected = None
-        if self._saved_as is not None and self._saved_as[0] == os.path.realpath(directory):
+        updating = self._saved_as is not None and self._saved_as[0] == os.path.realpath(directory)
+        if updating:
             expected = self._saved_as[1]
-        target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected)
+        target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected,
+                                         updating=updating)
         self._saved_as = (os.path.realpath(target), save_id)
         logger.info("saved %s index of %d documents to %s", self.index_type, len(self), target)
 

@@ -10,7 +10,10 @@ Safety (see :mod:`st_prompts.storage`):
 
 * the files are written into a hidden folder beside the target, which is then renamed into place, so an interrupted
   save never leaves a half-written index, and the next save removes what an interrupted one left;
-* an existing folder is replaced only if it holds nothing but an index's own files (:func:`index_folder_problem`);
+* a save writes a manifest (``st_prompts_save.json``, the proof that st-prompts wrote the folder, listing every file);
+  an existing folder is replaced only if its manifest lists everything in it (:func:`index_folder_problem`; an index
+  saved before the proof existed is replaced by an update of that index, which adds the proof);
+* a file name ``meta.json`` gives (``vectors.file``) must stay inside the folder;
 * writers of one index take turns (a lock file beside it), and every save gets a new ``save_id`` in ``meta.json``, so
   that an update made on a stale copy is refused (:class:`~st_prompts.search.SemanticIndex`);
 * readers need no lock: :func:`load_index_dir` reads every file and checks that the folder it read is still the
@@ -37,12 +40,17 @@ from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundE
 from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, code_bytes_per_vector, factory_string
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import (
+    INDEX_KIND,
+    MANIFEST_FILE,
     STAGING_MARKER,
     check_destination,
     check_replaceable,
+    contained_path,
     folder_lock,
     interrupted_save_hint,
+    manifest_problem,
     replace_folder,
+    write_manifest,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +66,7 @@ META_FILE = "meta.json"
 PROBE_FILE = "probe.npy"
 VECTORS_FILE = "vectors.npy"
 OFFSETS_FILE = "docs.offsets.npy"
-#: Every file an index folder may hold: a folder holding anything else is never replaced.
+#: Every file an index saved without a manifest (by an older st-prompts) may hold (see :func:`index_folder_problem`).
 INDEX_FILES = frozenset({INDEX_FILE, DOCS_FILE, META_FILE, PROBE_FILE, VECTORS_FILE, OFFSETS_FILE})
 #: How long a reader retries while a save replaces the index under it.
 _READ_RETRY_SECONDS = 5.0
@@ -133,16 +141,39 @@ def _bytes_per_vector(stored: StoredIndex) -> dict[str, Any]:
     return out
 
 
-def index_folder_problem(folder: str | os.PathLike) -> str | None:
-    """``None`` if ``folder`` holds nothing but a semantic index's own files; else why it may not be replaced."""
+def index_folder_problem(folder: str | os.PathLike, *, legacy: bool = False) -> str | None:
+    """``None`` if ``folder`` is a semantic index st-prompts wrote and holds nothing else; else why it may not be
+    replaced.
+
+    The proof is the index's manifest (:data:`~st_prompts.storage.MANIFEST_FILE`, kind
+    :data:`~st_prompts.storage.INDEX_KIND`), which lists every file the save wrote: a folder holding anything it does
+    not list (a file, a folder, a symbolic link) is refused. Indexes saved before st-prompts wrote that proof have
+    none: with ``legacy`` (an update saving back to the folder it loaded the index from), such a folder passes when it
+    holds nothing but an index's own files and a ``meta.json`` that describes an index; the save then adds the proof.
+    """
     folder = Path(folder)
-    extra = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
-                   if entry.name not in INDEX_FILES | {STAGING_MARKER} or not entry.is_file())
+    if legacy and not os.path.lexists(folder / MANIFEST_FILE):
+        return _legacy_index_problem(folder)
+    reason = manifest_problem(folder, index=True)
+    if reason is not None and not os.path.lexists(folder / MANIFEST_FILE) and _legacy_index_problem(folder) is None:
+        return (f"it has no {MANIFEST_FILE}, the proof that st-prompts wrote it (indexes saved by an older st-prompts "
+                "get one at their next 'st-prompts index add', 'remove' or 'calibrate'; if it is such an index and "
+                "you want it rebuilt, delete it yourself)")
+    return reason
+
+
+def _legacy_index_problem(folder: Path) -> str | None:
+    """The ownership rule of indexes saved without a manifest (see :func:`index_folder_problem`)."""
+    extra = sorted(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else "")
+                   for entry in folder.iterdir()
+                   if entry.name not in INDEX_FILES | {STAGING_MARKER} or entry.is_symlink() or not entry.is_file())
     if extra:
         shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
         return f"it holds files that are not part of a semantic index ({shown})"
-    if not (folder / META_FILE).is_file():
-        return f"it is not a semantic index (no {META_FILE})"
+    try:
+        read_meta(folder)
+    except (OSError, DataFormatError):
+        return f"it is not a semantic index (no {META_FILE} describing one)"
     return None
 
 
@@ -153,12 +184,16 @@ def check_index_destination(directory: str | os.PathLike, overwrite: bool) -> No
 
 
 def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True,
-                   expected_save_id: str | None = None) -> tuple[Path, str]:
+                   expected_save_id: str | None = None, updating: bool = False) -> tuple[Path, str]:
     """Write ``stored`` to ``directory`` atomically; return the directory and the new ``save_id``.
 
-    An existing index at ``directory`` is replaced (unless ``overwrite=False``); a folder holding anything but an
-    index's own files is never touched (:class:`ConfigurationError`). With ``expected_save_id``, the index on disk
-    must still be that save (nobody else updated it since it was read), else :class:`ConfigurationError`.
+    An existing index at ``directory`` is replaced (unless ``overwrite=False``) when st-prompts wrote it: its
+    manifest (:data:`~st_prompts.storage.MANIFEST_FILE`) lists every file in it; a folder holding anything else, or
+    without that proof, is never touched (:class:`ConfigurationError`). ``updating``: ``stored`` was loaded from
+    ``directory`` (an update), so an index saved before st-prompts wrote the proof is replaced too, and gets it. With
+    ``expected_save_id``, the index on disk must still be that save (nobody else updated it since it was read), else
+    :class:`ConfigurationError`. Every save writes the manifest anew from the files it wrote, so it stays exact
+    through updates.
     """
     save_id = uuid.uuid4().hex
 
@@ -181,17 +216,22 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
         with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
             json.dump(make_meta(stored, save_id), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
+        write_manifest(tmp, INDEX_KIND)  # the proof that st-prompts wrote it, listing every file written above
+
+    def ownership(folder: Path) -> str | None:
+        return index_folder_problem(folder, legacy=updating)
 
     target = Path(directory)
     with folder_lock(check_destination(target)):
-        check_index_destination(target, overwrite)
+        check_replaceable(check_destination(target), ownership, overwrite, "an index",
+                          "pass overwrite=True / --overwrite to replace it")
         if expected_save_id is not None and (target / META_FILE).is_file():
             if _read_save_id(target) != expected_save_id:
                 raise ConfigurationError(
                     f"the index at {directory} was changed by another process since it was loaded; load it again "
                     "and redo the update (SemanticIndex.update() holds the index's lock from load to save)"
                 )
-        replace_folder(target, write, ownership=index_folder_problem, overwrite=overwrite, what="an index",
+        replace_folder(target, write, ownership=ownership, overwrite=overwrite, what="an index",
                        overwrite_hint="pass overwrite=True / --overwrite to replace it", lock=False)
     return target, save_id
 
@@ -315,7 +355,10 @@ def _read_index(root: Path, mmap: bool) -> StoredIndex:
         apply_search_params(faiss_index, index_type, params)
     vectors = None
     if meta.get("vectors"):
-        path = root / meta["vectors"].get("file", VECTORS_FILE)
+        record = meta["vectors"]
+        if not isinstance(record, dict):
+            raise DataFormatError(f"{root / META_FILE}: bad vectors record {record!r}")
+        path = contained_path(root, record.get("file", VECTORS_FILE), f"{root / META_FILE} (vectors.file)")
         if not path.is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {path.name} is missing")
         vectors = _load_array(path, mmap=mmap)
@@ -392,7 +435,11 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise DataFormatError(f"{root / META_FILE} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataFormatError(f"{root / META_FILE} does not describe a st-prompts semantic index")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+    try:
+        version = int(meta.get("format_version", 0))
+    except (TypeError, ValueError):
+        raise DataFormatError(f"{root / META_FILE}: bad format_version {meta.get('format_version')!r}") from None
+    if version > FORMAT_VERSION:
         raise DataFormatError(
             f"{root} was written by a newer st-prompts (format {meta['format_version']} > {FORMAT_VERSION})"
         )

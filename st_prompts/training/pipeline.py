@@ -26,7 +26,7 @@ from st_prompts.errors import ConfigurationError
 from st_prompts.evaluation.sts import stsb_dev_evaluator
 from st_prompts.modules import save_prompts_only
 from st_prompts.storage import check_model_destination, save_model_folder
-from st_prompts.training.run import train
+from st_prompts.training.run import check_finite_training, train
 from st_prompts.utils import is_main_process
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
     """
     if not is_main_process():
         return  # under torchrun every process holds the same model: only rank 0 writes it
+    check_finite_training(model, result.best_metric)  # a diverged run is refused, the destination left as it was
 
     def write_full(path: Path) -> None:
         model.save(str(path))

@@ -49,6 +49,7 @@ from st_prompts.losses.crtd.corruption import crtd_labels, prepare_corruptions
 from st_prompts.losses.infonce import distributed_training
 from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.features import CLS_OVERRIDE
+from st_prompts.utils import check_finite
 
 #: Inputs of a column the corrupted pass reuses (the rest of a features dict are the model's outputs).
 _INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -133,6 +134,7 @@ class CRTDLoss(nn.Module):
         corruptions=None,
     ) -> None:
         super().__init__()
+        check_finite(scale=scale, crtd_weight=crtd_weight, masking_ratio=masking_ratio)
         encoder = model[0]
         if not isinstance(encoder, PromptedTransformer):
             raise ConfigurationError("CRTDLoss needs a PromptedTransformer as the model's first module.")

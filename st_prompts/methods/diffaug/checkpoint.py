@@ -37,6 +37,9 @@ def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
 
     Written atomically; an earlier stage-1 checkpoint of st-prompts at ``path`` is replaced (the training pipeline
     checks ``path`` with the run's ``--overwrite`` before training), any other folder is refused."""
+    from st_prompts.training.run import check_finite_training  # (here: the training module imports the methods)
+
+    check_finite_training(model, None)  # a diverged stage 1 is not saved (nor continued)
     encoder = model[0]
     classifier = run_state(model).get("nli_loss")
     mlp = training_mlp(model, settings)

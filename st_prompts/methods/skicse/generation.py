@@ -81,6 +81,7 @@ class GenerationSettings:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        utils.check_finite(**self.to_dict())
         if self.max_new_tokens < 1:
             raise ConfigurationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.max_sentences < 1:

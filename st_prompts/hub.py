@@ -1,0 +1,128 @@
+"""Whether a model named by a Hugging Face hub id can be loaded here, decided in seconds.
+
+Without network and without ``HF_HUB_OFFLINE``, huggingface_hub retries every file of a model that is not cached
+five times with growing pauses (minutes and dozens of "Retrying..." lines for one model), and transformers' final
+error spans several lines. :func:`check_hub_model` decides first: a model in the local cache passes without any
+network access; otherwise one request with a short timeout (:data:`PROBE_TIMEOUT`) says whether the hub can be
+reached, and if it cannot (or ``HF_HUB_OFFLINE`` is set) the model is refused with one line saying how to fix it.
+Every model name st_prompts loads goes through it (:func:`st_prompts.utils.resolve_model_name`).
+
+Only this check is light: huggingface_hub is imported when a name looks like a hub id.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from st_prompts.errors import DataNotFoundError
+
+__all__ = ["PROBE_TIMEOUT", "check_hub_model", "is_cached", "is_hub_id"]
+
+#: Seconds the one request that tells whether the hub can be reached may take.
+PROBE_TIMEOUT = 5.0
+#: How long a failed probe is remembered (a reachable hub is remembered for the process).
+_FAILURE_MEMORY_SECONDS = 30.0
+_probes: dict[str, tuple[float, str | None]] = {}
+_lock = threading.Lock()
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` is a hub repository id (``org/name`` or ``name``), not a local path or file, nor an alias of
+    a packaged model (``minilm``, ``smollm2``)."""
+    from st_prompts.utils import PACKAGED_GGUF_ALIASES, PACKAGED_MINILM_ALIASES
+
+    name = str(name)
+    if not name or os.path.exists(name) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        return False
+    if name in PACKAGED_MINILM_ALIASES or name in PACKAGED_GGUF_ALIASES:
+        return False
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _cache_folders() -> list[Path]:
+    from huggingface_hub import constants
+
+    folders = [Path(constants.HF_HUB_CACHE)]
+    if os.environ.get("SENTENCE_TRANSFORMERS_HOME"):  # sentence-transformers' own cache folder, when set
+        folders.append(Path(os.environ["SENTENCE_TRANSFORMERS_HOME"]))
+    return folders
+
+
+def is_cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache (``HF_HUB_CACHE``, and ``SENTENCE_TRANSFORMERS_HOME`` when set) holds a
+    snapshot of the model ``repo_id`` with at least one file."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=repo_id, repo_type="model")
+    for cache in _cache_folders():
+        snapshots = cache / folder / "snapshots"
+        try:
+            if any(any(snapshot.iterdir()) for snapshot in snapshots.iterdir() if snapshot.is_dir()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _unreachable_reason(repo_id: str) -> str | None:
+    """Why the hub cannot be reached (one request, :data:`PROBE_TIMEOUT`, no retries), or ``None``. Any HTTP answer,
+    even an error status, means that it can: loading then says what the answer was."""
+    from huggingface_hub import constants, get_session
+
+    endpoint = constants.ENDPOINT
+    with _lock:
+        seen = _probes.get(endpoint)
+        if seen is not None and (seen[1] is None or time.monotonic() - seen[0] < _FAILURE_MEMORY_SECONDS):
+            return seen[1]
+    try:
+        get_session().head(f"{endpoint}/api/models/{repo_id}", timeout=PROBE_TIMEOUT, follow_redirects=False)
+        reason = None
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, proxy, TLS: not reachable
+        reason = _first_line(exc)
+    with _lock:
+        _probes[endpoint] = (time.monotonic(), reason)
+    return reason
+
+
+def check_hub_model(name: str, what: str = "model", needed_by: str | None = None) -> None:
+    """Make sure the model ``name`` can be loaded when it is a hub id: it is in the local cache, or the hub answers.
+
+    Local paths, files and names that are no hub id pass untouched, as does a cached model (no network access).
+    Otherwise one request with a short timeout tells whether the hub can be reached.
+
+    Args:
+        name: a model name or path.
+        what: what ``name`` is, for the message (``"model"``, ``"backbone"``).
+        needed_by: what needs it, for the message (``"the prompts-only checkpoint 'x'"``).
+
+    Raises:
+        DataNotFoundError: the model is not cached and ``HF_HUB_OFFLINE`` is set, or the hub cannot be reached;
+            one line naming the cache and how to fix it.
+    """
+    if not is_hub_id(name) or is_cached(name):
+        return
+    from huggingface_hub import constants
+
+    subject = f"{needed_by} needs the {what} {name!r}, which is" if needed_by else f"the {what} {name!r} is"
+    where = f"{subject} neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    fix = (f"download it where there is network ('hf download {name}' with the same HF_HOME / HF_HUB_CACHE) or give "
+           "the path of a local copy")
+    if constants.HF_HUB_OFFLINE:
+        raise DataNotFoundError(f"{where}, and HF_HUB_OFFLINE is set: {fix}")
+    reason = _unreachable_reason(name)
+    if reason is not None:
+        raise DataNotFoundError(f"{where}, and the hub at {constants.ENDPOINT} cannot be reached ({reason}): "
+                                f"connect to the network, or {fix}")
