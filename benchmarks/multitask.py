@@ -26,6 +26,7 @@ Results: ``benchmarks/results/multitask/`` (run files, ``quality.json``, ``servi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import copy
 import gc
 import json
@@ -56,6 +57,8 @@ SEED = 42
 PREFIX_LENGTH = 16
 #: Training rows per task (``--limit``, for smoke runs; ``None``: all).
 LIMIT: int | None = None
+#: Dev pairs per set (smoke runs of the study only; ``None``: all).
+DEV_LIMIT: int | None = None
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -92,7 +95,7 @@ def dev_evaluator(task: str, data_dir: Path):
     from st_prompts.data.senteval import load_sts
 
     name = "SICKRelatedness" if task == "sick" else "STSBenchmark"
-    pairs = load_sts(senteval(data_dir), name, "dev")
+    pairs = _limited(load_sts(senteval(data_dir), name, "dev"))
     return EmbeddingSimilarityEvaluator(pairs.sentences1, pairs.sentences2, [float(s) for s in pairs.scores],
                                         name="dev", batch_size=128, main_similarity="cosine")
 
@@ -103,12 +106,20 @@ def evaluate(model, data_dir: Path, **encode) -> dict[str, float]:
 
     out = {}
     for key, name in (("stsb_dev", "STSBenchmark"), ("sick_trial", "SICKRelatedness")):
-        pairs = load_sts(senteval(data_dir), name, "dev")
+        pairs = _limited(load_sts(senteval(data_dir), name, "dev"))
         with full_length(model):  # sentences whole, as SentEval
             a = model.encode(pairs.sentences1, batch_size=128, normalize_embeddings=True, **encode)
             b = model.encode(pairs.sentences2, batch_size=128, normalize_embeddings=True, **encode)
         out[key] = 100 * float(spearmanr(np.sum(a * b, axis=1), pairs.scores).statistic)
     return out
+
+
+def _limited(pairs):
+    """The first :data:`DEV_LIMIT` pairs (smoke runs), or all."""
+    if not DEV_LIMIT:
+        return pairs
+    return dataclasses.replace(pairs, sentences1=pairs.sentences1[:DEV_LIMIT], sentences2=pairs.sentences2[:DEV_LIMIT],
+                               scores=pairs.scores[:DEV_LIMIT], subsets=pairs.subsets[:DEV_LIMIT])
 
 
 # ------------------------------------------------------------------------------------------------- models
@@ -141,24 +152,33 @@ def loss_for(task: str, model):
     return PromptContrastiveLoss(model, mlp=True)
 
 
-def fit(model, data, loss, evaluator, learning_rate: float) -> dict:
-    """One epoch with SentenceTransformerTrainer, evaluating every fifth of it and keeping the best weights."""
+def fit(model, data, loss, evaluator, learning_rate: float, epochs: float = 1, warmup: float = 0.0, seed: int = SEED,
+        eval_steps: int | None = None, step_zero: bool = False) -> dict:
+    """``epochs`` with SentenceTransformerTrainer, evaluating every fifth of the run (``eval_steps``; and before the first
+    step with ``step_zero``, as ``bank.train_prompt_set`` does) and keeping the best weights."""
     from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
     from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 
+    from transformers.trainer_callback import PrinterCallback
+
     from st_prompts.training.run import KeepBestCallback
 
-    steps = -(-len(data) // BATCH_SIZE)
+    steps = -(-len(data) // BATCH_SIZE) * epochs
+    eval_steps = eval_steps or max(1, int(steps // 5))
     with tempfile.TemporaryDirectory() as scratch:
         args = SentenceTransformerTrainingArguments(
-            output_dir=scratch, num_train_epochs=1, per_device_train_batch_size=BATCH_SIZE,
-            learning_rate=learning_rate, weight_decay=0.0, lr_scheduler_type="linear", seed=SEED,
-            eval_strategy="steps", eval_steps=max(1, steps // 5), save_strategy="no", logging_steps=max(1, steps // 5),
-            report_to="none", disable_tqdm=True, use_cpu=True)
+            output_dir=scratch, num_train_epochs=epochs, per_device_train_batch_size=BATCH_SIZE,
+            learning_rate=learning_rate, weight_decay=0.0, lr_scheduler_type="linear", seed=seed,
+            warmup_steps=warmup, eval_strategy="steps", eval_steps=eval_steps, save_strategy="no",
+            logging_steps=eval_steps, report_to="none", disable_tqdm=True, use_cpu=not torch.cuda.is_available())
         keep = KeepBestCallback(model, evaluator)
-        torch.manual_seed(SEED)
+        if step_zero:
+            model.eval()
+            keep.consider(evaluator(model)[evaluator.primary_metric], 0)
+        torch.manual_seed(seed)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss,
                                              evaluator=evaluator, callbacks=[keep])
+        trainer.remove_callback(PrinterCallback)
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from st_prompts.errors import DataNotFoundError
 
-__all__ = ["PROBE_TIMEOUT", "check_hub_model", "is_cached", "is_hub_id"]
+__all__ = ["PROBE_TIMEOUT", "cached_and_unreachable", "check_hub_model", "is_cached", "is_hub_id"]
 
 #: Seconds the one request that tells whether the hub can be reached may take.
 PROBE_TIMEOUT = 5.0
@@ -126,3 +126,14 @@ def check_hub_model(name: str, what: str = "model", needed_by: str | None = None
     if reason is not None:
         raise DataNotFoundError(f"{where}, and the hub at {constants.ENDPOINT} cannot be reached ({reason}): "
                                 f"connect to the network, or {fix}")
+
+
+def cached_and_unreachable(name: str) -> bool:
+    """Whether ``name`` is a hub id held in the local cache while the hub cannot be reached (or ``HF_HUB_OFFLINE`` is
+    set): then it must load from the cache alone (``local_files_only=True``), or every file request would retry for
+    minutes before falling back to the cache. One request with a short timeout decides (remembered for a while)."""
+    if not is_hub_id(name) or not is_cached(name):
+        return False
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or _unreachable_reason(name) is not None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import huggingface_hub
 from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.file_download import _CACHED_NO_EXIST  # try_to_load_from_cache: known not to exist
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules.router import Router
 from sentence_transformers.base.modules.transformer import Transformer
@@ -42,6 +43,7 @@ from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
 from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError
+from st_prompts.hub import cached_and_unreachable
 from st_prompts.modules import PromptedTransformer
 from st_prompts.storage import interrupted_save_hint
 from st_prompts.utils import resolve_gguf, resolve_model_name
@@ -115,6 +117,13 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
         raise OSError(f"{model} is not a model folder")
 
     options = {target: hub[source] for source, target in _HUB_KWARGS.items() if hub.get(source) is not None}
+    # The cache first: a cached file is read without any request (offline, a request would retry for minutes).
+    cached = huggingface_hub.try_to_load_from_cache(model, filename, cache_dir=options.get("cache_dir"),
+                                                    revision=options.get("revision"))
+    if isinstance(cached, str):
+        return cached
+    if cached is _CACHED_NO_EXIST:
+        raise _Missing(f"{model}/{filename}")
     try:
         return huggingface_hub.hf_hub_download(model, filename, **options)
     except EntryNotFoundError as exc:
@@ -414,6 +423,8 @@ def load_sentence_model(
     if _is_local(model) and not os.path.isdir(model):
         hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
         raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
+    if "local_files_only" not in kwargs and cached_and_unreachable(model):
+        kwargs["local_files_only"] = True  # cached, and the hub cannot be reached: no request would succeed
     if trust_remote_code is True:
         try:
             return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
