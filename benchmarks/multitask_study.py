@@ -286,6 +286,8 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, help="training rows per task (smoke runs)")
     parser.add_argument("--results", type=Path, help="results folder")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--jobs", type=Path, help="run only these runs (a JSON list of [task, config, lr, seed]), "
+                        "in order, then report: how a study interrupted on one device is continued on another")
     args = parser.parse_args(argv)
     global RESULTS
     if args.results:
@@ -294,7 +296,13 @@ def main(argv=None) -> int:
     os.environ["STUDY_THREADS"] = str(args.threads)
     if args.limit:
         os.environ["STUDY_LIMIT"] = str(args.limit)
-    if not args.report_only:
+    if args.jobs:
+        jobs = [(t, c, lr, seed, str(args.data_dir)) for t, c, lr, seed in json.loads(args.jobs.read_text())]
+        with mp.get_context("spawn").Pool(args.workers, initializer=_init_worker) as pool:
+            for record in pool.imap_unordered(_worker, jobs):
+                print(record.get("task"), record.get("name"), record.get("learning_rate"), record.get("seed"),
+                      round(record.get("selected", float("nan")), 2), flush=True)
+    elif not args.report_only:
         context = mp.get_context("spawn")
         with context.Pool(args.workers, initializer=_init_worker) as pool:
             plan(Study(pool, str(args.data_dir), args.tasks), args.tasks)
