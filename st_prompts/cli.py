@@ -23,7 +23,7 @@ import sys
 from st_prompts.errors import StPromptsError
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
-COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "ski")
+COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "serve", "ski")
 _handler: logging.Handler | None = None
 
 
