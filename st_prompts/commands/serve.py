@@ -39,9 +39,9 @@ def add_parser(subparsers) -> None:
     batching = parser.add_argument_group("batching")
     batching.add_argument("--max-wait-ms", type=float, default=2.0,
                           help="the longest a row waits for others to share its forward pass (default 2)")
-    batching.add_argument("--max-batch-tokens", type=int, default=8192,
-                          help="padded tokens (rows x longest row) per forward pass (default 8192)")
-    batching.add_argument("--max-batch-rows", type=int, default=256, help="rows per forward pass (default 256)")
+    batching.add_argument("--max-batch-tokens", type=int, default=4096,
+                          help="padded tokens (rows x longest row) per forward pass (default 4096)")
+    batching.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward pass (default 64)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-rows", type=int, default=4096,
                         help="rows waiting, all requests together; beyond, 503 with Retry-After (default 4096)")

@@ -3,7 +3,7 @@
 The batcher knows nothing of HTTP or of models: it is given an ``encode(texts, tasks) -> array`` function (run in
 one worker thread, so the event loop keeps accepting requests while a pass runs) and rows with their token counts::
 
-    batcher = Batcher(encode, max_wait_ms=2, max_batch_tokens=8192)
+    batcher = Batcher(encode, max_wait_ms=2, max_batch_tokens=4096)
     await batcher.start()
     vectors = await batcher.encode(["a text", "another"], tokens=[4, 3], tasks="sts")   # rows in request order
     await batcher.close()                                                                # drains what is queued
@@ -109,7 +109,7 @@ class Batcher:
     """
 
     def __init__(self, encode: Callable[[list[str], list[Any]], Any], *, max_wait_ms: float = 2.0,
-                 max_batch_tokens: int = 8192, max_batch_rows: int = 256, max_queue_rows: int = 4096,
+                 max_batch_tokens: int = 4096, max_batch_rows: int = 64, max_queue_rows: int = 4096,
                  on_batch: Callable[[BatchReport], None] | None = None) -> None:
         self._encode = encode
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0

@@ -43,8 +43,8 @@ class ServingLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     max_queue_rows: int = 4096
     max_wait_ms: float = 2.0
-    max_batch_tokens: int = 8192
-    max_batch_rows: int = 256
+    max_batch_tokens: int = 4096
+    max_batch_rows: int = 64
     max_queries: int = 64
     max_k: int = 100
 
