@@ -53,12 +53,19 @@ class Connection:
         self.reader = self.writer = None
 
     async def post(self, path: str, body: bytes) -> int:
-        if self.writer is None:
+        reused = self.writer is not None
+        if not reused:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                           % (path.encode(), self.host.encode(), len(body)) + body)
-        line = await self.reader.readline()
+        try:
+            line = await self.reader.readline()
+        except ConnectionResetError:
+            line = b""
         if not line:
+            self.close()
+            if reused:  # the server closed an idle keep-alive connection: what every client retries on a new one
+                return await self.post(path, body)
             raise ConnectionError("the server closed the connection")
         status = int(line.split()[1])
         length, chunked, close = 0, False, False

@@ -234,3 +234,23 @@ def test_good_requests_parse():
         parse_search_request({"query": "q", "index": "docs", "k": 0}, LIMITS)
     with pytest.raises(ValueError, match="max_inputs must be a positive integer"):
         ServingLimits(max_inputs=0)
+
+
+def test_later_rows_cannot_jump_ahead_of_older_ones_beyond_the_window():
+    """Passes are chosen among the oldest 4 x max_batch_rows rows: fresh rows of the anchor's length, however well
+    they would pad, wait while older rows of another length are within the window."""
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=10_000, max_batch_rows=2)  # window: 8 rows
+        await batcher.start()
+        old = asyncio.ensure_future(batcher.encode([f"o{i}" for i in range(8)], [50] + [10] * 7, "a"))
+        fresh = asyncio.ensure_future(batcher.encode([f"f{i}" for i in range(20)], [50] * 20, "b"))  # queued next
+        await asyncio.gather(old, fresh)
+        await batcher.close()
+
+    run(main())
+    first = encoder.passes[0][0]
+    assert "o0" in first and all(t.startswith("o") for t in first)  # not the perfectly fitting fresh "f0"
+    last_old = max(i for i, (texts, _) in enumerate(encoder.passes) if any(t.startswith("o") for t in texts))
+    assert last_old == 3  # the old request is done in 4 passes of 2

@@ -13,10 +13,11 @@ How a forward pass is formed, each time the worker is free:
 * **Waiting**: the oldest queued row waits at most ``max_wait_ms`` for others to join, less when enough rows are
   queued to fill a pass (``max_batch_tokens`` tokens or ``max_batch_rows`` rows); rows that queued while the previous
   pass ran do not wait at all.
-* **Choosing rows**: the queue is sorted by length; the pass is grown from the oldest row (so no row starves) towards
-  the neighbour in that order that adds the least padding, while ``rows x longest row`` stays within
-  ``max_batch_tokens`` and the rows within ``max_batch_rows``. Rows of any task share a pass: the ``encode`` function
-  routes each row to its task (a prompt bank's per-row prompt sets).
+* **Choosing rows**: the oldest ``4 x max_batch_rows`` queued rows are sorted by length; the pass is grown from the
+  oldest row (so no row starves) towards the neighbour in that order that adds the least padding, while
+  ``rows x longest row`` stays within ``max_batch_tokens`` and the rows within ``max_batch_rows``. Later rows wait
+  for the window to reach them, so that they cannot keep jumping ahead of older rows of another length. Rows of any
+  task share a pass: the ``encode`` function routes each row to its task (a prompt bank's per-row prompt sets).
 * **Routing back**: row ``i`` of a request lands in row ``i`` of its result, whatever passes its rows took; the request
   completes when its last row is encoded.
 * **Bounds and failures**: a request that would take the queue past ``max_queue_rows`` raises :class:`QueueFull` (with
@@ -116,6 +117,8 @@ class Batcher:
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_batch_rows = int(max_batch_rows)
         self.max_queue_rows = int(max_queue_rows)
+        #: rows a pass is chosen from: the oldest ``4 x max_batch_rows`` queued
+        self.window_rows = 4 * self.max_batch_rows
         self._on_batch = on_batch
         self._pending: list[_Row] = []
         self._pending_tokens = 0
@@ -247,8 +250,11 @@ class Batcher:
         """Choose the rows of the next pass (see the module docstring) and remove them from the queue; the rows come
         sorted by length."""
         pool = self._pending
-        lengths = [row.tokens for row in pool]
-        order = sorted(range(len(pool)), key=lengths.__getitem__)  # stable: equal lengths stay oldest first
+        # candidates: the oldest rows only, so that rows arriving later cannot keep jumping ahead of older ones of
+        # another length (the tail latency of requests whose rows spread over passes)
+        window = pool[:self.window_rows]
+        lengths = [row.tokens for row in window]
+        order = sorted(range(len(window)), key=lengths.__getitem__)  # stable: equal lengths stay oldest first
         low = high = order.index(0)  # the oldest row anchors the pass
         count, longest = 1, lengths[0]
         budget, cap = self.max_batch_tokens, self.max_batch_rows
@@ -269,7 +275,7 @@ class Batcher:
             else:
                 low -= 1
             count, longest = count + 1, best[2]
-        chosen = [pool[i] for i in order[low:high + 1]]
+        chosen = [window[i] for i in order[low:high + 1]]
         taken = {id(row) for row in chosen}
         self._pending = [row for row in pool if id(row) not in taken]
         self._pending_tokens -= sum(row.tokens for row in chosen)
