@@ -3,6 +3,12 @@
     python benchmarks/serving.py --data-dir ../shared/data                       # the full run (about 30 minutes)
     python benchmarks/serving.py --quick                                          # a smoke run (a few minutes)
 
+Infinity needs sentence-transformers < 4 and numpy < 2, so it lives in its own virtual environment, outside the
+repository::
+
+    python3 -m venv /work/infinity-venv && . /work/infinity-venv/bin/activate
+    pip install torch==2.13.0 && pip install "infinity-emb[server,torch]==0.0.78"
+
 Servers, all on this machine, each called through the same OpenAI embeddings API by a closed-loop asyncio load
 generator (a minimal HTTP/1.1 keep-alive client, so that the generator costs every server the same, little CPU):
 
