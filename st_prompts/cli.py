@@ -27,7 +27,7 @@ from typing import NoReturn
 from st_prompts.errors import StPromptsError, printable
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
-COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "ski")
+COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "serve", "ski")
 _handler: logging.Handler | None = None
 
 

@@ -1,0 +1,118 @@
+"""``st-prompts serve``: an OpenAI-compatible embedding server for a model or a prompt bank, with search.
+
+    st-prompts serve my-bank                                     # http://127.0.0.1:8000/v1/embeddings, model = a task
+    st-prompts serve my-bank --index docs=docs.index --port 9000  # and POST /search over an index
+    ST_PROMPTS_ADMIN_TOKEN=... st-prompts serve my-bank          # with the admin endpoint (add/remove sets, reload)
+
+Rows of every task share forward passes (a bank's per-row prompt sets); see docs/serving.md. Needs the ``serve``
+extra (``pip install -e ".[serve]"``). Models load as every command loads them: nothing that ships with a model runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from st_prompts.errors import ConfigurationError
+
+#: The environment variable that holds the admin token (the admin endpoint exists only with a token).
+ADMIN_TOKEN_ENV = "ST_PROMPTS_ADMIN_TOKEN"
+#: The shortest admin token accepted.
+MIN_TOKEN_LENGTH = 16
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve embeddings over HTTP (OpenAI-compatible), every task of a bank in shared batches",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", metavar="MODEL_OR_BANK", help="a model or prompt bank folder, a hub id, or 'minilm'")
+    parser.add_argument("--index", action="append", default=[], metavar="NAME=PATH",
+                        help="serve the index folder PATH (st-prompts index build) as NAME on POST /search; repeat "
+                        "for several")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
+                        "only; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
+    parser.add_argument("--model-name", help="the name a model that is not a prompt bank is served under (default: "
+                        "the folder's name)")
+    parser.add_argument("--device", help="device to encode on (default: sentence-transformers' choice)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    batching = parser.add_argument_group("batching")
+    batching.add_argument("--max-wait-ms", type=float, default=2.0,
+                          help="the longest a row waits for others to share its forward pass (default 2)")
+    batching.add_argument("--max-batch-tokens", type=int, default=4096,
+                          help="padded tokens (rows x longest row) per forward pass (default 4096)")
+    batching.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward pass (default 64)")
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-queue-rows", type=int, default=4096,
+                        help="rows waiting, all requests together; beyond, 503 with Retry-After (default 4096)")
+    limits.add_argument("--max-inputs", type=int, default=2048, help="inputs per request (default 2048)")
+    limits.add_argument("--max-input-chars", type=int, default=20_000, help="characters per input (default 20000)")
+    limits.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                        help="bytes per request body (default 4 MiB)")
+    limits.add_argument("--max-k", type=int, default=100, help="hits per search query (default 100)")
+    parser.add_argument("--admin-token-file", metavar="FILE",
+                        help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}); without a token there is "
+                        "no admin endpoint")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="on SIGTERM, seconds to finish the requests in flight (default 30)")
+    parser.set_defaults(func=run_serve)
+
+
+def _indexes(values: list[str]) -> list[tuple[str, str]]:
+    out, seen = [], set()
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path or "/" in name:
+            raise ConfigurationError(f"--index takes NAME=PATH (a name without '/'), got {value!r}")
+        if name in seen:
+            raise ConfigurationError(f"--index {name!r} is given twice")
+        seen.add(name)
+        out.append((name, path))
+    return out
+
+
+def _admin_token(path: str | None) -> str | None:
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read --admin-token-file {path}: {exc.strerror or exc}") from exc
+        source = f"--admin-token-file {path}"
+    else:
+        token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+        source = f"${ADMIN_TOKEN_ENV}"
+    if not token:
+        if path is not None:
+            raise ConfigurationError(f"{source} is empty")
+        return None
+    if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
+        raise ConfigurationError(f"the admin token in {source} must be at least {MIN_TOKEN_LENGTH} characters "
+                                 "without spaces")
+    return token
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        import st_prompts.serving.app  # noqa: F401 - starlette, orjson, prometheus_client
+        from st_prompts.serving.limits import ServingLimits
+        from st_prompts.serving.server import ServerOptions, run_server
+    except ImportError as exc:  # the optional extra is missing
+        raise ConfigurationError(f"st-prompts serve needs the serve extra ({exc.name} is missing): "
+                                 "pip install -e \".[serve]\"") from exc
+    if not 0 <= args.port <= 65535:
+        raise ConfigurationError(f"--port must be 0-65535, got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigurationError(f"--threads must be positive, got {args.threads}")
+    try:
+        limits = ServingLimits(max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
+                               max_body_bytes=args.max_body_bytes, max_queue_rows=args.max_queue_rows,
+                               max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
+                               max_batch_rows=args.max_batch_rows, max_k=args.max_k)
+    except ValueError as exc:
+        raise ConfigurationError(f"--{str(exc).replace('_', '-')}") from exc
+    options = ServerOptions(model=args.model, indexes=_indexes(args.index), host=args.host, port=args.port,
+                            model_name=args.model_name, device=args.device, limits=limits,
+                            admin_token=_admin_token(args.admin_token_file), drain_timeout=args.drain_timeout,
+                            threads=args.threads)
+    return run_server(options)

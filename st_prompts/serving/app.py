@@ -1,0 +1,315 @@
+"""The HTTP application: OpenAI-compatible embeddings, search, health, metrics and the optional admin endpoint.
+
+Built on Starlette (the ASGI toolkit FastAPI itself runs on) and served by uvicorn (:mod:`st_prompts.serving.server`).
+Every endpoint checks its body by hand (:mod:`st_prompts.serving.limits`) so that a refusal is one line in OpenAI's
+error schema, and reads the body in chunks so that an oversized one is refused before it is held in memory.
+
+=====================================  ==============================================================================
+``POST /v1/embeddings``                OpenAI's embeddings API: ``input`` (a string or a list of strings), ``model``
+                                       (a task name, ``backbone`` for the plain backbone), ``encoding_format``
+                                       (``float`` or ``base64``), ``dimensions`` (only the model's own)
+``GET /v1/models``, ``/v1/models/ID``  the task names served
+``POST /search``                       ``query`` (a string or a list), ``index`` (a name), ``k``: the best documents
+``GET /health``                        200 while serving, 503 while draining
+``GET /metrics``                       Prometheus metrics (:mod:`st_prompts.serving.metrics`)
+``POST /admin/prompt-sets``            add a prompt set (``name``, ``source``: a folder on the server); only with an
+``DELETE /admin/prompt-sets/NAME``     admin token, given as ``Authorization: Bearer TOKEN``; without a token these
+``POST /admin/indexes/NAME/reload``    routes do not exist (404)
+=====================================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull
+from st_prompts.serving.indexes import IndexRegistry
+from st_prompts.serving.limits import RequestError, ServingLimits, parse_embedding_request, parse_search_request
+from st_prompts.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from st_prompts.serving.model import ServedModel, _Role
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ServerContext", "create_app"]
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its answer."""
+
+
+class ServerContext:
+    """What the endpoints share: the served model, its indexes, the batcher, the limits and the metrics."""
+
+    def __init__(self, served: ServedModel, indexes: IndexRegistry, limits: ServingLimits,
+                 admin_token: str | None = None) -> None:
+        self.served = served
+        self.indexes = indexes
+        self.limits = limits
+        self.admin_token = admin_token
+        self.started = int(time.time())
+        self.draining = False
+        self.metrics = ServerMetrics(queued_rows=lambda: self.batcher.queued_rows,
+                                     running_rows=lambda: self.batcher.running_rows,
+                                     prompt_sets=lambda: len(served.internal_sets()), label=self.label)
+        self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms, max_batch_tokens=limits.max_batch_tokens,
+                               max_batch_rows=limits.max_batch_rows, max_queue_rows=limits.max_queue_rows,
+                               on_batch=self.metrics.observe_batch)
+        self.count_executor: ThreadPoolExecutor | None = None
+        self.admin_executor: ThreadPoolExecutor | None = None
+
+    def label(self, route: Any) -> str:
+        """The metrics label of a batcher task: a public task name."""
+        if route is None:
+            return self.served.name
+        if isinstance(route, _Role):
+            return f"({route.name} side)"
+        return str(route).split("@", 1)[0]
+
+    async def count_tokens(self, texts: list[str]) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.count_tokens, texts)
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def _error(error: RequestError) -> Response:
+    return _json(error.payload(), error.status, error.headers)
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The JSON body, refused early when it is not JSON or larger than ``limit`` bytes."""
+    kind = request.headers.get("content-type", "")
+    if kind.split(";", 1)[0].strip().lower() != "application/json":
+        raise RequestError(415, f"Send the body as JSON with 'Content-Type: application/json' (got "
+                           f"{kind or 'no content type'!r}).", code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(400, f"Bad Content-Length {declared!r}.")
+        if int(declared) > limit:
+            raise RequestError(413, f"The request body has {int(declared):,} bytes; the limit is {limit:,}.",
+                               code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"The request body exceeds the limit of {limit:,} bytes.", code="body_too_large")
+    if not body:
+        raise RequestError(400, "The request body is empty: send a JSON object.")
+    try:
+        return orjson.loads(bytes(body))
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(400, f"The request body is not valid JSON ({exc}).", code="invalid_json") from exc
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Returns when the client has closed the connection (the body has been read by then)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work``; if the client goes away first, cancel it (its queued rows leave the queue) and raise
+    :class:`_ClientGone`."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        if not watcher.done():
+            watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with suppress(asyncio.CancelledError, Exception):
+        await task
+    raise _ClientGone()
+
+
+def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Awaitable[Response]]):
+    """Wrap a handler: errors become OpenAI error responses, every answer is counted and timed."""
+
+    async def endpoint(request: Request) -> Response:
+        start = time.perf_counter()
+        try:
+            response = await handler(request)
+        except RequestError as exc:
+            response = _error(exc)
+        except QueueFull as exc:
+            response = _error(RequestError(503, str(exc), code="queue_full",
+                                           headers={"Retry-After": str(exc.retry_after)}))
+        except BatcherClosed as exc:
+            response = _error(RequestError(503, str(exc), code="shutting_down", headers={"Retry-After": "5"}))
+        except (_ClientGone, ClientDisconnect):
+            context.metrics.cancelled.inc()
+            response = Response(status_code=499)
+        except Exception as exc:  # a bug or a failed pass: one line to the client, the traceback to the log
+            logger.error("%s failed: %s", name, exc, exc_info=not isinstance(exc, RuntimeError))
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            response = _error(RequestError(500, f"The server failed to answer: {first}", code="internal_error"))
+        context.metrics.observe_request(name, response.status_code, time.perf_counter() - start)
+        return response
+
+    return endpoint
+
+
+def _usage(tokens: list[int]) -> dict[str, int]:
+    total = int(sum(tokens))
+    return {"prompt_tokens": total, "total_tokens": total}
+
+
+# ---------------------------------------------------------------------------------------------------------- the app
+def create_app(context: ServerContext, on_ready: Callable[[], None] | None = None) -> Starlette:
+    """The Starlette application of ``context`` (its lifespan starts and drains the batcher)."""
+    served, limits, batcher = context.served, context.limits, context.batcher
+
+    async def embeddings(request: Request) -> Response:
+        body = await _read_json(request, limits.max_body_bytes)
+        parsed = parse_embedding_request(body, limits)
+        if parsed.dimensions is not None and parsed.dimensions != served.dimension:
+            raise RequestError(422, f"'dimensions'={parsed.dimensions} is not supported: {parsed.model!r} gives "
+                               f"{served.dimension}-dimensional embeddings and does not shorten them.",
+                               param="dimensions", code="dimensions_unsupported")
+        route = served.acquire(parsed.model)  # the set this request uses, whatever changes meanwhile
+        try:
+            tokens = await context.count_tokens(parsed.texts)
+            vectors = await _unless_gone(request, batcher.encode(parsed.texts, tokens, route))
+        finally:
+            served.release(route)
+        if parsed.encoding_format == "base64":
+            little = np.ascontiguousarray(vectors, dtype="<f4")
+            items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+        else:
+            items = list(vectors)
+        data = [{"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)]
+        return _json({"object": "list", "data": data, "model": parsed.model, "usage": _usage(tokens)})
+
+    async def search(request: Request) -> Response:
+        body = await _read_json(request, limits.max_body_bytes)
+        parsed = parse_search_request(body, limits)
+        entry = context.indexes.get(parsed.index)  # this request searches the index as it is now
+        served.pin(entry.route)
+        try:
+            tokens = await context.count_tokens(parsed.queries)
+            vectors = await _unless_gone(request, batcher.encode(parsed.queries, tokens, entry.route))
+        finally:
+            served.release(entry.route)
+        results = await asyncio.get_running_loop().run_in_executor(None, entry.search, vectors, parsed.k)
+        data = [{"object": "search_result", "query_index": i, "hits": hits} for i, hits in enumerate(results)]
+        return _json({"object": "list", "index": entry.name, "data": data, "usage": _usage(tokens)})
+
+    async def models(request: Request) -> Response:
+        data = [_model_card(name, context.started) for name in served.names()]
+        return _json({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not served.has(name):
+            raise served.unknown(name)
+        return _json(_model_card(name, context.started))
+
+    async def health(request: Request) -> Response:
+        draining = context.draining or batcher.closing
+        payload = {"status": "draining" if draining else "ok", "model": served.name, "tasks": len(served.names()),
+                   "indexes": context.indexes.names(), "queue_rows": batcher.queued_rows,
+                   "admin": context.admin_token is not None}
+        return _json(payload, 503 if draining else 200)
+
+    async def metrics(request: Request) -> Response:
+        return Response(context.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def _authorize(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                 context.admin_token.encode()):
+            raise RequestError(401, "The admin endpoint needs 'Authorization: Bearer <admin token>'.",
+                               code="invalid_admin_token")
+
+    async def _in_admin_thread(function, *args):
+        return await asyncio.get_running_loop().run_in_executor(context.admin_executor, function, *args)
+
+    async def add_set(request: Request) -> Response:
+        _authorize(request)
+        body = await _read_json(request, limits.max_body_bytes)
+        if not isinstance(body, dict):
+            raise RequestError(400, "The request body must be a JSON object with 'name' and 'source'.")
+        info = await _in_admin_thread(served.add_prompt_set, body.get("name"), body.get("source"))
+        return _json({"object": "model", **info, "created": int(time.time()), "owned_by": "st-prompts"}, 201)
+
+    async def remove_set(request: Request) -> Response:
+        _authorize(request)
+        name = request.path_params["name"]
+        await _in_admin_thread(served.remove_prompt_set, name)
+        return _json({"id": name, "object": "model", "deleted": True})
+
+    async def reload_index(request: Request) -> Response:
+        _authorize(request)
+        entry = await _in_admin_thread(context.indexes.reload, request.path_params["name"])
+        return _json(entry.describe())
+
+    routes = [
+        Route("/v1/embeddings", _endpoint(context, "embeddings", embeddings), methods=["POST"]),
+        Route("/embeddings", _endpoint(context, "embeddings", embeddings), methods=["POST"]),
+        Route("/v1/models", _endpoint(context, "models", models), methods=["GET"]),
+        Route("/v1/models/{name:path}", _endpoint(context, "models", model), methods=["GET"]),
+        Route("/search", _endpoint(context, "search", search), methods=["POST"]),
+        Route("/health", _endpoint(context, "health", health), methods=["GET"]),
+        Route("/metrics", _endpoint(context, "metrics", metrics), methods=["GET"]),
+    ]
+    if context.admin_token is not None:
+        routes += [
+            Route("/admin/prompt-sets", _endpoint(context, "admin", add_set), methods=["POST"]),
+            Route("/admin/prompt-sets/{name:path}", _endpoint(context, "admin", remove_set), methods=["DELETE"]),
+            Route("/admin/indexes/{name}/reload", _endpoint(context, "admin", reload_index), methods=["POST"]),
+        ]
+
+    @asynccontextmanager
+    async def lifespan(app):
+        context.count_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-tokens")
+        context.admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-admin")
+        await batcher.start()
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            context.draining = True
+            await batcher.close(drain=True)
+            context.count_executor.shutdown(wait=False)
+            context.admin_executor.shutdown(wait=False)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        message = {404: f"No route {request.method} {request.url.path}.",
+                   405: f"{request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
+        return _error(RequestError(exc.status_code, message))
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+
+
+def _model_card(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts"}

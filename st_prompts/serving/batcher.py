@@ -1,0 +1,331 @@
+"""Dynamic batching across requests and tasks: one queue of rows, forward passes bounded by a token budget.
+
+The batcher knows nothing of HTTP or of models: it is given an ``encode(texts, tasks) -> array`` function (run in
+one worker thread, so the event loop keeps accepting requests while a pass runs) and rows with their token counts::
+
+    batcher = Batcher(encode, max_wait_ms=2, max_batch_tokens=4096)
+    await batcher.start()
+    vectors = await batcher.encode(["a text", "another"], tokens=[4, 3], tasks="sts")   # rows in request order
+    await batcher.close()                                                                # drains what is queued
+
+How a forward pass is formed, each time the worker is free:
+
+* **Waiting**: the oldest queued row waits at most ``max_wait_ms`` for others to join, less when enough rows are
+  queued to fill a pass (``max_batch_tokens`` tokens or ``max_batch_rows`` rows); rows that queued while the previous
+  pass ran do not wait at all.
+* **Choosing rows**: the oldest ``4 x max_batch_rows`` queued rows are sorted by length; the pass is grown from the
+  oldest row (so no row starves) towards the neighbour in that order that adds the least padding, while
+  ``rows x longest row`` stays within ``max_batch_tokens`` and the rows within ``max_batch_rows``. Later rows wait
+  for the window to reach them, so that they cannot keep jumping ahead of older rows of another length. Rows of any
+  task share a pass: the ``encode`` function routes each row to its task (a prompt bank's per-row prompt sets).
+* **Routing back**: row ``i`` of a request lands in row ``i`` of its result, whatever passes its rows took; the request
+  completes when its last row is encoded.
+* **Bounds and failures**: a request that would take the queue past ``max_queue_rows`` raises :class:`QueueFull` (with
+  a retry estimate) instead of growing the queue; a request whose awaiting task is cancelled (a client that
+  disconnected) leaves the queue at once, and a pass already running for it is simply not delivered; an exception in
+  ``encode`` fails the requests of that pass only; :meth:`close` refuses new requests and finishes the queued ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BatchReport", "Batcher", "BatcherClosed", "QueueFull"]
+
+
+class QueueFull(Exception):
+    """The queue has no room for the request: try again after ``retry_after`` seconds."""
+
+    def __init__(self, queued_rows: int, requested_rows: int, limit: int, retry_after: int) -> None:
+        super().__init__(f"The server is busy: {queued_rows:,} rows are queued and this request adds "
+                         f"{requested_rows:,} (the limit is {limit:,}); retry after {retry_after} s.")
+        self.retry_after = retry_after
+
+
+class BatcherClosed(Exception):
+    """The batcher is closing (the server drains): it takes no new request."""
+
+
+@dataclass
+class BatchReport:
+    """One forward pass, as the batcher reports it to its observer (metrics)."""
+
+    rows: int
+    tasks: Counter = field(repr=False)
+    tokens: int
+    padded_tokens: int
+    seconds: float
+    queued_rows: int
+    failed: bool = False
+
+
+class _Request:
+    __slots__ = ("future", "out", "queued", "remaining", "rows")
+
+    def __init__(self, future: asyncio.Future, rows: int) -> None:
+        self.future = future
+        self.rows = rows
+        self.remaining = rows  # rows not yet delivered
+        self.out: np.ndarray | None = None
+        self.queued = rows  # rows still in the queue (not yet taken into a pass)
+
+
+class _Row:
+    __slots__ = ("arrival", "position", "request", "task", "text", "tokens")
+
+    def __init__(self, request: _Request, position: int, text: str, task: Hashable, tokens: int,
+                 arrival: float) -> None:
+        self.request = request
+        self.position = position
+        self.text = text
+        self.task = task
+        self.tokens = tokens
+        self.arrival = arrival
+
+
+class Batcher:
+    """Collect rows of many requests and tasks into forward passes (see the module docstring).
+
+    Args:
+        encode: ``encode(texts, tasks) -> array (rows, dim)``, called in the batcher's own worker thread, one pass at a
+            time; ``tasks`` has one task per text (any hashable; ``None`` allowed).
+        max_wait_ms: the longest the oldest queued row waits for others before a pass starts.
+        max_batch_tokens: bound on ``rows x longest row`` (padded tokens) of a pass; a single longer row runs alone.
+        max_batch_rows: bound on the rows of a pass.
+        max_queue_rows: bound on the queued rows of all requests (:class:`QueueFull` beyond; a request alone in an
+            empty queue is always admitted).
+        on_batch: called on the event loop after every pass with a :class:`BatchReport` (e.g. metrics).
+    """
+
+    def __init__(self, encode: Callable[[list[str], list[Any]], Any], *, max_wait_ms: float = 2.0,
+                 max_batch_tokens: int = 4096, max_batch_rows: int = 64, max_queue_rows: int = 4096,
+                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+        self._encode = encode
+        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_batch_rows = int(max_batch_rows)
+        self.max_queue_rows = int(max_queue_rows)
+        #: rows a pass is chosen from: the oldest ``4 x max_batch_rows`` queued
+        self.window_rows = 4 * self.max_batch_rows
+        self._on_batch = on_batch
+        self._pending: list[_Row] = []
+        self._pending_tokens = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._worker: asyncio.Task | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._closing = False
+        self._rate = 0.0  # rows per second of recent passes (exponential average), for Retry-After
+        self.running_rows = 0
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self) -> None:
+        """Start the worker (on the running event loop)."""
+        if self._worker is not None:
+            return
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-encode")
+        self._worker = asyncio.create_task(self._run(), name="st-prompts-batcher")
+
+    async def close(self, drain: bool = True) -> None:
+        """Take no new request; with ``drain`` finish every queued row first, else fail the queued requests with
+        :class:`BatcherClosed`. Returns when the worker has stopped."""
+        self._closing = True
+        if self._worker is None:
+            return
+        if not drain:
+            for request in {id(r.request): r.request for r in self._pending}.values():
+                if not request.future.done():
+                    request.future.set_exception(BatcherClosed("The server is shutting down."))
+            self._pending.clear()
+            self._pending_tokens = 0
+        self._wakeup.set()
+        try:
+            await self._worker
+        finally:
+            self._executor.shutdown(wait=True)
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` was called (new requests are refused)."""
+        return self._closing
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a pass (not counting the pass that runs)."""
+        return len(self._pending)
+
+    def retry_after(self, extra_rows: int = 0) -> int:
+        """Seconds until the queue has likely drained enough for ``extra_rows`` more (at least 1, at most 60)."""
+        rate = self._rate if self._rate > 0 else 100.0
+        return int(min(60, max(1, math.ceil((len(self._pending) + self.running_rows + extra_rows) / rate))))
+
+    # ------------------------------------------------------------------ requests
+    async def encode(self, texts: Sequence[str], tokens: Sequence[int], tasks: Any | Sequence[Any]) -> np.ndarray:
+        """Encode ``texts`` (one row each, ``tokens`` their lengths) with their ``tasks`` (one for all, or one per
+        text); returns the ``(len(texts), dim)`` array in the order of ``texts``.
+
+        Raises:
+            QueueFull: the queue has no room for these rows now.
+            BatcherClosed: the batcher is closing.
+            Exception: what ``encode`` raised for a pass that held rows of this request.
+        """
+        if self._closing or self._worker is None:
+            raise BatcherClosed("The server is shutting down." if self._closing else "The batcher is not started.")
+        count = len(texts)
+        if len(tokens) != count:
+            raise ValueError(f"one token count per text: {len(tokens)} for {count} texts")
+        if isinstance(tasks, (list, tuple)):
+            if len(tasks) != count:
+                raise ValueError(f"one task per text: {len(tasks)} for {count} texts")
+            row_tasks = list(tasks)
+        else:
+            row_tasks = [tasks] * count
+        if count == 0:
+            return np.zeros((0, 0), dtype=np.float32)
+        if self._pending and len(self._pending) + count > self.max_queue_rows:
+            raise QueueFull(len(self._pending), count, self.max_queue_rows, self.retry_after(count))
+        loop = asyncio.get_running_loop()
+        request = _Request(loop.create_future(), count)
+        now = loop.time()
+        rows = [_Row(request, i, text, task, max(1, int(n)), now)
+                for i, (text, task, n) in enumerate(zip(texts, row_tasks, tokens))]
+        self._pending.extend(rows)
+        self._pending_tokens += sum(row.tokens for row in rows)
+        self._wakeup.set()
+        try:
+            return await request.future
+        finally:
+            if request.queued:  # cancelled (the client went away) or failed: its queued rows leave the queue
+                self._discard(request)
+
+    def _discard(self, request: _Request) -> None:
+        """Drop the queued rows of a request that will not be answered (cancelled or failed)."""
+        if not request.queued:
+            return
+        kept = [row for row in self._pending if row.request is not request]
+        self._pending_tokens -= sum(row.tokens for row in self._pending if row.request is request)
+        self._pending = kept
+        request.queued = 0
+
+    # ------------------------------------------------------------------ the worker
+    def _full(self) -> bool:
+        return self._pending_tokens >= self.max_batch_tokens or len(self._pending) >= self.max_batch_rows
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            deadline = self._pending[0].arrival + self.max_wait
+            while self._pending and not self._closing and not self._full():
+                delay = deadline - loop.time()
+                if delay <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                except asyncio.TimeoutError:
+                    break
+            if not self._pending:
+                continue
+            await self._run_pass(self._take())
+
+    def _take(self) -> list[_Row]:
+        """Choose the rows of the next pass (see the module docstring) and remove them from the queue; the rows come
+        sorted by length."""
+        pool = self._pending
+        # candidates: the oldest rows only, so that rows arriving later cannot keep jumping ahead of older ones of
+        # another length (the tail latency of requests whose rows spread over passes)
+        window = pool[:self.window_rows]
+        lengths = [row.tokens for row in window]
+        order = sorted(range(len(window)), key=lengths.__getitem__)  # stable: equal lengths stay oldest first
+        low = high = order.index(0)  # the oldest row anchors the pass
+        count, longest = 1, lengths[0]
+        budget, cap = self.max_batch_tokens, self.max_batch_rows
+        while count < cap:
+            best = None  # (padding the row adds, side, longest row after it)
+            if high + 1 < len(order):  # a longer (or equal) row pads every row chosen so far up to it
+                grown = max(longest, lengths[order[high + 1]])
+                if (count + 1) * grown <= budget:
+                    best = (count * (grown - longest), "right", grown)
+            if low > 0 and (count + 1) * longest <= budget:  # a shorter row is padded up to the longest
+                waste = longest - lengths[order[low - 1]]
+                if best is None or waste < best[0]:
+                    best = (waste, "left", longest)
+            if best is None:
+                break
+            if best[1] == "right":
+                high += 1
+            else:
+                low -= 1
+            count, longest = count + 1, best[2]
+        chosen = [window[i] for i in order[low:high + 1]]
+        taken = {id(row) for row in chosen}
+        self._pending = [row for row in pool if id(row) not in taken]
+        self._pending_tokens -= sum(row.tokens for row in chosen)
+        for row in chosen:
+            row.request.queued -= 1
+        return chosen
+
+    async def _run_pass(self, rows: list[_Row]) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [row.text for row in rows]
+        tasks = [row.task for row in rows]
+        start = time.perf_counter()
+        self.running_rows = len(rows)
+        failed = False
+        try:
+            vectors = await loop.run_in_executor(self._executor, self._encode, texts, tasks)
+            vectors = np.asarray(vectors)
+            if vectors.ndim != 2 or len(vectors) != len(rows):
+                raise RuntimeError(f"the encoder returned {vectors.shape} for {len(rows)} rows")
+        except Exception as exc:  # noqa: BLE001 - the requests of this pass fail; the server goes on
+            failed = True
+            logger.error("a forward pass of %d rows failed: %s", len(rows), str(exc).splitlines()[0] if str(exc)
+                         else type(exc).__name__)
+            for request in {id(row.request): row.request for row in rows}.values():
+                if not request.future.done():
+                    request.future.set_exception(exc)
+                self._discard(request)
+        else:
+            for row, vector in zip(rows, vectors):
+                request = row.request
+                if request.future.done():  # cancelled (client gone) or failed in another pass
+                    continue
+                if request.out is None:
+                    request.out = np.empty((request.rows, vectors.shape[1]), dtype=vectors.dtype)
+                request.out[row.position] = vector
+                request.remaining -= 1
+                if request.remaining == 0:
+                    request.future.set_result(request.out)
+        finally:
+            self.running_rows = 0
+        seconds = time.perf_counter() - start
+        if not failed and seconds > 0:
+            rate = len(rows) / seconds
+            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        if self._on_batch is not None:
+            longest = max(row.tokens for row in rows)
+            report = BatchReport(rows=len(rows), tasks=Counter(tasks), tokens=sum(row.tokens for row in rows),
+                                 padded_tokens=longest * len(rows), seconds=seconds, queued_rows=len(self._pending),
+                                 failed=failed)
+            try:
+                self._on_batch(report)
+            except Exception:  # pragma: no cover - an observer must not stop the batcher
+                logger.exception("the batch observer failed")

@@ -1,0 +1,136 @@
+"""The FAISS indexes a server searches: loaded at start (memory-mapped), checked against the served model, reloaded
+on demand after ``st-prompts index add`` / ``remove``.
+
+Each index decides how its queries are encoded: an index built with ``--task NAME`` records that prompt set, and its
+queries are rows of that task in the shared batches; an index built without a task is queried with the model's query
+side (``encode_query``: a bank's query set). At load, the served model must encode the index's probe sentences as the
+index's model did (:class:`~st_prompts.search.ModelIdentity`), so a set that changed since the index was built is
+caught. An index keeps the set it was checked with (pinned) until it is reloaded; a search in flight finishes on the
+index it started with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from st_prompts.errors import StPromptsError
+from st_prompts.serving.limits import RequestError
+from st_prompts.serving.model import DOCUMENT_ROLE, QUERY_ROLE, ServedModel
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["IndexRegistry", "ServedIndex"]
+
+
+class ServedIndex:
+    """One loaded index: its name, folder, the :class:`~st_prompts.search.SemanticIndex` and the route its queries
+    take through the served model."""
+
+    def __init__(self, name: str, path: str, index: Any, route: Any, task: str | None) -> None:
+        self.name = name
+        self.path = path
+        self.index = index
+        self.route = route
+        self.task = task
+        self.loaded_at = time.time()
+        self._lock = threading.Lock()  # a memory-mapped index reads its documents through one file handle
+
+    def search(self, vectors: np.ndarray, k: int) -> list[list[dict[str, Any]]]:
+        """The ``k`` best documents of each query vector (``k`` clamped to the index's size), best first."""
+        with self._lock:
+            hits = self.index.search_embeddings(vectors, min(k, len(self.index)))
+        return [[{"rank": rank, "id": hit.id, "score": hit.score, "text": hit.text}
+                 for rank, hit in enumerate(row, start=1)] for row in hits]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "documents": len(self.index), "type": self.index.index_type,
+                "task": self.task, "loaded_at": int(self.loaded_at)}
+
+
+class IndexRegistry:
+    """The named indexes of a server (see the module docstring)."""
+
+    def __init__(self, served: ServedModel) -> None:
+        self.served = served
+        self._indexes: dict[str, ServedIndex] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return list(self._indexes)
+
+    def get(self, name: str) -> ServedIndex:
+        """The index ``name`` as it is now (a reload replaces the object, never changes it)."""
+        entry = self._indexes.get(name)
+        if entry is None:
+            known = ", ".join(repr(n) for n in self._indexes) or "none"
+            raise RequestError(404, f"No index {name!r} (served: {known}).", param="index", code="index_not_found")
+        return entry
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [entry.describe() for entry in self._indexes.values()]
+
+    def load(self, name: str, path: str) -> ServedIndex:
+        """Load (or reload) the index ``name`` from ``path``, memory-mapped, and check it against the served model.
+
+        Raises:
+            StPromptsError: the folder is not a complete index, or the served model does not encode like the index's
+                model (another backbone, another set, a missing set).
+        """
+        from st_prompts.search import SemanticIndex
+        from st_prompts.search.encoding import l2_normalize
+        from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
+
+        index = SemanticIndex.load(path, mmap=True)
+        identity = index.model_identity
+        if identity is None:
+            raise RequestError(422, f"The index at {path} was built from bare embeddings and records no model: a server "
+                               "cannot encode its queries.", code="index_without_model")
+        task = identity.task
+        if task is not None:
+            if not self.served.has(task):
+                raise RequestError(422, f"The index at {path} was encoded with the prompt set {task!r}, which this "
+                                   "model does not serve.", code="task_not_served")
+            route = self.served.acquire(task)
+            probe_route = route
+        else:
+            route = QUERY_ROLE
+            self.served.pin(route)
+            probe_route = DOCUMENT_ROLE  # the probe was encoded like the documents
+        try:
+            probe = l2_normalize(self.served.encode(list(PROBE_SENTENCES), [probe_route] * len(PROBE_SENTENCES)))
+            mine = ModelIdentity(name=self.served.name, dimension=int(probe.shape[1]),
+                                 fingerprint=ModelIdentity.fingerprint_of(probe), probe_embeddings=probe, task=task)
+            identity.check_compatible(mine)
+        except BaseException:
+            self.served.release(route)
+            raise
+        entry = ServedIndex(name, os.path.abspath(path), index, route, task)
+        with self._lock:
+            old = self._indexes.get(name)
+            self._indexes[name] = entry
+        if old is not None:
+            self.served.release(old.route)
+        logger.info("index %r: %d documents (%s, memory-mapped) from %s, queries %s", name, len(index),
+                    index.index_type, path, f"with the prompt set {task!r}" if task else "on the query side")
+        return entry
+
+    def reload(self, name: str) -> ServedIndex:
+        """Read the index ``name`` again from its folder; on failure the loaded one stays.
+
+        Raises:
+            RequestError: 404 (no such index), 422 (the folder cannot be loaded now).
+        """
+        entry = self.get(name)
+        try:
+            return self.load(name, entry.path)
+        except RequestError:
+            raise
+        except StPromptsError as exc:
+            raise RequestError(422, f"Cannot reload the index {name!r}: {(str(exc).splitlines() or [''])[0]} "
+                               "(the loaded one is still served).", code="index_reload_failed") from exc

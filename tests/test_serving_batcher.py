@@ -1,0 +1,256 @@
+"""The batcher alone (no HTTP, no model): routing back, mixed tasks, token budgets, waiting, bounds, cancellation,
+failures and draining; and the request checks of :mod:`st_prompts.serving.limits`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull
+from st_prompts.serving.limits import RequestError, ServingLimits, parse_embedding_request, parse_search_request
+
+DIM = 6
+
+
+def fake_vector(text: str, task) -> np.ndarray:
+    """What a task-aware encoder gives a row: a function of the text and the task only."""
+    seed = abs(hash((text, str(task)))) % (2**32)
+    return np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+
+
+class FakeEncoder:
+    """Records every pass (texts, tasks, thread) and answers with :func:`fake_vector`."""
+
+    def __init__(self, delay: float = 0.0, fail_on: str | None = None) -> None:
+        self.passes: list[tuple[list[str], list]] = []
+        self.threads: set[str] = set()
+        self.delay = delay
+        self.fail_on = fail_on
+
+    def __call__(self, texts, tasks):
+        self.threads.add(threading.current_thread().name)
+        self.passes.append((list(texts), list(tasks)))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_on is not None and self.fail_on in texts:
+            raise RuntimeError("boom in the encoder")
+        return np.stack([fake_vector(t, k) for t, k in zip(texts, tasks)])
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def tokens_of(texts):
+    return [len(t.split()) + 2 for t in texts]
+
+
+def test_rows_of_many_requests_and_tasks_share_passes_and_come_back_in_order():
+    encoder = FakeEncoder(delay=0.002)
+    rng = random.Random(0)
+    tasks = ["sts", "nli", "para", None]
+    requests = []
+    for r in range(120):
+        texts = [" ".join(["w"] * rng.randint(1, 60)) + f" {r}-{i}" for i in range(rng.randint(1, 12))]
+        requests.append((texts, rng.choice(tasks)))
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=5, max_batch_tokens=600, max_batch_rows=40)
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.encode(texts, tokens_of(texts), task) for texts, task in requests))
+        await batcher.close()
+        return results
+
+    results = run(main())
+    for (texts, task), result in zip(requests, results):
+        assert result.shape == (len(texts), DIM)
+        assert np.array_equal(result, np.stack([fake_vector(t, task) for t in texts]))
+    assert encoder.threads and not any(name == "MainThread" for name in encoder.threads)
+    assert len(encoder.passes) < sum(len(t) for t, _ in requests)  # rows were batched
+    assert any(len(set(map(str, tasks))) > 1 for _, tasks in encoder.passes)  # and tasks mixed in a pass
+    for texts, _ in encoder.passes:
+        lengths = tokens_of(texts)
+        assert lengths == sorted(lengths)  # a pass comes sorted by length
+        assert len(texts) <= 40
+        assert len(texts) == 1 or len(texts) * max(lengths) <= 600  # padded tokens within the budget
+
+
+def test_sorting_by_length_cuts_padding_and_the_oldest_row_is_never_left_behind():
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=400, max_batch_rows=100)
+        await batcher.start()
+        long = " ".join(["w"] * 98)
+        shorts = [f"s{i}" for i in range(60)]  # 3 tokens each
+        first = asyncio.ensure_future(batcher.encode([long], [100], "a"))
+        await asyncio.sleep(0)
+        rest = asyncio.ensure_future(batcher.encode(shorts, [3] * 60, "b"))
+        await asyncio.gather(first, rest)
+        await batcher.close()
+
+    run(main())
+    first_texts, _ = encoder.passes[0]
+    assert first_texts[-1].startswith("w w")  # the oldest (long) row is in the first pass
+    assert len(first_texts) == 4  # 4 x 100 padded tokens: the budget
+    # the short rows left then go together, without the long one's padding
+    assert all(len(tokens_of(texts)) * max(tokens_of(texts)) <= 400 for texts, _ in encoder.passes[1:])
+
+
+def test_a_lone_request_waits_at_most_max_wait_and_a_full_pass_does_not_wait():
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=150, max_batch_tokens=10_000, max_batch_rows=8)
+        await batcher.start()
+        start = time.perf_counter()
+        await batcher.encode(["one"], [3], "a")
+        lone = time.perf_counter() - start
+        start = time.perf_counter()
+        await batcher.encode([f"t{i}" for i in range(8)], [3] * 8, "a")  # fills max_batch_rows
+        full = time.perf_counter() - start
+        await batcher.close()
+        return lone, full
+
+    lone, full = run(main())
+    assert 0.14 <= lone < 1.0
+    assert full < 0.1
+
+
+def test_a_full_queue_refuses_with_a_retry_time_and_a_lone_large_request_is_admitted():
+    encoder = FakeEncoder(delay=0.05)
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=100, max_queue_rows=10)
+        await batcher.start()
+        big = await batcher.encode([f"x{i}" for i in range(25)], [3] * 25, "a")  # alone: admitted
+        first = asyncio.ensure_future(batcher.encode([f"y{i}" for i in range(8)], [3] * 8, "a"))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull) as refused:
+            await batcher.encode([f"z{i}" for i in range(3)], [3] * 3, "a")
+        ok = await first
+        await batcher.close()
+        return big, ok, refused.value
+
+    big, ok, refused = run(main())
+    assert big.shape == (25, DIM) and ok.shape == (8, DIM)
+    assert refused.retry_after >= 1 and "retry after" in str(refused)
+
+
+def test_a_cancelled_request_leaves_the_queue_and_its_rows_are_never_encoded():
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=300)
+        await batcher.start()
+        gone = asyncio.ensure_future(batcher.encode(["gone-1", "gone-2"], [3, 3], "a"))
+        await asyncio.sleep(0.01)
+        assert batcher.queued_rows == 2
+        gone.cancel()
+        await asyncio.sleep(0)
+        queued_after = batcher.queued_rows
+        kept = await batcher.encode(["kept"], [3], "a")
+        await batcher.close()
+        return queued_after, kept
+
+    queued_after, kept = run(main())
+    assert queued_after == 0
+    assert kept.shape == (1, DIM)
+    assert all(not t.startswith("gone") for texts, _ in encoder.passes for t in texts)
+
+
+def test_an_encoder_failure_fails_its_pass_only_and_the_batcher_goes_on():
+    encoder = FakeEncoder(fail_on="bad")
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=1)
+        await batcher.start()
+        with pytest.raises(RuntimeError, match="boom"):
+            await batcher.encode(["bad", "good"], [3, 3], "a")
+        after = await batcher.encode(["fine"], [3], "b")
+        await batcher.close()
+        return after
+
+    assert np.array_equal(run(main())[0], fake_vector("fine", "b"))
+
+
+def test_close_answers_everything_queued_and_refuses_new_requests():
+    encoder = FakeEncoder(delay=0.01)
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=200, max_batch_rows=4)
+        await batcher.start()
+        pending = [asyncio.ensure_future(batcher.encode([f"r{i}-{j}" for j in range(3)], [3] * 3, i % 2))
+                   for i in range(10)]
+        await asyncio.sleep(0.01)
+        await batcher.close()
+        with pytest.raises(BatcherClosed):
+            await batcher.encode(["late"], [3], 0)
+        return await asyncio.gather(*pending)
+
+    results = run(main())
+    assert all(r.shape == (3, DIM) for r in results)
+
+
+# ------------------------------------------------------------------------------------------------ request checks
+LIMITS = ServingLimits(max_inputs=5, max_input_chars=20)
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    ([], 400, "JSON object"),
+    ({"model": "sts"}, 422, "'input' is required"),
+    ({"input": [], "model": "sts"}, 422, "must not be an empty list"),
+    ({"input": ["a", 3], "model": "sts"}, 422, "token ids"),
+    ({"input": [[1, 2]], "model": "sts"}, 422, "token ids"),
+    ({"input": ["a", None], "model": "sts"}, 422, "input[1] is null"),
+    ({"input": ["a", {"x": 1}], "model": "sts"}, 422, "input[1] is an object"),
+    ({"input": [""], "model": "sts"}, 422, "empty string"),
+    ({"input": ["a"] * 6, "model": "sts"}, 422, "the limit is 5"),
+    ({"input": "x" * 21, "model": "sts"}, 422, "21 characters"),
+    ({"input": "a", "model": ""}, 422, "'model' must be a name"),
+    ({"input": "a"}, 422, "'model' must be a name"),
+    ({"input": "a", "model": "sts", "encoding_format": "hex"}, 422, "'float' or 'base64'"),
+    ({"input": "a", "model": "sts", "dimensions": 0}, 422, "positive integer"),
+])
+def test_embedding_requests_are_refused_in_one_line(body, status, fragment):
+    with pytest.raises(RequestError) as error:
+        parse_embedding_request(body, LIMITS)
+    assert error.value.status == status
+    assert fragment in error.value.message and "\n" not in error.value.message
+    assert set(error.value.payload()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_good_requests_parse():
+    parsed = parse_embedding_request({"input": "a text", "model": "sts", "user": "ignored"}, LIMITS)
+    assert parsed.texts == ["a text"] and parsed.encoding_format == "float" and parsed.dimensions is None
+    search = parse_search_request({"query": ["q1", "q2"], "index": "docs", "k": 3}, LIMITS)
+    assert search.queries == ["q1", "q2"] and search.k == 3
+    with pytest.raises(RequestError, match="'k' must be an integer from 1 to 100"):
+        parse_search_request({"query": "q", "index": "docs", "k": 0}, LIMITS)
+    with pytest.raises(ValueError, match="max_inputs must be a positive integer"):
+        ServingLimits(max_inputs=0)
+
+
+def test_later_rows_cannot_jump_ahead_of_older_ones_beyond_the_window():
+    """Passes are chosen among the oldest 4 x max_batch_rows rows: fresh rows of the anchor's length, however well
+    they would pad, wait while older rows of another length are within the window."""
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=10_000, max_batch_rows=2)  # window: 8 rows
+        await batcher.start()
+        old = asyncio.ensure_future(batcher.encode([f"o{i}" for i in range(8)], [50] + [10] * 7, "a"))
+        fresh = asyncio.ensure_future(batcher.encode([f"f{i}" for i in range(20)], [50] * 20, "b"))  # queued next
+        await asyncio.gather(old, fresh)
+        await batcher.close()
+
+    run(main())
+    first = encoder.passes[0][0]
+    assert "o0" in first and all(t.startswith("o") for t in first)  # not the perfectly fitting fresh "f0"
+    last_old = max(i for i, (texts, _) in enumerate(encoder.passes) if any(t.startswith("o") for t in texts))
+    assert last_old == 3  # the old request is done in 4 passes of 2
