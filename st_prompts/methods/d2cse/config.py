@@ -72,8 +72,9 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     if backbone not in table:
         raise ConfigurationError(
             f"No paper hyperparameters for {backbone!r} ({'supervised' if supervised else 'unsupervised'}); D2CSE's "
-            f"table 7 covers {', '.join(table)}. Pass --batch-size/--learning-rate/--prefix-length/--cls-prompt and "
-            "--generator explicitly with --scale cpu, or use one of those."
+            f"table 7 covers {', '.join(table)}. Use scale='cpu' (its CPU preset; --scale cpu on the command line), or "
+            "give batch_size, learning_rate, prefix_length, cls_prompt and generator (--batch-size, --learning-rate, "
+            "--prefix-length, --cls-prompt, --generator) with it, or one of those backbones."
         )
     batch, lr, prefix, cls_prompt = table[backbone]
     return dict(backbone=backbone, batch_size=batch, learning_rate=lr, prefix_length=prefix, cls_prompt=cls_prompt,

@@ -54,8 +54,9 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     table = SUPERVISED_TABLE if supervised else UNSUPERVISED_TABLE
     if backbone not in table:
         raise ConfigurationError(
-            f"No paper hyperparameters for {backbone!r}; the DCPCSE tables cover {', '.join(table)}. "
-            "Pass --batch-size/--learning-rate/--prefix-length explicitly with --scale cpu, or use one of those."
+            f"No paper hyperparameters for {backbone!r}; the DCPCSE tables cover {', '.join(table)}. Use scale='cpu' "
+            "(its CPU preset; --scale cpu on the command line), or give batch_size, learning_rate and prefix_length "
+            "(--batch-size/--learning-rate/--prefix-length) with it, or one of those backbones."
         )
     batch, lr, prefix, mlm = table[backbone]
     return dict(backbone=backbone, batch_size=batch, learning_rate=lr, prefix_length=prefix,
