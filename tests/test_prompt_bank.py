@@ -106,15 +106,18 @@ def test_a_set_trained_while_others_exist_leaves_them_and_the_backbone_bit_ident
     data = Dataset.from_dict({"sentence1": TEXTS[:4] * 4, "sentence2": TEXTS[3:7] * 4, "score": [0.9, 0.1, 0.5, 0.3] * 4})
     result = bank.train_prompt_set(model, "new", data, CoSENTLoss(model), batch_size=4, max_steps=3,
                                    learning_rate=5e-2, show_progress_bar=False, prefix_length=6)
-    assert result.steps == 3 and result.trainable_parameters == model[0].prompt_sets["new"].embedding.weight.numel()
+    new = dict(model[0].prompt_sets["new"].named_parameters())
+    assert set(new) == {"embedding.weight", "gate"}  # a new set is gated by default (the multitask study)
+    assert result.steps == 3 and result.trainable_parameters == sum(p.numel() for p in new.values())
     after = model.state_dict()
     changed = {k for k in after if k not in before or not torch.equal(after[k], before[k])}
-    assert changed == {"0.prompt_sets.new.embedding.weight"}
+    assert changed == {"0.prompt_sets.new.embedding.weight", "0.prompt_sets.new.gate"}
     assert model[0].default_task is None and all(p.requires_grad for p in model[0].prompt_sets["kept"].parameters())
     # the trained set is what the loss saw: default task inside the context only
     with bank.training_prompt_set(model, "new"):
         assert model[0].default_task == "new"
-        assert [n for n, p in model.named_parameters() if p.requires_grad] == ["0.prompt_sets.new.embedding.weight"]
+        assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+            "0.prompt_sets.new.gate", "0.prompt_sets.new.embedding.weight"]
 
 
 def test_any_sentence_transformers_loss_trains_a_set(tiny_bert):
