@@ -516,6 +516,9 @@ def report(args) -> None:
                 f"{row['full_models']['memory_bytes'] / 2**20:.0f} MiB | "
                 f"{row['identity_max_abs_diff']['mixed_vs_alone']:.1e} / "
                 f"{row['identity_max_abs_diff']['mixed_vs_grouped']:.1e} |")
+    study = REPO / "benchmarks" / "results" / "multitask_study" / "study.md"
+    if study.exists():  # benchmarks/multitask_study.py --report-only writes it
+        lines += ["", study.read_text().strip()]
     text = "\n".join(lines) + "\n"
     write_file_atomic(RESULTS.parent / "multitask.md" if RESULTS.name == "multitask" else RESULTS / "multitask.md", text)
     write_json_atomic(RESULTS / "quality.json", {"selected": {f"{t}/{a}": r for (t, a), r in best.items()},

@@ -366,8 +366,9 @@ def report(tasks=TASKS) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # three seeds
     lines += ["", "**Three seeds** (42, 43, 44) of each task's final configuration (best selection score over the "
-              "study) — mean ± std, selection set / unseen set:", "",
-              "| task | approach | configuration | lr | selection set | unseen set |", "|---|---|---|---:|---:|---:|"]
+              "study) — mean ± std over the seeds run so far (the `seeds` column), selection set / unseen set:", "",
+              "| task | approach | configuration | lr | seeds | selection set | unseen set |",
+              "|---|---|---|---:|---|---:|---:|"]
     summary = {}
     for task in tasks:
         for approach in ("prompts", "lora", "full"):
@@ -386,8 +387,9 @@ def report(tasks=TASKS) -> str:
             summary[f"{task}/{approach}"] = {"name": final["name"], "learning_rate": final["learning_rate"],
                                              "seeds": sorted(r["seed"] for r in runs), "selection": sel,
                                              "unseen": uns, "selection_mean": fmean(sel), "unseen_mean": fmean(uns)}
-            lines.append(f"| {task} | {approach} | {final['name']} | {final['learning_rate']:g} | {fmt(sel)} | "
-                         f"{fmt(uns)} |")
+            seeds = ", ".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"]))
+            lines.append(f"| {task} | {approach} | {final['name']} | {final['learning_rate']:g} | {seeds} | "
+                         f"{fmt(sel)} | {fmt(uns)} |")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS / "study.json", {"best": {f"{t}/{n}": r for (t, n), r in best.items()},
