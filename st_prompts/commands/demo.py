@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
                 "spearman_cosine", f"STS-B dev, Spearman x100 (held-out {len(dev) - STS_SELECT:,} pairs)"),
         "contradiction": (contradiction_evaluator(NLI_TRAIN, NLI_SELECT, "contradiction-select"),
                           contradiction_evaluator(NLI_SELECT, len(triplets), "contradiction-held-out"),
-                          "cosine_accuracy", f"SNLI, % of {len(triplets) - NLI_SELECT} held-out premises nearer their "
-                          "contradiction"),
+                          "cosine_accuracy",
+                          f"SNLI, % of {len(triplets) - NLI_SELECT} held-out premises nearer their contradiction"),
     }
 
     def score(model, name: str, task: str | None = None) -> float:
