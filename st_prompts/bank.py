@@ -6,7 +6,7 @@ prefixes) on one frozen backbone, each a few hundred kilobytes. Choose a set per
 (``model.encode(texts, task=["sts", "nli", ...])``: mixed batches, one forward pass each); train one set with any
 sentence-transformers loss while the others stay frozen::
 
-    from sentence_transformers.losses import CoSENTLoss
+    from sentence_transformers.sentence_transformer.losses import CoSENTLoss
     from st_prompts import bank
 
     model = bank.create_bank("minilm")                       # the shipped model's own pooling (mean) and normalisation

@@ -21,6 +21,7 @@ import os
 from st_prompts.commands.options import (
     add_no_progress_argument,
     add_trust_remote_code_argument,
+    cli_text,
     finite_float,
     show_progress,
 )
@@ -32,7 +33,7 @@ LOSSES = ("cosent", "mnrl", "dcpcse")
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("bank", help="many tasks on one frozen backbone: train, add, list prompt sets",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
 
     create = actions.add_parser("create", help="an empty bank on a backbone")
@@ -71,27 +72,27 @@ def add_parser(subparsers) -> None:
     train.set_defaults(func=run_train)
 
     add = actions.add_parser("add", help="add a trained prompt set (a model folder or prompts-only checkpoint)")
-    add.add_argument("bank")
-    add.add_argument("name")
+    add.add_argument("bank", help="folder of the bank")
+    add.add_argument("name", help="name of the new prompt set")
     add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone")
     add_trust_remote_code_argument(add)
     add.set_defaults(func=run_add)
 
     remove = actions.add_parser("remove", help="remove a prompt set")
-    remove.add_argument("bank")
-    remove.add_argument("name")
+    remove.add_argument("bank", help="folder of the bank")
+    remove.add_argument("name", help="name of the prompt set to remove")
     add_trust_remote_code_argument(remove)
     remove.set_defaults(func=run_remove)
 
     roles = actions.add_parser("roles", help="which set encodes without a task, and the query and document sets")
-    roles.add_argument("bank")
+    roles.add_argument("bank", help="folder of the bank")
     for role in ("default", "query", "document"):
         roles.add_argument(f"--{role}", help=f"the {role} set (a name; 'none' to unset)")
     add_trust_remote_code_argument(roles)
     roles.set_defaults(func=run_roles)
 
     show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles")
-    show.add_argument("bank")
+    show.add_argument("bank", help="folder of the bank")
     add_trust_remote_code_argument(show)
     show.set_defaults(func=run_list)
 
@@ -242,11 +243,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _loss(name: str, model):
     if name == "cosent":
-        from sentence_transformers.losses import CoSENTLoss
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
 
         return CoSENTLoss(model)
     if name == "mnrl":
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         return MultipleNegativesRankingLoss(model)
     from st_prompts.losses import PromptContrastiveLoss
