@@ -91,8 +91,9 @@ def add_parser(subparsers) -> None:
     add_trust_remote_code_argument(roles)
     roles.set_defaults(func=run_roles)
 
-    show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles")
+    show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles (a table; --json)")
     show.add_argument("bank", help="folder of the bank")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     add_trust_remote_code_argument(show)
     show.set_defaults(func=run_list)
 
@@ -127,7 +128,8 @@ def _summary(model, path: str) -> dict:
 
     encoder = bank_encoder(model)
     sets = {name: {"prefix_length": e.prefix_length, "parameters": sum(p.numel() for p in e.parameters()),
-                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters())}
+                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters()),
+                   **({"trained": encoder.prompt_set_info[name]} if encoder.prompt_set_info.get(name) else {})}
             for name, e in encoder.prompt_sets.items()}
     return {"bank": path, "backbone": encoder.backbone_reference, "sets": sets, "default": encoder.default_task,
             "query": encoder.query_task, "document": encoder.document_task}
@@ -195,8 +197,37 @@ def run_roles(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    print(json.dumps(_summary(_load(args.bank, args.trust_remote_code), args.bank), indent=2))
+    summary = _summary(_load(args.bank, args.trust_remote_code), args.bank)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
+
+
+def _size(count: int) -> str:
+    return f"{count / 1024:,.0f} KiB" if count >= 1024 else f"{count} B"
+
+
+def format_summary(summary: dict) -> str:
+    """``bank list``'s table: one row per prompt set (positions, parameters, size, roles, what it was trained on and
+    its selection score where recorded)."""
+    roles: dict[str, list[str]] = {}
+    for role in ("default", "query", "document"):
+        if summary.get(role):
+            roles.setdefault(summary[role], []).append(role)
+    lines = [f"{summary['bank']}: {len(summary['sets'])} prompt set(s) on {summary['backbone']}"]
+    if not summary["sets"]:
+        return "\n".join([*lines, "(no prompt sets: it encodes as the backbone; add one with bank train or bank add)"])
+    header = ("set", "prefix", "parameters", "size", "roles", "trained on", "selection score (step)")
+    rows = []
+    for name, info in summary["sets"].items():
+        record = info.get("trained", {})
+        trained = ", ".join(part for part in (f"{record['rows']:,} rows" if "rows" in record else "",
+                                              record.get("loss", "")) if part)
+        score = f"{100 * record['best_score']:.2f} ({record.get('best_step')})" if "best_score" in record else ""
+        rows.append((name, str(info["prefix_length"]), f"{info['parameters']:,}", _size(info["bytes"]),
+                     ", ".join(roles.get(name, [])), trained, score))
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)
 
 
 def run_train(args: argparse.Namespace) -> int:
