@@ -6,7 +6,7 @@ prefixes) on one frozen backbone, each a few hundred kilobytes. Choose a set per
 (``model.encode(texts, task=["sts", "nli", ...])``: mixed batches, one forward pass each); train one set with any
 sentence-transformers loss while the others stay frozen::
 
-    from sentence_transformers.losses import CoSENTLoss
+    from sentence_transformers.sentence_transformer.losses import CoSENTLoss
     from st_prompts import bank
 
     model = bank.create_bank("minilm")                       # the shipped model's own pooling (mean) and normalisation
@@ -218,6 +218,7 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
     utils.check_finite(learning_rate=learning_rate, epochs=epochs, warmup_ratio=warmup_ratio)
     if not learning_rate > 0:
         raise ConfigurationError(f"learning_rate must be positive, got {learning_rate!r}.")
+    given_evaluator = evaluator
     evaluator = full_length_evaluator(evaluator)  # selection sees whole sentences, as SentEval
     if name not in bank_encoder(model).prompt_sets:  # the study's default: a new set starts as the backbone
         new_set.setdefault("prefix_gate", bank_encoder(model).prefix_injection != "cache")
@@ -234,9 +235,11 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
             disable_tqdm=not show_progress_bar, use_cpu=not torch.cuda.is_available(),
         )
         keep = KeepBestCallback(model, evaluator) if evaluator is not None else None
+        start_score = None
         if keep is not None:  # step 0: the start may be the best (a gated set starts as the backbone)
             model.eval()
-            keep.consider(evaluator(model)[evaluator.primary_metric], 0)
+            start_score = evaluator(model)[evaluator.primary_metric]
+            keep.consider(start_score, 0)
         torch.manual_seed(seed)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss,
                                              evaluator=evaluator, callbacks=[keep] if keep else [])
@@ -252,5 +255,46 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
             keep.restore()
         count = sum(p.numel() for p in trained.parameters())
     model.eval()
+    gated = bool(bank_encoder(model).prompt_set_options()[name].get("prefix_gate"))
+    bank_encoder(model).record_prompt_set(
+        name, rows=_rows(train_dataset), loss=type(loss).__name__, evaluator=_evaluator_label(given_evaluator),
+        metric=evaluator.primary_metric if keep is not None else None, steps=trainer.state.global_step,
+        best_score=_number(keep.best) if keep else None, best_step=keep.best_step if keep else None,
+        start_score=_number(start_score),
+        # a gated set starts as the backbone itself: its step-0 score is the backbone's (the shipped model's)
+        backbone_score=_number(start_score) if gated else None,
+    )
     return TrainedSet(name=name, steps=trainer.state.global_step, best_metric=keep.best if keep else None,
                       best_step=keep.best_step if keep else None, trainable_parameters=count, seconds=seconds)
+
+
+def _rows(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # an iterable dataset
+        return None
+
+
+def _number(value: Any) -> float | None:
+    """A finite score as a plain float (what JSON holds), else ``None``."""
+    import math
+
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _evaluator_label(evaluator: Any) -> str | None:
+    """``"EmbeddingSimilarityEvaluator 'sts-dev' (1,500 pairs)"``: what selected a set, for its record."""
+    if evaluator is None:
+        return None
+    inner = getattr(evaluator, "evaluator", evaluator) if getattr(evaluator, "encodes_full_length", False) else evaluator
+    label = type(inner).__name__
+    name = getattr(inner, "name", None)
+    if name:
+        label += f" {name!r}"
+    pairs = getattr(inner, "sentences1", None)
+    if pairs is not None:
+        label += f" ({len(pairs):,} pairs)"
+    return label

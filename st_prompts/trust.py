@@ -206,6 +206,7 @@ PROMPTED_KEYS: dict[str, Check] = {
     "template": _optional(_text), "template_mode": _one_of("soft", "hard"), "cls_prompt": _bool,
     "template_denoising": _bool, "freeze_backbone": _bool, "backbone_name_or_path": _optional(_text),
     "prefix_injection": _one_of("attention", "cache"), "prompt_sets": lambda v: v is None or _scalar_tree(v),
+    "prompt_set_info": lambda v: v is None or (isinstance(v, dict) and _scalar_tree(v)),
     "default_task": _optional(_text), "query_task": _optional(_text), "document_task": _optional(_text),
     "prompts_only": _bool, "backbone_fingerprint": _optional(_text), "prefix_gate": _bool,
 }

@@ -120,7 +120,10 @@ def test_a_trained_model_carries_a_card_that_says_how_to_load_it(tiny_bert, data
             "--batch-size", "4", "--eval-steps", "1", "--output", str(out), "--prompts-only", "--no-progress"]
     assert main(argv) == 0
     card = (out / "README.md").read_text()
-    assert "pip install -U sentence-transformers st-prompts" in card
+    # st-prompts is not on PyPI: the card installs it from source and keeps the published line as a note
+    assert "pip install -e path/to/st_prompts" in card and "# once it is published: pip install -U st-prompts" in card
+    assert "pip install -U sentence-transformers st-prompts" not in card
+    assert "**Encodes:** up to 48 tokens per text" in card  # the saved max_seq_length (trained at 32)
     assert "trust_remote_code=True" in card and "load_sentence_model" in card
     assert "**Method:** dcpcse" in card and "Deep Continuous Prompt" in card
     assert f"**Backbone:** {Path(tiny_bert).name} (frozen)" in card
@@ -129,3 +132,39 @@ def test_a_trained_model_carries_a_card_that_says_how_to_load_it(tiny_bert, data
     assert "sentence_transformers_model_id" not in card
     prompts_card = (Path(str(out) + "-prompts") / "README.md").read_text()
     assert "Prompts-only checkpoint" in prompts_card and "trust_remote_code=True" in prompts_card
+
+
+def test_every_long_phase_says_one_line_with_no_progress_and_dev_limit_bounds_selection(tiny_bert, data_dir,
+                                                                                        tmp_path, capsys):
+    """With --no-progress (no bars) each long phase still logs a line on stderr: loading the backbone, the data read
+    (with its size), training (steps), each evaluation (with its size), saving. --dev-limit selects on a bounded,
+    evenly spaced share of STS-B dev and reports the selected weights' score on the whole set."""
+    from st_prompts.evaluation.sts import stsb_dev_evaluator
+
+    total = len(stsb_dev_evaluator(str(data_dir / "senteval")).sentences1)
+    out = tmp_path / "model"
+    argv = ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "2",
+            "--batch-size", "4", "--eval-steps", "1", "--dev-limit", "4", "--output", str(out), "--no-progress"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert any(line.startswith(f"Loading the backbone {tiny_bert} for dcpcse") for line in err), err
+    assert any(f"train: 8 examples; selection on STS-B dev, 4 of {total:,} pairs" in line for line in err), err
+    assert any(line.startswith("Training dcpcse train: 2 steps of batch 4 over 8 examples, evaluating every 1 steps")
+               for line in err), err
+    evaluations = [line for line in err if line.startswith("Evaluating sts-dev (4 pairs) at step")]
+    assert len(evaluations) == 2, err  # steps 1 and 2
+    assert f"Evaluating the selected weights on the whole STS-B dev ({total:,} pairs)." in err
+    assert f"Saving the model to {out}." in err
+    printed = json.loads(captured.out[captured.out.rindex("{\n"):])
+    assert printed["selection_dev_pairs"] == 4 and printed["selection_dev_spearman"] is not None
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["selection_pairs"] == 4 and result["best_metric"] == printed["best_dev_spearman"]
+    # the reported number is the whole dev set's
+    from st_prompts.loading import load_sentence_model
+
+    full = stsb_dev_evaluator(str(data_dir / "senteval"))
+    assert abs(full(load_sentence_model(str(out)))[full.primary_metric] - result["best_metric"]) < 1e-4
+
+    assert main(argv[:-5] + ["--dev-limit", "1", "--output", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "dev_limit must be a number of STS-B dev pairs of at least 2" in capsys.readouterr().err

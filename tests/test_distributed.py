@@ -66,6 +66,6 @@ def test_torchrun_two_processes_match_one_process_and_only_rank0_saves(tmp_path)
 
     # only rank 0 wrote the model (both processes log; the save is logged once)
     log = multi.stdout + multi.stderr
-    assert log.count("Saved the model to") == 1, log[-3000:]
+    assert log.count("Saving the model to") == 1, log[-3000:]
     assert log.count('"steps": 2') == 2  # both processes trained and reported
     assert torch.isfinite(two).all()

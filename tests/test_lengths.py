@@ -66,7 +66,8 @@ def test_a_trained_model_encodes_long_text_whole(data_dir, tmp_path, minilm_path
     shipped = json.loads((Path(minilm_path) / "sentence_bert_config.json").read_text())["max_seq_length"]
     saved = json.loads((out / "sentence_bert_config.json").read_text())
     assert saved["max_seq_length"] == shipped == 256
-    assert "Maximum Sequence Length:** 256 tokens" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "Maximum Sequence Length:** 256 tokens" in card and "**Encodes:** up to 256 tokens per text" in card
 
     loaded = load_sentence_model(str(out))
     assert loaded.max_seq_length == 256

@@ -232,10 +232,20 @@ def test_the_command_line_trains_adds_lists_and_searches_per_task(tiny_bert, tmp
     assert cli.main(["bank", "train", folder, "x", "--data", str(triplets), "--loss", "cosent", *common]) == 2
     assert cli.main(["bank", "roles", folder, "--default", "sts"]) == 0
     capsys.readouterr()
-    assert cli.main(["bank", "list", folder]) == 0
+    assert cli.main(["bank", "list", folder, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["default"] == "sts" and {k: v["prefix_length"] for k, v in listed["sets"].items()} == {
         "sts": 16, "nli": 5}
+    assert listed["sets"]["nli"]["trained"]["rows"] == 5 and listed["sets"]["nli"]["trained"]["steps"] == 2
+    assert cli.main(["bank", "list", folder]) == 0  # a table by default
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"{folder}: 2 prompt set(s) on {tiny_bert}"
+    assert table[1].split() == ["set", "prefix", "parameters", "size", "roles", "trained", "on", "selection",
+                                "score", "(step)"]
+    sts_row, nli_row = table[2].split(), table[3].split()
+    assert sts_row[:2] == ["sts", "16"] and "default," not in sts_row and "default" in sts_row
+    assert sts_row[2] == f"{listed['sets']['sts']['parameters']:,}" and "CoSENTLoss" in sts_row
+    assert nli_row[:2] == ["nli", "5"] and "MultipleNegativesRankingLoss" in nli_row and "default" not in nli_row
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")
     index = str(tmp_path / "index")

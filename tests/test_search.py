@@ -392,6 +392,8 @@ def test_cli_build_and_search_end_to_end(tmp_path, capsys):
     assert code == 0, stderr
     assert "Indexed 15 documents" in stdout
     assert "skipped 1 blank" in stderr and "repeat the text" in stderr
+    # one action, one message: the save itself does not announce itself a second time
+    assert len(stdout.splitlines()) == 1 and "saved" not in stderr.lower() and "Indexed" not in stderr
 
     code, stdout, stderr = run_cli(["index", "search", str(out), "where do cats sleep?", "bread recipe", "-k", "3",
                                     "--json"], capsys)  # fmt: skip
@@ -461,3 +463,22 @@ def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, 
     code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"],
                               capsys)
     assert code == 2 and "not_installed_pkg" in stderr and "cannot be imported" in stderr and "Traceback" not in stderr
+
+
+def test_cli_index_info_loads_no_model_library(tmp_path):
+    """`index info` needs no model: it reads the index without importing torch, transformers or sentence-transformers
+    (in a fresh interpreter, where nothing else imported them)."""
+    import subprocess
+    import sys
+
+    vectors = np.random.default_rng(0).normal(size=(20, 8)).astype("float32")
+    SemanticIndex.from_embeddings(vectors, [f"text {i}" for i in range(20)], index_type="ivf", nlist=2, target_recall=None).save(
+        tmp_path / "idx")
+    probe = ("import sys; from st_prompts.cli import main; code = main(['index', 'info', sys.argv[1]]); "
+             "print('LOADED', sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules)); "
+             "sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "idx")], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr
+    assert "Documents:  20" in result.stdout and "Type:       ivf" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "LOADED []"

@@ -21,6 +21,7 @@ import os
 from st_prompts.commands.options import (
     add_no_progress_argument,
     add_trust_remote_code_argument,
+    cli_text,
     finite_float,
     show_progress,
 )
@@ -32,7 +33,7 @@ LOSSES = ("cosent", "mnrl", "dcpcse")
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("bank", help="many tasks on one frozen backbone: train, add, list prompt sets",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
 
     create = actions.add_parser("create", help="an empty bank on a backbone")
@@ -75,27 +76,28 @@ def add_parser(subparsers) -> None:
     train.set_defaults(func=run_train)
 
     add = actions.add_parser("add", help="add a trained prompt set (a model folder or prompts-only checkpoint)")
-    add.add_argument("bank")
-    add.add_argument("name")
+    add.add_argument("bank", help="folder of the bank")
+    add.add_argument("name", help="name of the new prompt set")
     add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone")
     add_trust_remote_code_argument(add)
     add.set_defaults(func=run_add)
 
     remove = actions.add_parser("remove", help="remove a prompt set")
-    remove.add_argument("bank")
-    remove.add_argument("name")
+    remove.add_argument("bank", help="folder of the bank")
+    remove.add_argument("name", help="name of the prompt set to remove")
     add_trust_remote_code_argument(remove)
     remove.set_defaults(func=run_remove)
 
     roles = actions.add_parser("roles", help="which set encodes without a task, and the query and document sets")
-    roles.add_argument("bank")
+    roles.add_argument("bank", help="folder of the bank")
     for role in ("default", "query", "document"):
         roles.add_argument(f"--{role}", help=f"the {role} set (a name; 'none' to unset)")
     add_trust_remote_code_argument(roles)
     roles.set_defaults(func=run_roles)
 
-    show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles")
-    show.add_argument("bank")
+    show = actions.add_parser("list", help="the prompt sets of a bank, their sizes and roles (a table; --json)")
+    show.add_argument("bank", help="folder of the bank")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     add_trust_remote_code_argument(show)
     show.set_defaults(func=run_list)
 
@@ -130,7 +132,8 @@ def _summary(model, path: str) -> dict:
 
     encoder = bank_encoder(model)
     sets = {name: {"prefix_length": e.prefix_length, "parameters": sum(p.numel() for p in e.parameters()),
-                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters())}
+                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters()),
+                   **({"trained": encoder.prompt_set_info[name]} if encoder.prompt_set_info.get(name) else {})}
             for name, e in encoder.prompt_sets.items()}
     return {"bank": path, "backbone": encoder.backbone_reference, "sets": sets, "default": encoder.default_task,
             "query": encoder.query_task, "document": encoder.document_task}
@@ -198,8 +201,37 @@ def run_roles(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    print(json.dumps(_summary(_load(args.bank, args.trust_remote_code), args.bank), indent=2))
+    summary = _summary(_load(args.bank, args.trust_remote_code), args.bank)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
+
+
+def _size(count: int) -> str:
+    return f"{count / 1024:,.0f} KiB" if count >= 1024 else f"{count} B"
+
+
+def format_summary(summary: dict) -> str:
+    """``bank list``'s table: one row per prompt set (positions, parameters, size, roles, what it was trained on and
+    its selection score where recorded)."""
+    roles: dict[str, list[str]] = {}
+    for role in ("default", "query", "document"):
+        if summary.get(role):
+            roles.setdefault(summary[role], []).append(role)
+    lines = [f"{summary['bank']}: {len(summary['sets'])} prompt set(s) on {summary['backbone']}"]
+    if not summary["sets"]:
+        return "\n".join([*lines, "(no prompt sets: it encodes as the backbone; add one with bank train or bank add)"])
+    header = ("set", "prefix", "parameters", "size", "roles", "trained on", "selection score (step)")
+    rows = []
+    for name, info in summary["sets"].items():
+        record = info.get("trained", {})
+        trained = ", ".join(part for part in (f"{record['rows']:,} rows" if "rows" in record else "",
+                                              record.get("loss", "")) if part)
+        score = f"{100 * record['best_score']:.2f} ({record.get('best_step')})" if "best_score" in record else ""
+        rows.append((name, str(info["prefix_length"]), f"{info['parameters']:,}", _size(info["bytes"]),
+                     ", ".join(roles.get(name, [])), trained, score))
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -247,11 +279,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _loss(name: str, model):
     if name == "cosent":
-        from sentence_transformers.losses import CoSENTLoss
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
 
         return CoSENTLoss(model)
     if name == "mnrl":
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         return MultipleNegativesRankingLoss(model)
     from st_prompts.losses import PromptContrastiveLoss

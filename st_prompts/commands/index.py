@@ -425,19 +425,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    """Run ``st-prompts index info``."""
-    from st_prompts.search import SemanticIndex
+    """Run ``st-prompts index info``. It needs no model: it reads the index with the store alone (FAISS and numpy,
+    never torch or sentence-transformers), validating the directory without reading it all into RAM."""
+    from st_prompts.search.store import load_index_dir
 
-    index = SemanticIndex.load(args.index, mmap=True)  # validates the directory without reading it all into RAM
+    index = load_index_dir(args.index, mmap=True)
     meta = json.loads((args.index / "meta.json").read_text(encoding="utf-8"))
     if args.json:
         print(json.dumps(meta, ensure_ascii=False, indent=2))
         return 0
     model = index.model_identity
     print(f"Index:      {args.index}")
-    print(f"Documents:  {len(index)}")
+    print(f"Documents:  {len(index.ids)}")
     print(f"Type:       {index.index_type} ({meta.get('faiss_factory')}) {index.index_params or ''}".rstrip())
-    print(f"Dimension:  {index.dimension}; scores are cosine similarities (L2-normalised, inner product)")
+    print(f"Dimension:  {index.faiss_index.d}; scores are cosine similarities (L2-normalised, inner product)")
     if model is not None:
         print(f"Model:      {model.name} ({model.fingerprint[:19]}…)")
     else:
@@ -456,8 +457,8 @@ def run_info(args: argparse.Namespace) -> int:
             print(f"            (the index now uses {record['parameter']}={current}: set by hand after calibrating)")
         if record.get("caveat"):
             print(f"            ({record['caveat']})")
-        if record.get("num_docs") != len(index):
-            print(f"            (measured on {record.get('num_docs')} documents; the index now holds {len(index)}: "
+        if record.get("num_docs") != len(index.ids):
+            print(f"            (measured on {record.get('num_docs')} documents; the index now holds {len(index.ids)}: "
                   "re-run 'st-prompts index calibrate')")  # fmt: skip
     elif index.index_type != "flat":
         print("Calibration: none (search parameters set by hand or defaults)")

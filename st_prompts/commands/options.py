@@ -42,3 +42,12 @@ def show_progress(args: argparse.Namespace) -> bool:
     """Whether a command shows progress bars: not with ``--no-progress``, and only on a terminal (never into a
     redirected log)."""
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def cli_text(text: str) -> str:
+    """A docstring as command-line help text: reStructuredText's double backquotes (````x````) become single ones
+    and Sphinx roles (``:func:`x```) plain names, so that ``--help`` shows no markup."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")

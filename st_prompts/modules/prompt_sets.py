@@ -117,7 +117,8 @@ class PromptSetsMixin:
     forward_kwargs = {"task"}
 
     def _init_prompt_sets(self, prompt_sets: dict[str, dict[str, Any]] | None, default_task: str | None,
-                          query_task: str | None, document_task: str | None) -> None:
+                          query_task: str | None, document_task: str | None,
+                          prompt_set_info: dict[str, dict[str, Any]] | None = None) -> None:
         self.prompt_sets = torch.nn.ModuleDict()
         #: a bank (``prompt_sets`` given, even empty) saves its sets' dict, so a bank with no set yet reloads as one
         self._is_bank = prompt_sets is not None
@@ -125,6 +126,11 @@ class PromptSetsMixin:
         self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
         for name, options in (prompt_sets or {}).items():
             self.new_prompt_set(name, **options, _room_checked_by_caller=True)
+        #: what each set was trained on and how it scored (name -> record; see :meth:`record_prompt_set`); banks saved
+        #: before these records load without them
+        self.prompt_set_info: dict[str, dict[str, Any]] = {
+            name: dict(record) for name, record in (prompt_set_info or {}).items()
+            if name in self.prompt_sets and isinstance(record, dict)}
         self.default_task, self.query_task, self.document_task = default_task, query_task, document_task
         for role in ("default_task", "query_task", "document_task"):
             value = getattr(self, role)
@@ -215,6 +221,7 @@ class PromptSetsMixin:
         if name not in self.prompt_sets:
             raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
         del self.prompt_sets[name], self._set_options[name]
+        self.prompt_set_info.pop(name, None)
         for role in ("default_task", "query_task", "document_task"):
             if getattr(self, role) == name:
                 setattr(self, role, None)
@@ -227,6 +234,14 @@ class PromptSetsMixin:
         if cached is None or not self.freeze_backbone:
             cached = self._fingerprint = backbone_fingerprint(self.auto_model)
         return cached
+
+    def record_prompt_set(self, name: str, **record: Any) -> None:
+        """Record what the set ``name`` was trained on and how it scored (saved with the bank, shown in its model
+        card): ``rows``, ``loss``, ``evaluator``, ``metric``, ``best_score``, ``best_step``, ``start_score`` (step 0),
+        ``backbone_score``, ``steps``; ``None`` values are left out. Replaces an earlier record of that set."""
+        if name not in self.prompt_sets:
+            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
+        self.prompt_set_info[name] = {key: value for key, value in record.items() if value is not None}
 
     def prompt_set_options(self) -> dict[str, dict[str, Any]]:
         """Each set's construction options (what the saved config records)."""
@@ -243,6 +258,11 @@ class PromptSetsMixin:
         config = super().get_config_dict()
         options = self.prompt_set_options()
         config["prompt_sets"] = options if options or self._is_bank else None
+        info = {name: record for name, record in self.prompt_set_info.items() if name in self.prompt_sets and record}
+        if info:
+            config["prompt_set_info"] = info
+        else:
+            config.pop("prompt_set_info", None)
         return config
 
     def _check_new_name(self, name: str) -> None:

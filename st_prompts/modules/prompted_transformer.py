@@ -115,6 +115,8 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         prompt_sets: named prompt sets, name -> options of :meth:`new_prompt_set` (their weights load with the
             module); ``default_task``: the set used without ``task`` (``None``: the module's own prefix, else the
             plain backbone); ``query_task``/``document_task``: the sets of ``encode_query``/``encode_document``.
+        prompt_set_info: name -> what the set was trained on and how it scored (written by
+            :func:`st_prompts.bank.train_prompt_set`, shown in the bank's model card; informational only).
         **kwargs: passed on to :class:`sentence_transformers.base.modules.Transformer` (``model_kwargs``,
             ``processor_kwargs``, ``config_kwargs``, ...).
 
@@ -143,6 +145,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         "prefix_injection",
         "prefix_gate",
         "prompt_sets",
+        "prompt_set_info",
         "default_task",
         "query_task",
         "document_task",
@@ -171,6 +174,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         default_task: str | None = None,
         query_task: str | None = None,
         document_task: str | None = None,
+        prompt_set_info: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
@@ -270,7 +274,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         if vector_ids:
             self.shallow_prompt = ShallowPrompt.from_token_ids(vector_ids, self.auto_model.get_input_embeddings().weight)
 
-        self._init_prompt_sets(prompt_sets, default_task, query_task, document_task)
+        self._init_prompt_sets(prompt_sets, default_task, query_task, document_task, prompt_set_info)
         check_room_for_text(self.max_positions, self._position_offset,
                             self.tokenizer.num_special_tokens_to_add(pair=False), self.template_num_tokens,
                             self.prefix_positions)

@@ -68,19 +68,23 @@ sample), :mod:`~st_prompts.search.store` (atomic save/load, consistent reads), :
 (:class:`SemanticIndex`).
 """
 
-from st_prompts.search.calibration import DEFAULT_TARGET_RECALL
-from st_prompts.search.chunked import ChunkedEncoding, encode_in_chunks
-from st_prompts.search.faiss_index import (
-    DEFAULT_EF_CONSTRUCTION,
-    DEFAULT_EF_SEARCH,
-    DEFAULT_HNSW_M,
-    DEFAULT_NPROBE,
-    DEFAULT_PQ_M,
-    DEFAULT_RERANK,
-    INDEX_TYPES,
-)
-from st_prompts.search.identity import FINGERPRINT_MIN_COSINE, PROBE_SENTENCES, ModelIdentity
-from st_prompts.search.index import SearchHit, SemanticIndex
+from st_prompts.utils import lazy_exports
+
+# Imported on first use: `st-prompts index info` reads a saved index (store, faiss) without loading torch or
+# sentence-transformers, which the model-facing parts (index, encoding) import.
+_LAZY = {
+    "DEFAULT_TARGET_RECALL": "st_prompts.search.calibration",
+    "ChunkedEncoding": "st_prompts.search.chunked",
+    "encode_in_chunks": "st_prompts.search.chunked",
+    **{name: "st_prompts.search.faiss_index" for name in (
+        "DEFAULT_EF_CONSTRUCTION", "DEFAULT_EF_SEARCH", "DEFAULT_HNSW_M", "DEFAULT_NPROBE", "DEFAULT_PQ_M",
+        "DEFAULT_RERANK", "INDEX_TYPES")},
+    "FINGERPRINT_MIN_COSINE": "st_prompts.search.identity",
+    "PROBE_SENTENCES": "st_prompts.search.identity",
+    "ModelIdentity": "st_prompts.search.identity",
+    "SearchHit": "st_prompts.search.index",
+    "SemanticIndex": "st_prompts.search.index",
+}
 
 __all__ = [
     "DEFAULT_EF_CONSTRUCTION",
@@ -99,3 +103,4 @@ __all__ = [
     "SemanticIndex",
     "encode_in_chunks",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

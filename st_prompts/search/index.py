@@ -127,7 +127,7 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected,
                                          updating=updating)
         self._saved_as = (os.path.realpath(target), save_id)
-        logger.info("saved %s index of %d documents to %s", self.index_type, len(self), target)
+        logger.debug("saved %s index of %d documents to %s", self.index_type, len(self), target)
 
     @classmethod
     @contextmanager

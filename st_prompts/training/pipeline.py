@@ -31,10 +31,26 @@ from st_prompts.utils import is_main_process
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["model_destinations", "save_run", "train_and_save"]
+__all__ = ["dev_subset", "model_destinations", "save_run", "train_and_save"]
 
 #: Suffix of the prompts-only checkpoint written beside a run's output.
 PROMPTS_SUFFIX = "-prompts"
+
+
+def dev_subset(evaluator, pairs: int):
+    """The STS-B dev evaluator on ``pairs`` of its pairs, evenly spaced over the set (STS-B dev is ordered by genre:
+    news, captions, forums; the first pairs would be one genre), with the same name and so the same metric keys.
+    The whole evaluator when it has no more pairs than that."""
+    from st_prompts.evaluation.sts import FullLengthEmbeddingSimilarityEvaluator
+
+    total = len(evaluator.sentences1)
+    if pairs >= total:
+        return evaluator
+    rows = [i * total // pairs for i in range(pairs)]
+    return FullLengthEmbeddingSimilarityEvaluator(
+        [evaluator.sentences1[i] for i in rows], [evaluator.sentences2[i] for i in rows],
+        [evaluator.scores[i] for i in rows], batch_size=evaluator.batch_size, main_similarity="cosine",
+        name=evaluator.name)
 
 
 def default_output(method_name: str, supervised: bool, scale: str) -> str:
@@ -61,6 +77,7 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
     if not is_main_process():
         return  # under torchrun every process holds the same model: only rank 0 writes it
     check_finite_training(model, result.best_metric)  # a diverged run is refused, the destination left as it was
+    logger.info(f"Saving the model to {output}.")
 
     def write_full(path: Path) -> None:
         model.save(str(path))
@@ -71,7 +88,8 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
     if prompts_only:
         save_model_folder(prompts_path, lambda path: save_prompts_only(model, str(path)), overwrite=overwrite,
                           kind="prompts-only checkpoint")
-    logger.info(f"Saved the model to {output}" + (f" (prompts only: {prompts_path})" if prompts_only else ""))
+    if prompts_only:
+        logger.info(f"Saved the prompts-only checkpoint to {prompts_path}.")
 
 
 def train_and_save(
@@ -86,6 +104,7 @@ def train_and_save(
     limit: int | None = None,
     overwrite: bool = False,
     show_progress_bar: bool = True,
+    dev_limit: int | None = None,
     **options: Any,
 ):
     """Train a registered method and save it: the path of ``st-prompts train``, the recipes and the benchmarks.
@@ -102,6 +121,10 @@ def train_and_save(
         limit: train on a random subset of this many examples.
         overwrite: replace an existing model st-prompts saved at ``output`` (other folders are always refused).
         show_progress_bar: show the trainer's progress bar.
+        dev_limit: select the weights during training on this many STS-B dev pairs (evenly spaced over the set, so
+            every genre is in it) instead of all 1,500, and evaluate the selected weights on the whole dev set once at
+            the end (the reported ``best_metric``). Default ``None``: the papers' protocol, the whole dev set at every
+            evaluation. For slow backbones (decoder LLMs on a CPU), where each evaluation takes minutes.
         **options: settings of the method (``backbone``, ``learning_rate``, ``prefix_length``, ...).
 
     Returns:
@@ -112,6 +135,8 @@ def train_and_save(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigurationError(f"limit must be a positive number of examples, got {limit!r}")
+    if dev_limit is not None and (isinstance(dev_limit, bool) or not isinstance(dev_limit, int) or dev_limit < 2):
+        raise ConfigurationError(f"dev_limit must be a number of STS-B dev pairs of at least 2, got {dev_limit!r}")
     method = methods.get(method_name)
     output = output or default_output(method_name, supervised, scale)
     settings = method.settings(supervised=supervised, scale=scale, output_dir=output, **options)
@@ -122,14 +147,24 @@ def train_and_save(
         logger.info(f"Using the small data set bundled with st_prompts ({data_dir}); pass --data-dir for your own "
                     "(train/wiki_sentences.txt, train/nli_triplets.csv, senteval/).")
     senteval_dir = senteval_dir or (Path(data_dir) / "senteval" if data_dir is not None else None)
-    evaluator = stsb_dev_evaluator(senteval_dir, source="senteval" if senteval_dir else "hub")
+    full_dev = stsb_dev_evaluator(senteval_dir, source="senteval" if senteval_dir else "hub")
+    evaluator = dev_subset(full_dev, dev_limit) if dev_limit is not None else full_dev
     stages = method.stages(settings)
     datasets = {stage.name: stage.load_data(settings, data_dir, limit) for stage in stages}
     sizes = ", ".join(f"{name}: {len(ds):,} examples" for name, ds in datasets.items())
-    logger.info(f"Training {method_name} ({'supervised' if settings.supervised else 'unsupervised'}, "
-                f"--scale {scale}) on {sizes}.")
+    selection = (f"STS-B dev, {len(evaluator.sentences1):,} of {len(full_dev.sentences1):,} pairs"
+                 if evaluator is not full_dev else f"STS-B dev, {len(full_dev.sentences1):,} pairs")
+    logger.info(f"Read the data of {method_name} ({'supervised' if settings.supervised else 'unsupervised'}, "
+                f"--scale {scale}): {sizes}; selection on {selection}.")
     model, result = train(settings, datasets if len(stages) > 1 else datasets[stages[0].name], evaluator,
                           show_progress_bar=show_progress_bar)
+    if evaluator is not full_dev and result.best_metric is not None:
+        # selected on a subset: the number reported (and on the card) is the selected weights' on the whole dev set
+        logger.info(f"Evaluating the selected weights on the whole STS-B dev ({len(full_dev.sentences1):,} pairs).")
+        result.selection_pairs, result.selection_metric = len(evaluator.sentences1), result.best_metric
+        result.best_metric = full_dev(model)[full_dev.primary_metric]
+        logger.info(f"STS-B dev Spearman of the selected weights: {result.best_metric:.4f} on all pairs "
+                    f"({result.selection_metric:.4f} on the {result.selection_pairs:,} selection pairs).")
     if result.best_metric is not None and hasattr(model.model_card_data, "stsb_dev"):
         model.model_card_data.stsb_dev = 100 * result.best_metric  # the card states the selected checkpoint's reading
     save_run(model, result, output, prompts_only=prompts_only and method.prompts_only, overwrite=overwrite)

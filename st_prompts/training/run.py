@@ -25,7 +25,12 @@ from transformers.trainer_callback import PrinterCallback
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError, TrainingDivergedError
 from st_prompts.methods.base import Stage, TrainSettings
-from st_prompts.modules.lengths import backbone_encode_length, full_length_evaluator, position_capacity
+from st_prompts.modules.lengths import (
+    FullLengthEvaluator,
+    backbone_encode_length,
+    full_length_evaluator,
+    position_capacity,
+)
 from st_prompts.training.callbacks import SyncLossParametersCallback
 
 logger = logging.getLogger(__name__)
@@ -105,6 +110,33 @@ def check_finite_training(model: torch.nn.Module, best_metric: float | None) -> 
                                     f"({shown}); {hint}")
 
 
+class AnnouncedEvaluator(FullLengthEvaluator):
+    """A selection evaluator that says, in one log line, what it evaluates before it runs (an evaluation through a
+    large backbone can take minutes, and progress bars may be off). Every attribute is the wrapped evaluator's."""
+
+    def __call__(self, model: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+        inner = self.__dict__["evaluator"]
+        pairs = getattr(inner, "sentences1", None)
+        size = f" ({len(pairs):,} pairs)" if pairs is not None else ""
+        step = kwargs.get("steps", args[2] if len(args) > 2 else None)
+        logger.info(f"Evaluating {getattr(inner, 'name', None) or type(inner).__name__}{size}"
+                    + (f" at step {step}." if step is not None and step >= 0 else " at the end."))
+        return inner(model, *args, **kwargs)
+
+
+class AnnounceTrainingCallback(TrainerCallback):
+    """One log line when a stage's training starts: its steps, batch size and evaluation interval."""
+
+    def __init__(self, label: str, rows: int) -> None:
+        self.label, self.rows = label, rows
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        evaluating = (f", evaluating every {args.eval_steps} steps" if getattr(args.eval_strategy, "value", args.eval_strategy) == "steps"
+                      else "")
+        logger.info(f"Training {self.label}: {state.max_steps:,} steps of batch {args.per_device_train_batch_size} "
+                    f"over {self.rows:,} examples{evaluating}.")
+
+
 class StopAtStep(TrainerCallback):
     """End training after ``step`` optimizer steps (the learning-rate schedule may be planned for more)."""
 
@@ -129,6 +161,10 @@ class TrainResult:
     settings: dict[str, Any]
     #: What each stage's ``prepare_loss`` pre-pass reported (e.g. D2CSE's generator accuracy and replaced share).
     stage_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: With a bounded selection set (``dev_limit``): how many STS-B dev pairs selected the weights, and the selected
+    #: weights' score on them (``best_metric`` is then their score on the whole dev set, evaluated once at the end).
+    selection_pairs: int | None = None
+    selection_metric: float | None = None
     #: The most tokens the trained model encodes (its ``max_seq_length`` after training; it trained at
     #: ``settings["max_seq_length"]``): :func:`apply_encode_length`.
     encode_length: int | None = None
@@ -180,7 +216,9 @@ def train(
     """
     method = methods.get(settings.method)
     torch.manual_seed(settings.seed)
-    model = model if model is not None else method.build_model(settings)
+    if model is None:
+        logger.info(f"Loading the backbone {settings.backbone} for {settings.method}.")
+        model = method.build_model(settings)
     stages = method.stages(settings)
     total_steps, seconds, log_history = 0, 0.0, []
     best: KeepBestCallback | None = None
@@ -300,7 +338,7 @@ def stage_trainer(
                     else settings.gradient_accumulation_steps)
     learning_rates = stage.learning_rates(model, settings) if stage.learning_rates is not None else {}
     # Selection encodes sentences whole, as SentEval, while the batches train at settings.max_seq_length.
-    evaluator = full_length_evaluator(dev_evaluator) if stage.select_model else None
+    evaluator = AnnouncedEvaluator(full_length_evaluator(dev_evaluator)) if stage.select_model and dev_evaluator else None
     batch_size = stage.batch_size(settings) if stage.batch_size is not None else settings.batch_size
     args = SentenceTransformerTrainingArguments(
         output_dir=trainer_dir if trainer_dir is not None else tempfile.mkdtemp(prefix="st-prompts-trainer-"),
@@ -328,6 +366,7 @@ def stage_trainer(
     if stop_at is not None:
         stage_callbacks.append(StopAtStep(stop_at))
     stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
+    stage_callbacks.append(AnnounceTrainingCallback(f"{settings.method} {stage.name}", len(dataset)))
     keep_best = None
     if evaluator is not None:
         keep_best = KeepBestCallback(model, evaluator)
