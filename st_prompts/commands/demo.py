@@ -42,6 +42,9 @@ NLI_TRAIN, NLI_SELECT = 1000, 1250
 STS_TRAIN = 640
 #: Bundled STS-B dev pairs: the first select the 'sts' set's best step, the rest give its score.
 STS_SELECT = 500
+#: Where the held-out slices end (None: the end of the bundled file); tests shrink the demo with these.
+STS_END: int | None = None
+NLI_END: int | None = None
 #: Steps between selection evaluations (step 0 and the last step are evaluated too): four or five per set, which
 #: keeps the demo short; bank.train_prompt_set's default is a tenth of the steps.
 EVAL_STEPS = {"sts": 5, "contradiction": 8}
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     logger.info("Reading the bundled data and the shipped all-MiniLM-L6-v2 ...")
     train_pairs = load_sts(str(data / "senteval"), "STSBenchmark", "train")
     dev = load_sts(str(data / "senteval"), "STSBenchmark", "dev")
-    triplets = read_nli_triplets(data / "nli_triplets.csv")
+    triplets = read_nli_triplets(data / "nli_triplets.csv")[:NLI_END]
+    dev_end = len(dev) if STS_END is None else min(STS_END, len(dev))
 
     def sts_evaluator(first: int, last: int, name: str) -> EmbeddingSimilarityEvaluator:
         return EmbeddingSimilarityEvaluator(dev.sentences1[first:last], dev.sentences2[first:last],
@@ -90,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
                                 name=name)
 
     tasks = {  # name: (selection evaluator, held-out evaluator, metric, label)
-        "sts": (sts_evaluator(0, STS_SELECT, "sts-select"), sts_evaluator(STS_SELECT, len(dev), "sts-held-out"),
-                "spearman_cosine", f"STS-B dev, Spearman x100 (held-out {len(dev) - STS_SELECT:,} pairs)"),
+        "sts": (sts_evaluator(0, STS_SELECT, "sts-select"), sts_evaluator(STS_SELECT, dev_end, "sts-held-out"),
+                "spearman_cosine", f"STS-B dev, Spearman x100 (held-out {dev_end - STS_SELECT:,} pairs)"),
         "contradiction": (contradiction_evaluator(NLI_TRAIN, NLI_SELECT, "contradiction-select"),
                           contradiction_evaluator(NLI_SELECT, len(triplets), "contradiction-held-out"),
                           "cosine_accuracy",
