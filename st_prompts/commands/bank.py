@@ -62,7 +62,8 @@ def add_parser(subparsers) -> None:
                        "with the gate)")
     train.add_argument("--no-gate", dest="prefix_gate", action="store_false",
                        help="a new set without the zero-initialised gate (the ungated prefix of earlier versions; "
-                       "it changes the model before it trains); default: gated, so a new set starts as the backbone")
+                       "it changes the model before it trains; use --lr 1e-2 to 3e-2 with it); default: gated, so a new set starts "
+                       "as the backbone")
     train.add_argument("--epochs", type=finite_float, default=1.0, help="training epochs (default 1)")
     train.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     train.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (-1: the epochs)")
