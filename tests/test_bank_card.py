@@ -61,3 +61,25 @@ def test_a_saved_bank_card_lists_its_sets_and_per_row_encoding(minilm_path, tmp_
     old.save(str(tmp_path / "old"))
     old_card = (tmp_path / "old" / "README.md").read_text()
     assert "| `sts` | 16 |" in old_card and "not recorded" in old_card and "CoSENTLoss" not in old_card
+
+
+def test_hostile_records_neither_fail_a_save_nor_reshape_the_card(minilm_path, tmp_path):
+    """A record is read from a model folder and written into its card: malformed values are dropped, texts become one
+    table cell (before: a dict or mixed metric types made sentence-transformers skip the card with a traceback, and a
+    loss name with a pipe and a newline broke the table)."""
+    model = bank.create_bank(minilm_path)
+    model[0].new_prompt_set("sts", prefix_gate=True)
+    model[0].new_prompt_set("nli", prefix_length=4)
+    folder = tmp_path / "bank"
+    model.save(str(folder))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    config["prompt_set_info"] = {"sts": {"metric": 5, "evaluator": {"a": 1}, "rows": True, "steps": 1e308,
+                                         "best_score": "x", "loss": "Evil | cell\n# heading"},
+                                 "nli": {"metric": "a_metric", "start_score": float("nan")}, "ghost": {"rows": 3}}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    loaded = load_sentence_model(str(folder))
+    assert loaded[0].prompt_set_info == {"sts": {"loss": "Evil | cell # heading"}, "nli": {"metric": "a_metric"}}
+    loaded.save(str(tmp_path / "again"))
+    card = (tmp_path / "again" / "README.md").read_text()
+    row = next(line for line in card.splitlines() if line.startswith("| `sts` |"))
+    assert "Evil \\| cell # heading" in row and row.count(" | ") == 7 and "\n# heading" not in card

@@ -216,6 +216,11 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
         return "\n".join(lines)
 
 
+def _cell(text: Any) -> str:
+    """``text`` as one markdown table cell: one line, its pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def _score(value: Any) -> str:
     return f"{100 * value:.2f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
@@ -240,16 +245,17 @@ def bank_section(encoder: Any, backbone: str, model_id: str) -> str:
             count = sum(p.numel() for p in module.parameters())
             trained = ", ".join(part for part in (
                 f"{info['rows']:,} rows" if isinstance(info.get("rows"), int) else "",
-                f"{info['loss']}" if info.get("loss") else "",
+                _cell(info["loss"]) if info.get("loss") else "",
                 f"{info['steps']:,} step{'s' if info['steps'] != 1 else ''}" if isinstance(info.get("steps"), int) else "") if part)
             best = _score(info.get("best_score"))
             if best and info.get("best_step") is not None:
                 best += f" ({info['best_step']})"
             cells = [f"`{name}`", str(encoder.prompt_set_options()[name]["prefix_length"]), f"{count:,}",
-                     trained or "not recorded", info.get("evaluator") or "", best,
+                     trained or "not recorded", _cell(info.get("evaluator") or ""), best,
                      _score(info.get("start_score")), _score(info.get("backbone_score"))]
             lines.append("| " + " | ".join(cells) + " |")
-        metrics = sorted({info["metric"] for info in encoder.prompt_set_info.values() if info.get("metric")})
+        metrics = sorted({_cell(info["metric"]) for info in encoder.prompt_set_info.values()
+                          if isinstance(info.get("metric"), str) and info["metric"]})
         if metrics:
             lines += ["", f"Scores: the selection evaluator's {', '.join(metrics)} × 100; the kept weights are the "
                       "best evaluation's (step 0: the set as it started; backbone: the shipped model, recorded for "

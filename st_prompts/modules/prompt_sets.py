@@ -32,6 +32,34 @@ BACKBONE_TASK = "backbone"
 QUERY, DOCUMENT = "query", "document"
 #: Options a prompt set is built from (saved in the module config).
 SET_OPTIONS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout", "prefix_gate")
+#: The fields of a prompt set's record (:meth:`PromptSetsMixin.record_prompt_set`) and their kinds.
+RECORD_FIELDS = {"rows": "count", "steps": "count", "best_step": "count", "loss": "text", "evaluator": "text",
+                 "metric": "text", "best_score": "score", "start_score": "score", "backbone_score": "score"}
+
+
+def clean_record(record: Any) -> dict[str, Any]:
+    """The known fields of a prompt set's record with values of their kind: counts are non-negative integers, scores
+    finite numbers, texts one line of at most 200 characters. Anything else is dropped: a record is read from a
+    model folder and ends up in its model card, so a malformed or hostile one must neither fail a save nor reshape
+    the card."""
+    import math
+
+    clean: dict[str, Any] = {}
+    if not isinstance(record, dict):
+        return clean
+    for key, kind in RECORD_FIELDS.items():
+        value = record.get(key)
+        if isinstance(value, bool) or value is None:
+            continue
+        if kind == "count" and isinstance(value, int) and value >= 0:
+            clean[key] = value
+        elif kind == "score" and isinstance(value, (int, float)) and math.isfinite(value):
+            clean[key] = float(value)
+        elif kind == "text" and isinstance(value, str):
+            text = " ".join(value.split())[:200]
+            if text:
+                clean[key] = text
+    return clean
 
 
 class TaskText(str):
@@ -128,9 +156,9 @@ class PromptSetsMixin:
             self.new_prompt_set(name, **options, _room_checked_by_caller=True)
         #: what each set was trained on and how it scored (name -> record; see :meth:`record_prompt_set`); banks saved
         #: before these records load without them
+        info = prompt_set_info if isinstance(prompt_set_info, dict) else {}
         self.prompt_set_info: dict[str, dict[str, Any]] = {
-            name: dict(record) for name, record in (prompt_set_info or {}).items()
-            if name in self.prompt_sets and isinstance(record, dict)}
+            name: clean_record(record) for name, record in info.items() if name in self.prompt_sets}
         self.default_task, self.query_task, self.document_task = default_task, query_task, document_task
         for role in ("default_task", "query_task", "document_task"):
             value = getattr(self, role)
@@ -241,7 +269,7 @@ class PromptSetsMixin:
         ``backbone_score``, ``steps``; ``None`` values are left out. Replaces an earlier record of that set."""
         if name not in self.prompt_sets:
             raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
-        self.prompt_set_info[name] = {key: value for key, value in record.items() if value is not None}
+        self.prompt_set_info[name] = clean_record(record)
 
     def prompt_set_options(self) -> dict[str, dict[str, Any]]:
         """Each set's construction options (what the saved config records)."""
