@@ -361,7 +361,10 @@ def report(tasks=TASKS) -> str:
                 cells.append("–")
                 continue
             delta = f"{r['selected'] - base['selected']:+.2f}" if base else ""
-            cells.append(f"{r['selected']:.2f} / {r['metrics'][UNSEEN[task]]:.2f}, {r['learning_rate']:g}, {delta}")
+            rates = len(groups.get((task, r["name"]), []))
+            short = f" (only {rates} rate{'s' if rates != 1 else ''} run)" if rates < 3 else ""
+            cells.append(f"{r['selected']:.2f} / {r['metrics'][UNSEEN[task]]:.2f}, {r['learning_rate']:g}, {delta}"
+                         f"{short}")
         label = {"base": "today's setting"}.get(name, name)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # three seeds
