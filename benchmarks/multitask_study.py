@@ -231,17 +231,22 @@ def task_configs() -> dict[str, dict]:
             "full-epochs3": {**full, "epochs": 3}}
 
 
+def step_all(generators: dict, results: dict) -> None:
+    """Advance every generator once; a finished one leaves ``generators`` and its return value goes to ``results``."""
+    for name, gen in list(generators.items()):
+        try:
+            next(gen)
+        except StopIteration as stop:
+            results[name] = stop.value
+            del generators[name]
+
+
 def pipeline(study: Study, task: str):
     """One task's study: phase 1 (factors, LoRA and full grids), the helpful factors together, three seeds."""
     groups = {name: study.grid(task, config) for name, config in task_configs().items()}
     best: dict[str, dict] = {}
     while groups:
-        for name, gen in list(groups.items()):
-            try:
-                next(gen)
-            except StopIteration as stop:
-                best[name] = stop.value
-                del groups[name]
+        step_all(groups, best)
         yield
     config = together_of(task, best)
     if config is not None:
@@ -267,12 +272,7 @@ def plan(study: Study, tasks) -> dict:
     pipelines = {task: pipeline(study, task) for task in tasks}
     results = {}
     while pipelines:
-        for task, gen in list(pipelines.items()):
-            try:
-                next(gen)
-            except StopIteration as stop:
-                results[task] = stop.value
-                del pipelines[task]
+        step_all(pipelines, results)
         time.sleep(0.2)
     return results
 
