@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,6 +102,24 @@ def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, 
         model = AutoModel.from_config(config)
     model.save_pretrained(path)
     return str(path)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+#: A few short sentences: the training data of the tiny runs (`data_dir`).
+SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
+             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A --data-dir of SENTENCES (Wikipedia sentences, NLI triplets) and the SentEval fixtures."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
+    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
+    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

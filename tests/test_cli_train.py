@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SENTENCES
 from sentence_transformers import SentenceTransformer
 
 from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods import settings as preset
-
-FIXTURES = Path(__file__).parent / "fixtures"
-SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
-             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
-    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
-    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
-    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
-    return tmp_path
 
 
 @pytest.mark.parametrize("supervised", [False, True])

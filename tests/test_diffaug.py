@@ -8,22 +8,18 @@ The mechanism tests start the prefix at std 0.5 (``prefix_init_std``): at the of
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import SENTENCES
 from sentence_transformers import SentenceTransformer
 
 from st_prompts import methods
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 from st_prompts.modules import cache_argument
 from st_prompts.prompts.prefix import prefix_view_mask
-
-FIXTURES = Path(__file__).parent / "fixtures"
-SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
-             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
 
 
 def settings_for(backbone, supervised=False, **overrides):
@@ -48,16 +44,6 @@ def features_of(model, texts, view=None, num_views=2):
 def embed(model, texts, view=None):
     with torch.no_grad():
         return model(features_of(model, texts, view))["sentence_embedding"]
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
-    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
-    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
-    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
-    return tmp_path
 
 
 def test_template_constant_and_paper_presets():

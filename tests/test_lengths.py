@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SENTENCES
 from scipy.stats import spearmanr
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -29,8 +30,6 @@ from st_prompts.modules.lengths import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
-             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
 #: About 150 WordPiece tokens of real English (the MiniLM tokenizer), so that its first 30 tokens are a different text.
 LONG_TEXT = " ".join([
     "The committee met on Tuesday to discuss the budget for the coming year, and after a long debate it agreed to",
@@ -41,16 +40,6 @@ LONG_TEXT = " ".join([
     "promised to publish the full accounts online before the next meeting so that everyone could see where the",
     "money would go and how the work would be scheduled across the spring and summer months.",
 ])
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
-    rows = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(SENTENCES, SENTENCES[1:], SENTENCES[2:])]
-    (tmp_path / "train" / "nli_triplets.csv").write_text("\n".join(rows) + "\n")
-    shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval")
-    return tmp_path
 
 
 def test_a_trained_model_encodes_long_text_whole(data_dir, tmp_path, minilm_path):

@@ -14,12 +14,11 @@ from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import CoSENTLoss
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+from test_architectures import ARCHITECTURES, SENTENCES, pooling
 
-from conftest import DECODERS
 from st_prompts import PromptedTransformer, bank, save_prompts_only
 from st_prompts.errors import ConfigurationError
 from st_prompts.loading import load_sentence_model
-from test_architectures import ARCHITECTURES, SENTENCES, pooling
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
