@@ -222,8 +222,9 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
         raise ConfigurationError(f"learning_rate must be positive, got {learning_rate!r}.")
     given_evaluator = evaluator
     evaluator = full_length_evaluator(evaluator)  # selection sees whole sentences, as SentEval
-    if name not in bank_encoder(model).prompt_sets:  # the study's default: a new set starts as the backbone
-        new_set.setdefault("prefix_gate", bank_encoder(model).prefix_injection != "cache")
+    encoder = bank_encoder(model)
+    if name not in encoder.prompt_sets:  # the study's default: a new set starts as the backbone
+        new_set.setdefault("prefix_gate", encoder.prefix_injection != "cache")
     with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
         steps = max_steps if max_steps > 0 else None
         if eval_steps is None:
@@ -257,8 +258,8 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
             keep.restore()
         count = sum(p.numel() for p in trained.parameters())
     model.eval()
-    gated = bool(bank_encoder(model).prompt_set_options()[name].get("prefix_gate"))
-    bank_encoder(model).record_prompt_set(
+    gated = bool(encoder.prompt_set_options()[name].get("prefix_gate"))
+    encoder.record_prompt_set(
         name, rows=_rows(train_dataset), loss=type(loss).__name__, evaluator=_evaluator_label(given_evaluator),
         metric=evaluator.primary_metric if keep is not None else None, steps=trainer.state.global_step,
         best_score=_number(keep.best) if keep else None, best_step=keep.best_step if keep else None,
