@@ -147,6 +147,14 @@ def _rows() -> list[Row]:
         Row("dcpcse-sup-shared-dropout", "DCPCSE sup, one prefix dropout mask per batch", "dcpcse", True,
             (("learning_rate", DCPCSE_LR[True]), ("prefix_dropout_shared", True)), ablation=True, issue="11",
             compare="dcpcse-sup", all_seeds=True),
+        # issue 39: the zero-initialised gate (a prefix that starts as the backbone) on the paper method, at the
+        # official rate, three seeds; the official behaviour (no gate) stays the default
+        Row("dcpcse-unsup-gate", "DCPCSE unsup, prefix gate (starts as the backbone)", "dcpcse", False,
+            (("learning_rate", DCPCSE_LR[False]), ("prefix_gate", True)), ablation=True, issue="39",
+            compare="dcpcse-unsup", all_seeds=True),
+        Row("dcpcse-sup-gate", "DCPCSE sup, prefix gate (starts as the backbone)", "dcpcse", True,
+            (("learning_rate", DCPCSE_LR[True]), ("prefix_gate", True)), ablation=True, issue="39",
+            compare="dcpcse-sup", all_seeds=True),
         Row("d2cse-unsup-cls-prompt", "D2CSE unsup with the [CLS] prompt", "d2cse", False,
             (("cls_prompt", True),), ablation=True, issue="8", compare="d2cse-unsup", all_seeds=True),
         Row("d2cse-sup-no-cls-prompt", "D2CSE sup without the [CLS] prompt", "d2cse", True,
