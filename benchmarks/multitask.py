@@ -446,7 +446,9 @@ def select(records: list[dict]) -> dict:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    from common import cpu_model
+
+    return f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def command() -> str:

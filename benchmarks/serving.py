@@ -545,13 +545,9 @@ def tail(path: Path, lines: int = 3) -> str:
 
 def machine() -> str:
     import torch
+    from common import cpu_model
 
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     return (f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {_memory_gib():.0f} GiB, Python "
             f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import cpu_model
 from rows import INITIALISATION_VERSION, LOG_DIR, ROWS, SEEDS, Row, run_key, run_settings, senteval_dir
 
 from st_prompts.storage import write_json_atomic
@@ -162,7 +163,7 @@ def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Pat
         wall_seconds=time.perf_counter() - started,
         load_average_start=load_start, load_average_end=os.getloadavg(),
         torch_threads=torch.get_num_threads(), torch=torch.__version__,
-        machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        machine=f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), {platform.platform()}",
         finished=time.strftime("%Y-%m-%d %H:%M:%S"), initialisation=INITIALISATION_VERSION,
     )
     return record
