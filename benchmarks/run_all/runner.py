@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import cpu_model
 from rows import INITIALISATION_VERSION, LOG_DIR, ROWS, SEEDS, Row, run_key, run_settings, senteval_dir
 
 from st_prompts.storage import write_json_atomic
@@ -112,6 +111,7 @@ def untrained_model(pooling: str):
 def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Path) -> dict[str, Any]:
     """Train and evaluate one (row, seed) in this process; returns the result record."""
     import torch
+    from common import cpu_model  # benchmarks/, on the path when run as python benchmarks/run_all
 
     from st_prompts import methods
     from st_prompts.evaluation import stsb_dev_evaluator
