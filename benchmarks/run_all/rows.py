@@ -149,12 +149,9 @@ def _rows() -> list[Row]:
             compare="dcpcse-sup", all_seeds=True),
         # issue 39: the zero-initialised gate (a prefix that starts as the backbone) on the paper method, at the
         # official rate, three seeds; the official behaviour (no gate) stays the default
-        Row("dcpcse-unsup-gate", "DCPCSE unsup, prefix gate (starts as the backbone)", "dcpcse", False,
-            (("learning_rate", DCPCSE_LR[False]), ("prefix_gate", True)), ablation=True, issue="39",
-            compare="dcpcse-unsup", all_seeds=True),
-        Row("dcpcse-sup-gate", "DCPCSE sup, prefix gate (starts as the backbone)", "dcpcse", True,
-            (("learning_rate", DCPCSE_LR[True]), ("prefix_gate", True)), ablation=True, issue="39",
-            compare="dcpcse-sup", all_seeds=True),
+        *(Row(f"dcpcse-{s}-gate", f"DCPCSE {s}, prefix gate (starts as the backbone)", "dcpcse", sup,
+              (("learning_rate", DCPCSE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="39",
+              compare=f"dcpcse-{s}", all_seeds=True) for sup, s in ((False, "unsup"), (True, "sup"))),
         Row("d2cse-unsup-cls-prompt", "D2CSE unsup with the [CLS] prompt", "d2cse", False,
             (("cls_prompt", True),), ablation=True, issue="8", compare="d2cse-unsup", all_seeds=True),
         Row("d2cse-sup-no-cls-prompt", "D2CSE sup without the [CLS] prompt", "d2cse", True,
