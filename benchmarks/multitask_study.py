@@ -10,7 +10,10 @@ mean pooling; batch 32; selection on each task's own set, the other set beside),
 * **together**: the factors that helped on the selection set, at once;
 * **LoRA** (r = 8 on query/value, the same 73,728 parameters) and **full fine-tuning**, with the same epochs (one and
   three) and rate grids;
-* **three seeds** (42, 43, 44) of each task's final prompt configuration, LoRA's and full fine-tuning's.
+* **three seeds** (42, 43, 44) of each task's final prompt configuration, LoRA's and full fine-tuning's;
+* **the decoder task** ``smollm2``: SmolLM2-135M-Instruct frozen (``STUDY_DECODER``: another ``.gguf`` file),
+  last-token pooling, the NLI triplets, selected on STS-B dev: today's setting, the gate, LoRA (r = 8 on ``v_proj``
+  only, 184,320 parameters = the 16-position prefix) and full fine-tuning, one epoch, then its three seeds.
 
 Every run evaluates its selection set at step 0 and five times during training and keeps the best weights (the
 package's ``bank.train_prompt_set`` for prompt sets, the same selection for LoRA and full fine-tuning). Runs are
@@ -18,6 +21,8 @@ processes of a pool (``--workers``) sharing one device: on a GPU, many small run
 
     python benchmarks/multitask_study.py --data-dir ../shared/data --workers 6          # runs, resumable
     python benchmarks/multitask_study.py --data-dir ../shared/data --report-only        # tables
+    python benchmarks/multitask_study.py --data-dir ../shared/data --frozen-phase1 sts sick nli dcpcse
+        # continue on another device: phase 1 of these tasks from the run files, the later phases run
 
 Results: ``benchmarks/results/multitask_study/`` (one JSON per run, ``study.json``) and the study section of
 ``benchmarks/results/multitask.md``.
@@ -44,6 +49,15 @@ RESULTS = REPO / "benchmarks" / "results" / "multitask_study"
 TASKS = ("sts", "sick", "nli", "dcpcse")
 SELECTION = {"sts": "stsb_dev", "sick": "sick_trial", "nli": "stsb_dev", "dcpcse": "stsb_dev"}
 UNSEEN = {"sts": "sick_trial", "sick": "stsb_dev", "nli": "sick_trial", "dcpcse": "sick_trial"}
+#: The decoder task: SmolLM2-135M-Instruct frozen (the packaged GGUF, or the ``.gguf`` file in ``STUDY_DECODER``),
+#: last-token pooling, trained on the NLI triplets (MultipleNegativesRankingLoss), selected on STS-B dev.
+DECODER_TASKS = ("smollm2",)
+SELECTION["smollm2"], UNSEEN["smollm2"] = "stsb_dev", "sick_trial"
+#: Its phase 1: today's setting, the gate, LoRA (r = 8 on ``v_proj`` only: 30 x 8 x (576 + 192) = 184,320
+#: parameters, the 16-position prefix's 30 x 2 x 16 x 192) and full fine-tuning, one epoch (each run is a 135M model).
+DECODER_CONFIGS = ("base", "gate", "lora-epochs1", "full-epochs1")
+#: Training length of the decoder runs (NLI sentences are shorter; evaluation encodes whole sentences).
+DECODER_MAX_LENGTH = 128
 SEEDS = (42, 43, 44)
 #: Half-decade rate ladders; a configuration starts at three rungs around the rate today's setting selected.
 LADDERS = {
@@ -88,14 +102,17 @@ def run(task: str, config: dict, lr: float, seed: int, data_dir: str) -> dict:
 
     data_dir_path = Path(data_dir)
     torch.manual_seed(seed)
-    data, evaluator = mt.task_data(task, data_dir_path), mt.dev_evaluator(task, data_dir_path)
+    decoder = task in DECODER_TASKS
+    data_task = "nli" if decoder else task  # the decoder task trains on the NLI triplets
+    data, evaluator = mt.task_data(data_task, data_dir_path), mt.dev_evaluator(data_task, data_dir_path)
     steps = math.ceil(len(data) / mt.BATCH_SIZE) * config["epochs"]
     eval_steps = max(1, steps // 5)
     start = time.perf_counter()
     if config["approach"] == "prompts":
-        model = bank.create_bank("minilm")
+        model = (bank.create_bank(decoder_path(), pooling="lasttoken", max_seq_length=DECODER_MAX_LENGTH)
+                 if decoder else bank.create_bank("minilm"))
         trained = bank.train_prompt_set(
-            model, task, data, mt.loss_for(task, model), evaluator=evaluator, learning_rate=lr,
+            model, task, data, mt.loss_for(data_task, model), evaluator=evaluator, learning_rate=lr,
             epochs=config["epochs"], batch_size=mt.BATCH_SIZE, eval_steps=eval_steps, warmup_ratio=config["warmup"],
             seed=seed, show_progress_bar=False, prefix_length=config["length"], prefix_projection=config["projection"],
             prefix_gate=config["gate"])
@@ -103,11 +120,14 @@ def run(task: str, config: dict, lr: float, seed: int, data_dir: str) -> dict:
                   "trainable_parameters": trained.trainable_parameters}
         metrics = mt.evaluate(model, data_dir_path, task=task)
     else:
-        model = mt.lora_model() if config["approach"] == "lora" else mt.shipped()
+        if decoder:
+            model = decoder_model(lora=config["approach"] == "lora")
+        else:
+            model = mt.lora_model() if config["approach"] == "lora" else mt.shipped()
         if torch.cuda.is_available():
             model.to("cuda")
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        result = mt.fit(model, data, mt.loss_for(task, model), evaluator, lr, epochs=config["epochs"],
+        result = mt.fit(model, data, mt.loss_for(data_task, model), evaluator, lr, epochs=config["epochs"],
                         warmup=config["warmup"], seed=seed, eval_steps=eval_steps, step_zero=True)
         result["trainable_parameters"] = trainable
         metrics = mt.evaluate(model, data_dir_path)
@@ -117,6 +137,32 @@ def run(task: str, config: dict, lr: float, seed: int, data_dir: str) -> dict:
               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json_atomic(run_path(task, config, lr, seed), record)
     return record
+
+
+def decoder_path() -> str:
+    """The decoder backbone: ``STUDY_DECODER`` (a ``.gguf`` file) or the packaged SmolLM2."""
+    return os.environ.get("STUDY_DECODER") or "smollm2"
+
+
+def decoder_model(lora: bool):
+    """SmolLM2 as a plain sentence-transformers model (last-token pooling), with a LoRA of the prefix's size."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from st_prompts import utils
+
+    location, gguf_file, _ = utils.resolve_gguf(decoder_path())
+    gguf = {"gguf_file": gguf_file} if gguf_file else {}
+    encoder = Transformer(location, model_kwargs=gguf, processor_kwargs=gguf, config_kwargs=gguf,
+                          max_seq_length=DECODER_MAX_LENGTH)
+    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(),
+                                                          pooling_mode="lasttoken")], device="cpu")
+    if lora:
+        from peft import LoraConfig, TaskType
+
+        model.add_adapter(LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["v_proj"],
+                                     task_type=TaskType.FEATURE_EXTRACTION))
+    return model
 
 
 def _worker(job):
@@ -142,8 +188,11 @@ class Study:
     """Runs the study's groups (a configuration over its rate grid) as their inputs become known, on a pool. Groups
     and phases are generators that yield while their runs are in flight, so that no task waits for another."""
 
-    def __init__(self, pool, data_dir: str, tasks) -> None:
+    def __init__(self, pool, data_dir: str, tasks, frozen=()) -> None:
         self.pool, self.data_dir, self.tasks = pool, data_dir, tasks
+        #: Tasks whose phase 1 is read from the run files alone (no new phase-1 run): a study continued on another
+        #: device runs only its later phases (the helpful factors together, three seeds).
+        self.frozen = set(frozen)
         self.pending: dict[tuple, object] = {}
         self.records: dict[tuple, dict] = {}
 
@@ -178,8 +227,15 @@ class Study:
         centre = ladder.index(START[config["approach"]])
         return [ladder[i] for i in sorted({max(0, centre - 1), centre, min(len(ladder) - 1, centre + 1)})]
 
-    def grid(self, task: str, config: dict):
-        """Three rungs around the start, then one more at a leading edge (twice at most); returns the best record."""
+    def grid(self, task: str, config: dict, phase1: bool = False):
+        """Three rungs around the start, then one more at a leading edge (twice at most); returns the best record.
+        A phase-1 grid of a frozen task returns the best of its runs on file (``None`` when none)."""
+        if phase1 and task in self.frozen:
+            name = config_name(config)
+            records = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / task).glob(f"{name}-lr*-seed"
+                                                                                               f"{SEEDS[0]}.json"))]
+            records = [r for r in records if r.get("name") == name and "error" not in r]
+            return best_of(records) if records else None
         ladder = LADDERS[config["approach"]]
         tried = [ladder.index(lr) for lr in self.first_rungs(config)]
         keys = [self.submit(task, config, ladder[i]) for i in tried]
@@ -220,15 +276,19 @@ def together_of(task: str, best: dict) -> dict | None:
     return config
 
 
-def task_configs() -> dict[str, dict]:
-    """Every configuration of phase 1, most important first (the order runs are queued in)."""
+def task_configs(task: str | None = None) -> dict[str, dict]:
+    """Every configuration of phase 1 (of ``task``: the decoder task runs :data:`DECODER_CONFIGS`), most important
+    first (the order runs are queued in)."""
     lora = {"approach": "lora", "warmup": 0.0}
     full = {"approach": "full", "warmup": 0.0}
-    return {"base": BASE, "gate": {**BASE, **FACTORS["gate"]}, "lora-epochs1": {**lora, "epochs": 1},
+    configs = {"base": BASE, "gate": {**BASE, **FACTORS["gate"]}, "lora-epochs1": {**lora, "epochs": 1},
             "full-epochs1": {**full, "epochs": 1},
             **{name: {**BASE, **change} for name, change in FACTORS.items() if name not in ("gate", "epochs-3")},
             "epochs-3": {**BASE, **FACTORS["epochs-3"]}, "lora-epochs3": {**lora, "epochs": 3},
             "full-epochs3": {**full, "epochs": 3}}
+    if task in DECODER_TASKS:
+        return {name: config for name, config in configs.items() if name in DECODER_CONFIGS}
+    return configs
 
 
 def step_all(generators: dict, results: dict) -> None:
@@ -243,7 +303,7 @@ def step_all(generators: dict, results: dict) -> None:
 
 def pipeline(study: Study, task: str):
     """One task's study: phase 1 (factors, LoRA and full grids), the helpful factors together, three seeds."""
-    groups = {name: study.grid(task, config) for name, config in task_configs().items()}
+    groups = {name: study.grid(task, config, phase1=True) for name, config in task_configs(task).items()}
     best: dict[str, dict] = {}
     while groups:
         step_all(groups, best)
@@ -265,10 +325,11 @@ def pipeline(study: Study, task: str):
 
 def plan(study: Study, tasks) -> dict:
     """Queue phase 1's first rungs in order of importance (across tasks), then drive every task's pipeline."""
-    for config in task_configs().values():
+    for name in task_configs():
         for task in tasks:
-            for lr in study.first_rungs(config):
-                study.submit(task, config, lr)
+            if name in task_configs(task) and task not in study.frozen:
+                for lr in study.first_rungs(task_configs(task)[name]):
+                    study.submit(task, task_configs(task)[name], lr)
     pipelines = {task: pipeline(study, task) for task in tasks}
     results = {}
     while pipelines:
@@ -280,7 +341,10 @@ def plan(study: Study, tasks) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS + DECODER_TASKS), choices=TASKS + DECODER_TASKS)
+    parser.add_argument("--frozen-phase1", nargs="*", default=[], choices=TASKS + DECODER_TASKS, metavar="TASK",
+                        help="tasks whose phase 1 is taken from the run files only (continue a study: the later "
+                        "phases run)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--limit", type=int, help="training rows per task (smoke runs)")
@@ -305,7 +369,7 @@ def main(argv=None) -> int:
     elif not args.report_only:
         context = mp.get_context("spawn")
         with context.Pool(args.workers, initializer=_init_worker) as pool:
-            plan(Study(pool, str(args.data_dir), args.tasks), args.tasks)
+            plan(Study(pool, str(args.data_dir), args.tasks, args.frozen_phase1), args.tasks)
     report(args.tasks)
     return 0
 
@@ -347,7 +411,10 @@ def report(tasks=TASKS) -> str:
               "a time from today's setting (16 positions, no gate, no reparameterisation, no warm-up, one epoch), "
               "each over at least three learning rates (extended at a leading edge); seed 42; selection on each "
               "task's own set (step 0 and five evaluations, best kept); Δ = the configuration's best selection "
-              "score minus today's setting's. Spearman × 100, selection set / unseen set.", ""]
+              "score minus today's setting's. Spearman × 100, selection set / unseen set. The decoder task "
+              "`smollm2` (SmolLM2-135M-Instruct frozen, last-token pooling, the NLI triplets, selected on STS-B "
+              "dev, SICK-R trial unseen) runs today's setting, the gate, LoRA (r = 8 on `v_proj`: 184,320 "
+              "parameters, the prefix's size) and full fine-tuning, one epoch.", ""]
     header = "| configuration | " + " | ".join(f"{t} (sel. / unseen, lr, Δ)" for t in tasks) + " |"
     lines += [header, "|---|" + "---|" * len(tasks)]
     names = ["base", *FACTORS, "together", "lora-epochs1", "lora-epochs3", "full-epochs1", "full-epochs3"]

@@ -165,6 +165,7 @@ def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Pat
         torch_threads=torch.get_num_threads(), torch=torch.__version__,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), {platform.platform()}",
         finished=time.strftime("%Y-%m-%d %H:%M:%S"), initialisation=INITIALISATION_VERSION,
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     )
     return record
 
