@@ -1,0 +1,73 @@
+"""The multitask study's scheduler (benchmarks/multitask_study.py): the decoder task's configurations, and a study
+continued on another device reads phase 1 from its run files and runs only the later phases."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    sys.modules.pop("multitask_study", None)
+    import multitask_study
+
+    monkeypatch.setattr(multitask_study, "RESULTS", tmp_path)
+    return multitask_study
+
+
+class _Pool:
+    """Records what would run; nothing runs."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def apply_async(self, function, args):
+        self.jobs.append(args[0][:4])
+        return self
+
+    def ready(self):
+        return False
+
+
+def _write(study, task, config, lr, selected, seed=42):
+    path = study.run_path(task, config, lr, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"task": task, "config": config, "name": study.config_name(config),
+                                "learning_rate": lr, "seed": seed, "selected": selected,
+                                "metrics": {"stsb_dev": selected, "sick_trial": 70.0}}))
+
+
+def test_the_decoder_task_runs_its_own_configurations(study):
+    assert set(study.task_configs("smollm2")) == set(study.DECODER_CONFIGS)
+    assert set(study.task_configs("sts")) > set(study.DECODER_CONFIGS)
+    assert study.SELECTION["smollm2"] == "stsb_dev" and study.UNSEEN["smollm2"] == "sick_trial"
+
+
+def test_a_frozen_phase1_reads_the_run_files_and_submits_nothing(study):
+    gate = study.task_configs("sts")["gate"]
+    for lr, score in ((0.03, 87.0), (0.1, 88.2), (0.3, 85.0)):
+        _write(study, "sts", gate, lr, score)
+    pool = _Pool()
+    frozen = study.Study(pool, "data", ["sts"], frozen=["sts"])
+    grid = frozen.grid("sts", gate, phase1=True)
+    with pytest.raises(StopIteration) as done:
+        next(grid)
+    assert done.value.value["learning_rate"] == 0.1 and pool.jobs == []
+    # a configuration without run files gives no record, and still nothing runs
+    with pytest.raises(StopIteration) as done:
+        next(frozen.grid("sts", study.task_configs("sts")["full-epochs3"], phase1=True))
+    assert done.value.value is None and pool.jobs == []
+
+
+def test_an_unfrozen_grid_submits_its_first_rungs(study):
+    pool = _Pool()
+    live = study.Study(pool, "data", ["smollm2"])
+    next(live.grid("smollm2", study.task_configs("smollm2")["lora-epochs1"], phase1=True))
+    assert [job[2] for job in pool.jobs] == [1e-3, 3e-3, 1e-2]
