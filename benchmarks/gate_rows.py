@@ -51,9 +51,9 @@ def main(argv=None) -> int:
                 machines |= {f"{r.get('gpu') or 'CPU'} ({r['machine'].split(',')[1].strip()}), torch {r['torch']}"
                              for r in records}
     lines = ["# The prefix gate on DCPCSE (issue 39)", "",
-             f"Machine: {'; '.join(sorted(machines))}. Official rate (0.1), run_all's CPU preset otherwise; "
-             "STS-B dev selects the checkpoint, SICK-R trial is never selected on. Spearman × 100, mean ± std over "
-             "the seeds (each seed's value in brackets); Δ = gate − no gate.", "",
+             (f"Machine: {'; '.join(sorted(machines))}. Official rate (0.1), run_all's CPU preset otherwise; "
+              "STS-B dev selects the checkpoint, SICK-R trial is never selected on. Spearman × 100, mean ± std over "
+              "the seeds (each seed's value in brackets); Δ = gate − no gate."), "",
              "| row | seeds | best steps | STS-B dev | SICK-R trial |", "|---|---|---|---:|---:|"]
     for plain, gated in PAIRS:
         for row in (plain, gated):
