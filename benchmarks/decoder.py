@@ -48,9 +48,10 @@ def evaluate(model: SentenceTransformer, senteval: Path) -> dict[str, float]:
     return scores
 
 
-def plain_decoder(pooling: str, max_seq_length: int) -> SentenceTransformer:
-    location, gguf_file, _ = utils.resolve_gguf(BACKBONE)
-    gguf = {"gguf_file": gguf_file}
+def plain_decoder(pooling: str, max_seq_length: int, backbone: str = BACKBONE) -> SentenceTransformer:
+    """The decoder as a plain sentence-transformers model (no prefix); ``backbone``: an alias or a ``.gguf`` file."""
+    location, gguf_file, _ = utils.resolve_gguf(backbone)
+    gguf = {"gguf_file": gguf_file} if gguf_file else {}
     encoder = Transformer(location, model_kwargs=gguf, processor_kwargs=gguf, config_kwargs=gguf,
                           max_seq_length=max_seq_length)
     return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)],

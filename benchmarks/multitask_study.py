@@ -146,17 +146,9 @@ def decoder_path() -> str:
 
 def decoder_model(lora: bool):
     """SmolLM2 as a plain sentence-transformers model (last-token pooling), with a LoRA of the prefix's size."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from decoder import plain_decoder
 
-    from st_prompts import utils
-
-    location, gguf_file, _ = utils.resolve_gguf(decoder_path())
-    gguf = {"gguf_file": gguf_file} if gguf_file else {}
-    encoder = Transformer(location, model_kwargs=gguf, processor_kwargs=gguf, config_kwargs=gguf,
-                          max_seq_length=DECODER_MAX_LENGTH)
-    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(),
-                                                          pooling_mode="lasttoken")], device="cpu")
+    model = plain_decoder("lasttoken", DECODER_MAX_LENGTH, decoder_path())
     if lora:
         from peft import LoraConfig, TaskType
 
