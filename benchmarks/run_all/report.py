@@ -68,6 +68,27 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _same_training(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs trained with the same settings (a field one record lacks or leaves unset is not compared:
+    fields were added over time with their then-default value)."""
+    x, y = a.get("settings") or {}, b.get("settings") or {}
+    return all(x[k] == y[k] for k in x.keys() & y.keys() if x[k] is not None and y[k] is not None)
+
+
+def protocol_moves(records: list[dict[str, Any]], old: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Seed by seed, what re-running under protocol 2 changed (STS-B dev, SICK-R trial, x 100) for the runs whose
+    training settings did not change in between (a row whose preset changed is another experiment, not a move)."""
+    before = {r["seed"]: r for r in old}
+    moves = []
+    for r in records:
+        o = before.get(r["seed"])
+        if o is None or not _same_training(r, o):
+            continue
+        moves.append({"seed": r["seed"], **{m: 100 * (r["metrics"][m] - o["metrics"][m])
+                                           for m in ("stsb_dev", "sick_trial")}})
+    return moves
+
+
 def collect(results: Path, rows: list[Row], data_dir: Path, quick: bool) -> dict[str, Any]:
     """The aggregated results of every row whose runs are done with the current key."""
     summary: dict[str, Any] = {}
@@ -96,6 +117,7 @@ def collect(results: Path, rows: list[Row], data_dir: Path, quick: bool) -> dict
                                  "evaluated_at_training_length": short, **aggregate(records)}
             if old and not short:  # what an ablation of protocol 1 compares with
                 summary[row.name]["protocol1"] = aggregate(old)
+                summary[row.name]["protocol_moves"] = protocol_moves(records, old)
     return summary
 
 
@@ -206,6 +228,20 @@ def _lr_selection_note(summary: dict[str, Any]) -> str:
             f"{_rate(max(PEFT_PREFIX_LR_CANDIDATES))}). SCPCSE (1e-3) runs at its CPU preset, not re-selected.")
 
 
+def _moves_sentence(summary: dict[str, Any]) -> str:
+    """What the re-runs under protocol 2 moved, computed from the run files (main rows, unchanged settings)."""
+    moves = [(name, m) for name, e in summary.items() if not e.get("ablation") for m in e.get("protocol_moves", ())]
+    if not moves:
+        return ""
+    sts = sorted(m["stsb_dev"] for _, m in moves)
+    sick = sorted(m["sick_trial"] for _, m in moves)
+    return (f"The {len(moves)} runs of main rows re-run with unchanged settings moved by {sts[0]:+.2f} to "
+            f"{sts[-1]:+.2f} on STS-B dev (median {statistics.median(sts):+.2f}; 4.2 % of its sentences are over "
+            f"32 tokens) and by {sick[0]:+.2f} to {sick[-1]:+.2f} on SICK-R trial (median "
+            f"{statistics.median(sick):+.2f}), which has no sentence over 32 tokens: most of a move is run-to-run "
+            "variation of training on another host, not the evaluation length (docs/benchmarks.md).")
+
+
 def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -> str:
     main = [r.name for r in rows if not r.ablation]
     lines = [
@@ -256,11 +292,8 @@ def markdown(summary: dict[str, Any], rows: list[Row], args, environment: str) -
                   "of the prefix and the MLP (ablation rows not re-run are left out of the tables).", ""]
     if any(e.get("evaluated_at_training_length") for e in summary.values()):
         lines += ["² Runs of protocol 1: selected and evaluated with sentences cut at the training length (32 tokens) "
-                  "instead of whole, as SentEval; not yet re-run under protocol 2. The six rows re-run at seed 42 moved by "
-                  "+0.00 to +0.24 on STS-B dev (4.2 % of its sentences are over 32 tokens) and by -0.54 to +0.00 on "
-                  "SICK-R trial, which has no sentence over 32 tokens: that part is run-to-run variation of training "
-                  "(the same best step, other weights), within the rows' seed spread of up to 0.95; the runs of "
-                  "protocol 1 are in earlier/before-full-length-evaluation/.", ""]
+                  "instead of whole, as SentEval; not yet re-run under protocol 2. " + _moves_sentence(summary)
+                  + " The runs of protocol 1 are in earlier/before-full-length-evaluation/.", ""]
     lines += [
         "Notes: SKICSE rows train on the rows that have SmolLM2 SKI (2,028 Wikipedia sentences / 2,000 NLI "
         "premises) for the same number of steps; their λ = 0 ablations below are SimCSE / DCPCSE on that data. "
