@@ -114,3 +114,34 @@ def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows
     assert f"supervised {e(rows_rate)} (the sweep's best on STS-B dev is 1e-2)" in note
     d2cse = note.split("D2CSE")[1].split(";")[0]
     assert "D2CSE unsupervised 1e-1 and" in note and "(its sweep has not run" not in d2cse
+
+
+def test_a_sweep_partly_rerun_under_protocol_2_compares_like_with_like(run_all):
+    """Where some rates of a sweep have runs of the current protocol and others only runs of protocol 1, the note
+    compares the current ones: a protocol-1 number never wins over a re-run one."""
+    chosen = run_all.DIFFAUG_STAGE1_LR[False]
+    summary = {
+        f"diffaug-semi-stage1-lr{chosen:g}": {"stsb_dev": {"mean": 0.84}},
+        "diffaug-semi-stage1-lr0.001": {"stsb_dev": {"mean": 0.83}},
+        "diffaug-semi-stage1-lr0.0003": {"stsb_dev": {"mean": 0.90}, "evaluated_at_training_length": True},
+    }
+    part = run_all._lr_selection_note(summary).split("DiffAug's stage 1")[1].split(" and supervised")[0]
+    assert "the sweep's best" not in part and "among the rates re-run under protocol 2: 1e-3, 3e-3" in part
+    summary["diffaug-semi-stage1-lr0.001"]["stsb_dev"]["mean"] = 0.85
+    part = run_all._lr_selection_note(summary).split("DiffAug's stage 1")[1].split(" and supervised")[0]
+    assert "(the sweep's best on STS-B dev is 1e-3)" in part
+
+
+def test_protocol_moves_pair_seeds_and_skip_runs_whose_settings_changed(run_all):
+    def run(seed, dev, sick, **settings):
+        return {"seed": seed, "settings": {"learning_rate": 0.1, "pooling": None, **settings},
+                "metrics": {"stsb_dev": dev, "sick_trial": sick}}
+
+    old = [run(42, 0.80, 0.70), run(43, 0.81, 0.71), run(44, 0.82, 0.72, learning_rate=0.01)]
+    new = [run(42, 0.81, 0.69, pooling="cls"), run(43, 0.81, 0.72), run(44, 0.5, 0.5)]
+    moves = run_all.protocol_moves(new, old)
+    assert [m["seed"] for m in moves] == [42, 43]  # seed 44 trained at another rate: another experiment
+    assert moves[0]["stsb_dev"] == pytest.approx(1.0) and moves[0]["sick_trial"] == pytest.approx(-1.0)
+    sentence = run_all._moves_sentence({"x": {"protocol_moves": moves}, "y": {"ablation": True,
+                                                                          "protocol_moves": [{"stsb_dev": 9, "sick_trial": 9}]}})
+    assert sentence.startswith("The 2 runs of main rows") and "+0.00 to +1.00 on STS-B dev" in sentence

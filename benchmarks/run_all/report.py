@@ -215,12 +215,19 @@ def _lr_selection_note(summary: dict[str, Any]) -> str:
         for sup in (False, True):
             s = "sup" if sup else unsupervised
             prefix = f"{method}-{s}-{'stage1-' if method == 'diffaug' else ''}lr"
-            sweep = {float(n[len(prefix):]): summary[n]["stsb_dev"]["mean"] for n in summary if n.startswith(prefix)}
+            names_ = [n for n in summary if n.startswith(prefix)]
+            # like with like: where part of a sweep is re-run under protocol 2, only those rates are compared
+            current = [n for n in names_ if not summary[n].get("evaluated_at_training_length")]
+            partly = len(current) >= 2 and len(current) < len(names_)
+            sweep = {float(n[len(prefix):]): summary[n]["stsb_dev"]["mean"]
+                     for n in (current if len(current) >= 2 else names_)}
             if len(sweep) < 2:
                 flag = " (its sweep has not run)"
             else:
                 best = max(sweep, key=sweep.get)
                 flag = "" if math.isclose(best, rates[sup]) else f" (the sweep's best on STS-B dev is {_rate(best)})"
+                if partly:
+                    flag += f" (among the rates re-run under protocol 2: {', '.join(map(_rate, sorted(sweep)))})"
             settings.append(f"{names[s]} {_rate(rates[sup])}{flag}")
         parts.append(f"{label} " + " and ".join(settings))
     return ("Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): " + "; ".join(parts)
