@@ -13,6 +13,7 @@ from rows import (
     D2CSE_LR,
     DCPCSE_LR,
     DIFFAUG_STAGE1_LR,
+    KEY_UNUSED_SETTINGS,
     LORA_LR,
     OFFICIAL_MLP_INITIALISATION_SINCE,
     PEFT_PREFIX_LR,
@@ -72,7 +73,8 @@ def _same_training(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two runs trained with the same settings (a field one record lacks or leaves unset is not compared:
     fields were added over time with their then-default value)."""
     x, y = a.get("settings") or {}, b.get("settings") or {}
-    return all(x[k] == y[k] for k in x.keys() & y.keys() if x[k] is not None and y[k] is not None)
+    unused = {name for fields in KEY_UNUSED_SETTINGS.values() for name in fields}  # not what a run trains with
+    return all(x[k] == y[k] for k in x.keys() & y.keys() - unused if x[k] is not None and y[k] is not None)
 
 
 def protocol_moves(records: list[dict[str, Any]], old: list[dict[str, Any]]) -> list[dict[str, Any]]:
