@@ -432,6 +432,10 @@ def report(tasks=TASKS) -> str:
               "| task | approach | configuration | lr | seeds | selection set | unseen set |",
               "|---|---|---|---:|---|---:|---:|"]
     summary = {}
+    # a seed run on another device than most of the study's runs is marked: another device's arithmetic takes
+    # another trajectory (like another seed), so the table says which seeds those are
+    main_device = max(devices, key=lambda d: sum(r["device"] == d for r in records)) if devices else None
+    other_devices: set[str] = set()
     for task in tasks:
         for approach in ("prompts", "lora", "full"):
             candidates = [r for (t, n), r in best.items() if t == task and r["config"]["approach"] == approach]
@@ -449,9 +453,17 @@ def report(tasks=TASKS) -> str:
             summary[f"{task}/{approach}"] = {"name": final["name"], "learning_rate": final["learning_rate"],
                                              "seeds": sorted(r["seed"] for r in runs), "selection": sel,
                                              "unseen": uns, "selection_mean": fmean(sel), "unseen_mean": fmean(uns)}
-            seeds = ", ".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"]))
+            seeds = ", ".join(f"{r['seed']}" + ("†" if r["device"] != main_device else "")
+                              for r in sorted(runs, key=lambda r: r["seed"]))
+            other_devices |= {r["device"] for r in runs if r["device"] != main_device}
             lines.append(f"| {task} | {approach} | {final['name']} | {final['learning_rate']:g} | {seeds} | "
                          f"{fmt(sel)} | {fmt(uns)} |")
+    if other_devices:
+        def named(device):
+            return device if device.startswith("NVIDIA") else f"the CPU ({device})"
+
+        lines += ["", f"† run on {', '.join(named(d) for d in sorted(other_devices))}, the other seeds on "
+                  f"{named(main_device)}."]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS / "study.json", {"best": {f"{t}/{n}": r for (t, n), r in best.items()},

@@ -71,3 +71,18 @@ def test_an_unfrozen_grid_submits_its_first_rungs(study):
     live = study.Study(pool, "data", ["smollm2"])
     next(live.grid("smollm2", study.task_configs("smollm2")["lora-epochs1"], phase1=True))
     assert [job[2] for job in pool.jobs] == [1e-3, 3e-3, 1e-2]
+
+
+def test_the_three_seed_table_marks_a_seed_run_on_another_device(study, monkeypatch):
+    base = study.task_configs("sts")["base"]
+    for lr, score, seed, device in ((0.03, 86.0, 42, "NVIDIA H200"), (0.1, 86.5, 42, "NVIDIA H200"),
+                                    (0.3, 20.0, 42, "NVIDIA H200"), (0.1, 86.1, 43, "NVIDIA H200"),
+                                    (0.1, 86.3, 44, "x86_64")):
+        _write(study, "sts", base, lr, score, seed)
+        path = study.run_path("sts", base, lr, seed)
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "device": device}))
+    text = study.report(["sts"])
+    row = next(line for line in text.splitlines() if line.startswith("| sts | prompts |"))
+    assert "| 42, 43, 44† |" in row and "86.30 ± 0.20" in row
+    assert "† run on the CPU (x86_64), the other seeds on NVIDIA H200." in text
