@@ -330,6 +330,26 @@ def plan(study: Study, tasks) -> dict:
     return results
 
 
+def job_config(task: str, config) -> dict:
+    """A ``--jobs`` entry's configuration: its settings, or its name as run files spell it (``"gate+length-4"``,
+    ``"lora-epochs1"``)."""
+    if isinstance(config, dict):
+        return config
+    known = task_configs(task)
+    if config in known:
+        return known[config]
+    factors = config.split("+")
+    if any(factor not in FACTORS for factor in factors):
+        raise SystemExit(f"--jobs: {task!r} has no configuration {config!r} (a name of {', '.join(known)}, or "
+                         "factors joined by '+')")
+    settings = dict(BASE)
+    for factor in factors:
+        settings.update(FACTORS[factor])
+    if config_name(settings) != config:
+        raise SystemExit(f"--jobs: {config!r} does not name one configuration (it reads as {config_name(settings)!r})")
+    return settings
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -342,7 +362,8 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, help="training rows per task (smoke runs)")
     parser.add_argument("--results", type=Path, help="results folder")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--jobs", type=Path, help="run only these runs (a JSON list of [task, config, lr, seed]), "
+    parser.add_argument("--jobs", type=Path, help="run only these runs (a JSON list of [task, config, lr, seed]; "
+                        "config: a configuration's name, e.g. \"gate+length-4\", or its settings as in a run file), "
                         "in order, then report: how a study interrupted on one device is continued on another")
     args = parser.parse_args(argv)
     global RESULTS
@@ -353,7 +374,8 @@ def main(argv=None) -> int:
     if args.limit:
         os.environ["STUDY_LIMIT"] = str(args.limit)
     if args.jobs:
-        jobs = [(t, c, lr, seed, str(args.data_dir)) for t, c, lr, seed in json.loads(args.jobs.read_text())]
+        entries = json.loads(args.jobs.read_text())
+        jobs = [(t, job_config(t, c), lr, seed, str(args.data_dir)) for t, c, lr, seed in entries]
         with mp.get_context("spawn").Pool(args.workers, initializer=_init_worker) as pool:
             for record in pool.imap_unordered(_worker, jobs):
                 print(record.get("task"), record.get("name"), record.get("learning_rate"), record.get("seed"),

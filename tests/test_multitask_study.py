@@ -86,3 +86,14 @@ def test_the_three_seed_table_marks_a_seed_run_on_another_device(study, monkeypa
     row = next(line for line in text.splitlines() if line.startswith("| sts | prompts |"))
     assert "| 42, 43, 44† |" in row and "86.30 ± 0.20" in row
     assert "† run on the CPU (x86_64), the other seeds on NVIDIA H200." in text
+
+
+def test_a_jobs_entry_may_name_its_configuration(study):
+    together = study.job_config("dcpcse", "gate+length-4+reparam+warmup")
+    assert together == {**study.BASE, "gate": True, "length": 4, "projection": True, "warmup": 0.1}
+    assert study.job_config("sts", "lora-epochs1") == study.task_configs("sts")["lora-epochs1"]
+    assert study.job_config("sts", together) is together
+    with pytest.raises(SystemExit, match="no configuration 'gate\\+lenght-4'"):
+        study.job_config("sts", "gate+lenght-4")
+    with pytest.raises(SystemExit, match="does not name one configuration"):
+        study.job_config("sts", "length-4+gate")
