@@ -409,6 +409,7 @@ def load_records() -> list[dict]:
 
 def report(tasks=TASKS) -> str:
     """``study.json`` and the markdown tables, from the run files alone."""
+    from collections import Counter
     from statistics import fmean, stdev
 
     from st_prompts.storage import write_file_atomic, write_json_atomic
@@ -456,7 +457,7 @@ def report(tasks=TASKS) -> str:
     summary = {}
     # a seed run on another device than most of the study's runs is marked: another device's arithmetic takes
     # another trajectory (like another seed), so the table says which seeds those are
-    main_device = max(devices, key=lambda d: sum(r["device"] == d for r in records)) if devices else None
+    main_device = Counter(r["device"] for r in records).most_common(1)[0][0] if records else None
     other_devices: set[str] = set()
     for task in tasks:
         for approach in ("prompts", "lora", "full"):
