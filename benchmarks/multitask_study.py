@@ -12,8 +12,9 @@ mean pooling; batch 32; selection on each task's own set, the other set beside),
   three) and rate grids;
 * **three seeds** (42, 43, 44) of each task's final prompt configuration, LoRA's and full fine-tuning's;
 * **the decoder task** ``smollm2``: SmolLM2-135M-Instruct frozen (``STUDY_DECODER``: another ``.gguf`` file),
-  last-token pooling, the NLI triplets, selected on STS-B dev: today's setting, the gate, LoRA (r = 8 on ``v_proj``
-  only, 184,320 parameters = the 16-position prefix) and full fine-tuning, one epoch, then its three seeds.
+  last-token pooling, the NLI triplets, selected on STS-B dev: the same configurations (today's setting, the gate,
+  LoRA and full fine-tuning first), LoRA r = 8 on ``v_proj`` only (184,320 parameters = the 16-position prefix),
+  then its three seeds.
 
 Every run evaluates its selection set at step 0 and five times during training and keeps the best weights (the
 package's ``bank.train_prompt_set`` for prompt sets, the same selection for LoRA and full fine-tuning). Runs are
@@ -53,9 +54,9 @@ UNSEEN = {"sts": "sick_trial", "sick": "stsb_dev", "nli": "sick_trial", "dcpcse"
 #: last-token pooling, trained on the NLI triplets (MultipleNegativesRankingLoss), selected on STS-B dev.
 DECODER_TASKS = ("smollm2",)
 SELECTION["smollm2"], UNSEEN["smollm2"] = "stsb_dev", "sick_trial"
-#: Its phase 1: today's setting, the gate, LoRA (r = 8 on ``v_proj`` only: 30 x 8 x (576 + 192) = 184,320
-#: parameters, the 16-position prefix's 30 x 2 x 16 x 192) and full fine-tuning, one epoch (each run is a 135M model).
-DECODER_CONFIGS = ("base", "gate", "lora-epochs1", "full-epochs1")
+#: It runs the same configurations as the encoder tasks (today's setting, the gate, LoRA and full fine-tuning first),
+#: its LoRA r = 8 on ``v_proj`` only: 30 x 8 x (576 + 192) = 184,320 parameters, the 16-position prefix's
+#: 30 x 2 x 16 x 192. Each run is a 135M model.
 #: Training length of the decoder runs (NLI sentences are shorter; evaluation encodes whole sentences).
 DECODER_MAX_LENGTH = 128
 SEEDS = (42, 43, 44)
@@ -268,19 +269,16 @@ def together_of(task: str, best: dict) -> dict | None:
     return config
 
 
-def task_configs(task: str | None = None) -> dict[str, dict]:
-    """Every configuration of phase 1 (of ``task``: the decoder task runs :data:`DECODER_CONFIGS`), most important
-    first (the order runs are queued in)."""
+def task_configs() -> dict[str, dict]:
+    """Every configuration of phase 1 (every task's, the decoder task's too), most important first (the order runs
+    are queued in)."""
     lora = {"approach": "lora", "warmup": 0.0}
     full = {"approach": "full", "warmup": 0.0}
-    configs = {"base": BASE, "gate": {**BASE, **FACTORS["gate"]}, "lora-epochs1": {**lora, "epochs": 1},
+    return {"base": BASE, "gate": {**BASE, **FACTORS["gate"]}, "lora-epochs1": {**lora, "epochs": 1},
             "full-epochs1": {**full, "epochs": 1},
             **{name: {**BASE, **change} for name, change in FACTORS.items() if name not in ("gate", "epochs-3")},
             "epochs-3": {**BASE, **FACTORS["epochs-3"]}, "lora-epochs3": {**lora, "epochs": 3},
             "full-epochs3": {**full, "epochs": 3}}
-    if task in DECODER_TASKS:
-        return {name: config for name, config in configs.items() if name in DECODER_CONFIGS}
-    return configs
 
 
 def step_all(generators: dict, results: dict) -> None:
@@ -295,7 +293,7 @@ def step_all(generators: dict, results: dict) -> None:
 
 def pipeline(study: Study, task: str):
     """One task's study: phase 1 (factors, LoRA and full grids), the helpful factors together, three seeds."""
-    groups = {name: study.grid(task, config, phase1=True) for name, config in task_configs(task).items()}
+    groups = {name: study.grid(task, config, phase1=True) for name, config in task_configs().items()}
     best: dict[str, dict] = {}
     while groups:
         step_all(groups, best)
@@ -315,13 +313,18 @@ def pipeline(study: Study, task: str):
     return best
 
 
-def plan(study: Study, tasks) -> dict:
-    """Queue phase 1's first rungs in order of importance (across tasks), then drive every task's pipeline."""
-    for name in task_configs():
+def queue_first_rungs(study: Study, tasks) -> None:
+    """Queue phase 1's first rungs in order of importance, across tasks (not those of a frozen task)."""
+    for config in task_configs().values():
         for task in tasks:
-            if name in task_configs(task) and task not in study.frozen:
-                for lr in study.first_rungs(task_configs(task)[name]):
-                    study.submit(task, task_configs(task)[name], lr)
+            if task not in study.frozen:
+                for lr in study.first_rungs(config):
+                    study.submit(task, config, lr)
+
+
+def plan(study: Study, tasks) -> dict:
+    """Queue phase 1's first rungs, then drive every task's pipeline."""
+    queue_first_rungs(study, tasks)
     pipelines = {task: pipeline(study, task) for task in tasks}
     results = {}
     while pipelines:
@@ -335,7 +338,7 @@ def job_config(task: str, config) -> dict:
     ``"lora-epochs1"``)."""
     if isinstance(config, dict):
         return config
-    known = task_configs(task)
+    known = task_configs()
     if config in known:
         return known[config]
     factors = config.split("+")
@@ -428,8 +431,8 @@ def report(tasks=TASKS) -> str:
               "task's own set (step 0 and five evaluations, best kept); Δ = the configuration's best selection "
               "score minus today's setting's. Spearman × 100, selection set / unseen set. The decoder task "
               "`smollm2` (SmolLM2-135M-Instruct frozen, last-token pooling, the NLI triplets, selected on STS-B "
-              "dev, SICK-R trial unseen) runs today's setting, the gate, LoRA (r = 8 on `v_proj`: 184,320 "
-              "parameters, the prefix's size) and full fine-tuning, one epoch.", ""]
+              "dev, SICK-R trial unseen) has the same configurations, LoRA r = 8 on `v_proj` (184,320 parameters, "
+              "the prefix's size); a cell reads – where a configuration has not run.", ""]
     header = "| configuration | " + " | ".join(f"{t} (sel. / unseen, lr, Δ)" for t in tasks) + " |"
     lines += [header, "|---|" + "---|" * len(tasks)]
     names = ["base", *FACTORS, "together", "lora-epochs1", "lora-epochs3", "full-epochs1", "full-epochs3"]
