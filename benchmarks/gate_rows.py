@@ -20,7 +20,10 @@ from statistics import fmean, stdev
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PAIRS = (("dcpcse-unsup", "dcpcse-unsup-gate"), ("dcpcse-sup", "dcpcse-sup-gate"))
+PAIRS = (("dcpcse-unsup", "dcpcse-unsup-gate"), ("dcpcse-sup", "dcpcse-sup-gate"),
+         ("d2cse-unsup", "d2cse-unsup-gate"), ("d2cse-sup", "d2cse-sup-gate"),
+         ("skicse-prompted-unsup", "skicse-prompted-unsup-gate"), ("skicse-prompted-sup", "skicse-prompted-sup-gate"),
+         ("diffaug-semi", "diffaug-semi-gate"), ("diffaug-sup", "diffaug-sup-gate"))
 METRICS = (("stsb_dev", "STS-B dev"), ("sick_trial", "SICK-R trial"))
 
 

@@ -132,10 +132,13 @@ def run(task: str, config: dict, lr: float, seed: int, data_dir: str) -> dict:
                         warmup=config["warmup"], seed=seed, eval_steps=eval_steps, step_zero=True)
         result["trainable_parameters"] = trainable
         metrics = mt.evaluate(model, data_dir_path)
+    from common import run_environment
+
+    environment = run_environment()
     record = {"task": task, "config": config, "name": config_name(config), "learning_rate": lr, "seed": seed,
               **result, "metrics": metrics, "seconds": time.perf_counter() - start, "rows": len(data),
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.machine(),
-              "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "device": environment["device"] if torch.cuda.is_available() else platform.machine(),
+              "environment": environment, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json_atomic(run_path(task, config, lr, seed), record)
     return record
 

@@ -156,6 +156,18 @@ def _rows() -> list[Row]:
         *(Row(f"dcpcse-{s}-gate", f"DCPCSE {s}, prefix gate (starts as the backbone)", "dcpcse", sup,
               (("learning_rate", DCPCSE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="39",
               compare=f"dcpcse-{s}", all_seeds=True) for sup, s in ((False, "unsup"), (True, "sup"))),
+        # issue 51: the gate on the other prompt methods at their CPU presets (three seeds), to choose each
+        # preset's default from the selection set
+        *(Row(f"d2cse-{s}-gate", f"D2CSE {s}, prefix gate (starts as the backbone)", "d2cse", sup,
+              (("learning_rate", D2CSE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="51",
+              compare=f"d2cse-{s}", all_seeds=True) for sup, s in ((False, "unsup"), (True, "sup"))),
+        *(Row(f"skicse-prompted-{s}-gate", f"SKICSE prompted {s}, prefix gate (starts as the backbone)", "skicse",
+              sup, (("encoder", "prompted"), ("learning_rate", SKICSE_PROMPTED_LR[sup]), ("prefix_gate", True)),
+              ablation=True, issue="51", compare=f"skicse-prompted-{s}", all_seeds=True)
+          for sup, s in ((False, "unsup"), (True, "sup"))),
+        *(Row(f"diffaug-{s}-gate", f"DiffAug {s}, prefix gate (both prefixes start as the backbone)", "diffaug",
+              sup, (("stage1_learning_rate", DIFFAUG_STAGE1_LR[sup]), ("prefix_gate", True)), ablation=True,
+              issue="51", compare=f"diffaug-{s}", all_seeds=True) for sup, s in ((False, "semi"), (True, "sup"))),
         Row("d2cse-unsup-cls-prompt", "D2CSE unsup with the [CLS] prompt", "d2cse", False,
             (("cls_prompt", True),), ablation=True, issue="8", compare="d2cse-unsup", all_seeds=True),
         Row("d2cse-sup-no-cls-prompt", "D2CSE sup without the [CLS] prompt", "d2cse", True,

@@ -111,7 +111,7 @@ def untrained_model(pooling: str):
 def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Path) -> dict[str, Any]:
     """Train and evaluate one (row, seed) in this process; returns the result record."""
     import torch
-    from common import cpu_model  # benchmarks/, on the path when run as python benchmarks/run_all
+    from common import cpu_model, run_environment  # benchmarks/, on the path when run as python benchmarks/run_all
 
     from st_prompts import methods
     from st_prompts.evaluation import stsb_dev_evaluator
@@ -166,6 +166,7 @@ def run_one(row: Row, seed: int, data_dir: Path, quick: bool, eval_senteval: Pat
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), {platform.platform()}",
         finished=time.strftime("%Y-%m-%d %H:%M:%S"), initialisation=INITIALISATION_VERSION,
         gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        environment=run_environment(),
     )
     return record
 
