@@ -1,5 +1,5 @@
-"""The prefix gate on the paper method: run_all's DCPCSE main rows against their ``-gate`` rows, three seeds each,
-from run files made on one device (run by hand).
+"""The prefix gate on the paper methods: run_all's main rows of DCPCSE, D2CSE, SKICSE's prompted encoder and DiffAug
+against their ``-gate`` rows, three seeds each, from run files made on one device (run by hand).
 
 The run files come from ``python benchmarks/run_all --data-dir ../shared/data --seeds 42 43 44 --only ROW --force``
 for ROW in ``dcpcse-unsup dcpcse-unsup-gate dcpcse-sup dcpcse-sup-gate`` (four runners at once), copied from
@@ -53,8 +53,9 @@ def main(argv=None) -> int:
                 result[row] = summary(records)
                 machines |= {f"{r.get('gpu') or 'CPU'} ({r['machine'].split(',')[1].strip()}), torch {r['torch']}"
                              for r in records}
-    lines = ["# The prefix gate on DCPCSE (issue 39)", "",
-             (f"Machine: {'; '.join(sorted(machines))}. Official rate (0.1), run_all's CPU preset otherwise; "
+    lines = ["# The prefix gate on the prompt methods (issues 39 and 51)", "",
+             (f"Machine: {'; '.join(sorted(machines))}. Each row at run_all's CPU preset and rates (the ungated "
+              "prefix, the official one, against the zero-initialised gate); "
               "STS-B dev selects the checkpoint, SICK-R trial is never selected on. Spearman × 100, mean ± std over "
               "the seeds (each seed's value in brackets); Δ = gate − no gate."), "",
              "| row | seeds | best steps | STS-B dev | SICK-R trial |", "|---|---|---|---:|---:|"]
