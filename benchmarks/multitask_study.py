@@ -409,6 +409,23 @@ def _init_worker() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- report
+#: (layers, key/value width, key/value heads) of each task's backbone: MiniLM's 6 x 384 (12 heads), SmolLM2-135M's
+#: 30 layers with 3 key/value heads of 64.
+PREFIX_SHAPES = {"smollm2": (30, 192, 3)}
+MINILM_SHAPE = (6, 384, 12)
+
+
+def stored_parameters(record: dict) -> int:
+    """The numbers a run's trained weights take in a checkpoint: a prompt set stores its prefix (``l x 2L x H``, the
+    MLP's output when reparameterised, as st_prompts saves it since issue 51) and its gate (``L x heads``); LoRA and
+    full fine-tuning store what they train."""
+    config = record["config"]
+    if config["approach"] != "prompts":
+        return int(record.get("trainable_parameters") or 0)
+    layers, width, heads = PREFIX_SHAPES.get(record["task"], MINILM_SHAPE)
+    return 2 * layers * config["length"] * width + (layers * heads if config["gate"] else 0)
+
+
 def load_records() -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((RESULTS / "runs").glob("*/*.json"))]
 
@@ -449,8 +466,12 @@ def report(tasks=TASKS) -> str:
                 cells.append("–")
                 continue
             delta = f"{r['selected'] - base['selected']:+.2f}" if base else ""
-            rates = len(groups.get((task, r["name"]), []))
+            run_rates = sorted(g["learning_rate"] for g in groups.get((task, r["name"]), []))
+            rates = len(run_rates)
             short = f" (only {rates} rate{'s' if rates != 1 else ''} run)" if rates < 3 else ""
+            if rates >= 2 and r["learning_rate"] in (run_rates[0], run_rates[-1]) and r["best_step"] > 0:
+                # the best trained rate is the lowest or highest run: the grid does not bracket it
+                short += f" (grid edge: {'lowest' if r['learning_rate'] == run_rates[0] else 'highest'} rate run)"
             cells.append(f"{r['selected']:.2f} / {r['metrics'][UNSEEN[task]]:.2f}, {r['learning_rate']:g}, {delta}"
                          f"{short}")
         label = {"base": "today's setting"}.get(name, name)
@@ -458,8 +479,9 @@ def report(tasks=TASKS) -> str:
     # three seeds
     lines += ["", "**Three seeds** (42, 43, 44) of each task's final configuration (best selection score over the "
               "study) — mean ± std over the seeds run so far (the `seeds` column), selection set / unseen set:", "",
-              "| task | approach | configuration | lr | seeds | selection set | unseen set |",
-              "|---|---|---|---:|---|---:|---:|"]
+              "| task | approach | configuration | lr | seeds | trainable / stored parameters | selection set | "
+              "unseen set |",
+              "|---|---|---|---:|---|---:|---:|---:|"]
     summary = {}
     # a seed run on another device than most of the study's runs is marked: another device's arithmetic takes
     # another trajectory (like another seed), so the table says which seeds those are
@@ -485,8 +507,11 @@ def report(tasks=TASKS) -> str:
             seeds = ", ".join(f"{r['seed']}" + ("†" if r["device"] != main_device else "")
                               for r in sorted(runs, key=lambda r: r["seed"]))
             other_devices |= {r["device"] for r in runs if r["device"] != main_device}
+            sizes = f"{final.get('trainable_parameters', 0):,} / {stored_parameters(final):,}"
+            summary[f"{task}/{approach}"].update(trainable_parameters=final.get("trainable_parameters"),
+                                                 stored_parameters=stored_parameters(final))
             lines.append(f"| {task} | {approach} | {final['name']} | {final['learning_rate']:g} | {seeds} | "
-                         f"{fmt(sel)} | {fmt(uns)} |")
+                         f"{sizes} | {fmt(sel)} | {fmt(uns)} |")
     if other_devices:
         def named(device):
             return device if device.startswith("NVIDIA") else f"the CPU ({device})"
