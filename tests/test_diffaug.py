@@ -24,7 +24,8 @@ from st_prompts.prompts.prefix import prefix_view_mask
 
 def settings_for(backbone, supervised=False, **overrides):
     values = dict(backbone=backbone, prefix_length=2, prefix_hidden_size=16, batch_size=4, stage1_batch_size=4,
-                  eval_steps=1, diagnostics_steps=1, diagnostics_samples=4, prefix_init_std=0.5)
+                  eval_steps=1, diagnostics_steps=1, diagnostics_samples=4, prefix_init_std=0.5,
+                  prefix_gate=False)  # the official prefixes (the semi-supervised CPU preset gates them)
     values.update(overrides)
     return methods.settings("diffaug", supervised=supervised, scale="cpu", **values)
 

@@ -42,7 +42,7 @@ def test_torchrun_two_processes_match_one_process_and_only_rank0_saves(tmp_path)
     shutil.copytree(FIXTURES / "senteval", data / "senteval")
     common = ["--scale", "cpu", "--backbone", backbone, "--data-dir", str(data), "--limit", "16", "--max-steps", "2",
               "--lr", "1e-2", "--seed", "0", "--eval-steps", "1000", "--no-progress", "--prefix-length", "4",
-              "--max-seq-length", "16"]
+              "--no-prefix-gate", "--max-seq-length", "16"]
     env = {**os.environ, "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     recipe = str(REPO / "recipes" / "dcpcse_unsup.py")
     single = subprocess.run([sys.executable, recipe, *common, "--batch-size", "8", "--output", str(tmp_path / "one")],
@@ -60,7 +60,7 @@ def test_torchrun_two_processes_match_one_process_and_only_rank0_saves(tmp_path)
     # the comparison means something: training moved the prompts far more than the tolerance
     from st_prompts import methods
 
-    initial = methods.build("dcpcse", backbone=backbone, scale="cpu", seed=0, prefix_length=4)
+    initial = methods.build("dcpcse", backbone=backbone, scale="cpu", seed=0, prefix_length=4, prefix_gate=False)
     start = initial[0].prefix_encoder.embedding.weight.detach()
     assert (one - start).abs().max() > 10 * TOLERANCE
 
