@@ -62,7 +62,7 @@ def backbone_identity(name_or_path: str) -> tuple[str, str | None]:
 
 def load_backbone(name_or_path: str, **kwargs) -> torch.nn.Module:
     """The plain transformers model behind a backbone name (packaged aliases and GGUF files resolved)."""
-    from st_prompts.loading import safe_loading
+    from st_prompts.folder_checks import safe_loading
 
     location, gguf_file, _ = utils.resolve_gguf(utils.resolve_model_name(str(name_or_path)))
     if gguf_file:
@@ -159,6 +159,29 @@ class PromptsCheckpointMixin:
         """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
 
+    def stored_prompt_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a save writes of the prompts: :meth:`prompt_state_dict` with every reparameterised prefix (the
+        module's own and each prompt set's) replaced by the prefix it computes
+        (:meth:`~st_prompts.prompts.PrefixEncoder.stored_state_dict`), exactly; its config then says
+        ``prefix_projection: false``, so the folder reloads as a plain prefix that encodes the same. Inside
+        :meth:`prompts_only` with ``keep_projection=True`` (a checkpoint training resumes from) the MLP is kept."""
+        state = self.prompt_state_dict()
+        if getattr(self, "_keep_projection", False):
+            return state
+        for prefix, encoder in self._projected_prefixes().items():
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+            state.update({prefix + k: v for k, v in encoder.stored_state_dict().items()})
+        return state
+
+    def _projected_prefixes(self) -> dict[str, Any]:
+        """State-dict key prefix -> prefix encoder, for every reparameterised prefix of this module."""
+        own = getattr(self, "prefix_encoder", None)
+        found = {"prefix_encoder.": own} if own is not None and own.projection else {}
+        for name, encoder in getattr(self, "prompt_sets", {}).items():
+            if encoder.projection:
+                found[f"prompt_sets.{name}."] = encoder
+        return found
+
     @property
     def backbone_reference(self) -> str:
         """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
@@ -197,16 +220,26 @@ class PromptsCheckpointMixin:
         if self._prompts_only_save:
             config["prompts_only"] = True
             config["backbone_fingerprint"] = backbone_fingerprint(self.auto_model)
+        if getattr(self, "_saving", False) and not getattr(self, "_keep_projection", False):
+            # what stored_prompt_state_dict writes: each reparameterised prefix as the plain prefix it computes
+            for prefix in self._projected_prefixes():
+                if prefix == "prefix_encoder.":
+                    config["prefix_projection"] = False
+                else:
+                    name = prefix[len("prompt_sets."):-1]
+                    config["prompt_sets"] = {**config["prompt_sets"],
+                                             name: {**config["prompt_sets"][name], "prefix_projection": False}}
         return config
 
     @contextmanager
-    def prompts_only(self):
-        """Within this context, :meth:`save` writes only the soft prompts and a reference to the backbone."""
-        self._prompts_only_save = True
+    def prompts_only(self, keep_projection: bool = False):
+        """Within this context, :meth:`save` writes only the soft prompts and a reference to the backbone;
+        ``keep_projection``: a reparameterised prefix keeps its MLP (see :meth:`stored_prompt_state_dict`)."""
+        self._prompts_only_save, self._keep_projection = True, bool(keep_projection)
         try:
             yield self
         finally:
-            self._prompts_only_save = False
+            self._prompts_only_save, self._keep_projection = False, False
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
         """Save the module: backbone (safetensors), tokenizer, config and ``soft_prompts.safetensors``.
@@ -214,8 +247,16 @@ class PromptsCheckpointMixin:
         Inside :meth:`prompts_only` only the config (with the backbone reference and fingerprint) and the prompts are
         written. The reference is portable for the packaged MiniLM (its alias) and hub models (their id); for other
         local folders it is their absolute path, and a warning says so. Weights are always written as safetensors.
+        A reparameterised prefix is written as the prefix it computes (:meth:`stored_prompt_state_dict`).
         """
         os.makedirs(output_path, exist_ok=True)
+        self._saving = True
+        try:
+            self._save(output_path)
+        finally:
+            self._saving = False
+
+    def _save(self, output_path: str) -> None:
         if self._prompts_only_save:
             reference = self.backbone_reference
             if is_local_reference(reference):
@@ -228,7 +269,7 @@ class PromptsCheckpointMixin:
         else:
             with dequantized_gguf(self.auto_model):
                 super().save(output_path, safe_serialization=True)
-        write_prompts(self.prompt_state_dict(), output_path)
+        write_prompts(self.stored_prompt_state_dict(), output_path)
 
     @classmethod
     def load(
@@ -302,7 +343,7 @@ class PromptsCheckpointMixin:
         self.load_state_dict(read_prompts(path, model_name_or_path, expected), strict=False)
 
 
-def save_prompts_only(model, path: str) -> None:
+def save_prompts_only(model, path: str, *, keep_projection: bool = False) -> None:
     """Save a SentenceTransformer whose first module is a :class:`PromptedTransformer` without the backbone weights.
 
     The folder holds the soft prompts, the other (small) modules, and a reference to the backbone (name or path and a
@@ -314,6 +355,10 @@ def save_prompts_only(model, path: str) -> None:
     original backbone, whose weights differ, and would never load. This is refused with
     :class:`~st_prompts.errors.BackboneMismatchError` before anything is written (see
     :meth:`PromptedTransformer.check_backbone_unchanged`); save such a model with ``model.save(path)``.
+
+    A reparameterised prefix (``prefix_projection=True``) is stored as the prefix its MLP computes, exactly, and
+    reloads as a plain prefix (a 16-position MiniLM prefix: 295 KB instead of 10 MB); ``keep_projection=True`` keeps
+    the embedding table and the MLP instead (for a checkpoint that training resumes from, e.g. DiffAug's stage 1).
     """
     encoders = [m for m in model.modules() if isinstance(m, PromptsCheckpointMixin)]
     if len(encoders) != 1:
@@ -325,7 +370,7 @@ def save_prompts_only(model, path: str) -> None:
     if was is not None:
         card.prompts_only = True  # the card says what this folder is and where its backbone comes from
     try:
-        with encoder.prompts_only():
+        with encoder.prompts_only(keep_projection=keep_projection):
             model.save(path, create_model_card=was is not None)
     finally:
         if was is not None:

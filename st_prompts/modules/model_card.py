@@ -19,6 +19,7 @@ from typing import Any
 
 from sentence_transformers.sentence_transformer.model_card import SentenceTransformerModelCardData
 
+from st_prompts.sizes import prompt_set_size
 from st_prompts.storage import write_file_atomic
 
 #: The papers of the registered methods (method name -> (title, link)), for the card.
@@ -237,12 +238,13 @@ def bank_section(encoder: Any, backbone: str, model_id: str) -> str:
              "pass. Without a task the bank encodes with "
              + (f"the set `{roles['default']}`." if roles["default"] else "the backbone as shipped.")]
     if names:
-        lines += ["", "| prompt set | prefix positions | parameters | trained on | selected by | selection score "
-                  "(step) | step 0 | backbone |", "|---|---:|---:|---|---|---:|---:|---:|"]
+        lines += ["", "| prompt set | prefix positions | trainable parameters | stored parameters | trained on | "
+                  "selected by | selection score (step) | step 0 | backbone |",
+                  "|---|---:|---:|---:|---|---|---:|---:|---:|"]
         for name in names:
             module = encoder.prompt_sets[name]
             info = encoder.prompt_set_info.get(name, {})
-            count = sum(p.numel() for p in module.parameters())
+            size = prompt_set_size(module)  # a reparameterised set trains its MLP but stores the prefix it computes
             trained = ", ".join(part for part in (
                 f"{info['rows']:,} rows" if isinstance(info.get("rows"), int) else "",
                 _cell(info["loss"]) if info.get("loss") else "",
@@ -250,7 +252,8 @@ def bank_section(encoder: Any, backbone: str, model_id: str) -> str:
             best = _score(info.get("best_score"))
             if best and info.get("best_step") is not None:
                 best += f" ({info['best_step']})"
-            cells = [f"`{name}`", str(encoder.prompt_set_options()[name]["prefix_length"]), f"{count:,}",
+            cells = [f"`{name}`", str(encoder.prompt_set_options()[name]["prefix_length"]),
+                     f"{size.trainable_parameters:,}", f"{size.stored_parameters:,}",
                      trained or "not recorded", _cell(info.get("evaluator") or ""), best,
                      _score(info.get("start_score")), _score(info.get("backbone_score"))]
             lines.append("| " + " | ".join(cells) + " |")

@@ -11,37 +11,35 @@ from sentence_transformers.base.modules.transformer import Transformer
 
 from st_prompts import utils
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules.backbones import cache_argument, check_checkpointing, check_injection, inspect_backbone
+from st_prompts.modules.backbones import check_injection, inspect_backbone
 from st_prompts.modules.checkpoint import (
     PromptsCheckpointMixin,
     backbone_identity,
     resolve_quietly,
 )
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
+from st_prompts.modules.forward_pass import ForwardPassMixin
 from st_prompts.modules.lengths import shipped_max_seq_length
 from st_prompts.modules.model_card import PromptsModelCardData
 from st_prompts.modules.positions import PositionsMixin
 from st_prompts.modules.prompt_sets import PromptSetsMixin
+from st_prompts.modules.set_checks import check_prefix_fits
 from st_prompts.prompts.features import (
-    CLS_OVERRIDE,
     DENOISING_POSITIONS,
     POSITION_IDS,
     PREFIX_ATTENTION_MASK,
     PREFIX_VALUES,
     PROMPT_TASK,
     PROMPT_TASKS,
-    SOFT_PROMPT_POSITIONS,
     TEMPLATE_DENOISING,
     TEMPLATE_MASK_INDEX,
     TEMPLATE_TOKEN_EMBEDDINGS,
 )
-from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
-from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
+from st_prompts.prompts.prefix import PrefixEncoder
 from st_prompts.trust import trusted_in_kwargs
 from st_prompts.prompts.shallow import (
     ShallowPrompt,
     parse_template,
-    place_vectors,
     template_only_features,
     tokenize_with_template,
 )
@@ -49,7 +47,7 @@ from st_prompts.prompts.shallow import (
 logger = logging.getLogger(__name__)
 
 
-class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixin, Transformer):
+class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixin, ForwardPassMixin, Transformer):
     """A drop-in replacement for sentence-transformers' ``Transformer`` that adds trainable soft prompts.
 
     Kinds of prompt, usable alone or together, all on one code path:
@@ -85,7 +83,8 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         model_name_or_path: backbone name on the hub, local path, or an alias of the packaged MiniLM (``"minilm"``,
             see :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`), ``"smollm2"`` or a ``.gguf`` file.
         prefix_length: number of deep-prompt positions per layer (``None`` for no deep prompts, e.g. SCPCSE).
-        prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``).
+        prefix_projection: reparameterise the prefix with an MLP (``Embedding → Linear → Tanh → Linear``) for
+            training; saved, it is the prefix the MLP computes (exactly), and reloads as a plain prefix.
         prefix_hidden_size: hidden size of that MLP (DCPCSE: 512; ``None``: the backbone's hidden size, DiffAug).
         prefix_dropout: dropout on the prefix keys/values in training; ``None`` uses the backbone's hidden dropout.
         prefix_dropout_shared: one prefix dropout mask per forward pass for the whole batch instead of one per example
@@ -192,7 +191,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         location, gguf_file, _ = utils.resolve_gguf(model_name_or_path)
         # Nothing of the backbone runs, and nothing is unpickled, unless the user trusts it (--trust-remote-code):
         # its files are checked against st_prompts.trust's allow-list before transformers reads them.
-        from st_prompts.loading import require_safe_backbone, safe_loading
+        from st_prompts.folder_checks import require_safe_backbone, safe_loading
 
         #: Whether the user trusted the backbone's code (``trust_remote_code=True`` reached this module).
         self.trust_remote_code = trusted_in_kwargs(kwargs)
@@ -251,7 +250,7 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         self._position_offset = self._infer_flatten_position_offset() if self.backbone_plan.absolute_positions else 0
 
         self.prefix_encoder: PrefixEncoder | None = None
-        if prefix_length is not None:
+        if prefix_length is not None and check_prefix_fits(self, prefix_length, self.prefix_gate) is None:  # no alloc
             self.prefix_encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size,
                                                             prefix_dropout, self.prefix_dropout_shared,
                                                             self.initial_prefix_std, gate=self.prefix_gate)
@@ -437,102 +436,6 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
         after_slot = torch.arange(positions.shape[1], device=positions.device) > len(self._template.left_ids)
         shifted = positions + after_slot.unsqueeze(0).long() * attended.to(positions).view(-1, 1)
         template_features[POSITION_IDS] = shifted.clamp(max=self.max_positions - 1)
-
-    def _encode(self, features: dict[str, Any]) -> dict[str, Any]:
-        """One pass of the prompted backbone (see :meth:`forward`)."""
-        input_ids = features["input_ids"]
-        attention_mask = features["attention_mask"]
-        batch_size = input_ids.shape[0]
-
-        inputs_embeds = self.auto_model.get_input_embeddings()(input_ids)
-        slots = self._vector_slots(features)
-        if slots is not None:
-            inputs_embeds = self.shallow_prompt(inputs_embeds, slots)
-        if features.get(CLS_OVERRIDE) is not None:
-            inputs_embeds = place_vectors(inputs_embeds, features[CLS_OVERRIDE], position=0)
-
-        selection = self.select_prompts(features.get(PROMPT_TASKS), features.get(PROMPT_TASK), batch_size,
-                                        input_ids.device)
-        encoder = selection.encoder
-        position_ids = features.get(POSITION_IDS)
-        if position_ids is None:
-            lengths = selection.offsets if selection.mixed else (encoder.position_length if encoder is not None else 0)
-            position_ids = self.position_ids(attention_mask, lengths)
-        elif position_ids.shape != input_ids.shape:
-            raise ConfigurationError(f"features['position_ids'] must have shape {tuple(input_ids.shape)}, got "
-                                     f"{tuple(position_ids.shape)}.")
-        model_inputs: dict[str, Any] = {"inputs_embeds": inputs_embeds, "position_ids": position_ids}
-        accepted = self.backbone_plan.forward_arguments
-        if "token_type_ids" in features and "token_type_ids" in accepted:
-            model_inputs["token_type_ids"] = features["token_type_ids"]
-        if "use_cache" in accepted:
-            model_inputs["use_cache"] = False
-
-        prefix_mask = features.get(PREFIX_ATTENTION_MASK)
-        if selection.mixed:
-            self._mixed_prefix(model_inputs, features, selection, input_ids.shape[1])
-        elif encoder is not None:
-            length = encoder.prefix_length
-            # The cache is broadcast over the batch; views of the prefix are made by the attention mask alone.
-            values = features.get(PREFIX_VALUES)
-            if values is None:
-                values = encoder.values(batch_size)
-            elif values.shape[1] != batch_size:
-                raise ConfigurationError(f"features['{PREFIX_VALUES}'] holds a prefix for {values.shape[1]} rows, the "
-                                         f"batch has {batch_size}.")
-            features[PREFIX_VALUES] = values
-            check_checkpointing(self)
-            if prefix_mask is None:
-                prefix_mask = attention_mask.new_ones(batch_size, length)
-                given_mask = False
-            elif tuple(prefix_mask.shape) != (batch_size, length):
-                raise ConfigurationError(
-                    f"features['prefix_attention_mask'] must have shape (batch, prefix_length) = "
-                    f"{(batch_size, length)}, got {tuple(prefix_mask.shape)}."
-                )
-            else:
-                given_mask = True
-            prefix_mask = prefix_mask.to(device=attention_mask.device, dtype=attention_mask.dtype)
-            # At inference (no per-example draw), pad the keys to a multiple of 16 with masked-out positions: the
-            # CPU attention kernel is up to twice as fast there (see key_padding). Not in training, where attention
-            # runs through matrix products (dropout) and extra keys would only cost.
-            padding = 0
-            if not self.training and not encoder.gated and (isinstance(values, torch.Tensor) or values.keep is None):
-                padding = key_padding(length, input_ids.shape[1])
-            if padding:
-                values = pad_prefix(values, padding)
-                prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(batch_size, padding)], dim=1)
-            if self.prefix_injection == "cache":
-                if encoder.gated:
-                    raise ConfigurationError("A gated prefix needs prefix_injection='attention' (a key/value cache puts "
-                                             "the prefix in the text's softmax).")
-                model_inputs[cache_argument(self.auto_model)] = encoder.cache(values)
-                attention_mask = torch.cat([prefix_mask, attention_mask], dim=1)
-            else:
-                if isinstance(values, torch.Tensor):
-                    values = PrefixDraw(values, values.shape[1], gate=encoder.gate_values())
-                model_inputs[PREFIX_KWARG] = PrefixInjection(values, prefix_mask if given_mask or padding else None)
-        elif prefix_mask is not None:
-            raise ConfigurationError("features['prefix_attention_mask'] was given but this encoder has no prefix.")
-        output = self.auto_model(**model_inputs, attention_mask=attention_mask, return_dict=True)
-        features["token_embeddings"] = output.last_hidden_state
-        return features
-
-    def _vector_slots(self, features: dict[str, Any]) -> torch.Tensor | None:
-        """Which trainable vector goes to each input position (-1: none), or ``None`` when there is none."""
-        slots = None
-        if self._template is not None and self.template_mode == "soft":
-            if SOFT_PROMPT_POSITIONS not in features:
-                raise ConfigurationError(
-                    f"features lack {SOFT_PROMPT_POSITIONS!r}: tokenise with this module's preprocess() when it has a "
-                    "soft template."
-                )
-            slots = features[SOFT_PROMPT_POSITIONS]
-        if self._cls_slot is not None:
-            input_ids = features["input_ids"]
-            slots = input_ids.new_full(input_ids.shape, -1) if slots is None else slots.to(input_ids.device).clone()
-            slots[:, 0] = self._cls_slot
-        return slots
 
     def on_model_ready(self, model) -> None:
         """Give the model st_prompts' model card (:class:`~st_prompts.modules.model_card.PromptsModelCardData`): its

@@ -48,7 +48,7 @@ def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
               **identity(settings)}
 
     def write(folder: Path) -> None:
-        save_prompts_only(model, str(folder))
+        save_prompts_only(model, str(folder), keep_projection=True)  # stage 2 trains on through the MLP
         for module, name in ((getattr(classifier, "classifier", None), STAGE1_CLASSIFIER), (mlp, STAGE1_MLP)):
             if module is not None:
                 save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
