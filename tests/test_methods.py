@@ -133,3 +133,12 @@ def test_no_prefix_gate_on_the_command_line_gives_the_official_prefix():
 
     args = build_parser().parse_args(["train", "dcpcse", "--scale", "cpu", "--no-prefix-gate"])
     assert args.prefix_gate is False
+
+
+def test_every_registered_method_names_its_paper_on_the_model_card():
+    """CONTRIBUTING: a new method joins the paper table of the model card (a card without it would cite nothing)."""
+    from st_prompts.modules.model_card import PAPERS
+
+    missing = [name for name in methods.names() if name not in PAPERS]
+    assert not missing, f"add {missing} to st_prompts.modules.model_card.PAPERS"
+    assert all(title and (url is None or url.startswith("https://")) for title, url in PAPERS.values())
