@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from st_prompts.aliases import PACKAGED_GGUF_ALIASES, PACKAGED_MINILM_ALIASES
 from st_prompts.errors import DataNotFoundError
 
 __all__ = ["PROBE_TIMEOUT", "cached_and_unreachable", "check_hub_model", "is_cached", "is_hub_id"]
@@ -32,8 +33,6 @@ _lock = threading.Lock()
 def is_hub_id(name: str) -> bool:
     """Whether ``name`` is a hub repository id (``org/name`` or ``name``), not a local path or file, nor an alias of
     a packaged model (``minilm``, ``smollm2``)."""
-    from st_prompts.utils import PACKAGED_GGUF_ALIASES, PACKAGED_MINILM_ALIASES
-
     name = str(name)
     if not name or os.path.exists(name) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
         return False

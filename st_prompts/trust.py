@@ -15,7 +15,8 @@ there, and some of them unpickle a weight file (which can run any code). So here
   be a class under ``torch.nn`` found without importing anything (:func:`module_config_reason`);
 * the transformers files of every folder a loader reads (``config.json``, the tokenizer and processor files, a PEFT
   ``adapter_config.json``) may not point to code (``auto_map`` at any depth, ``custom_pipelines``, ``auto_mapping``,
-  a class name outside transformers), name files outside the folder, ask for a quantizer, or name an architecture
+  a class name outside transformers), name files outside the folder (shard indexes too), name a hub kernel
+  (:data:`KERNEL_KEYS`: only :data:`ATTENTION` / :data:`EXPERTS`), ask for a quantizer, or name an architecture
   transformers does not know (:func:`hf_files_reason`); a PEFT adapter's base model is checked the same way;
 * **pickled weight files are never unpickled** without trust: a folder whose weights exist only as a pickle
   (``pytorch_model.bin``, ``*.pt``, ...) is refused (:func:`pickle_reason`), transformers is asked for safetensors
@@ -23,24 +24,30 @@ there, and some of them unpickle a weight file (which can run any code). So here
   (:func:`no_unpickling`);
 * a ``.gguf`` backbone must be a GGUF file (:func:`gguf_reason`).
 
-Nothing here imports torch at module level; the checks read JSON and list folders. :mod:`st_prompts.loading` applies
-them to a model and every folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is safe.
+Nothing here imports torch at module level; the checks read JSON and list folders. :mod:`st_prompts.folder_checks`
+applies them to a model and every folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is
+safe.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from st_prompts.errors import UntrustedCodeError
+from st_prompts.unpickling import (  # noqa: F401 - part of the allow-list, re-exported
+    PICKLE_SUFFIXES,
+    SAFE_MODEL_KWARGS,
+    UNREAD_PICKLES,
+    _refuse_pickle,
+    no_unpickling,
+    pickle_reason,
+)
 
 __all__ = ["CONFIG_OPTIONS", "MODEL_OPTIONS", "PROCESSOR_OPTIONS", "SAFE_MODEL_KWARGS", "TRANSFORMER_KEYS",
            "gguf_reason", "hf_files_reason", "module_config_reason", "no_unpickling", "pickle_reason",
-           "transformer_config_reason", "trusted_in_kwargs"]
+           "shard_index_reason", "transformer_config_reason", "trusted_in_kwargs"]
 
 # ----------------------------------------------------------------------------------------------------- value checks
 Check = Callable[[Any], bool]
@@ -48,8 +55,13 @@ Check = Callable[[Any], bool]
 #: dtypes a folder may ask for (strings, as transformers reads them from JSON).
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64", "torch.float32", "torch.float16", "torch.bfloat16",
           "torch.float64", "fp32", "fp16", "bf16")
-#: Attention implementations a folder may ask for: transformers' own, with no kernel fetched from the hub.
-ATTENTION = ("sdpa", "eager")
+#: Attention implementations a folder may ask for: transformers' own, computed by torch, with no kernel fetched from
+#: the hub (not ``flash_attention_*``: transformers falls back to a hub kernel when ``flash_attn`` is missing; not
+#: ``org/name@rev``: a hub kernel).
+ATTENTION = ("sdpa", "eager", "flex_attention")
+#: Experts (mixture-of-experts) implementations a folder may ask for: transformers' own torch code (not ``deepgemm``,
+#: ``sonicmoe``: hub kernels).
+EXPERTS = ("eager", "batched_mm", "grouped_mm")
 
 
 def _bool(value: Any) -> bool:
@@ -198,7 +210,7 @@ TRANSFORMER_KEYS: dict[str, Check] = {
 }
 #: Keys of a :class:`~st_prompts.PromptedTransformer` configuration besides sentence-transformers' (read by
 #: st_prompts' own constructor, which validates their values; ``backbone_name_or_path`` is checked as a model of its
-#: own by :mod:`st_prompts.loading`).
+#: own by :mod:`st_prompts.folder_checks`).
 PROMPTED_KEYS: dict[str, Check] = {
     "prefix_length": _optional(_int), "prefix_projection": _bool, "prefix_hidden_size": _optional(_int),
     "prefix_dropout": _optional(_fraction), "prefix_dropout_shared": _bool,
@@ -322,28 +334,46 @@ CODE_KEYS = ("auto_map", "custom_pipelines", "auto_mapping")
 #: Keys whose value transformers resolves as a class name: only its own classes (no dotted import paths).
 CLASS_KEYS = ("tokenizer_class", "processor_class", "feature_extractor_type", "image_processor_type",
               "video_processor_type")
+#: Keys from which transformers picks an attention / experts implementation (or kernels) for the model and every
+#: sub-configuration (``text_config``, ``vision_config``, ...): anything but :data:`ATTENTION` / :data:`EXPERTS` can
+#: make it fetch and import a kernel from the hub (``org/name@revision``, ``flash_attention_2`` without flash_attn).
+KERNEL_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+               "experts_implementation", "_experts_implementation",
+               "_experts_implementation_internal", "use_kernels", "kernel_config")
 #: Keys that name a file the loader opens: plain file names inside the folder only.
 FILE_KEYS = ("tokenizer_file", "vocab_file", "merges_file", "spm_file", "sentencepiece_model_file",
              "added_tokens_file", "special_tokens_map_file", "gguf_file", "chat_template_file")
 
 
-def _find_key(value: Any, keys: tuple[str, ...], depth: int = 0) -> tuple[str, Any] | None:
-    """The first ``(key, value)`` among ``keys`` anywhere in a parsed JSON value (any depth)."""
+def _each_key(value: Any, keys: tuple[str, ...], depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Every ``(key, value)`` among ``keys`` anywhere in a parsed JSON value (any depth; too deep counts as one)."""
     if depth > 20:
-        return ("(nested too deep)", None)
-    if isinstance(value, dict):
+        yield ("(nested too deep)", None)
+    elif isinstance(value, dict):
         for key, item in value.items():
-            if key in keys and item not in (None, {}, [], ""):
-                return key, item
-            found = _find_key(item, keys, depth + 1)
-            if found:
-                return found
+            if key in keys:
+                yield key, item
+            yield from _each_key(item, keys, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            found = _find_key(item, keys, depth + 1)
-            if found:
-                return found
-    return None
+            yield from _each_key(item, keys, depth + 1)
+
+
+def _find_key(value: Any, keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    """The first ``(key, value)`` among ``keys`` with a non-empty value anywhere in a parsed JSON value."""
+    return next(((k, v) for k, v in _each_key(value, keys) if v not in (None, {}, [], "") or k.startswith("(")),
+                None)
+
+
+def _local_implementation(key: str, value: Any) -> bool:
+    """Whether ``value`` of the kernel key ``key`` names only transformers' own torch code (a per-sub-configuration
+    dict: each of its values)."""
+    if key in ("use_kernels", "kernel_config"):
+        return value in (None, False, {})
+    allowed = EXPERTS if "experts" in key else ATTENTION
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and (v is None or v in allowed) for k, v in value.items())
+    return value is None or (isinstance(value, str) and value in allowed)
 
 
 def _unsafe_file_name(value: Any) -> bool:
@@ -369,9 +399,17 @@ def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], b
         value = config.get(key)
         if value is not None and not _name(value):
             return f"{name} names the class {_short(value)} ({key}), not one of transformers'"
-    found = _find_key(config, FILE_KEYS)
-    if found and _unsafe_file_name(found[1]):
-        return f"{name}: {found[0]}={_short(found[1])} names a file outside the model folder"
+    for key, value in _each_key(config, FILE_KEYS):
+        if _unsafe_file_name(value):
+            return f"{name}: {key}={_short(value)} names a file outside the model folder"
+    for key, value in _each_key(config, KERNEL_KEYS):
+        if not _local_implementation(key, value):
+            return (f"{name}: {key}={_short(value)} may fetch a kernel from the hub; a model folder may only ask for "
+                    f"{', '.join(EXPERTS if 'experts' in key else ATTENTION)}")
+    if base.endswith(".index.json"):
+        reason = shard_index_reason(name, config)
+        if reason:
+            return reason
     if base == "config.json":
         if config.get("quantization_config"):
             return f"{name} asks for a quantizer (quantization_config)"
@@ -386,83 +424,24 @@ def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], b
     return None
 
 
+def shard_index_reason(name: str, index: Any) -> str | None:
+    """Why the shard index ``name`` (``model.safetensors.index.json``) names a weight file outside its folder (an
+    absolute path, ``..``, a drive), or is not an index; ``None`` otherwise. Symlinks are checked on the disk by
+    :mod:`st_prompts.folder_checks`."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        return f"{name} has no weight_map object"
+    for shard in weight_map.values():
+        if not isinstance(shard, str) or _unsafe_file_name(shard) or ":" in shard or shard.startswith("\\"):
+            return f"{name} names the weight file {_short(shard)} outside the model folder"
+    return None
+
+
 def known_model_type(model_type: str) -> bool:
     """Whether transformers knows ``model_type`` (read from its registry; nothing is imported from a folder)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return model_type in CONFIG_MAPPING_NAMES
-
-
-# --------------------------------------------------------------------------------------------------------- pickles
-#: File names (patterns) of pickled weights a loader may read: PyTorch's, transformers' shards, PEFT adapters.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-#: Pickles no loader of a model reads (training state saved beside a checkpoint).
-UNREAD_PICKLES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt")
-
-
-def pickle_reason(folder: str, label: str | None = None) -> str | None:
-    """Why the local ``folder`` would make a loader unpickle weights: it holds a pickled weight file
-    (``pytorch_model.bin``, ``adapter_model.bin``, ``*.pt``, ...) and no ``.safetensors`` file beside it that the
-    loader would read instead; ``None`` otherwise (or when ``folder`` is not a local folder)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return None
-    pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES) and n not in UNREAD_PICKLES
-                     and os.path.isfile(os.path.join(folder, n)))
-    if not pickles:
-        return None
-    safetensors = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
-    adapters = [n for n in pickles if n.startswith("adapter_model")]
-    if adapters and not any(n.startswith("adapter_model") for n in safetensors):
-        return f"{label or folder}/{adapters[0]} is a pickled weight file (unpickling can run any code)"
-    weights = [n for n in pickles if not n.startswith("adapter_model")]
-    if weights and not [n for n in safetensors if not n.startswith("adapter_model")]:
-        return (f"{label or folder}/{weights[0]} is a pickled weight file and the folder has no safetensors weights "
-                "(unpickling can run any code)")
-    return None
-
-
-#: Passed to transformers' ``from_pretrained`` for an untrusted model: read safetensors, never a pickle.
-SAFE_MODEL_KWARGS = {"use_safetensors": True}
-
-_guard_lock = threading.Lock()
-_guard_depth = 0
-_guard_saved: dict[str, Any] = {}
-
-
-def _refuse_pickle(*args: Any, **kwargs: Any) -> Any:
-    target = args[0] if args else kwargs.get("f")
-    raise UntrustedCodeError(
-        f"refused to unpickle {str(target)!r}: a pickled weight file can run any code. Convert it to safetensors, or "
-        "pass --trust-remote-code (trust_remote_code=True in Python) only if you trust the model."
-    )
-
-
-@contextmanager
-def no_unpickling() -> Iterator[None]:
-    """While an untrusted model loads, ``torch.load`` refuses (raises :class:`UntrustedCodeError`) instead of
-    unpickling: the last line of defence behind :func:`pickle_reason` and :data:`SAFE_MODEL_KWARGS` (e.g. for a hub
-    model whose files cannot be listed). Re-entrant; restores ``torch.load`` when the outermost block ends."""
-    import torch
-    import torch.serialization
-
-    global _guard_depth
-    with _guard_lock:
-        if _guard_depth == 0:
-            _guard_saved["torch"] = torch.load
-            _guard_saved["serialization"] = torch.serialization.load
-            torch.load = _refuse_pickle
-            torch.serialization.load = _refuse_pickle
-        _guard_depth += 1
-    try:
-        yield
-    finally:
-        with _guard_lock:
-            _guard_depth -= 1
-            if _guard_depth == 0:
-                torch.load = _guard_saved.pop("torch")
-                torch.serialization.load = _guard_saved.pop("serialization")
 
 
 # ------------------------------------------------------------------------------------------------------------- GGUF

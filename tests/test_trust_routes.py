@@ -152,6 +152,32 @@ def test_every_command_refuses_every_route(route, clean_model, clean_index, tiny
     assert marker.read_text() == "ran"
 
 
+def router_route(source: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A model whose Router routes are whole models (copies of ``source``); the document route's tokenizer maps
+    AutoTokenizer to a file beside it, two levels down."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.router import Router
+
+    router = Router.for_query_document(query_modules=[SentenceTransformer(str(source), device="cpu")],
+                                       document_modules=[SentenceTransformer(str(source), device="cpu")])
+    folder = tmp_path / "router-model"
+    SentenceTransformer(modules=[router], device="cpu").save(str(folder))
+    nested = next(p for p in folder.iterdir() if p.name.startswith("document_"))
+    evil, marker = tokenizer_route(nested, tmp_path, name="routed")
+    shutil.rmtree(nested)
+    evil.rename(nested)
+    return folder, marker
+
+
+def test_every_command_refuses_a_router_nested_model(clean_model, clean_index, tmp_path, capsys):
+    """A Router route that is a whole model is walked like the model itself, through every command."""
+    folder, marker = router_route(clean_model, tmp_path)
+    assert "tokenizer_config.json" in untrusted_reason(str(folder))
+    for argv in _commands(folder, tmp_path, clean_index).values():
+        _assert_refused(argv, capsys, marker, ("document_", "tokenizer_config.json", "auto_map"))
+    assert not (tmp_path / "new.index").exists()
+
+
 def test_an_index_checks_its_recorded_model_before_loading_it(clean_model, tmp_path, capsys):
     """A shared index whose meta.json names a model carrying code: searching it refuses before loading the model."""
     model = Path(shutil.copytree(clean_model, tmp_path / "shared-model"))

@@ -1,0 +1,247 @@
+"""Nothing of a planted folder reaches the hub: no kernel is requested, and a hub that never answers fails in seconds.
+
+* A stand-in ``kernels`` package (written here, put on ``PYTHONPATH`` with its metadata, so that transformers takes it
+  for the real one) records every call into a file. A control shows that transformers, loading a folder whose
+  ``config.json`` names a hub kernel, asks it for that repository; through ``load_sentence_model`` and every command
+  that loads a model (``evaluate``, ``index build``, ``train --backbone``, ``bank list``) the planted folders are
+  refused first and the stand-in records no request.
+* A local TCP server accepts connections and never answers (``HF_ENDPOINT`` points at it): a hub model, and a PEFT
+  adapter whose base model is an uncached hub id, fail in one line within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
+CORPUS = Path(__file__).parent / "fixtures" / "search" / "real_queries.txt"
+EVIL_KERNEL = "someone-else/evil-kernel@deadbeef"
+#: Calls of the kernels library that fetch (or would fetch) code from the hub.
+REQUESTS = ("get_kernel", "kernelize", "load_kernel", "get_locked_kernel", "LayerRepository")
+
+STAND_IN = '''"""A stand-in for the kernels library: records every call, downloads nothing."""
+import json
+import os
+
+
+def _record(name, args, kwargs):
+    with open(os.environ["KERNELS_LOG"], "a") as handle:
+        handle.write(json.dumps({"call": name, "args": [repr(a) for a in args],
+                                 "kwargs": {k: repr(v) for k, v in kwargs.items()}}) + "\\n")
+
+
+class _Stub:
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return _Stub(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        _record(self._name, args, kwargs)
+        if len(args) == 1 and isinstance(args[0], type) and not kwargs:
+            return args[0]  # used as a class decorator
+        return _Stub(self._name + "()")
+
+    def __or__(self, other):
+        return self
+
+    __ror__ = __or__
+
+    def __iter__(self):
+        return iter(())
+
+
+def get_kernel(*args, **kwargs):
+    _record("get_kernel", args, kwargs)
+    raise FileNotFoundError("stand-in kernels: nothing is downloaded")
+
+
+def use_kernel_forward_from_hub(*args, **kwargs):
+    return lambda cls: cls
+
+
+def use_kernelized_func(*args, **kwargs):
+    return lambda func: func
+
+
+def __getattr__(name):
+    return _Stub(name)
+'''
+
+DRIVER = '''
+import json, sys
+from st_prompts.cli import main
+from st_prompts.errors import StPromptsError
+from st_prompts.loading import load_sentence_model
+for case in json.loads(sys.argv[1]):
+    if case[0] == "load":
+        try:
+            load_sentence_model(case[1])
+            print("LOADED", case[1])
+        except StPromptsError as exc:
+            print("REFUSED", str(exc)[:200])
+    elif case[0] == "transformers":
+        from transformers import AutoModel
+        try:
+            AutoModel.from_pretrained(case[1])
+        except Exception as exc:  # the stand-in downloads nothing: transformers fails after asking
+            print("CONTROL", type(exc).__name__)
+    else:
+        print("EXIT", main(case), case[0])
+'''
+
+
+def stand_in_kernels(root: Path) -> Path:
+    """A folder holding the stand-in ``kernels`` package and its metadata (a version transformers accepts)."""
+    from transformers.utils.import_utils import KERNELS_MIN_VERSION
+
+    site = root / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text(STAND_IN)
+    dist = site / f"kernels-{KERNELS_MIN_VERSION}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kernels\nVersion: {KERNELS_MIN_VERSION}\n")
+    return site
+
+
+def _run(cases: list, site: Path, log: Path, timeout: float = 540) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "KERNELS_LOG": str(log), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(cases)], capture_output=True, text=True,
+                            env=env, timeout=timeout)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stdout
+
+
+def _requests(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    return [c for c in calls if c["call"].split(".")[0] in REQUESTS or "evil" in json.dumps(c)
+            or "flash-attn" in json.dumps(c)]
+
+
+def _plant(config: Path, value) -> None:
+    data = json.loads(config.read_text())
+    data["attn_implementation"] = value
+    config.write_text(json.dumps(data))
+
+
+def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    site = stand_in_kernels(tmp_path)
+    clean = tmp_path / "clean"
+    SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
+                        device="cpu").save(str(clean))
+    planted = {}
+    for value in (EVIL_KERNEL, "flash_attention_2", {"": "sdpa", "text_config": EVIL_KERNEL}):
+        folder = Path(shutil.copytree(clean, tmp_path / f"planted-{len(planted)}"))
+        _plant(folder / "config.json", value)
+        planted[json.dumps(value)] = folder
+    backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
+    _plant(backbone / "config.json", EVIL_KERNEL)
+    bank = tmp_path / "bank"
+    from st_prompts.cli import main
+
+    assert main(["bank", "create", str(bank), "--backbone", tiny_bert]) == 0
+    for config in bank.rglob("config.json"):
+        if "model_type" in json.loads(config.read_text()):
+            _plant(config, EVIL_KERNEL)
+
+    # The control: transformers itself asks the stand-in for the planted repository.
+    control_log = tmp_path / "control.log"
+    out = _run([["transformers", str(backbone)]], site, control_log)
+    assert "CONTROL" in out
+    asked = [c for c in _requests(control_log) if c["call"] == "get_kernel"]
+    assert asked and "someone-else/evil-kernel" in json.dumps(asked[0]), asked
+
+    log = tmp_path / "kernels.log"
+    senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
+    folder = planted[json.dumps(EVIL_KERNEL)]
+    cases = [["load", str(f)] for f in planted.values()] + [
+        ["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", *senteval],
+        ["index", "build", str(folder), str(CORPUS), str(tmp_path / "new.index"), "--no-progress"],
+        ["train", "simcse", "--backbone", str(backbone), "--max-steps", "1", "--output", str(tmp_path / "out"),
+         "--no-progress"],
+        ["bank", "list", str(bank)],
+    ]
+    out = _run(cases, site, log)
+    assert out.count("REFUSED") == len(planted) and "LOADED" not in out, out
+    assert out.count("EXIT 2") == 4, out
+    assert _requests(log) == [], _requests(log)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "new.index").exists()
+
+
+# ------------------------------------------------------------------------------------------- a silent hub
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.stop = True
+        self.thread.join(timeout=5)
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent_hub():
+    server = SilentServer()
+    yield f"http://127.0.0.1:{server.port}"
+    server.close()
+
+
+def test_a_hub_that_never_answers_fails_in_seconds(tiny_bert, tmp_path, silent_hub):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    adapter = tmp_path / "adapter"
+    SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
+                        device="cpu").save(str(adapter))
+    (adapter / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": "st-prompts-tests/uncached-base", "r": 8,
+        "target_modules": ["query"]}))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=silent_hub, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"))
+    senteval = ["--metrics", "sts", "--tasks", "STSBenchmark", "--senteval-dir", str(SENTEVAL), "--no-progress"]
+    for model in (str(adapter), "st-prompts-tests/uncached-model"):
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "evaluate", model, *senteval],
+                                capture_output=True, text=True, env=env, timeout=300)
+        took = time.monotonic() - start
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert ": error: " in lines[-1] and "cannot be reached" in lines[-1], lines[-3:]
+        assert took < 90, f"{model}: {took:.0f} s"  # the probe waits 5 s; the rest is starting Python and torch

@@ -1,0 +1,154 @@
+"""The house keeps its own rule: no import circle in ``st_prompts``, and every module imports on its own.
+
+* The import graph of every module, read with ``ast`` (module-level and function-level imports both, relative ones
+  resolved), has no cycle: a function-level import that closes a circle is still a circle.
+* Every module imports alone in a fresh interpreter state: one process pre-imports the third-party libraries (torch,
+  transformers, sentence-transformers, ...: the slow part, and no st_prompts module), then forks one child per module,
+  which imports just that module. A module that only imports after another one (an order dependence a circle hides)
+  fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "st_prompts"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT, package: str = "st_prompts") -> dict[str, set[str]]:
+    """``module -> the package's modules it imports`` (at any level of the file), from the source alone."""
+    modules = {_module_name(p, root): p for p in (root / package).rglob("*.py")}
+
+    def existing(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {existing(a.name) for a in node.names if a.name.split(".")[0] == package}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[:len(here) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                if source.split(".")[0] != package:
+                    continue
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    targets.add(full if full in modules else existing(source))
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (each holds an import circle)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_detector_finds_a_function_level_circle(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import f\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from . import a\n")
+    (tmp_path / "pkg" / "c.py").write_text("import pkg.a\n")
+    assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b"]]
+
+
+def test_st_prompts_has_no_import_circle():
+    graph = import_graph()
+    assert "st_prompts.folder_checks" in graph and "st_prompts.hub" in graph
+    assert cycles(graph) == []
+    # the trust checks stand below the models: modules/ uses them, never the loaders that need modules/
+    assert not {"st_prompts.modules", "st_prompts.loading"} & graph["st_prompts.folder_checks"]
+    assert all("st_prompts.loading" not in targets for name, targets in graph.items()
+               if name.startswith("st_prompts.modules"))
+    assert "st_prompts.utils" not in graph["st_prompts.hub"]
+
+
+def test_no_package_file_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}
+
+
+CHILDREN = textwrap.dedent('''
+    import importlib, os, sys, traceback
+    for heavy in ("numpy", "torch", "transformers", "sentence_transformers", "huggingface_hub", "safetensors",
+                  "peft", "faiss", "datasets", "matplotlib", "matplotlib.pyplot", "scipy", "sklearn"):
+        try:
+            importlib.import_module(heavy)
+        except Exception:
+            pass
+    assert not [m for m in sys.modules if m.split(".")[0] == "st_prompts"]
+    failed = []
+    for name in sys.argv[1:]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            try:
+                importlib.import_module(name)
+                code = 0
+            except BaseException:
+                os.write(write, traceback.format_exc(limit=-3).encode()[-2000:])
+                code = 1
+            os._exit(code)
+        os.close(write)
+        message = os.read(read, 4000).decode(errors="replace")
+        os.close(read)
+        if os.waitpid(pid, 0)[1] != 0:
+            failed.append(name + ": " + message)
+    print("FAILED:" + "\\n".join(failed) if failed else "ALL IMPORTED")
+''')
+
+
+def test_every_module_imports_alone():
+    names = sorted(n for n in import_graph() if n != "st_prompts.__main__")
+    result = subprocess.run([sys.executable, "-c", CHILDREN, *names], capture_output=True, text=True, cwd=ROOT,
+                            timeout=900)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ALL IMPORTED"), (result.stdout[-4000:]
+                                                                                       + result.stderr[-2000:])
