@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,17 +36,20 @@ from sentence_transformers.sentence_transformer.training_args import SentenceTra
 from transformers.trainer_callback import PrinterCallback
 
 from st_prompts import utils
-from st_prompts.errors import ConfigurationError
-from st_prompts.modules import PromptedTransformer
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.loading import load_sentence_model
+from st_prompts.modules import PromptedTransformer, backbone_fingerprint, save_prompts_only
 from st_prompts.modules.lengths import full_length_evaluator
+from st_prompts.modules.load_errors import backbone_errors
 from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
-from st_prompts.storage import contained_path
+from st_prompts.storage import check_model_destination, contained_path, folder_lock, save_model_folder
 from st_prompts.training.run import KeepBestCallback
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKBONE_TASK", "TaskText", "with_tasks", "create_bank", "bank_encoder", "add_prompt_set",
-           "remove_prompt_set", "training_prompt_set", "train_prompt_set", "TrainedSet"]
+           "remove_prompt_set", "prompt_set_model", "export_prompt_set", "training_prompt_set", "train_prompt_set",
+           "TrainedSet"]
 
 
 def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normalize: bool | None = None,
@@ -59,13 +63,14 @@ def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normali
     the shipped model's embeddings. Otherwise ``pooling`` (default ``"mean"``).
     """
     location = utils.resolve_model_name(str(backbone))
-    shipped_pooling, shipped_normalize = _shipped_pooling(location)
-    if max_seq_length is None:  # the shipped model's own (all-MiniLM-L6-v2: 256, where its tokenizer says 512)
-        max_seq_length = _shipped_max_seq_length(location)
-    pooling = pooling or (shipped_pooling or {}).get("pooling_mode") or "mean"
-    normalize = shipped_normalize if normalize is None else normalize
-    encoder = PromptedTransformer(backbone, prefix_length=None, prompt_sets={}, default_task=default_task,
-                                  max_seq_length=max_seq_length, **encoder_kwargs)
+    with backbone_errors(backbone):  # a damaged backbone is one line, not the loaders' traceback
+        shipped_pooling, shipped_normalize = _shipped_pooling(location)
+        if max_seq_length is None:  # the shipped model's own (all-MiniLM-L6-v2: 256, where its tokenizer says 512)
+            max_seq_length = _shipped_max_seq_length(location)
+        pooling = pooling or (shipped_pooling or {}).get("pooling_mode") or "mean"
+        normalize = shipped_normalize if normalize is None else normalize
+        encoder = PromptedTransformer(backbone, prefix_length=None, prompt_sets={}, default_task=default_task,
+                                      max_seq_length=max_seq_length, **encoder_kwargs)
     if shipped_pooling and shipped_pooling.get("pooling_mode") == pooling:
         pool = Pooling(**shipped_pooling)
     else:
@@ -79,29 +84,38 @@ def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
     modules_file = os.path.join(location, "modules.json")
     if not os.path.isfile(modules_file):
         return None, False
-    with open(modules_file, encoding="utf-8") as handle:
-        entries = json.load(handle)
+    entries = _read_json(modules_file)
     pooling, normalize = None, False
-    for entry in entries:
-        kind = str(entry.get("type", ""))
+    for entry in entries if isinstance(entries, list) else []:
+        kind = str(entry.get("type", "")) if isinstance(entry, dict) else ""
         if kind.endswith(".Pooling"):
-            folder = contained_path(location, entry["path"], modules_file) if entry.get("path") else location
+            path = entry.get("path")
+            folder = contained_path(location, path, modules_file) if isinstance(path, str) and path else location
             config = os.path.join(folder, "config.json")
             if os.path.isfile(config):
-                with open(config, encoding="utf-8") as handle:
-                    raw = json.load(handle)
-                pooling = _pooling_options(raw)
+                raw = _read_json(config)
+                pooling = _pooling_options(raw) if isinstance(raw, dict) else None
         elif kind.endswith(".Normalize"):
             normalize = True
     return pooling, normalize
+
+
+def _read_json(path: str) -> Any:
+    """The JSON of ``path``; a file that cannot be read or parsed is one :class:`DataFormatError`."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise DataFormatError(f"{path} cannot be read as JSON ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+                              ) from exc
 
 
 def _shipped_max_seq_length(location: str) -> int | None:
     config = os.path.join(location, "sentence_bert_config.json")
     if not os.path.isfile(config):
         return None
-    with open(config, encoding="utf-8") as handle:
-        value = json.load(handle).get("max_seq_length")
+    raw = _read_json(config)
+    value = raw.get("max_seq_length") if isinstance(raw, dict) else None
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
@@ -143,6 +157,58 @@ def remove_prompt_set(model: SentenceTransformer, name: str) -> None:
     bank_encoder(model).remove_prompt_set(name)
 
 
+def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransformer:
+    """The prompt set ``name`` of a bank alone: a model whose :class:`~st_prompts.PromptedTransformer` has that set as
+    its own prefix (the stored form: a reparameterised set as the prefix it computes), on the bank's backbone, with
+    the bank's other modules (pooling, normalisation). It encodes as ``model.encode(texts, task=name)``.
+
+    Raises:
+        ConfigurationError: ``model`` is no bank, or has no set ``name``.
+        BackboneMismatchError: the weights at the bank's backbone reference are not the bank's.
+        DataNotFoundError: that backbone cannot be loaded here.
+    """
+    encoder = bank_encoder(model)
+    if name not in encoder.prompt_sets:
+        raise ConfigurationError(f"No prompt set {name!r} ({encoder._known_tasks()}).")
+    options = encoder.prompt_set_options()[name]
+    trust = {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")
+             } if encoder.trust_remote_code else {}
+    try:
+        single = PromptedTransformer(encoder.backbone_name_or_path, prefix_length=options["prefix_length"],
+                                     prefix_dropout=options["prefix_dropout"], prefix_gate=options["prefix_gate"],
+                                     prefix_injection=encoder.prefix_injection,
+                                     max_seq_length=encoder.max_seq_length, **trust)
+    except OSError as exc:
+        raise DataNotFoundError(f"the bank's backbone {encoder.backbone_reference!r} cannot be loaded here "
+                                f"({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}).") from exc
+    if backbone_fingerprint(single.auto_model) != encoder.fingerprint:
+        raise BackboneMismatchError(f"the weights at {encoder.backbone_reference!r} are not the bank's backbone: a "
+                                    f"checkpoint of the set {name!r} referring to them would encode otherwise.")
+    single.prefix_encoder.load_state_dict(encoder.prompt_sets[name].stored_state_dict())
+    return SentenceTransformer(modules=[single, *list(model)[1:]], device=str(model.device))
+
+
+def export_prompt_set(model_or_path: SentenceTransformer | str | os.PathLike, name: str, out: str | os.PathLike, *,
+                      overwrite: bool = False, trust_remote_code: bool = False) -> Path:
+    """Write the prompt set ``name`` of a bank (a model, or the folder of a saved bank) as a prompts-only checkpoint
+    at ``out`` (:func:`prompt_set_model`, :func:`~st_prompts.save_prompts_only`): it loads alone
+    (``load_sentence_model(out)`` encodes as the bank with ``task=name``) and joins another bank on the same backbone
+    (:func:`add_prompt_set`, ``st-prompts bank add``). Written atomically; an existing ``out`` is replaced only with
+    ``overwrite`` and only if st-prompts saved it. Returns ``out`` as an absolute path.
+
+    Raises:
+        ConfigurationError: no set ``name``; ``out`` exists (without ``overwrite``) or is not st-prompts' to replace.
+    """
+    check_model_destination(out, overwrite)  # before any loading
+    model = model_or_path
+    if isinstance(model_or_path, (str, os.PathLike)):
+        model = load_sentence_model(str(model_or_path), trust_remote_code=trust_remote_code)
+    single = prompt_set_model(model, name)
+    with folder_lock(out):
+        return save_model_folder(out, lambda folder: save_prompts_only(single, str(folder)), overwrite=overwrite,
+                                 kind="prompt set")
+
+
 def _bank_pooling(model: SentenceTransformer) -> str | None:
     for module in model:
         if isinstance(module, Pooling):
@@ -159,9 +225,14 @@ def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -
 
     Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
     SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.
+
+    A new set is gated by default, as in :func:`train_prompt_set` (``prefix_gate=True``, except on a bank with
+    ``prefix_injection='cache'``): it encodes exactly as the backbone until it trains. ``prefix_gate=False`` gives
+    the ungated prefix, which changes the encoder before any training.
     """
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
+        new_set.setdefault("prefix_gate", encoder.prefix_injection != "cache")  # every new set starts as the backbone
         encoder.new_prompt_set(name, **new_set)
     elif new_set:
         raise ConfigurationError(f"The prompt set {name!r} exists; options {sorted(new_set)} apply to new sets only.")
@@ -222,9 +293,7 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
         raise ConfigurationError(f"learning_rate must be positive, got {learning_rate!r}.")
     given_evaluator = evaluator
     evaluator = full_length_evaluator(evaluator)  # selection sees whole sentences, as SentEval
-    encoder = bank_encoder(model)
-    if name not in encoder.prompt_sets:  # the study's default: a new set starts as the backbone
-        new_set.setdefault("prefix_gate", encoder.prefix_injection != "cache")
+    encoder = bank_encoder(model)  # a new set is gated by default (training_prompt_set): it starts as the backbone
     with training_prompt_set(model, name, **new_set) as trained, tempfile.TemporaryDirectory() as scratch:
         steps = max_steps if max_steps > 0 else None
         if eval_steps is None:

@@ -233,12 +233,15 @@ def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator
         destination.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(f"cannot create the folder {destination.parent}: {exc.strerror or exc}") from exc
-    lock = FileLock(str(destination.parent / f".{destination.name}.st-prompts.lock"), timeout=timeout,
-                    is_singleton=True, thread_local=False)
-    try:
+    path = destination.parent / f".{destination.name}.st-prompts.lock"
+    lock = FileLock(str(path), timeout=timeout, is_singleton=True, thread_local=False)
+    try:  # filelock opens the lock file with O_NOFOLLOW: a symbolic link planted at its path fails here (ELOOP)
         lock.acquire()
     except Timeout as exc:
         raise ConfigurationError(f"{destination} is being written by another process; try again later") from exc
+    except OSError as exc:
+        why = "is a symbolic link (remove it)" if path.is_symlink() else f"cannot be opened: {exc.strerror or exc}"
+        raise ConfigurationError(f"the lock file {path} of {destination} {why}") from exc
     try:
         yield
     finally:

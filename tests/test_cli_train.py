@@ -109,7 +109,10 @@ def test_a_trained_model_carries_a_card_that_says_how_to_load_it(tiny_bert, data
     # st-prompts is not on PyPI: the card installs it from source and keeps the published line as a note
     assert "pip install -e path/to/st_prompts" in card and "# once it is published: pip install -U st-prompts" in card
     assert "pip install -U sentence-transformers st-prompts" not in card
-    assert "**Encodes:** up to 48 tokens per text" in card  # the saved max_seq_length (trained at 32)
+    # the saved max_seq_length (trained at 32): 64 positions, less 16 for an ungated prefix (a gated one takes none)
+    config = json.loads(next(out.rglob("sentence_bert_config.json")).read_text())
+    assert config["max_seq_length"] in (48, 64) and config["max_seq_length"] > 32
+    assert f"**Encodes:** up to {config['max_seq_length']} tokens per text" in card
     assert "trust_remote_code=True" in card and "load_sentence_model" in card
     assert "**Method:** dcpcse" in card and "Deep Continuous Prompt" in card
     assert f"**Backbone:** {Path(tiny_bert).name} (frozen)" in card

@@ -240,8 +240,8 @@ def test_the_command_line_trains_adds_lists_and_searches_per_task(tiny_bert, tmp
     assert cli.main(["bank", "list", folder]) == 0  # a table by default
     table = capsys.readouterr().out.splitlines()
     assert table[0] == f"{folder}: 2 prompt set(s) on {tiny_bert}"
-    assert table[1].split() == ["set", "prefix", "parameters", "size", "roles", "trained", "on", "selection",
-                                "score", "(step)"]
+    assert table[1].split() == ["set", "prefix", "trainable", "stored", "size", "roles", "trained", "on",
+                                "selection", "score", "(step)"]
     sts_row, nli_row = table[2].split(), table[3].split()
     assert sts_row[:2] == ["sts", "16"] and "default," not in sts_row and "default" in sts_row
     assert sts_row[2] == f"{listed['sets']['sts']['parameters']:,}" and "CoSENTLoss" in sts_row

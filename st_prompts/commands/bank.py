@@ -3,6 +3,7 @@
     st-prompts bank train my-bank sts --data stsb_train.csv --loss cosent --dev stsb_dev.csv   # creates my-bank
     st-prompts bank train my-bank nli --data nli_triplets.csv --loss mnrl --data-dir ../shared/data
     st-prompts bank add my-bank dcpcse outputs/dcpcse-unsup-cpu-prompts
+    st-prompts bank export my-bank sts sts-prompts                     # one set, a prompts-only checkpoint
     st-prompts bank roles my-bank --default sts
     st-prompts bank list my-bank
 
@@ -18,11 +19,11 @@ import json
 import logging
 import os
 
+from st_prompts.commands import _numbers as n
 from st_prompts.commands.options import (
     add_no_progress_argument,
     add_trust_remote_code_argument,
     cli_text,
-    finite_float,
     show_progress,
 )
 
@@ -56,20 +57,23 @@ def add_parser(subparsers) -> None:
                        "if given, else no selection)")
     train.add_argument("--data-dir", help="folder with senteval/ (STS-B dev selects the best weights)")
     train.add_argument("--senteval-dir", help="SentEval folder (STS-B dev selects the best weights)")
-    train.add_argument("--prefix-length", type=int, default=16, help="prefix positions of a new set (default: 16)")
-    train.add_argument("--learning-rate", "--lr", type=finite_float, default=1e-1,
+    train.add_argument("--prefix-length", type=n.positive_int(16_384), default=16,
+                       help="prefix positions of a new set (default: 16)")
+    train.add_argument("--learning-rate", "--lr", type=n.positive_float(10.0), default=1e-1,
                        help="peak learning rate (default 1e-1: the best on average over the multitask study's tasks "
                        "with the gate)")
     train.add_argument("--no-gate", dest="prefix_gate", action="store_false",
                        help="a new set without the zero-initialised gate (the ungated prefix of earlier versions; "
                        "it changes the model before it trains; use --lr 1e-2 to 3e-2 with it); default: gated, so a new set starts "
                        "as the backbone")
-    train.add_argument("--epochs", type=finite_float, default=1.0, help="training epochs (default 1)")
-    train.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
-    train.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (-1: the epochs)")
-    train.add_argument("--eval-steps", type=int, help="evaluate every this many steps (default: a tenth of the run)")
-    train.add_argument("--limit", type=int, help="train on the first N rows")
-    train.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    train.add_argument("--epochs", type=n.positive_float(1e6), default=1.0, help="training epochs (default 1)")
+    train.add_argument("--batch-size", type=n.positive_int(1 << 20), default=32, help="batch size (default 32)")
+    train.add_argument("--max-steps", type=n.int_range(-1), default=-1,
+                       help="stop after this many steps (-1: the epochs)")
+    train.add_argument("--eval-steps", type=n.positive_int(),
+                       help="evaluate every this many steps (default: a tenth of the run)")
+    train.add_argument("--limit", type=n.positive_int(), help="train on the first N rows")
+    train.add_argument("--seed", type=n.seed, default=42, help="random seed (default 42)")
     train.add_argument("--replace", action="store_true", help="retrain NAME from scratch if the bank has it")
     _backbone_options(train)
     add_trust_remote_code_argument(train)
@@ -82,6 +86,15 @@ def add_parser(subparsers) -> None:
     add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone")
     add_trust_remote_code_argument(add)
     add.set_defaults(func=run_add)
+
+    export = actions.add_parser("export", help="one prompt set as a prompts-only checkpoint (loads alone; adds to "
+                                "another bank)")
+    export.add_argument("bank", help="folder of the bank")
+    export.add_argument("name", help="name of the prompt set to export")
+    export.add_argument("out", help="folder to write the checkpoint to")
+    export.add_argument("--overwrite", action="store_true", help="replace a checkpoint st-prompts saved there")
+    add_trust_remote_code_argument(export)
+    export.set_defaults(func=run_export)
 
     remove = actions.add_parser("remove", help="remove a prompt set")
     remove.add_argument("bank", help="folder of the bank")
@@ -130,10 +143,13 @@ def _save(model, path: str, overwrite: bool = True) -> None:
 
 def _summary(model, path: str) -> dict:
     from st_prompts.bank import bank_encoder
+    from st_prompts.sizes import prompt_set_size
 
     encoder = bank_encoder(model)
-    sets = {name: {"prefix_length": e.prefix_length, "parameters": sum(p.numel() for p in e.parameters()),
-                   "bytes": sum(p.numel() * p.element_size() for p in e.parameters()),
+    sizes = {name: prompt_set_size(e) for name, e in encoder.prompt_sets.items()}
+    # parameters: what training updates (a reparameterised set's MLP included); bytes: what the bank stores
+    sets = {name: {"prefix_length": e.prefix_length, "parameters": sizes[name].trainable_parameters,
+                   "stored_parameters": sizes[name].stored_parameters, "bytes": sizes[name].stored_bytes,
                    **({"trained": encoder.prompt_set_info[name]} if encoder.prompt_set_info.get(name) else {})}
             for name, e in encoder.prompt_sets.items()}
     return {"bank": path, "backbone": encoder.backbone_reference, "sets": sets, "default": encoder.default_task,
@@ -175,6 +191,15 @@ def run_add(args: argparse.Namespace) -> int:
     return _modify(args, lambda model: add_prompt_set(model, args.name, args.source))
 
 
+def run_export(args: argparse.Namespace) -> int:
+    from st_prompts.bank import export_prompt_set
+
+    path = export_prompt_set(args.bank, args.name, args.out, overwrite=args.overwrite,
+                             trust_remote_code=args.trust_remote_code)
+    print(json.dumps({"bank": args.bank, "set": args.name, "checkpoint": str(path)}, indent=2))
+    return 0
+
+
 def run_remove(args: argparse.Namespace) -> int:
     from st_prompts.bank import remove_prompt_set
 
@@ -212,8 +237,8 @@ def _size(count: int) -> str:
 
 
 def format_summary(summary: dict) -> str:
-    """``bank list``'s table: one row per prompt set (positions, parameters, size, roles, what it was trained on and
-    its selection score where recorded)."""
+    """``bank list``'s table: one row per prompt set (positions, trainable and stored parameters, stored size, roles,
+    what it was trained on and its selection score where recorded)."""
     roles: dict[str, list[str]] = {}
     for role in ("default", "query", "document"):
         if summary.get(role):
@@ -221,14 +246,15 @@ def format_summary(summary: dict) -> str:
     lines = [f"{summary['bank']}: {len(summary['sets'])} prompt set(s) on {summary['backbone']}"]
     if not summary["sets"]:
         return "\n".join([*lines, "(no prompt sets: it encodes as the backbone; add one with bank train or bank add)"])
-    header = ("set", "prefix", "parameters", "size", "roles", "trained on", "selection score (step)")
+    header = ("set", "prefix", "trainable", "stored", "size", "roles", "trained on", "selection score (step)")
     rows = []
     for name, info in summary["sets"].items():
         record = info.get("trained", {})
         trained = ", ".join(part for part in (f"{record['rows']:,} rows" if "rows" in record else "",
                                               record.get("loss", "")) if part)
         score = f"{100 * record['best_score']:.2f} ({record.get('best_step')})" if "best_score" in record else ""
-        rows.append((name, str(info["prefix_length"]), f"{info['parameters']:,}", _size(info["bytes"]),
+        rows.append((name, str(info["prefix_length"]), f"{info['parameters']:,}",
+                     f"{info.get('stored_parameters', info['parameters']):,}", _size(info["bytes"]),
                      ", ".join(roles.get(name, [])), trained, score))
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]

@@ -6,7 +6,7 @@ import argparse
 import logging
 import time
 
-from st_prompts.commands.options import finite_float
+from st_prompts.commands import _numbers as n
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +23,11 @@ def add_parser(subparsers) -> None:
         "size, and checks that one encode call with a task per row gives every row its own task's embedding; saves "
         "the bank.",
     )
-    parser.add_argument("--lr", type=finite_float, dest="learning_rate",
+    parser.add_argument("--lr", type=n.positive_float(10.0), dest="learning_rate",
                         help="learning rate of both sets (default: 0.1 for 'sts', bank.train_prompt_set's default, "
                         "and 0.3 for 'contradiction', chosen over 0.1 and 0.3 on its selection slice)")
-    parser.add_argument("--batch-size", type=int, default=32, help="training batch size of both sets (default 32)")
+    parser.add_argument("--batch-size", type=n.positive_int(1 << 20), default=32,
+                        help="training batch size of both sets (default 32)")
     parser.add_argument("--output", default="st-prompts-demo", help="where to save the bank")
     parser.add_argument("--json", dest="json_path", help="also write the results as JSON")
     parser.add_argument("--no-progress", action="store_true",

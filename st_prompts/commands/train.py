@@ -14,21 +14,50 @@ import logging
 from typing import Any
 
 from st_prompts import methods
+from st_prompts.commands import _numbers as n
 from st_prompts.commands.options import finite_float, show_progress
 from st_prompts.methods.base import SCALES, cli_fields
 
 logger = logging.getLogger(__name__)
 
 _TYPES = {"int": int, "float": finite_float, "str": str, "bool": bool}
+_MAX_TOKENS = 1 << 20  # token lengths: refused against the backbone before training; this bounds the parse
+_RATE = n.positive_float(10.0)
+_WEIGHT = n.finite_float(0.0, 1e6)
+#: The range of each numeric settings field on the command line (checked by argparse, before anything loads); a
+#: field not listed takes a non-negative whole number (int) or a finite number (float).
+FIELD_RANGES = {
+    "learning_rate": _RATE, "head_learning_rate": _RATE, "generator_learning_rate": _RATE,
+    "stage1_learning_rate": _RATE, "backbone_learning_rate": _RATE,
+    "batch_size": n.positive_int(1 << 20), "stage1_batch_size": n.positive_int(1 << 20),
+    "epochs": n.positive_float(1e6), "temperature": n.positive_float(1e3),
+    "max_steps": n.int_range(-1), "seed": n.seed,
+    "max_seq_length": n.positive_int(_MAX_TOKENS), "ski_max_seq_length": n.positive_int(_MAX_TOKENS),
+    "max_encode_length": n.int_range(2, _MAX_TOKENS),
+    "prefix_length": n.positive_int(16_384), "prefix_hidden_size": n.positive_int(65_536),
+    "prefix_init_std": n.positive_float(10.0),
+    "kappa_threshold": n.finite_float(-1e3, 1e3),
+    "warmup_ratio": n.fraction, "masking_ratio": n.fraction, "label_fraction": n.fraction, "mlm_decay": n.fraction,
+    "crtd_weight": _WEIGHT, "mlm_weight": _WEIGHT, "aux_weight": _WEIGHT, "ski_weight": _WEIGHT,
+    "ski_weight_1": _WEIGHT, "ski_weight_2": _WEIGHT,
+    **{name: n.positive_int() for name in ("gradient_accumulation_steps", "eval_steps", "logging_steps",
+                                           "mlm_decay_steps", "diagnostics_steps", "diagnostics_samples",
+                                           "generator_steps", "stage1_steps")},
+}
 
 
-def _field_type(f: dataclasses.Field) -> type:
+def _field_type(f: dataclasses.Field):
+    """The argparse ``type`` of a settings field: its range (:data:`FIELD_RANGES`) for a number, else its kind."""
     annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
-    for part in str(annotation).replace(" ", "").split("|"):
-        if part in _TYPES:
-            return _TYPES[part]
-    kind = type(f.default) if f.default is not None else str
-    return finite_float if kind is float else kind
+    kind = next((_TYPES[part] for part in str(annotation).replace(" ", "").split("|") if part in _TYPES), None)
+    if kind is None:
+        kind = type(f.default) if f.default is not None else str
+        kind = finite_float if kind is float else kind
+    if kind is int:
+        return FIELD_RANGES.get(f.name, n.non_negative_int())
+    if kind is finite_float:
+        return FIELD_RANGES.get(f.name, n.finite_float())
+    return kind
 
 
 def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfig | None = None) -> None:
@@ -49,8 +78,8 @@ def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfi
                         help="replace OUTPUT if it holds a model saved by st-prompts (a folder holding anything else "
                         "is always refused)")
     parser.add_argument("--prompts-only", action="store_true", help="also save a prompts-only checkpoint to OUTPUT-prompts")
-    parser.add_argument("--limit", type=int, help="use a random subset of this many training examples")
-    parser.add_argument("--dev-limit", type=int, metavar="N",
+    parser.add_argument("--limit", type=n.positive_int(), help="use a random subset of this many training examples")
+    parser.add_argument("--dev-limit", type=n.positive_int(), metavar="N",
                         help="select the weights during training on N STS-B dev pairs (evenly spaced) instead of all "
                         "1,500, then evaluate the selected weights on the whole dev set once; for slow backbones "
                         "(e.g. a decoder LLM on a CPU). Default: the whole dev set at every evaluation (the papers' "

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.modules.backbones import backbone_dropout
 from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
+from st_prompts.modules import set_checks
 from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
 from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
@@ -152,7 +153,7 @@ class PromptSetsMixin:
         self._is_bank = prompt_sets is not None
         self._set_options: dict[str, dict[str, Any]] = {}
         self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
-        for name, options in (prompt_sets or {}).items():
+        for name, options in (set_checks.check_prompt_sets(prompt_sets) or {}).items():
             self.new_prompt_set(name, **options, _room_checked_by_caller=True)
         #: what each set was trained on and how it scored (name -> record; see :meth:`record_prompt_set`); banks saved
         #: before these records load without them
@@ -181,9 +182,10 @@ class PromptSetsMixin:
         :class:`~st_prompts.prompts.PrefixEncoder`), so until it trains the bank encodes this task exactly as the
         backbone does."""
         self._check_new_name(name)
-        if isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1:
-            raise ConfigurationError(f"prefix_length must be a positive integer, got {prefix_length!r}.")
+        set_checks.check_set_options(prefix_length, prefix_projection, prefix_hidden_size, prefix_dropout, prefix_gate,
+                                     init_std)
         prefix_gate = bool(prefix_gate)
+        set_checks.check_prefix_fits(self, prefix_length, prefix_gate, self.template_num_tokens)  # before allocating
         if prefix_gate and self.prefix_injection == "cache":
             raise ConfigurationError("A gated prompt set needs prefix_injection='attention' (a key/value cache puts "
                                      "the prefix in the text's softmax).")
@@ -430,7 +432,7 @@ def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor],
             config = json.load(handle)
     except (OSError, ValueError) as exc:
         raise DataFormatError(f"Cannot read the prompted encoder's configuration in {path!r}: {exc}") from exc
-    sets = config.get("prompt_sets") or {}
+    sets = set_checks.config_prompt_sets(config, path)
     if not config.get("prefix_length") and len(sets) == 1:  # a bank of one set: that set
         (name, options), = sets.items()
         state = _load_prompts_file(folder, path)
@@ -447,15 +449,16 @@ def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor],
     state = _load_prompts_file(folder, path)
     state = {k[len("prefix_encoder."):]: v for k, v in state.items() if k.startswith("prefix_encoder.")}
     options = {k: config.get(k) for k in SET_OPTIONS}
-    options["prefix_projection"] = bool(options["prefix_projection"])
+    set_checks.check_set_options(**options, where=repr(path))  # kinds and ranges, before anything is allocated
     return options, state, _fingerprint(config, folder)
 
 
 def _load_prompts_file(folder: str, path: str) -> dict[str, torch.Tensor]:
     try:
-        return load_file(os.path.join(folder, PROMPTS_FILE))
+        state = load_file(os.path.join(folder, PROMPTS_FILE))
     except Exception as exc:  # safetensors' SafetensorError, OSError
         raise DataFormatError(f"{PROMPTS_FILE} in {path!r} is damaged or missing ({str(exc).splitlines()[0]}).") from exc
+    return set_checks.check_finite_prompts(state, repr(path))  # NaN prompts never join a bank
 
 
 def _fingerprint(config: dict[str, Any], folder: str) -> str | None:

@@ -218,7 +218,11 @@ def train(
     torch.manual_seed(settings.seed)
     if model is None:
         logger.info(f"Loading the backbone {settings.backbone} for {settings.method}.")
-        model = method.build_model(settings)
+        from st_prompts.modules.load_errors import backbone_errors
+
+        with backbone_errors(settings.backbone):  # a damaged backbone is one line, not the loaders' traceback
+            model = method.build_model(settings)
+    check_encode_length(model, settings)  # refused before training, not after it
     stages = method.stages(settings)
     total_steps, seconds, log_history = 0, 0.0, []
     best: KeepBestCallback | None = None
@@ -276,6 +280,16 @@ def train(
     return model, result
 
 
+def check_encode_length(model: SentenceTransformer, settings: TrainSettings) -> None:
+    """Refuse a ``settings.max_encode_length`` longer than ``model``'s backbone takes (its position table less the
+    prefix), with :class:`~st_prompts.errors.ConfigurationError`: called before training starts."""
+    capacity = position_capacity(model) if getattr(model, "max_seq_length", None) is not None else None
+    length = settings.max_encode_length
+    if length is not None and capacity is not None and length > capacity:
+        raise ConfigurationError(f"max_encode_length={length} exceeds what the backbone takes ({capacity} tokens with "
+                                 f"its prefix); use at most {capacity}.")
+
+
 def apply_encode_length(model: SentenceTransformer, settings: TrainSettings) -> int | None:
     """Give the trained ``model`` its encoding length: ``settings.max_encode_length``, else the backbone's own limit
     (:func:`~st_prompts.modules.lengths.backbone_encode_length`: the shipped sentence-transformers model's
@@ -291,11 +305,8 @@ def apply_encode_length(model: SentenceTransformer, settings: TrainSettings) -> 
 
     if getattr(model, "max_seq_length", None) is None:
         return None
-    capacity = position_capacity(model)
+    check_encode_length(model, settings)
     length = settings.max_encode_length
-    if length is not None and capacity is not None and length > capacity:
-        raise ConfigurationError(f"max_encode_length={length} exceeds what the backbone takes ({capacity} tokens with "
-                                 f"its prefix); use at most {capacity}.")
     if length is None:
         location = resolve_gguf(resolve_model_name(str(settings.backbone)))[0]
         length = backbone_encode_length(model, location)

@@ -1,0 +1,493 @@
+"""Every sub-command under hostile inputs answers with one line, never a traceback (issue 49, items 5 and 6).
+
+The walk: every numeric option of every sub-command (``st-prompts --help`` and each group's own sub-commands) is
+given NaN, infinities, 1e30, a huge integer, an empty string and text; every sub-command is given a missing path, an
+empty string, a folder holding other files and a damaged model folder. Each run must end with a non-zero exit status,
+exactly one ``error:`` line (the last line on stderr) and no ``Traceback``. Then the specific cases: a source with a
+huge prefix length, ``prefix_dropout`` 5, a malformed ``prompt_sets``, NaN prompts, out-of-range training options, a
+damaged backbone, a planted lock-file symbolic link, hostile chat templates, and the catch-all of ``main`` itself
+(in process, and once through the real ``st-prompts`` entry point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from st_prompts import cli
+from st_prompts.cli import build_parser, main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "senteval"
+#: Values every numeric option refuses at parse time.
+HOSTILE_NUMBERS = ("nan", "inf", "-inf", "1e30", "9" * 60, "", "abc", "1e999")
+#: Options whose range includes -5 (a negative threshold is meaningful).
+NEGATIVE_OK = {"--kappa-threshold"}
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from _leaves(sub, (*path, name))
+
+
+def _numeric_options():
+    cases = []
+    for path, parser in _leaves(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.type is None or action.choices:
+                continue
+            try:
+                value = action.type("5")
+            except Exception:  # noqa: BLE001 - not a numeric option
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                cases.append((path, action.option_strings[0], action))
+    return cases
+
+
+NUMERIC = _numeric_options()
+PARSER = build_parser()
+
+
+def _one_error_line(err: str) -> str:
+    """The single error line of ``err`` (asserted: no traceback, exactly one ``error:`` line, and it is the last)."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if ": error:" in line]
+    assert len(errors) == 1, err
+    assert lines[-1] == errors[0], err
+    assert len(errors[0]) < 2000, err
+    return errors[0]
+
+
+def _run(argv: list[str], capsys, expected: bool = True) -> tuple[int, str]:
+    """``main(argv)`` in process: the exit status (argparse's ``SystemExit`` included) and the error line.
+    ``expected``: the error is one st_prompts raises on purpose (exit status 2), not the catch-all's (1)."""
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status not in (0, None), f"{argv} succeeded"
+    line = _one_error_line(err)
+    assert not expected or (status == 2 and ": error: unexpected " not in line), line
+    return status, line
+
+
+def test_the_walk_covers_every_command_with_numbers():
+    commands = {" ".join(path[:2]) for path, _, _ in NUMERIC}
+    assert {"train dcpcse", "bank train", "evaluate", "plot similarity", "ski generate", "demo",
+            "index build", "index search"} <= commands
+
+
+def test_numeric_options_of_our_commands_are_range_checked_helpers():
+    """Every numeric option of train, bank, evaluate, plot, ski and demo goes through st_prompts.commands._numbers
+    (a bare int or float type would take -5 or 1e30)."""
+    bare = [(" ".join(path), option) for path, option, action in NUMERIC
+            if path[0] in ("train", "bank", "evaluate", "plot", "ski", "demo") and action.type in (int, float)]
+    assert bare == []
+
+
+@pytest.mark.parametrize("path,option", [(p, o) for p, o, _ in NUMERIC],
+                         ids=[f"{' '.join(p)} {o}" for p, o, _ in NUMERIC])
+def test_every_numeric_option_refuses_hostile_numbers_in_one_line(path, option, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "build_parser", lambda: PARSER)  # one parser for the walk: parsing does not change it
+    accepted = []
+    for value in HOSTILE_NUMBERS + (() if option in NEGATIVE_OK else ("-5",)):
+        status, line = _run([*path, f"{option}={value}"], capsys)
+        if status != 2 or not line.startswith(f"st-prompts {' '.join(path)}: error: argument {option}"):
+            accepted.append((value, line))
+    assert accepted == []
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory, tiny_bert):
+    """Paths of the walk: missing, a folder of other files, a damaged model folder, small data files."""
+    root = tmp_path_factory.mktemp("hostile")
+    other = root / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not a model\n")
+    damaged = root / "damaged"
+    shutil.copytree(tiny_bert, damaged)
+    with open(damaged / "model.safetensors", "r+b") as handle:
+        handle.truncate(100)
+    (root / "pairs.csv").write_text("sentence1,sentence2,score\na man plays,a man plays guitar,0.9\n")
+    (root / "lines.txt").write_text("a man plays guitar\n")
+    runs = []
+    for i, text in enumerate(["{not json", "[]", '{"log_history": 5}', '{"log_history": [7]}',
+                              '{"log_history": [{"step": "x", "diffaug_delta": 1, "diffaug_kappa": 2}]}',
+                              '{"log_history": [{"step": 1, "diffaug_delta": NaN, "diffaug_kappa": 2}]}']):
+        (root / f"run{i}").mkdir()
+        (root / f"run{i}" / "train_result.json").write_text(text)
+        runs.append(str(root / f"run{i}"))
+    return {"missing": str(root / "missing"), "other": str(other), "damaged": str(damaged), "root": root,
+            "pairs": str(root / "pairs.csv"), "lines": str(root / "lines.txt"), "runs": runs}
+
+
+def _path_cases(h: dict) -> list[list[str]]:
+    m, o, d, r = h["missing"], h["other"], h["damaged"], h["root"]
+    se = str(FIXTURE)
+    out = str(r / "out-new")
+    cases = [["demo", "--output", o]]
+    for method in ("dcpcse", "simcse"):
+        cases += [["train", method, "--data-dir", m, "--output", out], ["train", method, "--output", o],
+                  ["train", method, "--senteval-dir", m, "--output", out]]
+    for bank in (m, o, d, ""):
+        cases += [["bank", "add", bank, "x", d], ["bank", "remove", bank, "x"],
+                  ["bank", "roles", bank, "--default", "x"],
+                  ["bank", "list", bank], ["bank", "export", bank, "x", out]]
+    cases += [["bank", "create", o], ["bank", "create", out, "--backbone", m], ["bank", "create", out, "--backbone", d],
+              ["bank", "create", out, "--backbone", o], ["bank", "train", out, "x", "--data", m],
+              ["bank", "train", out, "x", "--data", ""], ["bank", "train", o, "x", "--data", h["pairs"]]]
+    for model in (m, o, d, ""):
+        cases += [["evaluate", model, "--senteval-dir", se, "--no-progress"],
+                  ["plot", "similarity", model, "--senteval-dir", se, "--out", str(r / "s.png")],
+                  ["plot", "align-uniform", model, "--senteval-dir", se, "--out", str(r / "a.png")],
+                  ["index", "build", model, h["lines"], str(r / "idx")],
+                  ["serve", model],
+                  ["ski", "generate", "--llm", model, "--input", h["lines"], "--output", str(r / "ski.jsonl")]]
+    cases += [["evaluate", "minilm", "--senteval-dir", m], ["evaluate", "minilm", "--senteval-dir", o]]
+    for index in (m, o, d, ""):
+        cases += [["index", "info", index], ["index", "search", index, "cats"], ["index", "add", index, h["lines"]],
+                  ["index", "remove", index, "1"], ["index", "calibrate", index, "--target-recall", "0.9"]]
+    cases += [["plot", "diffaug-stage1", run, "--out", str(r / "d.png")] for run in (m, o, *h["runs"])]
+    cases += [["ski", "generate", "--llm", d, "--input", m, "--output", str(r / "ski.jsonl")]]
+    return cases
+
+
+def test_every_command_refuses_missing_empty_foreign_and_damaged_paths_in_one_line(hostile, capsys):
+    """None of them reaches the catch-all of main: each is a specific one-line error (exit status 2)."""
+    failures = []
+    for argv in _path_cases(hostile):
+        try:
+            _run(argv, capsys)
+        except AssertionError as exc:
+            failures.append(f"{argv}: {str(exc)[-600:]}")
+    assert failures == [], "\n".join(failures)
+
+
+# ---------------------------------------------------------------------------------------------- specific cases
+@pytest.fixture(scope="module")
+def tiny_bank(tmp_path_factory, tiny_bert):
+    """A saved bank on the tiny backbone with one gated set 'a' (the CLI loads it in a few seconds)."""
+    from st_prompts.bank import bank_encoder, create_bank
+
+    model = create_bank(tiny_bert, pooling="mean")
+    bank_encoder(model).new_prompt_set("a", prefix_length=4, prefix_gate=True)
+    path = tmp_path_factory.mktemp("banks") / "bank"
+    model.save(str(path))
+    return path
+
+
+def _copy(folder: Path, tmp_path: Path, name: str) -> Path:
+    target = tmp_path / name
+    shutil.copytree(folder, target)
+    return target
+
+
+def _prompted_config(bank: Path) -> Path:
+    modules = json.loads((bank / "modules.json").read_text())
+    entry = next(m for m in modules if m["type"].endswith("PromptedTransformer"))
+    return bank / entry["path"] / "sentence_bert_config.json" if entry["path"] else bank / "sentence_bert_config.json"
+
+
+def _source(tmp_path: Path, options: dict, state: dict | None = None) -> Path:
+    """A prompts-only-like source folder: a config with ``options`` and a prompts file."""
+    from st_prompts.modules.checkpoint import PROMPTS_FILE
+
+    folder = tmp_path / "source"
+    folder.mkdir()
+    (folder / "sentence_bert_config.json").write_text(json.dumps(options))
+    save_file(state or {"prefix_encoder.embedding.weight": torch.zeros(4, 8)}, str(folder / PROMPTS_FILE))
+    return folder
+
+
+@pytest.mark.parametrize("length,expected", [(9_999_999, "from 1 to 16384"), (10_000, "position")])
+def test_bank_add_of_a_huge_prefix_length_is_refused_before_anything_is_allocated(tiny_bank, tmp_path, capsys,
+                                                                                  monkeypatch, length, expected):
+    from st_prompts.prompts import prefix
+
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    source = _source(tmp_path, {"prefix_length": length})
+    built = []
+    original = prefix.PrefixEncoder.__init__
+
+    def record(self, *args, **kwargs):
+        built.append(kwargs.get("prefix_length", args[0] if args else None))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(prefix.PrefixEncoder, "__init__", record)
+    status, line = _run(["bank", "add", str(bank), "big", str(source)], capsys)
+    assert status == 2 and "prefix_length" in line and expected in line, line
+    assert length not in built  # refused before the prefix was built
+
+
+@pytest.mark.parametrize("kind", ["missing", "other", "damaged", "empty"])
+def test_bank_add_of_a_missing_foreign_or_damaged_source_is_one_line(tiny_bank, hostile, tmp_path, capsys, kind):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    source = "" if kind == "empty" else hostile[kind]
+    _run(["bank", "add", str(bank), "x", source], capsys)
+
+
+@pytest.mark.parametrize("config", ['{"prefix_length": 4, "prompt_sets": {"a": null}}', "[1]", "{",
+                                    '{"prefix_length": 4, "prefix_projection": "yes"}',
+                                    '{"prefix_length": 4, "prefix_hidden_size": 1e300}'])
+def test_bank_add_of_a_source_with_a_malformed_config_is_one_line(tiny_bank, tmp_path, capsys, config):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    source = _source(tmp_path, {})
+    (source / "sentence_bert_config.json").write_text(config)
+    _run(["bank", "add", str(bank), "x", str(source)], capsys)
+
+
+@pytest.mark.parametrize("modules", ["{", "[1, null]", '{"a": 1}', '[{"type": "x.Pooling", "path": 5}]',
+                                     '[{"type": "x.Pooling", "path": "../.."}]', '[{"type": "x.Pooling", "path": "p"}]'])
+def test_bank_add_of_a_source_with_a_malformed_modules_json_is_one_line(tiny_bank, tmp_path, capsys, modules):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    source = _source(tmp_path, {"prefix_length": 4})
+    (source / "modules.json").write_text(modules)
+    (source / "p").mkdir()
+    (source / "p" / "config.json").write_text("{broken")
+    _run(["bank", "add", str(bank), "x", str(source)], capsys)
+
+
+def test_bank_add_of_a_prefix_dropout_of_5_is_refused(tiny_bank, tmp_path, capsys):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    source = _source(tmp_path, {"prefix_length": 4, "prefix_dropout": 5})
+    status, line = _run(["bank", "add", str(bank), "drop", str(source)], capsys)
+    assert status == 2 and "prefix_dropout must be a number in [0, 1)" in line, line
+
+
+def test_bank_add_of_nan_prompts_says_the_file_holds_non_finite_values(tiny_bank, tmp_path, capsys):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    config = json.loads(_prompted_config(tiny_bank).read_text())
+    from safetensors.torch import load_file
+
+    from st_prompts.modules.checkpoint import PROMPTS_FILE
+
+    state = load_file(str(_prompted_config(tiny_bank).parent / PROMPTS_FILE))
+    state = {k: torch.full_like(v, float("nan")) for k, v in state.items()}
+    source = _source(tmp_path, {"prompt_sets": config["prompt_sets"]}, state)
+    status, line = _run(["bank", "add", str(bank), "nan", str(source)], capsys)
+    assert status == 2 and "non-finite values" in line and "diverged" not in line, line
+
+
+@pytest.mark.parametrize("prompt_sets", [[1, 2], {"a": 3}, {"a": {"prefix_length": "x"}},
+                                         {"a": {"prefix_length": 4, "exec": "rm -rf"}}, {"a": {}}])
+def test_a_bank_with_malformed_prompt_sets_is_refused_in_one_line(tiny_bank, tmp_path, capsys, prompt_sets):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    config_file = _prompted_config(bank)
+    config = json.loads(config_file.read_text())
+    config["prompt_sets"] = prompt_sets
+    config_file.write_text(json.dumps(config))
+    status, line = _run(["bank", "list", str(bank)], capsys)
+    assert status == 2 and "unexpected" not in line, line
+
+
+@pytest.mark.parametrize("option,value", [("--temperature", "0"), ("--temperature", "-0.05"),
+                                          ("--prefix-length", "1e8"), ("--prefix-length", "100000000"),
+                                          ("--seed", str(2**32)), ("--warmup-ratio", "5"),
+                                          ("--max-encode-length", "0")])
+def test_out_of_range_training_options_are_refused_at_parse_time(option, value, capsys):
+    status, line = _run(["train", "dcpcse", option, value], capsys)
+    assert status == 2 and f"argument {option}" in line, line
+
+
+def test_a_max_encode_length_beyond_the_backbone_is_refused_before_training(tiny_bert, data_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    from st_prompts.training import run as training_run
+
+    monkeypatch.setattr(training_run, "stage_trainer", lambda *a, **k: pytest.fail("training started"))
+    status, line = _run(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--output",
+                         str(tmp_path / "m"), "--max-encode-length", "100000", "--no-progress"], capsys)
+    assert status == 2 and "max_encode_length=100000 exceeds" in line, line
+
+
+@pytest.mark.parametrize("gate", ["--prefix-gate", "--no-prefix-gate"])
+def test_a_prefix_longer_than_the_position_table_is_refused_before_it_is_built(tiny_bert, data_dir, tmp_path, capsys,
+                                                                                monkeypatch, gate):
+    from st_prompts.prompts import prefix
+
+    monkeypatch.setattr(prefix.PrefixEncoder, "__init__", lambda *a, **k: pytest.fail("the prefix was built"))
+    status, line = _run(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--output",
+                         str(tmp_path / "m"), "--prefix-length", "10000", gate, "--no-progress"], capsys)
+    assert status == 2 and "prefix_length=10000" in line and "position" in line, line
+
+
+@pytest.mark.parametrize("argv", [["train", "dcpcse", "--max-steps", "1", "--batch-size", "4", "--no-progress"],
+                                  ["bank", "create"]])
+def test_a_damaged_backbone_is_one_line_naming_it(hostile, data_dir, tmp_path, capsys, argv):
+    if argv[0] == "train":
+        argv = [*argv, "--backbone", hostile["damaged"], "--data-dir", str(data_dir), "--output", str(tmp_path / "m")]
+    else:
+        argv = [*argv, str(tmp_path / "b"), "--backbone", hostile["damaged"]]
+    status, line = _run(argv, capsys)
+    assert status == 2 and f"cannot load the backbone {hostile['damaged']!r}" in line, line
+    assert "SafetensorError" in line or "damaged" in line
+
+
+def test_a_planted_lock_file_symlink_is_refused_and_its_target_untouched(tiny_bank, tmp_path, capsys):
+    bank = _copy(tiny_bank, tmp_path, "bank")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / ".bank.st-prompts.lock").symlink_to(victim)
+    status, line = _run(["bank", "roles", str(bank), "--default", "a"], capsys)
+    assert status == 2 and "symbolic link" in line, line
+    assert victim.read_text() == "precious\n"
+
+
+# ------------------------------------------------------------------------------------------------ chat templates
+HANG = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
+
+
+def test_an_encoder_with_a_hostile_chat_template_evaluates_without_rendering_it(tiny_bert, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    folder = tmp_path / "templated"
+    transformer = Transformer(tiny_bert)
+    model = SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")], device="cpu")
+    model.save(str(folder))
+    for config_file in folder.rglob("tokenizer_config.json"):
+        config = json.loads(config_file.read_text())
+        config["chat_template"] = HANG
+        config_file.write_text(json.dumps(config))
+    start = time.perf_counter()
+    status = main(["evaluate", str(folder), "--senteval-dir", str(FIXTURE), "--tasks", "STSBenchmark",
+                   "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert time.perf_counter() - start < 120
+
+
+class _Attention(torch.nn.Module):
+    is_causal = True
+
+
+class _Decoder:
+    """A stand-in decoder module: causal attention, a "message" modality and a tokenizer whose template renders
+    with ``render``."""
+
+    def __init__(self, render):
+        self.auto_model = torch.nn.Sequential(_Attention())
+        self.modality_config = {"text": {}, "message": {}}
+
+        class Tokenizer:
+            chat_template = "{{ x }}"
+
+            def apply_chat_template(self, *args, **kwargs):
+                return render()
+
+        self.tokenizer = self.processor = Tokenizer()
+
+
+def _hang():
+    while True:
+        pass
+
+
+@pytest.mark.parametrize("render,expected", [(_hang, "took more than"), (lambda: 1 / 0, "ZeroDivisionError"),
+                                             (lambda: "a" * 2_000_000, "2,000,000 characters")])
+def test_a_decoder_chat_template_renders_within_a_time_and_size_bound(monkeypatch, render, expected):
+    from st_prompts.errors import ConfigurationError
+    from st_prompts.modules import chat_templates
+
+    monkeypatch.setattr(chat_templates, "RENDER_SECONDS", 0.3)
+    module = _Decoder(render)
+    chat_templates.guard_chat_templates(module)
+    assert "message" in module.modality_config  # a decoder keeps its template
+    with pytest.raises(ConfigurationError, match=expected):
+        module.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_an_encoder_loses_its_message_modality_and_template():
+    from st_prompts.modules import chat_templates
+
+    module = _Decoder(lambda: "x")
+    _Attention.is_causal = False
+    try:
+        chat_templates.guard_chat_templates(module)
+    finally:
+        _Attention.is_causal = True
+    assert "message" not in module.modality_config and module.tokenizer.chat_template is None
+
+
+# ------------------------------------------------------------------------------------------------- the catch-all
+def _explode(args):
+    raise RuntimeError("kaboom \x1b[31mred\nsecond line " + "x" * 1000)
+
+
+def _with_runner(monkeypatch, runner):
+    original = cli.build_parser
+
+    def build():
+        parser = original()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                action.choices["demo"].set_defaults(func=runner)
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", build)
+
+
+def test_an_unexpected_exception_is_one_line_with_what_to_do(monkeypatch, capsys):
+    monkeypatch.delenv("ST_PROMPTS_TRACEBACK", raising=False)
+    _with_runner(monkeypatch, _explode)
+    assert main(["demo"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("st-prompts demo: error: unexpected RuntimeError in test_cli_hostile.py:")
+    assert "kaboom \\x1b[31mred" in line and "second line" not in line and "x" * 400 not in line
+    assert "ST_PROMPTS_TRACEBACK=1" in line and "--traceback" in line and "report it" in line
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_the_traceback_is_shown_on_request(monkeypatch, capsys, how):
+    monkeypatch.delenv("ST_PROMPTS_TRACEBACK", raising=False)
+    _with_runner(monkeypatch, _explode)
+    if how == "env":
+        monkeypatch.setenv("ST_PROMPTS_TRACEBACK", "1")
+    assert main(["--traceback", "demo"] if how == "flag" else ["demo"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "_explode" in err and "\x1b" not in err
+    assert err.strip().splitlines()[-1].startswith("st-prompts demo: error: unexpected RuntimeError")
+
+
+def test_keyboard_interrupt_stays_one_line(monkeypatch, capsys):
+    def interrupt(args):
+        raise KeyboardInterrupt
+
+    _with_runner(monkeypatch, interrupt)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err.strip() == "st-prompts demo: interrupted"
+
+
+def test_the_real_entry_point_turns_an_unexpected_exception_into_one_line(tmp_path):
+    """Through the installed ``st-prompts`` script: a ``sitecustomize`` makes ``bank list`` fail unexpectedly."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import st_prompts.commands.bank as b\n"
+        "def boom(args):\n    raise KeyError('planted')\n"
+        "b.run_list = boom\n"
+    )
+    script = shutil.which("st-prompts") or os.path.join(os.path.dirname(sys.executable), "st-prompts")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("ST_PROMPTS_TRACEBACK", None)
+    quiet = subprocess.run([script, "bank", "list", str(tmp_path)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert quiet.returncode == 1, quiet.stderr
+    line = _one_error_line(quiet.stderr)
+    assert line.startswith("st-prompts bank: error: unexpected KeyError") and "'planted'" in line
+    loud = subprocess.run([script, "bank", "list", str(tmp_path)], env={**env, "ST_PROMPTS_TRACEBACK": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 1 and "Traceback (most recent call last)" in loud.stderr and "boom" in loud.stderr
