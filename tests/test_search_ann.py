@@ -310,6 +310,7 @@ def test_version_1_index_without_offsets_still_loads(tmp_path):
     (tmp_path / "idx" / "docs.offsets.npy").unlink()
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     meta["format_version"] = 1
+    del meta["files"]  # version 1 recorded no sizes or checksums
     (tmp_path / "idx" / "meta.json").write_text(json.dumps(meta))
     for mmap in (False, True):
         assert SemanticIndex.load(tmp_path / "idx", mmap=mmap).texts[5] == "t5"

@@ -34,18 +34,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from st_prompts.commands._numbers import finite_float as _bounded_float
+from st_prompts.commands._numbers import non_negative_int, positive_int
+from st_prompts.commands.index_output import calibration_line, clip, print_info, print_results
 from st_prompts.commands.options import (
     add_no_progress_argument,
     add_trust_remote_code_argument,
-    finite_float,
     show_progress,
 )
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError, printable
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
 
-_TEXT_WIDTH = 200
+# Bounds of the numeric options (FAISS takes 32-bit counts; HNSW allocates ef heap entries and 2*m links per node).
+_MAX_EF = 1 << 20
+_COUNT = positive_int()
+_EF = positive_int(_MAX_EF)
+_BATCH = positive_int(1 << 20)
 
 # faiss logs at INFO which CPU-specific build it loads; that is noise for a command-line user.
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+_recall = _bounded_float(0.0, 1.0, min_inclusive=False)  # a recall@10 target: in (0, 1], at parse time
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -81,19 +88,20 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--index-type", choices=("flat", "ivf", "hnsw", "ivfpq"), default="flat",
                        help="flat = exact (default); ivf / hnsw = approximate, for large corpora; ivfpq = compressed "
                        "(product quantization, re-ranked exactly), for corpora too large for float vectors in RAM")
-    build.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    build.add_argument("--batch-size", type=_BATCH, default=64, help="encoding batch size (default: 64)")
     build.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
     build.add_argument("--id-column", default=None, help="id column of a dataset file (default: row numbers)")
-    build.add_argument("--nlist", type=int, default=None, help="IVF: number of lists (default: 4*sqrt(n))")
-    build.add_argument("--nprobe", type=int, default=None, help="IVF: lists visited per query")
-    build.add_argument("--m", type=int, default=None, help="HNSW: neighbours per node")
-    build.add_argument("--ef-construction", type=int, default=None, help="HNSW: build-time candidate list size")
-    build.add_argument("--ef-search", type=int, default=None, help="HNSW: search-time candidate list size")
-    build.add_argument("--pq-m", type=int, default=None, help="IVF-PQ: bytes per vector code (default: 48)")
+    build.add_argument("--nlist", type=_COUNT, default=None, help="IVF: number of lists (default: 4*sqrt(n))")
+    build.add_argument("--nprobe", type=_COUNT, default=None, help="IVF: lists visited per query")
+    build.add_argument("--m", type=positive_int(256), default=None, help="HNSW: neighbours per node")
+    build.add_argument("--ef-construction", type=_EF, default=None, help="HNSW: build-time candidate list size")
+    build.add_argument("--ef-search", type=_EF, default=None, help="HNSW: search-time candidate list size")
+    build.add_argument("--pq-m", type=positive_int(1 << 16), default=None,
+                       help="IVF-PQ: bytes per vector code (default: 48)")
     build.add_argument("--opq", action="store_true", default=None, help="IVF-PQ: learn an OPQ rotation first")
-    build.add_argument("--rerank", type=int, default=None,
+    build.add_argument("--rerank", type=non_negative_int(), default=None,
                        help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 200; 0 = off)")
-    build.add_argument("--target-recall", type=finite_float, default=None,
+    build.add_argument("--target-recall", type=_recall, default=None,
                        help="approximate indexes: calibrate nprobe / ef_search to the smallest value reaching this "
                        "recall@10 against exact search (default: 0.95, unless --nprobe / --ef-search is given)")
     build.add_argument("--no-calibration", action="store_true",
@@ -103,10 +111,13 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
                        "documents)")
     build.add_argument("--encode-cache", type=Path, default=None, metavar="DIR",
                        help="keep encoded chunks here so that an interrupted build resumes instead of re-encoding")
-    build.add_argument("--chunk-size", type=int, default=None, help="documents per cached chunk (default: 10000)")
-    build.add_argument("--processes", type=int, default=None,
+    build.add_argument("--chunk-size", type=_BATCH, default=None, help="documents per cached chunk (default: 10000)")
+    build.add_argument("--processes", type=positive_int(1024), default=None,
                        help="encode with sentence-transformers' multi-process pool of N CPU workers")
     build.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    build.add_argument("--quantize", choices=("none", "int8"), default="none",
+                       help="int8: encode with the backbone's linear layers in int8 on the CPU (docs/serving.md); "
+                       "default none")
     build.add_argument("--task", default=None, help="a prompt set of a bank (st-prompts bank) that encodes the "
                        "documents and, when searching, the queries (default: the model's document and query sets)")
     add_trust_remote_code_argument(build)
@@ -123,13 +134,14 @@ def _add_search(commands: argparse._SubParsersAction) -> None:
     )
     search.add_argument("index", metavar="OUT", type=Path, help="index directory written by 'index build'")
     search.add_argument("queries", metavar="QUERY", nargs="+", help="query text(s)")
-    search.add_argument("-k", type=int, default=5, help="hits per query (default: 5; clamped to the corpus size)")
+    search.add_argument("-k", type=_COUNT, default=5, help="hits per query (default: 5; clamped to the corpus size)")
     search.add_argument("--model", default=None,
                         help="model to encode the queries with (default: the one recorded in the index); it must "
                         "match the index's model")
-    search.add_argument("--nprobe", type=int, default=None, help="IVF: lists visited per query (this search only)")
-    search.add_argument("--ef-search", type=int, default=None, help="HNSW: candidate list size (this search only)")
-    search.add_argument("--rerank", type=int, default=None, help="IVF-PQ: candidates re-ranked (this search only)")
+    search.add_argument("--nprobe", type=_COUNT, default=None, help="IVF: lists visited per query (this search only)")
+    search.add_argument("--ef-search", type=_EF, default=None, help="HNSW: candidate list size (this search only)")
+    search.add_argument("--rerank", type=non_negative_int(), default=None,
+                        help="IVF-PQ: candidates re-ranked (this search only)")
     search.add_argument("--mmap", action="store_true",
                         help="memory-map the index instead of reading it into RAM (for indexes larger than RAM)")
     search.add_argument("--device", default=None, help="device to encode on")
@@ -137,6 +149,8 @@ def _add_search(commands: argparse._SubParsersAction) -> None:
                         "one the index records)")
     add_trust_remote_code_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
+    search.add_argument("--full-text", action="store_true", help="print the documents (and ids, queries) whole; by "
+                        "default each is cut to 200 characters")
     search.set_defaults(func=run_search)
 
 
@@ -154,7 +168,7 @@ def _add_add(commands: argparse._SubParsersAction) -> None:
     add.add_argument("file", metavar="FILE", type=Path, help="text file or dataset file with the new documents")
     add.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
     add.add_argument("--id-column", default=None, help="id column of a dataset file")
-    add.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    add.add_argument("--batch-size", type=_BATCH, default=64, help="encoding batch size (default: 64)")
     add.add_argument("--model", default=None, help="model to encode with (default: the index's); it must match")
     add.add_argument("--device", default=None, help="device to encode on")
     add_trust_remote_code_argument(add)
@@ -179,7 +193,7 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
         "against exact search reaches --target-recall, on perturbed held-out documents or --queries; saved atomically.",
     )  # fmt: skip
     calibrate.add_argument("index", metavar="OUT", type=Path, help="index directory")
-    calibrate.add_argument("--target-recall", type=finite_float, default=0.95,
+    calibrate.add_argument("--target-recall", type=_recall, default=0.95,
                            help="recall@10 to reach (default: 0.95)")
     calibrate.add_argument("--queries", type=Path, default=None, metavar="FILE",
                            help="text file of queries, one per line (default: perturbed held-out documents)")
@@ -193,6 +207,9 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
     info = commands.add_parser("info", help="describe an index", description="Print an index's metadata.")
     info.add_argument("index", metavar="OUT", type=Path, help="index directory")
     info.add_argument("--json", action="store_true", help="print meta.json as is")
+    info.add_argument("--verify", action="store_true", help="check the SHA-256 of every file of the index against "
+                      "the one recorded when it was written (reads every file; by default files over 256 MiB are "
+                      "checked by size and structure only)")
     info.set_defaults(func=run_info)
 
 
@@ -214,7 +231,7 @@ def _warnings_as_messages() -> Iterator[None]:
                 message = str(warning.message)
                 if issubclass(warning.category, UserWarning) and message not in seen:
                     seen.add(message)
-                    print(f"st-prompts index: warning: {printable(message)}", file=sys.stderr)
+                    print(f"st-prompts index: warning: {clip(message, 600)}", file=sys.stderr)
 
 
 def _recorded_model_name(name: str) -> str:
@@ -231,7 +248,9 @@ def _recorded_model_name(name: str) -> str:
 def run_build(args: argparse.Namespace) -> int:
     """Run ``st-prompts index build``."""
     from st_prompts.loading import load_sentence_model
+    from st_prompts.modules.chat_templates import guard_chat_templates
     from st_prompts.search import SemanticIndex
+    from st_prompts.search.encoding import check_encode_length
     from st_prompts.search.store import check_index_destination
 
     check_index_destination(args.out, args.overwrite)  # before any model is loaded or document encoded
@@ -260,7 +279,9 @@ def run_build(args: argparse.Namespace) -> int:
     if args.chunk_size is not None:
         encoding["chunk_size"] = args.chunk_size
     with _warnings_as_messages():
-        model = load_sentence_model(args.model, args.trust_remote_code, device=args.device)
+        model = guard_chat_templates(load_sentence_model(args.model, args.trust_remote_code, device=args.device,
+                                                         quantize=args.quantize))
+        check_encode_length(model, clip(args.model, 100))  # before any document is encoded
         index = SemanticIndex.from_file(
             model,
             args.corpus,
@@ -283,7 +304,7 @@ def run_build(args: argparse.Namespace) -> int:
         f"{index.index_type}{' ' + details if details else ''}) -> {args.out}"
     )
     if "calibration" in index.info:
-        print(_calibration_line(index.info["calibration"]))
+        print(calibration_line(index.info["calibration"]))
     return 0
 
 
@@ -300,18 +321,6 @@ def _read_queries(path: Path) -> list[str]:
     return queries
 
 
-def _calibration_line(record: dict) -> str:
-    """One line describing a calibration record (meta.json's ``calibration``)."""
-    queries = record.get("queries") or {}
-    rerank = f", rerank={record['rerank']}" if "rerank" in record else ""
-    status = "reached" if record.get("reached") else "NOT reached"
-    return (
-        f"Calibrated: {record['parameter']}={record['value']}{rerank} -> recall@{record['k']} "
-        f"{record['measured_recall']:.4f} (target {record['target_recall']}, {status}) on {queries.get('count')} "
-        f"{str(queries.get('kind', '?')).replace('_', ' ')} queries, {record.get('num_docs')} documents"
-    )
-
-
 def run_search(args: argparse.Namespace) -> int:
     """Run ``st-prompts index search``."""
     from st_prompts.search import SemanticIndex
@@ -324,7 +333,8 @@ def run_search(args: argparse.Namespace) -> int:
         index = SemanticIndex.load(args.index, mmap=args.mmap)
         recorded = index.model_identity.task if index.model_identity is not None else None
         if args.task is not None and args.task != recorded:
-            raise BackboneMismatchError(f"{args.index} was encoded with the prompt set {recorded!r}, not {args.task!r}")
+            raise BackboneMismatchError(f"{args.index} was encoded with the prompt set {clip(repr(recorded), 80)}, "
+                                        f"not {clip(repr(args.task), 80)}")
         if args.nprobe is not None or args.ef_search is not None or args.rerank is not None:
             index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search, rerank=args.rerank)
         if args.model is not None:
@@ -332,29 +342,7 @@ def run_search(args: argparse.Namespace) -> int:
         elif index.model_identity is not None:
             index.use_recorded_model(device=args.device, trust_remote_code=args.trust_remote_code)
         results = index.search(args.queries, k=args.k)
-    if args.json:
-        payload = [
-            {
-                "query": query,
-                "hits": [
-                    {"rank": rank, "id": hit.id, "score": round(hit.score, 6), "text": hit.text}
-                    for rank, hit in enumerate(hits, start=1)
-                ],
-            }
-            for query, hits in zip(args.queries, results)
-        ]
-        print(json.dumps(payload, ensure_ascii=False, indent=2))
-        return 0
-    for number, (query, hits) in enumerate(zip(args.queries, results)):
-        if number:
-            print()
-        print(f"Query: {printable(query)}")
-        if not hits:
-            print("  (no hits)")
-        id_width = max(len(str(hit.id)) for hit in hits) if hits else 0
-        for rank, hit in enumerate(hits, start=1):
-            text = hit.text if len(hit.text) <= _TEXT_WIDTH else hit.text[: _TEXT_WIDTH - 1] + "…"
-            print(f"  {rank:>2}. {hit.score:.4f}  [{printable(hit.id):>{id_width}}]  {printable(text)}")
+    print_results(args, results)
     return 0
 
 
@@ -394,7 +382,7 @@ def _parse_ids(index, values: list[str]) -> list:
     for value in values:
         if value in known:
             out.append(value)
-        elif value.lstrip("-").isdigit() and int(value) in known:
+        elif len(value) <= 20 and value.lstrip("-").isdigit() and int(value) in known:
             out.append(int(value))
         else:
             out.append(value)  # reported as unknown by remove()
@@ -420,50 +408,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if index.model_identity is not None:
             _load_model_for(index, args)
         index.calibrate(args.target_recall, queries)
-    print(_calibration_line(index.info["calibration"]))
+    print(calibration_line(index.info["calibration"]))
     return 0
 
 
 def run_info(args: argparse.Namespace) -> int:
     """Run ``st-prompts index info``. It needs no model: it reads the index with the store alone (FAISS and numpy,
     never torch or sentence-transformers), validating the directory without reading it all into RAM."""
-    from st_prompts.search.store import load_index_dir
+    from st_prompts.search.checks import check_meta
+    from st_prompts.search.faiss_index import _PARAMETERS, INDEX_TYPES
+    from st_prompts.search.store import load_index_dir, read_meta
 
-    index = load_index_dir(args.index, mmap=True)
-    meta = json.loads((args.index / "meta.json").read_text(encoding="utf-8"))
+    index = load_index_dir(args.index, mmap=True, verify=True if args.verify else None)
+    meta = read_meta(args.index)  # checked again: a save may have replaced the index since it was read
+    check_meta(args.index / "meta.json", meta, INDEX_TYPES, _PARAMETERS)
     if args.json:
         print(json.dumps(meta, ensure_ascii=False, indent=2))
         return 0
-    model = index.model_identity
-    print(f"Index:      {args.index}")
-    print(f"Documents:  {len(index.ids)}")
-    print(f"Type:       {index.index_type} ({meta.get('faiss_factory')}) {index.index_params or ''}".rstrip())
-    print(f"Dimension:  {index.faiss_index.d}; scores are cosine similarities (L2-normalised, inner product)")
-    if model is not None:
-        print(f"Model:      {model.name} ({model.fingerprint[:19]}…)")
-    else:
-        print("Model:      none (built from bare embeddings)")
-    sizes = meta.get("bytes_per_vector") or {}
-    if sizes:
-        line = f"{sizes.get('faiss_codes_and_ids')} B/vector of FAISS codes + ids in RAM"
-        if "rerank_vectors_on_disk" in sizes:
-            line += f"; {sizes['rerank_vectors_on_disk']} B/vector of re-ranking vectors on disk (memory-mapped)"
-        print(f"Memory:     {line}")
-    record = meta.get("calibration")
-    if record:
-        print(_calibration_line(record).replace("Calibrated: ", "Calibration: ", 1))
-        current = index.index_params.get(record["parameter"])
-        if current != record["value"] or ("rerank" in record and index.index_params.get("rerank") != record["rerank"]):
-            print(f"            (the index now uses {record['parameter']}={current}: set by hand after calibrating)")
-        if record.get("caveat"):
-            print(f"            ({record['caveat']})")
-        if record.get("num_docs") != len(index.ids):
-            print(f"            (measured on {record.get('num_docs')} documents; the index now holds {len(index.ids)}: "
-                  "re-run 'st-prompts index calibrate')")  # fmt: skip
-    elif index.index_type != "flat":
-        print("Calibration: none (search parameters set by hand or defaults)")
-    drift = meta.get("drift")
-    if drift:
-        print(f"Drift:      last added documents: mean squared distance to the IVF centroids "
-              f"{drift['ratio_to_training']}x that of the training documents")  # fmt: skip
+    print_info(args.index, index, meta)
     return 0

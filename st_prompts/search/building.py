@@ -105,7 +105,8 @@ class IndexConstruction:
             model: the sentence-transformers model (documents go through ``encode_document``, so a model with a
                 ``document`` prompt uses it).
             documents: a list/iterable of strings, or a ``datasets.Dataset`` (its ``text_column``; ids from
-                ``id_column`` if given). A bare string is rejected (use :meth:`from_file` for a file).
+                ``id_column`` if given), or a validated :class:`~st_prompts.search.corpus.Corpus` (what
+                :meth:`from_file` reads). A bare string is rejected (use :meth:`from_file` for a file).
             ids: one unique ``str``/``int`` id per document (default: 0-based positions).
             index_type: ``"flat"`` (exact), ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` (see
                 :mod:`st_prompts.search.faiss_index`).
@@ -134,23 +135,41 @@ class IndexConstruction:
             DataFormatError: empty corpus, duplicate ids, non-string documents, missing column.
             ConfigurationError: unknown ``index_type`` or parameter, ``nlist`` larger than the corpus, a bad target.
         """
-        corpus = corpus_from_documents(documents, ids, text_column=text_column, id_column=id_column)
-        return index_corpus(
+        corpus = documents if isinstance(documents, Corpus) else corpus_from_documents(
+            documents, ids, text_column=text_column, id_column=id_column)
+        # Resolve parameters before the (long) encoding so that a bad option fails fast.
+        identity = ModelIdentity.of(model, name=model_name, task=task)
+        resolve_index_params(index_type, len(corpus.texts), index_params, identity.dimension)
+        target = resolve_target(index_type, target_recall, index_params, calibration_queries)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        longer, limit = documents_over_limit(model, corpus.texts)
+        message = truncation_message(longer, len(corpus.texts), limit)
+        if message:
+            warn_at_caller(message)
+        if encode_cache_dir is not None or (processes is not None and processes > 1):
+            embeddings = encode_in_chunks(
+                model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
+                cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar, task=task,
+            ).embeddings  # fmt: skip
+        else:
+            embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
+                                      progress=show_progress_bar, task=task)  # fmt: skip
+        index = assemble_index(
             cls,
-            model,
-            corpus,
+            embeddings,
+            corpus.ids,
+            corpus.texts,
             index_type,
-            batch_size,
-            show_progress_bar,
-            model_name=model_name,
-            target_recall=target_recall,
+            index_params,
+            model=model,
+            model_identity=identity,
+            show_progress_bar=show_progress_bar,
+            target_recall=target,
             calibration_queries=calibration_queries,
-            encode_cache_dir=encode_cache_dir,
-            chunk_size=chunk_size,
-            processes=processes,
-            task=task,
-            **index_params,
+            info={"id_source": corpus.id_source, "source": corpus.source, "documents_over_length": longer},
         )
+        return index
 
     @classmethod
     def from_file(
@@ -179,60 +198,7 @@ class IndexConstruction:
             ConfigurationError: ``id_column`` for a text file, bad options.
         """
         corpus = read_corpus_file(path, text_column=text_column, id_column=id_column, encoding=encoding)
-        return index_corpus(cls, model, corpus, **kw)
-
-
-def index_corpus(
-    cls: type[IndexConstruction],
-    model: SentenceTransformer,
-    corpus: Corpus,
-    index_type: str = "flat",
-    batch_size: int = 64,
-    show_progress_bar: bool = True,
-    *,
-    model_name: str | None = None,
-    target_recall: float | str | None = "auto",
-    calibration_queries: Any = None,
-    encode_cache_dir: str | os.PathLike | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    processes: int | None = None,
-    task: str | None = None,
-    **index_params: Any,
-) -> IndexConstruction:
-    """Encode a validated corpus and index it (the common part of :meth:`SemanticIndex.build` and ``from_file``)."""
-    # Resolve parameters before the (long) encoding so that a bad option fails fast.
-    identity = ModelIdentity.of(model, name=model_name, task=task)
-    resolve_index_params(index_type, len(corpus.texts), index_params, identity.dimension)
-    target = resolve_target(index_type, target_recall, index_params, calibration_queries)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
-    longer, limit = documents_over_limit(model, corpus.texts)
-    message = truncation_message(longer, len(corpus.texts), limit)
-    if message:
-        warn_at_caller(message)
-    if encode_cache_dir is not None or (processes is not None and processes > 1):
-        embeddings = encode_in_chunks(
-            model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
-            cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar, task=task,
-        ).embeddings  # fmt: skip
-    else:
-        embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
-                                  progress=show_progress_bar, task=task)  # fmt: skip
-    index = assemble_index(
-        cls,
-        embeddings,
-        corpus.ids,
-        corpus.texts,
-        index_type,
-        index_params,
-        model=model,
-        model_identity=identity,
-        show_progress_bar=show_progress_bar,
-        target_recall=target,
-        calibration_queries=calibration_queries,
-        info={"id_source": corpus.id_source, "source": corpus.source, "documents_over_length": longer},
-    )
-    return index
+        return cls.build(model, corpus, **kw)
 
 
 def assemble_index(

@@ -16,6 +16,7 @@ import numpy as np
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.search._warnings import warn_at_caller
+from st_prompts.search.checks import MAX_EF
 from st_prompts.search.encoding import l2_normalize
 from st_prompts.search.faiss_index import (
     APPROXIMATE_TYPES,
@@ -265,7 +266,7 @@ def _search_range(index: IndexCalibration, parameter: str, k: int, default_sampl
     if parameter == "nprobe":
         high = int(index.index_params["nlist"])
         return (min(high, DEFAULT_NPROBE) if default_sample else 1), high
-    return (max(k, DEFAULT_EF_SEARCH) if default_sample else k), max(4096, len(index))
+    return (max(k, DEFAULT_EF_SEARCH) if default_sample else k), min(MAX_EF, max(4096, len(index)))
 
 
 def calibration_queries(

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, DataFormatError
-from st_prompts.search.encoding import l2_normalize
+from st_prompts.search.encoding import chat_template_errors, check_encode_length, l2_normalize
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import write_file_atomic, write_json_atomic
 
@@ -155,6 +155,7 @@ def encode_in_chunks(
         ConfigurationError: bad ``chunk_size``/``processes``, or a cache made with other settings.
     """
     texts = list(texts)
+    check_encode_length(model)
     chunk_size = _positive(chunk_size, "chunk_size")
     if processes is not None:
         processes = _positive(processes, "processes")
@@ -211,7 +212,8 @@ def _encode_chunk(
         kwargs["pool"] = pool
     if task is not None:
         method, kwargs["task"] = model.encode, task
-    return l2_normalize(method(texts, **kwargs))
+    with chat_template_errors():
+        return l2_normalize(method(texts, **kwargs))
 
 
 def _positive(value: Any, name: str) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search._warnings import warn_at_caller
+from st_prompts.search.checks import shorten
 from st_prompts.utils import check_utf8
 
 #: Files read with ``datasets`` (by suffix); any other file is a text file with one document per line.
@@ -97,7 +98,8 @@ def _check_id(value: Any, where: str) -> int | str:
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise DataFormatError(f"document ids must be str or int, got {type(value).__name__} ({value!r}) {where}")
+        raise DataFormatError(f"document ids must be str or int, got {type(value).__name__} ({shorten(value, 60)}) "
+                              f"{where}")
     return value
 
 
@@ -137,7 +139,7 @@ def prepare_corpus(
             duplicates.append(doc_id)
         seen.add(doc_id)
     if duplicates:
-        shown = ", ".join(repr(d) for d in duplicates[:5]) + (", ..." if len(duplicates) > 5 else "")
+        shown = ", ".join(shorten(d, 60) for d in duplicates[:5]) + (", ..." if len(duplicates) > 5 else "")
         raise DataFormatError(f"{source}: document ids must be unique; {len(duplicates)} duplicate(s): {shown}")
     duplicate_texts = len(kept_texts) - len(set(kept_texts))
     if duplicate_texts:
@@ -178,7 +180,7 @@ def _load_dataset_file(path: Path) -> Any:
     try:
         return loader[DATASET_SUFFIXES[path.suffix.lower()]](str(path))
     except Exception as exc:  # datasets raises many different errors for a malformed file
-        raise DataFormatError(f"cannot read {path} as a dataset: {exc}") from exc
+        raise DataFormatError(f"cannot read {path} as a dataset: {shorten(str(exc), 300)}") from exc
 
 
 def check_queries(queries: Sequence[Any]) -> None:

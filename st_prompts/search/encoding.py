@@ -6,7 +6,8 @@ by chunk (resumable, optionally multi-process).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,12 +38,53 @@ def encode_texts(
 ) -> np.ndarray:
     """Encode with ``encode_{kind}`` (``kind`` = ``"query"`` or ``"document"``: the model's prompt or prompt set for
     that side, when it has one; plain ``encode`` otherwise), or with ``encode(task=task)`` for one prompt set of a bank
-    on both sides, and L2-normalise."""
+    on both sides, and L2-normalise. The model's length is checked first (:func:`check_encode_length`); a failing
+    chat template is a :class:`ConfigurationError`."""
+    check_encode_length(model)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1 << 20:
+        raise ConfigurationError(f"batch_size must be a whole number from 1 to {1 << 20}, got {str(batch_size)[:40]}")
     kwargs = {"batch_size": batch_size, "show_progress_bar": progress, "convert_to_numpy": True}
-    if task is not None:
-        return l2_normalize(model.encode(list(texts), task=task, **kwargs))
-    method = getattr(model, f"encode_{kind}", None) or model.encode
-    return l2_normalize(method(list(texts), **kwargs))
+    with chat_template_errors():
+        if task is not None:
+            return l2_normalize(model.encode(list(texts), task=task, **kwargs))
+        method = getattr(model, f"encode_{kind}", None) or model.encode
+        return l2_normalize(method(list(texts), **kwargs))
+
+
+def check_encode_length(model: SentenceTransformer, name: str | None = None) -> None:
+    """Refuse, before anything is encoded, a model whose ``max_seq_length`` (its ``sentence_bert_config.json``) is not
+    a positive whole number or is longer than its backbone's position table: a long text would index past the table
+    (a crash, or garbage positions). ``name``: the model's name or folder, for the message."""
+    from st_prompts.modules.lengths import position_capacity
+
+    limit = getattr(model, "max_seq_length", None)
+    if limit is None:
+        return
+    which = f"the model {name}" if name else "the model"
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(f"{which} has max_seq_length {str(limit)[:40]}, not a positive whole number: fix "
+                                 "max_seq_length in its sentence_bert_config.json")
+    capacity = position_capacity(model)
+    if capacity is not None and limit > capacity:
+        raise ConfigurationError(f"{which} has max_seq_length {limit} (tokens), but its backbone's position table "
+                                 f"holds {capacity}: set max_seq_length to at most {capacity} in its "
+                                 "sentence_bert_config.json")
+
+
+@contextmanager
+def chat_template_errors() -> Iterator[None]:
+    """Turn a failure of the model's chat template (a Jinja error raised while sentence-transformers renders a text
+    through it) into one :class:`ConfigurationError` line; see :mod:`st_prompts.modules.chat_templates`."""
+    try:
+        yield
+    except Exception as exc:
+        import jinja2
+
+        if not isinstance(exc, jinja2.TemplateError):
+            raise
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigurationError(f"the model's chat template failed to render ({reason}); fix or remove its "
+                                 "chat_template") from exc
 
 
 def documents_over_limit(model: SentenceTransformer, texts: Sequence[str], batch: int = 10_000) -> tuple[int, int | None]:

@@ -39,6 +39,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.search.checks import MAX_COUNT, MAX_EF, MAX_HNSW_M
 
 if TYPE_CHECKING:  # pragma: no cover
     import faiss
@@ -73,14 +74,17 @@ _PARAMETERS = {
     "hnsw": {"m", "ef_construction", "ef_search"},
     "ivfpq": {"nlist", "nprobe", "pq_m", "opq", "rerank"},
 }
+#: The largest value of each parameter (FAISS allocates ``ef`` heap entries, ``2·m`` links per node).
+_MAXIMA = {"m": MAX_HNSW_M, "ef_construction": MAX_EF, "ef_search": MAX_EF}
 #: The search-time parameter calibration sets, per approximate type.
 SEARCH_PARAMETER = {"ivf": "nprobe", "hnsw": "ef_search", "ivfpq": "nprobe"}
 
 
-def check_positive_int(value: Any, name: str) -> int:
-    """``value`` as an ``int`` if it is a positive integer (not a bool), else :class:`ConfigurationError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+def check_positive_int(value: Any, name: str, maximum: int = 2**31 - 1) -> int:
+    """``value`` as an ``int`` if it is an integer (not a bool) in ``[1, maximum]``, else :class:`ConfigurationError`
+    (FAISS takes 32-bit counts: a larger value would overflow there)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= maximum:
+        raise ConfigurationError(f"{name} must be a positive integer of at most {maximum}, got {str(value)[:40]}")
     return int(value)
 
 
@@ -121,10 +125,11 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimens
             if not isinstance(value, (bool, np.bool_)):
                 raise ConfigurationError(f"opq must be True or False, got {value!r}")
         elif key == "rerank":
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ConfigurationError(f"rerank must be a non-negative integer (0 = off), got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_COUNT:
+                raise ConfigurationError(f"rerank must be a whole number from 0 (off) to {MAX_COUNT}, got "
+                                         f"{str(value)[:40]}")
         else:
-            check_positive_int(value, key)
+            check_positive_int(value, key, _MAXIMA.get(key, MAX_COUNT))
     if index_type in ("ivf", "ivfpq"):
         if "nlist" in params:
             nlist = int(params["nlist"])

@@ -103,6 +103,9 @@ class ModelIdentity:
     task: str | None = None
     #: The most tokens per document the model encoded (its ``max_seq_length``); ``None`` for indexes that predate it.
     max_seq_length: int | None = None
+    #: ``"int8"`` when the documents were encoded by a quantized model (:mod:`st_prompts.quantization`), whose
+    #: queries then come from the same; ``None``: fp32.
+    quantize: str | None = None
 
     @classmethod
     def of(cls, model: SentenceTransformer, name: str | None = None, task: str | None = None) -> ModelIdentity:
@@ -118,6 +121,7 @@ class ModelIdentity:
             path=_config_name_or_path(model),
             task=task,
             max_seq_length=_max_seq_length(model),
+            quantize=getattr(model, "st_prompts_quantization", None),
         )
 
     @classmethod
@@ -131,6 +135,7 @@ class ModelIdentity:
             path=info.get("path"),
             task=info.get("task"),
             max_seq_length=info.get("max_seq_length") if isinstance(info.get("max_seq_length"), int) else None,
+            quantize="int8" if info.get("quantize") == "int8" else None,
         )
 
     @staticmethod
@@ -151,6 +156,7 @@ class ModelIdentity:
             "probe_sentences": list(PROBE_SENTENCES),
             **({"task": self.task} if self.task is not None else {}),
             **({"max_seq_length": self.max_seq_length} if self.max_seq_length is not None else {}),
+            **({"quantize": self.quantize} if self.quantize is not None else {}),
         }
 
     def loadable_name(self) -> str:
@@ -179,6 +185,12 @@ class ModelIdentity:
             return
         cosines = np.sum(self.probe_embeddings * other.probe_embeddings, axis=1)
         worst = float(np.min(cosines))
+        if worst < FINGERPRINT_MIN_COSINE and other.quantize != self.quantize:
+            raise BackboneMismatchError(
+                f"the index was encoded by the {self.quantize or 'fp32'} model and this one is "
+                f"{other.quantize or 'fp32'} (lowest probe cosine {worst:.4f}): load it with quantize="
+                f"{self.quantize or 'none'!r} (--quantize {self.quantize or 'none'}) or rebuild the index"
+            )
         if worst < FINGERPRINT_MIN_COSINE:
             raise BackboneMismatchError(
                 f"model {other.name!r} does not match the index's model {self.name!r}: its embeddings of the probe "

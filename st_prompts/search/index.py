@@ -15,8 +15,9 @@ from st_prompts.loading import load_sentence_model
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.building import IndexConstruction
 from st_prompts.search.calibration import IndexCalibration
+from st_prompts.search.checks import MAX_COUNT, MAX_EF
 from st_prompts.search.corpus import check_queries
-from st_prompts.search.encoding import encode_texts, l2_normalize
+from st_prompts.search.encoding import check_encode_length, encode_texts, l2_normalize
 from st_prompts.search.faiss_index import (
     apply_search_params,
     check_positive_int,
@@ -203,8 +204,12 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             BackboneMismatchError: the model's dimension or probe embeddings differ from the index's model.
         """
         if isinstance(model, (str, os.PathLike)):
+            from st_prompts.modules.chat_templates import guard_chat_templates
 
-            model = load_sentence_model(str(model), trust_remote_code, device=device)
+            name = str(model)
+            quantize = self.model_identity.quantize if self.model_identity is not None else None  # as the documents
+            model = guard_chat_templates(load_sentence_model(name, trust_remote_code, device=device, quantize=quantize))
+            check_encode_length(model, name if len(name) <= 100 else name[:99] + "…")
         if self.model_identity is not None:
             self.model_identity.check_compatible(ModelIdentity.of(model, task=self.model_identity.task))
         elif embedding_dimension(model) not in (None, self.dimension):
@@ -226,7 +231,7 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
                 "or use search_embeddings()"
             )
         name = self.model_identity.loadable_name()
-        logger.info("loading the index's model %r", name)
+        logger.debug("loading the index's model %r", name)
         self.set_model(name, device=device, trust_remote_code=trust_remote_code)
 
     def set_search_params(
@@ -241,11 +246,11 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         if ef_search is not None:
             if self.index_type != "hnsw":
                 raise ConfigurationError(f"ef_search applies to an 'hnsw' index, this one is {self.index_type!r}")
-            self.index_params["ef_search"] = check_positive_int(ef_search, "ef_search")
+            self.index_params["ef_search"] = check_positive_int(ef_search, "ef_search", MAX_EF)
         if rerank is not None:
             if self.index_type != "ivfpq":
                 raise ConfigurationError(f"rerank applies to an 'ivfpq' index, this one is {self.index_type!r}")
-            if isinstance(rerank, bool) or not isinstance(rerank, (int, np.integer)) or rerank < 0:
+            if isinstance(rerank, bool) or not isinstance(rerank, (int, np.integer)) or not 0 <= rerank <= MAX_COUNT:
                 raise ConfigurationError(f"rerank must be a non-negative integer (0 = off), got {rerank!r}")
             if rerank and self.vectors is None:
                 raise ConfigurationError("this IVF-PQ index keeps no vectors to re-rank with")
@@ -291,6 +296,11 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             )
             k = len(self)
         scores, positions = self.search_positions(queries, k)
+        if positions.size and (positions.min() < -1 or positions.max() >= len(self)):
+            where = os.path.join(self._saved_as[0], "index.faiss") if self._saved_as else "the FAISS index"
+            row = int(positions.max()) if positions.max() >= len(self) else int(positions.min())
+            raise DataFormatError(f"{where} returned the row {row} for an index of {len(self)} documents: it is "
+                                  "damaged; rebuild the index")
         return [
             [SearchHit(self.ids[pos], self.texts[pos], float(score)) for score, pos in zip(row_scores, row_positions)
              if pos >= 0]  # FAISS pads with -1 when too few candidates were visited

@@ -37,7 +37,24 @@ import numpy as np
 
 from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
-from st_prompts.search.faiss_index import INDEX_TYPES, apply_search_params, code_bytes_per_vector, factory_string
+from st_prompts.search.checks import (
+    MMAP_HASH_LIMIT,
+    bad_value,
+    check_faiss_index,
+    check_files,
+    check_meta,
+    check_model_record,
+    record_files,
+    whole,
+)
+from st_prompts.search.docfile import LazyDocs, check_offsets, read_docs
+from st_prompts.search.faiss_index import (
+    _PARAMETERS,
+    INDEX_TYPES,
+    apply_search_params,
+    code_bytes_per_vector,
+    factory_string,
+)
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import (
     INDEX_KIND,
@@ -59,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "st-prompts-semantic-index"
-FORMAT_VERSION = 2  # 2: docs.offsets.npy, vectors.npy (IVF-PQ); version-1 indexes still load
+FORMAT_VERSION = 3  # 2: docs.offsets.npy, vectors.npy (IVF-PQ); 3: files (sizes, SHA-256); older ones still load
 INDEX_FILE = "index.faiss"
 DOCS_FILE = "docs.jsonl"
 META_FILE = "meta.json"
@@ -68,6 +85,8 @@ VECTORS_FILE = "vectors.npy"
 OFFSETS_FILE = "docs.offsets.npy"
 #: Every file an index saved without a manifest (by an older st-prompts) may hold (see :func:`index_folder_problem`).
 INDEX_FILES = frozenset({INDEX_FILE, DOCS_FILE, META_FILE, PROBE_FILE, VECTORS_FILE, OFFSETS_FILE})
+#: The largest ``meta.json`` read (one is a few kilobytes; a larger one is damaged, not read into memory).
+_META_LIMIT = 16 << 20
 #: How long a reader retries while a save replaces the index under it.
 _READ_RETRY_SECONDS = 5.0
 # Keys of meta.json written by make_meta() itself; any other key is kept in StoredIndex.info.
@@ -75,7 +94,7 @@ _CORE_META_KEYS = frozenset(
     {
         "format", "format_version", "model", "dimension", "num_docs", "index_type", "index_params",
         "faiss_factory", "metric", "normalization", "score", "duplicate_texts", "created",
-        "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector", "save_id",
+        "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector", "save_id", "files",
     }
 )  # fmt: skip
 
@@ -104,8 +123,9 @@ class StoredIndex:
     save_id: str | None = None
 
 
-def make_meta(stored: StoredIndex, save_id: str | None = None) -> dict[str, Any]:
-    """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default)."""
+def make_meta(stored: StoredIndex, save_id: str | None = None, files: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default; ``files``: the
+    size and SHA-256 of each file written, :func:`~st_prompts.search.checks.record_files`)."""
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -129,6 +149,7 @@ def make_meta(stored: StoredIndex, save_id: str | None = None) -> dict[str, Any]
         "save_id": save_id or uuid.uuid4().hex,
         "st_prompts_version": __version__,
         "faiss_version": getattr(faiss, "__version__", None),
+        **({"files": files} if files is not None else {}),
     }
 
 
@@ -214,7 +235,8 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
         if stored.model_identity is not None:
             np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
         with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
-            json.dump(make_meta(stored, save_id), handle, indent=2, ensure_ascii=False)
+            files = record_files(tmp, [INDEX_FILE, DOCS_FILE, OFFSETS_FILE, VECTORS_FILE, PROBE_FILE])
+            json.dump(make_meta(stored, save_id, files), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
         write_manifest(tmp, INDEX_KIND)  # the proof that st-prompts wrote it, listing every file written above
 
@@ -239,7 +261,7 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
 def _read_save_id(root: Path) -> str | None:
     try:
         return json.loads((root / META_FILE).read_text(encoding="utf-8")).get("save_id")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
 
 
@@ -252,12 +274,17 @@ def _save_array(path: Path, array: np.ndarray, rows_per_write: int = 65_536) -> 
     del out
 
 
-def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> StoredIndex:
+def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: bool | None = None) -> StoredIndex:
     """Read an index directory written by :func:`save_index_dir`, checking that it is complete and consistent.
 
     With ``mmap=True`` the FAISS index is read with ``faiss.IO_FLAG_MMAP`` (its inverted lists / codes stay in the
     file and are paged in on demand), ``vectors.npy`` is memory-mapped and the documents are :class:`LazyDocs` views
     that read ``docs.jsonl`` line by line through ``docs.offsets.npy``.
+
+    Every value of ``meta.json`` a command reads, the FAISS index's type, parameters and labels, and every file's
+    size are checked (:mod:`st_prompts.search.checks`), and each file's SHA-256 against the one recorded when it was
+    written: ``verify=None`` (default) every file of a full load (they are read whole anyway), the files up to
+    :data:`~st_prompts.search.checks.MMAP_HASH_LIMIT` of a memory-mapped one; ``True``: every file; ``False``: none.
 
     A save may replace the index while it is read (no lock is taken): the read is checked against the folder at the
     path afterwards (its inode and ``save_id``) and repeated if the folder changed, so the result is always one
@@ -275,7 +302,8 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False) -> Store
         try:
             if before is None:
                 raise FileNotFoundError(root)
-            stored = _read_index(root, mmap)
+            limit = (MMAP_HASH_LIMIT if mmap else None) if verify is None else (None if verify else -1)
+            stored = _read_index(root, mmap, limit)
         except (FileNotFoundError, DataFormatError):
             if _snapshot(root) == before and before is not None or time.monotonic() > deadline:
                 if not root.exists():
@@ -304,66 +332,68 @@ def _load_array(path: Path, mmap: bool = False) -> np.ndarray:
         return np.load(path, mmap_mode="r" if mmap else None)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataFormatError(f"{path} is damaged ({str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__}); "
-                              "rebuild the index") from exc
+    except (OSError, ValueError, EOFError, MemoryError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DataFormatError(f"{path} is damaged ({reason}); rebuild the index") from exc
 
 
-def _read_index(root: Path, mmap: bool) -> StoredIndex:
-    """One read of every file of the index at ``root`` (see :func:`load_index_dir`)."""
+def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
+    """One read of every file of the index at ``root``, each checked (see :func:`load_index_dir`)."""
     if not root.is_dir():
         raise DataFormatError(f"{root} is not an index directory (expected {META_FILE}, {INDEX_FILE}, ...)")
     for name in (META_FILE, INDEX_FILE, DOCS_FILE):
         if not (root / name).is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {name} is missing")
     meta = read_meta(root)
+    meta_path = root / META_FILE
+    index_type = check_meta(meta_path, meta, INDEX_TYPES, _PARAMETERS)
+    check_files(root, meta_path, meta.get("files"), hash_limit=hash_limit)  # sizes (and hashes) before any parsing
     try:
-        faiss_index = faiss.read_index(str(root / INDEX_FILE), _mmap_flags(meta.get("index_type")) if mmap else 0)
-    except RuntimeError as exc:
+        faiss_index = faiss.read_index(str(root / INDEX_FILE), _mmap_flags(index_type) if mmap else 0)
+    except (RuntimeError, MemoryError, OverflowError) as exc:
         if not (root / INDEX_FILE).is_file():
             raise FileNotFoundError(root / INDEX_FILE) from exc
-        raise DataFormatError(f"cannot read {root / INDEX_FILE}: {str(exc).strip().splitlines()[-1]}") from exc
-    num_docs = meta.get("num_docs")
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        raise DataFormatError(f"cannot read {root / INDEX_FILE} ({reason}); the index is damaged: rebuild it") from exc
+    params = dict(meta.get("index_params") or {})
+    check_faiss_index(root / INDEX_FILE, meta_path, faiss_index, index_type, params)
+    num_docs = meta["num_docs"]
+    if faiss_index.ntotal != num_docs:
+        raise DataFormatError(f"{root} is inconsistent: {INDEX_FILE} holds {faiss_index.ntotal} vectors, {META_FILE} "
+                              f"says {num_docs}; rebuild the index")
     if mmap and (root / OFFSETS_FILE).is_file():
         offsets = _load_array(root / OFFSETS_FILE, mmap=True)
         docs = LazyDocs(root / DOCS_FILE, offsets)
-        if offsets.ndim != 1 or len(offsets) != (num_docs or 0) + 1 or docs.size != int(offsets[-1]):
-            raise DataFormatError(f"{root / DOCS_FILE} does not match {OFFSETS_FILE} (one of them is damaged or "
-                                  "truncated); rebuild the index")
+        check_offsets(offsets, root / OFFSETS_FILE, num_docs, docs.size)
         ids, texts = docs.ids, docs.texts
     else:
-        ids, texts = _read_docs(root / DOCS_FILE)
+        ids, texts = read_docs(root / DOCS_FILE)
     if not (faiss_index.ntotal == len(ids) == num_docs):
-        raise DataFormatError(
-            f"{root} is inconsistent: {faiss_index.ntotal} vectors, {len(ids)} documents, "
-            f"meta.json says {num_docs}"
-        )
+        raise DataFormatError(f"{root} is inconsistent: {faiss_index.ntotal} vectors, {len(ids)} documents, "
+                              f"{META_FILE} says {num_docs}; rebuild the index")
     identity = None
     if meta.get("model") is not None:
         if not (root / PROBE_FILE).is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {PROBE_FILE} is missing")
         probe = _load_array(root / PROBE_FILE)
-        try:
-            identity = ModelIdentity.from_json(meta["model"], probe)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataFormatError(f"{root / META_FILE}: bad model record ({exc})") from exc
-    index_type = meta["index_type"]
-    params = dict(meta.get("index_params") or {})
-    if index_type not in INDEX_TYPES:
-        raise DataFormatError(f"{root / META_FILE}: unknown index_type {index_type!r}")
-    if params:
-        apply_search_params(faiss_index, index_type, params)
+        check_model_record(meta_path, meta["model"], faiss_index.d, probe)
+        identity = ModelIdentity.from_json(meta["model"], probe.astype(np.float32))
+    apply_search_params(faiss_index, index_type, params)
     vectors = None
     if meta.get("vectors"):
         record = meta["vectors"]
         if not isinstance(record, dict):
-            raise DataFormatError(f"{root / META_FILE}: bad vectors record {record!r}")
-        path = contained_path(root, record.get("file", VECTORS_FILE), f"{root / META_FILE} (vectors.file)")
+            raise DataFormatError(f"{meta_path}: bad vectors record; rebuild the index")
+        path = contained_path(root, record.get("file", VECTORS_FILE), f"{meta_path} (vectors.file)")
         if not path.is_file():
             raise DataFormatError(f"{root} is not a complete semantic index: {path.name} is missing")
         vectors = _load_array(path, mmap=mmap)
-        if vectors.ndim != 2 or vectors.shape != (len(ids), faiss_index.d):
-            raise DataFormatError(f"{path} has shape {vectors.shape}, expected ({len(ids)}, {faiss_index.d})")
+        if vectors.ndim != 2 or vectors.shape != (len(ids), faiss_index.d) or vectors.dtype.kind != "f":
+            raise DataFormatError(f"{path} holds {vectors.dtype} values of shape {vectors.shape}, expected floats of "
+                                  f"shape ({len(ids)}, {faiss_index.d}); rebuild the index")
+    elif index_type == "ivfpq" and params["rerank"] > 0:
+        raise DataFormatError(f"{meta_path}: an IVF-PQ index that re-ranks (index_params.rerank) records no vectors "
+                              "file; rebuild the index")
     info = {key: value for key, value in meta.items() if key not in _CORE_META_KEYS}
     return StoredIndex(faiss_index, ids, texts, index_type, params, identity, info, vectors, meta.get("save_id"))
 
@@ -378,91 +408,23 @@ def _mmap_flags(index_type: str | None) -> int:
     return faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
 
 
-class LazyDocs:
-    """The documents of a saved index, read from ``docs.jsonl`` on demand (one seek + one line per access) through
-    the byte offsets in ``docs.offsets.npy``: what a memory-mapped index uses instead of lists in RAM."""
-
-    def __init__(self, path: Path, offsets: np.ndarray) -> None:
-        self.path = path
-        self.offsets = offsets
-        self.ids = _LazyColumn(self, "id")
-        self.texts = _LazyColumn(self, "text")
-        # Opened now, with the other files of the index: a save that later replaces the index cannot mix its
-        # documents with these offsets.
-        self._handle = path.open("rb")
-        #: Size of the file in bytes (``offsets[-1]`` for a complete file).
-        self.size = os.fstat(self._handle.fileno()).st_size
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def record(self, row: int) -> dict[str, Any]:
-        if not 0 <= row < len(self):
-            raise IndexError(row)
-        self._handle.seek(int(self.offsets[row]))
-        line = self._handle.read(int(self.offsets[row + 1] - self.offsets[row]))
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{self.path}: bad record at row {row} ({exc})") from exc
-
-
-class _LazyColumn:
-    """A read-only sequence of one field of :class:`LazyDocs` (``ids`` or ``texts``)."""
-
-    def __init__(self, docs: LazyDocs, key: str) -> None:
-        self._docs = docs
-        self._key = key
-
-    def __len__(self) -> int:
-        return len(self._docs)
-
-    def __getitem__(self, row: int) -> Any:
-        if isinstance(row, slice):
-            return [self[i] for i in range(*row.indices(len(self)))]
-        return self._docs.record(int(row))[self._key]
-
-    def __iter__(self):
-        for row in range(len(self)):
-            yield self[row]
-
-
 def read_meta(root: Path) -> dict[str, Any]:
     """The ``meta.json`` of the index directory ``root``, checked to describe a semantic index this version reads."""
+    size = (root / META_FILE).stat().st_size
+    if size > _META_LIMIT:
+        raise DataFormatError(f"{root / META_FILE} is {size} bytes; an index's is a few kilobytes: it is damaged, "
+                              "rebuild the index")
     try:
         meta = json.loads((root / META_FILE).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{root / META_FILE} is not valid JSON: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        raise DataFormatError(f"{root / META_FILE} is not valid JSON ({reason}); rebuild the index") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataFormatError(f"{root / META_FILE} does not describe a st-prompts semantic index")
-    try:
-        version = int(meta.get("format_version", 0))
-    except (TypeError, ValueError):
-        raise DataFormatError(f"{root / META_FILE}: bad format_version {meta.get('format_version')!r}") from None
+    version = meta.get("format_version", 0)
+    if not whole(version, 0, 2**31):
+        raise bad_value(root / META_FILE, "format_version", version, "a whole number")
     if version > FORMAT_VERSION:
-        raise DataFormatError(
-            f"{root} was written by a newer st-prompts (format {meta['format_version']} > {FORMAT_VERSION})"
-        )
+        raise DataFormatError(f"{root} was written by a newer st-prompts (format {version} > {FORMAT_VERSION}): "
+                              "upgrade st-prompts to read it")
     return meta
-
-
-def _read_docs(path: Path) -> tuple[list[int | str], list[str]]:
-    ids, texts = [], []
-    number = 0
-    try:
-        handle = path.open(encoding="utf-8")
-    except FileNotFoundError:
-        raise
-    with handle:
-        try:
-            lines = list(handle)
-        except UnicodeDecodeError as exc:
-            raise DataFormatError(f"{path} is damaged (not UTF-8: {exc.reason}); rebuild the index") from exc
-        for number, line in enumerate(lines, start=1):
-            try:
-                record = json.loads(line)
-                ids.append(record["id"])
-                texts.append(record["text"])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataFormatError(f"{path}, line {number}: bad record ({exc})") from exc
-    return ids, texts

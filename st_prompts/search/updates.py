@@ -10,6 +10,7 @@ import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 from st_prompts.search._warnings import warn_at_caller
+from st_prompts.search.checks import shorten
 from st_prompts.search.corpus import prepare_corpus
 from st_prompts.search.encoding import documents_over_limit, encode_texts, l2_normalize, truncation_message
 from st_prompts.search.faiss_index import (
@@ -63,7 +64,7 @@ class IndexUpdates:
         positions = self._position_map()
         clashes = [i for i in new_ids if i in positions]
         if clashes:
-            shown = ", ".join(repr(i) for i in clashes[:5]) + (", ..." if len(clashes) > 5 else "")
+            shown = ", ".join(shorten(i, 60) for i in clashes[:5]) + (", ..." if len(clashes) > 5 else "")
             raise DataFormatError(f"{len(clashes)} id(s) of the added documents are already in the index: {shown}")
         if embeddings is None:
             if self.model is None:
@@ -111,7 +112,7 @@ class IndexUpdates:
         positions = self._position_map()
         unknown = [i for i in wanted if i not in positions]
         if unknown:
-            shown = ", ".join(repr(i) for i in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            shown = ", ".join(shorten(i, 60) for i in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
             raise DataFormatError(f"{len(unknown)} id(s) are not in the index: {shown}")
         if not wanted:
             return 0
