@@ -4,6 +4,7 @@ failures and draining; and the request checks of :mod:`st_prompts.serving.limits
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -195,6 +196,54 @@ def test_close_answers_everything_queued_and_refuses_new_requests():
 
     results = run(main())
     assert all(r.shape == (3, DIM) for r in results)
+
+
+def test_retry_after_follows_the_measured_drain_rate():
+    """3 rows a pass, 0.2 s a pass: the queue drains at about 15 rows/s, and a refused client is told to come back
+    when the rows ahead of it are done (not a constant, nor a guess made before any pass)."""
+    encoder = FakeEncoder(delay=0.2)
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=3, max_queue_rows=60)
+        await batcher.start()
+        assert batcher.drain_rate() is None and batcher.retry_after() == 5  # nothing measured yet
+        queued = [asyncio.ensure_future(batcher.encode([f"q{i}-{j}" for j in range(3)], [3] * 3, "a"))
+                  for i in range(20)]
+        deadline = time.monotonic() + 10
+        while len(encoder.passes) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        with pytest.raises(QueueFull) as refused:
+            await batcher.encode(["late"] * 20, [3] * 20, "a")
+        rate, ahead = batcher.drain_rate(), batcher.queued_rows + batcher.running_rows
+        await batcher.close(drain=False)
+        await asyncio.gather(*queued, return_exceptions=True)
+        return rate, ahead, refused.value.retry_after
+
+    rate, ahead, retry_after = run(main())
+    assert 5 <= rate <= 16, rate  # 15 rows/s, less on a busy machine
+    assert retry_after == math.ceil(ahead / rate) or abs(retry_after - ahead / rate) <= 1.5, (retry_after, ahead, rate)
+    assert 2 <= retry_after <= 12
+
+
+def test_close_with_a_timeout_answers_what_is_left_with_batcher_closed():
+    encoder = FakeEncoder(delay=0.1)
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=2)
+        await batcher.start()
+        pending = [asyncio.ensure_future(batcher.encode([f"c{i}-{j}" for j in range(2)], [3] * 2, "a"))
+                   for i in range(20)]
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        await batcher.close(drain=True, timeout=0.25)
+        took = time.monotonic() - start
+        return took, await asyncio.gather(*pending, return_exceptions=True)
+
+    took, results = run(main())
+    done = [r for r in results if isinstance(r, np.ndarray)]
+    closed = [r for r in results if isinstance(r, BatcherClosed)]
+    assert len(done) + len(closed) == 20 and 1 <= len(done) < 20 and closed
+    assert took < 0.25 + 0.5  # the timeout, and the pass that ran when it passed
 
 
 # ------------------------------------------------------------------------------------------------ request checks

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from st_prompts.commands._numbers import finite_float, int_range, positive_float, positive_int
 from st_prompts.commands.options import cli_text
 from st_prompts.errors import ConfigurationError
 
@@ -32,30 +33,48 @@ def add_parser(subparsers) -> None:
                         "for several")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                         "only; 0.0.0.0 for every interface)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
+    parser.add_argument("--port", type=int_range(0, 65535), default=8000,
+                        help="port (default 8000; 0: a free one, printed)")
     parser.add_argument("--model-name", help="the name a model that is not a prompt bank is served under (default: "
                         "the folder's name)")
     parser.add_argument("--device", help="device to encode on (default: sentence-transformers' choice)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int(4096), help="torch threads (default: torch's choice)")
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="int8: the backbone's linear layers in int8 on the CPU, prompt sets unchanged (about 2x "
+                        "the throughput; docs/serving.md); default none")
     batching = parser.add_argument_group("batching")
-    batching.add_argument("--max-wait-ms", type=float, default=2.0,
+    batching.add_argument("--max-wait-ms", type=finite_float(0, 60_000), default=2.0,
                           help="the longest a row waits for others to share its forward pass (default 2)")
-    batching.add_argument("--max-batch-tokens", type=int, default=4096,
+    batching.add_argument("--max-batch-tokens", type=positive_int(1 << 24), default=4096,
                           help="padded tokens (rows x longest row) per forward pass (default 4096)")
-    batching.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward pass (default 64)")
+    batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), default=64,
+                          help="rows per forward pass (default 64)")
     limits = parser.add_argument_group("limits")
-    limits.add_argument("--max-queue-rows", type=int, default=4096,
+    limits.add_argument("--max-queue-rows", type=positive_int(1 << 24), default=4096,
                         help="rows waiting, all requests together; beyond, 503 with Retry-After (default 4096)")
-    limits.add_argument("--max-inputs", type=int, default=2048, help="inputs per request (default 2048)")
-    limits.add_argument("--max-input-chars", type=int, default=20_000, help="characters per input (default 20000)")
-    limits.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+    limits.add_argument("--max-inputs", type=positive_int(1 << 20), default=2048,
+                        help="inputs per request (default 2048)")
+    limits.add_argument("--max-input-chars", type=positive_int(1 << 26), default=20_000,
+                        help="characters per input (default 20000)")
+    limits.add_argument("--max-body-bytes", type=positive_int(1 << 30), default=4 * 1024 * 1024,
                         help="bytes per request body (default 4 MiB)")
-    limits.add_argument("--max-k", type=int, default=100, help="hits per search query (default 100)")
+    limits.add_argument("--max-k", type=positive_int(100_000), default=100, help="hits per search query (default 100)")
     parser.add_argument("--admin-token-file", metavar="FILE",
                         help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}); without a token there is "
                         "no admin endpoint")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="on SIGTERM, seconds to finish the requests in flight (default 30)")
+    parser.add_argument("--drain-timeout", type=finite_float(0, 86_400), default=30.0,
+                        help="on SIGTERM, seconds to finish the requests in flight, at most, whatever clients do "
+                        "(default 30)")
+    connections = parser.add_argument_group("connections (a client that stalls is dropped)")
+    connections.add_argument("--header-timeout", type=positive_float(3600), default=10.0,
+                             help="seconds for a request's headers to arrive, from its first byte (default 10)")
+    connections.add_argument("--body-timeout", type=positive_float(3600), default=30.0,
+                             help="seconds for a request's body to arrive after its headers; also the longest a "
+                             "client may leave its answer unread (default 30)")
+    connections.add_argument("--idle-timeout", type=positive_float(3600), default=5.0,
+                             help="seconds a connection may stay open without a request (default 5)")
+    connections.add_argument("--max-connections", type=positive_int(1_000_000), default=1000,
+                             help="connections open at once; more are answered 503 and closed (default 1000)")
     parser.set_defaults(func=run_serve)
 
 
@@ -101,10 +120,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the optional extra is missing
         raise ConfigurationError(f"st-prompts serve needs the serve extra ({exc.name} is missing): "
                                  "pip install -e \".[serve]\"") from exc
-    if not 0 <= args.port <= 65535:
-        raise ConfigurationError(f"--port must be 0-65535, got {args.port}")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigurationError(f"--threads must be positive, got {args.threads}")
     try:
         limits = ServingLimits(max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
                                max_body_bytes=args.max_body_bytes, max_queue_rows=args.max_queue_rows,
@@ -116,4 +131,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             model_name=args.model_name, device=args.device, limits=limits,
                             admin_token=_admin_token(args.admin_token_file), drain_timeout=args.drain_timeout,
                             threads=args.threads)
+    options.header_timeout, options.body_timeout = args.header_timeout, args.body_timeout
+    options.idle_timeout, options.max_connections = args.idle_timeout, args.max_connections
+    options.quantize = args.quantize
     return run_server(options)

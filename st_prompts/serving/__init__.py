@@ -8,7 +8,10 @@
 * :mod:`~st_prompts.serving.model`: the served model, its task names and hot changes of prompt sets;
 * :mod:`~st_prompts.serving.indexes`: the FAISS indexes searched;
 * :mod:`~st_prompts.serving.metrics`: Prometheus metrics;
-* :mod:`~st_prompts.serving.app`: the Starlette application; :mod:`~st_prompts.serving.server`: uvicorn, signals.
+* :mod:`~st_prompts.serving.protocol`: uvicorn's HTTP protocol with header, body and idle timeouts, a connection cap
+  and OpenAI errors for malformed HTTP;
+* :mod:`~st_prompts.serving.app`: the Starlette application; :mod:`~st_prompts.serving.server`: uvicorn, signals,
+  draining.
 
 Nothing is imported here, so that ``import st_prompts.serving.limits`` (or the batcher) needs no web framework.
 """

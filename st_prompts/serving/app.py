@@ -10,7 +10,7 @@ error schema, and reads the body in chunks so that an oversized one is refused b
                                        (``float`` or ``base64``), ``dimensions`` (only the model's own)
 ``GET /v1/models``, ``/v1/models/ID``  the task names served
 ``POST /search``                       ``query`` (a string or a list), ``index`` (a name), ``k``: the best documents
-``GET /health``                        200 while serving, 503 while draining
+``GET /health``                        200 while serving, 503 ``draining`` while draining (after SIGTERM)
 ``GET /metrics``                       Prometheus metrics (:mod:`st_prompts.serving.metrics`)
 ``POST /admin/prompt-sets``            add a prompt set (``name``, ``source``: a folder on the server); only with an
 ``DELETE /admin/prompt-sets/NAME``     admin token, given as ``Authorization: Bearer TOKEN``; without a token these
@@ -24,6 +24,7 @@ import asyncio
 import base64
 import hmac
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +41,13 @@ from starlette.routing import Route
 
 from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
-from st_prompts.serving.limits import RequestError, ServingLimits, parse_embedding_request, parse_search_request
+from st_prompts.serving.limits import (
+    RequestError,
+    ServingLimits,
+    parse_embedding_request,
+    parse_search_request,
+    shorten,
+)
 from st_prompts.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from st_prompts.serving.model import ServedModel, _Role
 
@@ -64,6 +71,9 @@ class ServerContext:
         self.admin_token = admin_token
         self.started = int(time.time())
         self.draining = False
+        self.drain_deadline: float | None = None  # time.monotonic() by which the drain ends (set on SIGTERM)
+        self.in_flight = 0  # requests inside an endpoint now
+        self.receiving = 0  # of which still reading their body (not yet accepted: a drain does not wait for them)
         self.metrics = ServerMetrics(queued_rows=lambda: self.batcher.queued_rows,
                                      running_rows=lambda: self.batcher.running_rows,
                                      prompt_sets=lambda: len(served.internal_sets()), label=self.label)
@@ -81,6 +91,10 @@ class ServerContext:
             return f"({route.name} side)"
         return str(route).split("@", 1)[0]
 
+    def idle(self) -> bool:
+        """No request is being answered and no row waits (a draining server may stop)."""
+        return self.in_flight - self.receiving == 0 and self.batcher.queued_rows == 0 and self.batcher.running_rows == 0
+
     async def count_tokens(self, texts: list[str]) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.count_tokens, texts)
 
@@ -95,30 +109,36 @@ def _error(error: RequestError) -> Response:
     return _json(error.payload(), error.status, error.headers)
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    """The JSON body, refused early when it is not JSON or larger than ``limit`` bytes."""
+async def _read_json(request: Request, limit: int, context: ServerContext) -> Any:
+    """The JSON body, refused early when it is not JSON or larger than ``limit`` bytes (counted in
+    ``context.receiving`` while it streams in)."""
     kind = request.headers.get("content-type", "")
     if kind.split(";", 1)[0].strip().lower() != "application/json":
         raise RequestError(415, f"Send the body as JSON with 'Content-Type: application/json' (got "
-                           f"{kind or 'no content type'!r}).", code="unsupported_media_type")
+                           f"{shorten(kind or 'no content type', 100)}).", code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            raise RequestError(400, f"Bad Content-Length {declared!r}.")
+            raise RequestError(400, f"Bad Content-Length {shorten(declared, 40)}.")
         if int(declared) > limit:
             raise RequestError(413, f"The request body has {int(declared):,} bytes; the limit is {limit:,}.",
                                code="body_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"The request body exceeds the limit of {limit:,} bytes.", code="body_too_large")
+    context.receiving += 1
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"The request body exceeds the limit of {limit:,} bytes.",
+                                   code="body_too_large")
+    finally:
+        context.receiving -= 1
     if not body:
         raise RequestError(400, "The request body is empty: send a JSON object.")
     try:
         return orjson.loads(bytes(body))
     except orjson.JSONDecodeError as exc:
-        raise RequestError(400, f"The request body is not valid JSON ({exc}).", code="invalid_json") from exc
+        raise RequestError(400, f"The request body is not valid JSON ({str(exc)[:200]}).", code="invalid_json") from exc
 
 
 async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
@@ -150,12 +170,24 @@ async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
     raise _ClientGone()
 
 
+#: Endpoints that take work (refused with 503 while the server drains); /health, /metrics and /v1/models answer on.
+_WORK = ("embeddings", "search", "admin")
+
+
+def _show_tracebacks() -> bool:
+    return os.environ.get("ST_PROMPTS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Awaitable[Response]]):
-    """Wrap a handler: errors become OpenAI error responses, every answer is counted and timed."""
+    """Wrap a handler: errors become OpenAI error responses, every answer is counted and timed; while the server
+    drains, new work is refused (503, ``Connection: close``)."""
 
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
+        context.in_flight += 1
         try:
+            if context.draining and name in _WORK:
+                raise BatcherClosed("The server is shutting down; retry (on another replica).")
             response = await handler(request)
         except RequestError as exc:
             response = _error(exc)
@@ -163,14 +195,28 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
             response = _error(RequestError(503, str(exc), code="queue_full",
                                            headers={"Retry-After": str(exc.retry_after)}))
         except BatcherClosed as exc:
-            response = _error(RequestError(503, str(exc), code="shutting_down", headers={"Retry-After": "5"}))
+            response = _error(RequestError(503, str(exc), code="shutting_down",
+                                           headers={"Retry-After": "5", "Connection": "close"}))
         except (_ClientGone, ClientDisconnect):
             context.metrics.cancelled.inc()
             response = Response(status_code=499)
-        except Exception as exc:  # a bug or a failed pass: one line to the client, the traceback to the log
-            logger.error("%s failed: %s", name, exc, exc_info=not isinstance(exc, RuntimeError))
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            response = _error(RequestError(500, f"The server failed to answer: {first}", code="internal_error"))
+        except asyncio.CancelledError:
+            if not context.draining:
+                raise
+            # the drain timeout passed while this request waited for a pass: answer instead of a dropped connection
+            response = _error(RequestError(503, "The server is shutting down: its drain timeout passed before this "
+                                           "request's answer; retry.", code="shutting_down",
+                                           headers={"Retry-After": "5", "Connection": "close"}))
+        except Exception as exc:  # a bug or a failed pass: one line to the client (and the log)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            logger.error("%s failed: %s: %s", name, type(exc).__name__, first, exc_info=_show_tracebacks())
+            if name == "admin":  # an admin call carries a folder or a name: what fails with it is refused, not a 500
+                response = _error(RequestError(422, f"The admin request was refused: {first}",
+                                               code="invalid_request"))
+            else:
+                response = _error(RequestError(500, f"The server failed to answer: {first}", code="internal_error"))
+        finally:
+            context.in_flight -= 1
         context.metrics.observe_request(name, response.status_code, time.perf_counter() - start)
         return response
 
@@ -188,7 +234,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
     served, limits, batcher = context.served, context.limits, context.batcher
 
     async def embeddings(request: Request) -> Response:
-        body = await _read_json(request, limits.max_body_bytes)
+        body = await _read_json(request, limits.max_body_bytes, context)
         parsed = parse_embedding_request(body, limits)
         if parsed.dimensions is not None and parsed.dimensions != served.dimension:
             raise RequestError(422, f"'dimensions'={parsed.dimensions} is not supported: {parsed.model!r} gives "
@@ -209,7 +255,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         return _json({"object": "list", "data": data, "model": parsed.model, "usage": _usage(tokens)})
 
     async def search(request: Request) -> Response:
-        body = await _read_json(request, limits.max_body_bytes)
+        body = await _read_json(request, limits.max_body_bytes, context)
         parsed = parse_search_request(body, limits)
         entry = context.indexes.get(parsed.index)  # this request searches the index as it is now
         served.pin(entry.route)
@@ -255,7 +301,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
 
     async def add_set(request: Request) -> Response:
         _authorize(request)
-        body = await _read_json(request, limits.max_body_bytes)
+        body = await _read_json(request, limits.max_body_bytes, context)
         if not isinstance(body, dict):
             raise RequestError(400, "The request body must be a JSON object with 'name' and 'source'.")
         info = await _in_admin_thread(served.add_prompt_set, body.get("name"), body.get("source"))
@@ -299,13 +345,16 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
             yield
         finally:
             context.draining = True
-            await batcher.close(drain=True)
+            left = None if context.drain_deadline is None else context.drain_deadline - time.monotonic()
+            await batcher.close(drain=True, timeout=left)
             context.count_executor.shutdown(wait=False)
             context.admin_executor.shutdown(wait=False)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        message = {404: f"No route {request.method} {request.url.path}.",
-                   405: f"{request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
+        method, path = request.method, request.url.path
+        path = path if len(path) <= 200 else f"{path[:200]}... ({len(path):,} characters)"
+        message = {404: f"No route {method} {path}.",
+                   405: f"{method} is not allowed on {path}."}.get(exc.status_code, str(exc.detail)[:300])
         return _error(RequestError(exc.status_code, message))
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

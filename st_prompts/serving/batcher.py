@@ -32,7 +32,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -126,7 +126,11 @@ class Batcher:
         self._worker: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._closing = False
-        self._rate = 0.0  # rows per second of recent passes (exponential average), for Retry-After
+        #: (end time, rows, seconds the worker spent on them: its wait for the batch and the pass) of recent
+        #: passes while rows were queued: the measured drain rate that ``Retry-After`` is computed from
+        self._drained: deque[tuple[float, int, float]] = deque(maxlen=64)
+        self._busy_since: float | None = None  # when the worker, idle, was woken by new rows
+        self._pass_end: float | None = None  # when the last pass ended
         self.running_rows = 0
 
     # ------------------------------------------------------------------ life cycle
@@ -138,23 +142,39 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-encode")
         self._worker = asyncio.create_task(self._run(), name="st-prompts-batcher")
 
-    async def close(self, drain: bool = True) -> None:
-        """Take no new request; with ``drain`` finish every queued row first, else fail the queued requests with
-        :class:`BatcherClosed`. Returns when the worker has stopped."""
+    async def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new request; with ``drain`` finish every queued row first (for at most ``timeout`` seconds, then
+        as without ``drain``), else fail the queued requests with :class:`BatcherClosed`. Returns when the worker has
+        stopped (after the pass that runs, which is not interrupted)."""
         self._closing = True
         if self._worker is None:
             return
         if not drain:
-            for request in {id(r.request): r.request for r in self._pending}.values():
-                if not request.future.done():
-                    request.future.set_exception(BatcherClosed("The server is shutting down."))
-            self._pending.clear()
-            self._pending_tokens = 0
+            self.abort_queued()
         self._wakeup.set()
         try:
+            if timeout is not None and not self._worker.done():
+                await asyncio.wait({self._worker}, timeout=max(0.0, timeout))
+                self.abort_queued("The server is shutting down: its drain timeout passed before this request's turn.")
             await self._worker
         finally:
             self._executor.shutdown(wait=True)
+
+    def abort_queued(self, message: str = "The server is shutting down.") -> int:
+        """Fail every queued request with :class:`BatcherClosed` (``message``); rows of the pass that runs are still
+        delivered. Returns the number of requests failed."""
+        requests = {id(r.request): r.request for r in self._pending}.values()
+        failed = 0
+        for request in requests:
+            if not request.future.done():
+                request.future.set_exception(BatcherClosed(message))
+                failed += 1
+            request.queued = 0
+        self._pending = []
+        self._pending_tokens = 0
+        if self._wakeup is not None:
+            self._wakeup.set()
+        return failed
 
     @property
     def closing(self) -> bool:
@@ -166,10 +186,26 @@ class Batcher:
         """Rows waiting for a pass (not counting the pass that runs)."""
         return len(self._pending)
 
+    def drain_rate(self, window: float = 30.0) -> float | None:
+        """Rows per second the queue drained at over the passes of the last ``window`` seconds (each pass counted
+        with the worker's time on it: waiting for its rows and running it), or ``None`` before any was measured."""
+        now = time.perf_counter()
+        recent = [(rows, seconds) for end, rows, seconds in self._drained if now - end <= window]
+        if not recent:
+            recent = [(rows, seconds) for _, rows, seconds in list(self._drained)[-4:]]
+        rows = sum(r for r, _ in recent)
+        seconds = sum(t for _, t in recent)
+        return rows / seconds if rows and seconds > 0 else None
+
     def retry_after(self, extra_rows: int = 0) -> int:
-        """Seconds until the queue has likely drained enough for ``extra_rows`` more (at least 1, at most 60)."""
-        rate = self._rate if self._rate > 0 else 100.0
-        return int(min(60, max(1, math.ceil((len(self._pending) + self.running_rows + extra_rows) / rate))))
+        """Seconds until the rows queued now (and the pass that runs) have drained at the measured drain rate
+        (:meth:`drain_rate`), so that the ``extra_rows`` of a refused request are next: at least 1, at most 600; 5
+        before any pass was measured."""
+        rate = self.drain_rate()
+        if rate is None:
+            return 5
+        ahead = len(self._pending) + self.running_rows  # the whole queue ahead of the client: its turn after them
+        return int(min(600, max(1, math.ceil(ahead / rate))))
 
     # ------------------------------------------------------------------ requests
     async def encode(self, texts: Sequence[str], tokens: Sequence[int], tasks: Any | Sequence[Any]) -> np.ndarray:
@@ -231,6 +267,7 @@ class Batcher:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                self._busy_since = time.perf_counter()
                 continue
             deadline = self._pending[0].arrival + self.max_wait
             while self._pending and not self._closing and not self._full():
@@ -316,10 +353,14 @@ class Batcher:
                     request.future.set_result(request.out)
         finally:
             self.running_rows = 0
-        seconds = time.perf_counter() - start
-        if not failed and seconds > 0:
-            rate = len(rows) / seconds
-            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        end = time.perf_counter()
+        seconds = end - start
+        if not failed:
+            # the worker's time for these rows: since the previous pass ended, or since new rows woke it from idle
+            # (an idle server's quiet time is not slow draining), at most its batching wait before the pass
+            began = max(t for t in (self._pass_end, self._busy_since, start - self.max_wait) if t is not None)
+            self._drained.append((end, len(rows), max(end - began, seconds)))
+        self._pass_end = end
         if self._on_batch is not None:
             longest = max(row.tokens for row in rows)
             report = BatchReport(rows=len(rows), tasks=Counter(tasks), tokens=sum(row.tokens for row in rows),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from st_prompts.errors import StPromptsError
-from st_prompts.serving.limits import RequestError
+from st_prompts.serving.limits import RequestError, shorten
 from st_prompts.serving.model import DOCUMENT_ROLE, QUERY_ROLE, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class IndexRegistry:
         entry = self._indexes.get(name)
         if entry is None:
             known = ", ".join(repr(n) for n in self._indexes) or "none"
-            raise RequestError(404, f"No index {name!r} (served: {known}).", param="index", code="index_not_found")
+            raise RequestError(404, f"No index {shorten(name)} (served: {known}).", param="index",
+                               code="index_not_found")
         return entry
 
     def describe(self) -> list[dict[str, Any]]:

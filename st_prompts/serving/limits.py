@@ -18,7 +18,26 @@ __all__ = [
     "ServingLimits",
     "parse_embedding_request",
     "parse_search_request",
+    "shorten",
 ]
+
+#: The most characters of a client's own input an error message quotes (a 3 MB ``model`` name is not echoed back).
+QUOTE_CHARS = 200
+#: The longest error message a client gets (a message that quotes input is cut here at the latest).
+MESSAGE_CHARS = 1000
+
+
+def shorten(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (``...`` and the full length after
+    a cut): what a refusal quotes of the client's input."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    if isinstance(value, (bytes, bytearray)) and len(value) > limit:
+        return f"{bytes(value[:limit])!r}... ({len(value):,} bytes)"
+    if isinstance(value, (list, tuple, dict)) and len(value) > 20:
+        return f"{type(value).__name__} of {len(value):,} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,8 @@ class RequestError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  kind: str | None = None, headers: dict[str, str] | None = None) -> None:
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.status = status
         self.message = message
@@ -173,11 +194,12 @@ def parse_embedding_request(body: Any, limits: ServingLimits) -> EmbeddingReques
     if encoding is None:
         encoding = "float"
     if encoding not in ("float", "base64"):
-        raise RequestError(422, f"'encoding_format' must be 'float' or 'base64', got {encoding!r}.",
+        raise RequestError(422, f"'encoding_format' must be 'float' or 'base64', got {shorten(encoding)}.",
                            param="encoding_format")
     dimensions = body.get("dimensions")
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
-        raise RequestError(422, f"'dimensions' must be a positive integer, got {dimensions!r}.", param="dimensions")
+        raise RequestError(422, f"'dimensions' must be a positive integer, got {shorten(dimensions)}.",
+                           param="dimensions")
     return EmbeddingRequest(texts=texts, model=model, encoding_format=encoding, dimensions=dimensions)
 
 
@@ -189,5 +211,5 @@ def parse_search_request(body: Any, limits: ServingLimits) -> SearchRequest:
     index = _name(body.get("index"), "index")
     k = body.get("k", 10)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
-        raise RequestError(422, f"'k' must be an integer from 1 to {limits.max_k}, got {k!r}.", param="k")
+        raise RequestError(422, f"'k' must be an integer from 1 to {limits.max_k}, got {shorten(k)}.", param="k")
     return SearchRequest(queries=queries, index=index, k=k)

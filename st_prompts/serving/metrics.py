@@ -5,7 +5,9 @@ Names (all prefixed ``st_prompts_``): ``queue_rows`` (rows waiting), ``running_r
 ``batch_rows``, ``batch_tasks``, ``batch_padded_tokens`` and ``batch_seconds`` (histograms per pass),
 ``rows_total{task}`` (rows encoded per task), ``requests_total{endpoint,status}``, ``request_seconds{endpoint}``
 (latency histogram of answered requests), ``cancelled_requests_total`` (clients that went away before their answer),
-``prompt_sets`` (sets served); and the process collector's ``process_resident_memory_bytes`` and friends.
+``prompt_sets`` (sets served), ``dropped_connections_total{reason}`` (connections closed on a client: ``malformed``
+HTTP framing, ``header_timeout``, ``body_timeout``, ``send_timeout``, ``too_many_connections``, ``shutdown``) and
+``open_connections``; and the process collector's ``process_resident_memory_bytes`` and friends.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ class ServerMetrics:
                                  ["endpoint"], buckets=_SECOND_BUCKETS, registry=r)
         self.cancelled = Counter("st_prompts_cancelled_requests", "Requests whose client went away before the answer",
                                  registry=r)
+        self.dropped = Counter("st_prompts_dropped_connections", "Connections the server closed on a client: "
+                               "malformed HTTP, a header, body or send timeout, too many connections, shutdown",
+                               ["reason"], registry=r)
+        self.connections = Gauge("st_prompts_open_connections", "HTTP connections open", registry=r)
 
     def observe_batch(self, report: BatchReport) -> None:
         """The batcher's observer: one forward pass."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from st_prompts.errors import StPromptsError
-from st_prompts.serving.limits import RequestError
+from st_prompts.serving.limits import RequestError, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +90,18 @@ class ServedModel:
         self._role_prompts = {role: bool(prompts.get(role.name)) for role in (QUERY_ROLE, DOCUMENT_ROLE)}
 
     @classmethod
-    def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None) -> ServedModel:
+    def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None,
+             quantize: str | None = None) -> ServedModel:
         """Load ``name_or_path`` with :func:`st_prompts.loading.load_sentence_model` (no code that ships with it
-        runs) and serve it; ``name`` defaults to the folder's name (``minilm`` for the packaged model)."""
+        runs) and serve it; ``name`` defaults to the folder's name (``minilm`` for the packaged model);
+        ``quantize="int8"``: its backbone in int8 (:mod:`st_prompts.quantization`)."""
         from st_prompts.loading import load_sentence_model
 
-        model = load_sentence_model(name_or_path, trust_remote_code=False, device=device)
+        from st_prompts.modules.chat_templates import guard_chat_templates
+
+        # an encoder's chat template is dropped, a decoder's bounded in size (docs/trust.md: chat templates)
+        model = guard_chat_templates(load_sentence_model(name_or_path, trust_remote_code=False, device=device,
+                                                         quantize=quantize))
         model.eval()
         if name is None:
             name = os.path.basename(os.path.normpath(str(name_or_path))) or "model"
@@ -127,7 +133,7 @@ class ServedModel:
 
     def unknown(self, name: str) -> RequestError:
         """The 404 of a task name this model does not serve."""
-        return RequestError(404, f"The model {name!r} does not exist here; GET /v1/models lists the "
+        return RequestError(404, f"The model {shorten(name)} does not exist here; GET /v1/models lists the "
                             f"{len(self._routes)} served ({_some(self._routes)}).", param="model",
                             code="model_not_found")
 
@@ -233,10 +239,12 @@ class ServedModel:
         if not isinstance(name, str) or not name or "." in name or "@" in name or "/" in name or len(name) > 128 \
                 or name == BACKBONE_TASK or name.strip() != name:
             raise RequestError(422, f"A prompt set needs a name of 1-128 characters without '.', '@', '/' or "
-                               f"surrounding spaces, not {BACKBONE_TASK!r}; got {name!r}.", param="name")
+                               f"surrounding spaces, not {BACKBONE_TASK!r}; got {shorten(name)}.", param="name")
         if not isinstance(source, str) or not source:
             raise RequestError(422, "'source' must be the path of a saved model folder or prompts-only checkpoint.",
                                param="source")
+        if len(source) > 4096 or "\0" in source:
+            raise RequestError(422, f"'source' is not a usable path: {shorten(source)}.", param="source")
         folder = os.path.abspath(os.path.expanduser(source))
         if not os.path.isdir(folder):
             raise RequestError(422, f"No folder at {source!r} (on the server).", param="source")
@@ -249,9 +257,12 @@ class ServedModel:
                 raise RequestError(422, f"Refused {source!r}: {reason}. Nothing of it was run.", param="source",
                                    code="untrusted_source")
             try:
-                _, _, fingerprint = read_prompt_set(folder)
+                options, state, fingerprint = read_prompt_set(folder)
             except StPromptsError as exc:
                 raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
+            problem = self._set_problem(options, state)  # before anything is allocated for it
+            if problem is not None:
+                raise RequestError(422, f"Refused {source!r}: {problem}.", param="source", code="invalid_prompt_set")
             if fingerprint is None:
                 raise RequestError(422, f"Refused {source!r}: it records no backbone fingerprint (no "
                                    "model.safetensors, no prompts-only fingerprint), so its backbone cannot be "
@@ -280,7 +291,7 @@ class ServedModel:
         with self._admin_lock:
             with self._routes_lock:
                 if not isinstance(name, str) or name not in self._routes:
-                    raise RequestError(404, f"The model serves no prompt set {name!r}.", code="model_not_found")
+                    raise RequestError(404, f"The model serves no prompt set {shorten(name)}.", code="model_not_found")
                 route = self._routes[name]
                 if self.encoder is None or not isinstance(route, str) or route == BACKBONE_TASK:
                     raise RequestError(409, f"{name!r} is not a prompt set: it cannot be removed.")
@@ -289,6 +300,45 @@ class ServedModel:
             with self._model_lock:
                 self._remove_retired()
         logger.info("removed the prompt set %r", name)
+
+    def _set_problem(self, options: dict[str, Any], state: dict[str, Any]) -> str | None:
+        """Why a prompt set read from a folder (its ``options`` and tensors) cannot join this bank, checked without
+        allocating anything for it: option types and ranges, the prefix against the position table, the tensors'
+        shapes against those of a set built on torch's ``meta`` device (no memory), NaN or infinite values."""
+        import math
+
+        import torch
+
+        length = options.get("prefix_length")
+        limit = self.encoder.max_positions
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length < limit:
+            return f"prefix_length must be a whole number from 1 to {limit - 1} (the backbone's position table), " \
+                   f"got {shorten(length, 40)}"
+        hidden = options.get("prefix_hidden_size")
+        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or not 1 <= hidden <= 65536):
+            return f"prefix_hidden_size must be a whole number from 1 to 65536, got {shorten(hidden, 40)}"
+        dropout = options.get("prefix_dropout")
+        if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+                                    or not math.isfinite(dropout) or not 0 <= dropout < 1):
+            return f"prefix_dropout must be a number from 0 to below 1, got {shorten(dropout, 40)}"
+        for key in ("prefix_projection", "prefix_gate"):
+            if options.get(key) not in (None, True, False):
+                return f"{key} must be true or false, got {shorten(options.get(key), 40)}"
+        try:
+            with torch.device("meta"):
+                expected = self.encoder.build_prefix_encoder(length, bool(options.get("prefix_projection")), hidden,
+                                                             dropout, gate=bool(options.get("prefix_gate")))
+        except (StPromptsError, ValueError, TypeError, RuntimeError) as exc:
+            return f"its options do not fit this backbone ({_line(exc)})"
+        shapes = {k: tuple(v.shape) for k, v in expected.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if shapes != found:
+            return f"its tensors ({shorten(found, 120)}) do not match its options on this backbone " \
+                   f"({shorten(shapes, 120)})"
+        for key, tensor in state.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return f"its tensor {key!r} holds NaN or infinite values"
+        return None
 
     def _remove_retired(self) -> None:
         """Take retired sets that no request pins out of the model (holding the model lock)."""

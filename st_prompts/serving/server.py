@@ -1,13 +1,21 @@
 """Start a server: load the model and the indexes, bind the socket, run uvicorn until SIGTERM or Ctrl-C.
 
-``st-prompts serve`` (:mod:`st_prompts.commands.serve`) calls :func:`run_server`. On SIGTERM uvicorn stops accepting
-connections, every request already accepted is answered (the batcher keeps encoding until the last one is done, for
-at most ``drain_timeout`` seconds), then the batcher drains and the process exits with status 0.
+``st-prompts serve`` (:mod:`st_prompts.commands.serve`) calls :func:`run_server`. Connections are bounded by
+:mod:`st_prompts.serving.protocol` (header, body and idle timeouts, a connection cap, malformed HTTP answered in
+OpenAI's error object). **Draining**: on SIGTERM (or Ctrl-C) the server keeps listening, ``/health`` answers 503
+``draining`` and new work is refused with 503; once no accepted request is left (or ``drain_timeout`` seconds after the
+signal, whichever is first) the listening socket closes, connections still sending a request are answered 503 and
+closed, requests still queued are answered 503, and the process exits with status 0 (130 for Ctrl-C). No client can
+hold the drain beyond ``drain_timeout`` (only the forward pass that runs when it ends is waited for), and nothing
+prints a traceback (``ST_PROMPTS_TRACEBACK=1`` shows them in the log, for bug reports).
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
+import os
 import signal
 import socket
 import time
@@ -17,6 +25,7 @@ import uvicorn
 
 from st_prompts.errors import ConfigurationError, StPromptsError
 from st_prompts.serving.limits import RequestError, ServingLimits
+from st_prompts.serving.protocol import ConnectionGuard, guarded_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +46,11 @@ class ServerOptions:
     admin_token: str | None = None
     drain_timeout: float = 30.0
     threads: int | None = None
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 5.0
+    max_connections: int = 1000
+    quantize: str = "none"
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -65,7 +79,8 @@ def run_server(options: ServerOptions) -> int:
     sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
     start = time.perf_counter()
     logger.info("loading %s ...", options.model)
-    served = ServedModel.load(options.model, device=options.device, name=options.model_name)
+    served = ServedModel.load(options.model, device=options.device, name=options.model_name,
+                              quantize=options.quantize)
     names = served.names()
     kind = "a prompt bank" if served.is_bank else "a model"
     logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1),
@@ -79,6 +94,8 @@ def run_server(options: ServerOptions) -> int:
         except StPromptsError as exc:
             raise type(exc)(f"index {name!r}: {exc}") from exc
     served.warm_up()
+    gc.collect()
+    gc.freeze()  # what the model and its libraries hold is never collected: no collection walks it, nor the exit's
     context = ServerContext(served, registry, options.limits, options.admin_token)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -91,12 +108,21 @@ def run_server(options: ServerOptions) -> int:
             logger.info("note: %s is reachable from other machines", url)
 
     app = create_app(context, on_ready=ready)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
-                            timeout_graceful_shutdown=options.drain_timeout, timeout_keep_alive=5)
-    server = _Server(config, context)
+    metrics = context.metrics
+    guard = ConnectionGuard(header_timeout=options.header_timeout, body_timeout=options.body_timeout,
+                            idle_timeout=options.idle_timeout, max_connections=options.max_connections,
+                            on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
+                            on_malformed=lambda: metrics.observe_request("malformed", 400, 0.0),
+                            on_count=metrics.connections.set)
+    config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",
+                            server_header=False, timeout_graceful_shutdown=options.drain_timeout,
+                            timeout_keep_alive=options.idle_timeout)
+    _quiet_uvicorn()
+    server = _Server(config, context, options.drain_timeout)
     # uvicorn re-raises the signal it stopped on after its graceful shutdown; this handler takes it, so that a
     # drained server exits with status 0 instead of dying by SIGTERM.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    sock.listen(2048)  # connections queue from here: "listening on" is logged just before uvicorn accepts them
     try:
         server.run(sockets=[sock])
     finally:
@@ -108,22 +134,79 @@ def run_server(options: ServerOptions) -> int:
                    if sample.name.endswith("_total"))
     logger.info("stopped after %s: %d requests answered, none left waiting", server.stopping_signal or "exit",
                 answered)
+    gc.freeze()  # the interpreter's last collection would walk the whole heap: seconds on a busy machine
     return 0
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, saying when it starts to drain."""
+def _quiet_uvicorn() -> None:
+    """uvicorn's log records without their tracebacks (one line each), unless ``ST_PROMPTS_TRACEBACK`` asks."""
+    if os.environ.get("ST_PROMPTS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        return
+    for name in ("uvicorn.error", "uvicorn", "asyncio"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _OneLine) for f in target.filters):
+            target.addFilter(_OneLine())
 
-    def __init__(self, config: uvicorn.Config, context) -> None:
+
+class _OneLine(logging.Filter):
+    """Turn a record's traceback into one line: its exception's type and message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + first if first else ''})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, draining as the module docstring says (uvicorn itself stops listening at once, so that
+    ``/health`` could not be seen saying "draining", and waits for every connection, a stalled one included)."""
+
+    def __init__(self, config: uvicorn.Config, context, drain_timeout: float) -> None:
         super().__init__(config)
         self.context = context
+        self.drain_timeout = drain_timeout
         self.stopping_signal: str | None = None
+        self.deadline: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
-        if self.stopping_signal is None:
-            self.stopping_signal = signal.Signals(sig).name
-            self.context.draining = True
-            batcher = self.context.batcher
-            logger.info("%s: no new connections; answering the requests in flight (%d rows queued)",
-                        self.stopping_signal, batcher.queued_rows + batcher.running_rows)
-        super().handle_exit(sig, frame)
+        if self.stopping_signal is not None:  # a second signal: stop waiting (Ctrl-C twice: uvicorn's force exit)
+            super().handle_exit(sig, frame)
+            return
+        self.stopping_signal = signal.Signals(sig).name
+        self._captured_signals.append(sig)  # raised again after the shutdown (Ctrl-C: exit status 130)
+        self.deadline = time.monotonic() + self.drain_timeout
+        self.context.draining = True
+        self.context.drain_deadline = self.deadline
+        batcher = self.context.batcher
+        logger.info("%s: draining (at most %g s): /health answers 503, new work is refused, %d requests in flight "
+                    "(%d rows queued)", self.stopping_signal, self.drain_timeout, self.context.in_flight,
+                    batcher.queued_rows + batcher.running_rows)
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self.deadline is None:
+            return False
+        # stop once nothing accepted is left, or a little before the deadline (the answers still have to be sent)
+        return self.context.idle() or time.monotonic() >= self.deadline - min(1.0, 0.1 * self.drain_timeout)
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.deadline is None:  # stopped otherwise (uvicorn's own limits): the same bound from now
+            self.deadline = time.monotonic() + self.drain_timeout
+            self.context.drain_deadline = self.deadline
+        self.context.draining = True
+        left = self.deadline - time.monotonic()
+        if not self.context.idle():
+            failed = self.context.batcher.abort_queued("The server is shutting down: its drain timeout passed "
+                                                       "before this request's turn; retry.")
+            logger.warning("drain timeout: %d requests still queued are answered 503", failed)
+        self.config.timeout_graceful_shutdown = max(0.2, left)  # type: ignore[assignment]
+        await super().shutdown(sockets)
+        for connection in list(self.server_state.connections):  # still open after the wait: closed on the client
+            connection.transport.abort()
+        await asyncio.sleep(0)

@@ -1,0 +1,386 @@
+"""``st-prompts serve`` against clients that hold it open or send what is not HTTP: real server processes on
+127.0.0.1 (free ports), raw sockets and httpx clients; every loop and wait is bounded in count and time.
+
+Three servers start together (module fixture) from a tiny random bank: **S** with 2 s header, body and idle timeouts,
+40 connections at most and the admin endpoint; **T** with long timeouts and a 5 s drain (SIGTERM with stalled clients
+open); **D** with a batching wait of 20 s and a 3 s drain (SIGTERM with a request queued that cannot be answered in
+time). T and D are stopped by their tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_backbone
+from prometheus_client.parser import text_string_to_metric_families
+from safetensors.torch import load_file, save_file
+from test_serving import prefixed_model, tiny_bank
+
+from st_prompts import save_prompts_only
+
+try:  # the HTTP client the openai package brings
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - older openai releases
+    import httpx
+
+TOKEN = "test-admin-token-0123456789"
+TIMEOUT = 2.0  # S's header, body and idle timeouts
+SLACK = 4.0  # what a busy two-core machine may add to a timer
+
+
+class Server:
+    """``st-prompts serve ... --port 0`` in its own process; stdout and stderr kept apart (stderr is the log)."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        full_env.pop("ST_PROMPTS_ADMIN_TOKEN", None)
+        full_env.pop("ST_PROMPTS_TRACEBACK", None)
+        full_env.update(env or {})
+        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", *args, "--port", "0"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.lines: list[str] = []
+        self.stamps: list[float] = []  # time.monotonic() of each line
+        self.url: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+            self.stamps.append(time.monotonic())
+            if "listening on http://" in line and self.url is None:
+                self.url = line.split("listening on ", 1)[1].split()[0]
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 240) -> str:
+        self._ready.wait(timeout)
+        assert self.url is not None, "the server did not start:\n" + "\n".join(self.lines[-30:])
+        return self.url
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        return host, int(port)
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def when(self, text: str) -> float:
+        """When the first log line holding ``text`` was read (``math.inf``: none was)."""
+        return next((stamp for line, stamp in zip(self.lines, self.stamps) if text in line), math.inf)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hardening")
+    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
+    bank = tiny_bank(root / "tiny-bank", backbone)
+    quick = ["--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT), "--idle-timeout", str(TIMEOUT)]
+    slow = ["--header-timeout", "60", "--body-timeout", "60", "--idle-timeout", "60"]
+    started = {
+        "S": Server([bank, "--threads", "1", *quick, "--max-connections", "40"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}),
+        "T": Server([bank, "--threads", "1", *slow, "--drain-timeout", "5"]),
+        "D": Server([bank, "--threads", "1", "--max-wait-ms", "20000", "--drain-timeout", "3"]),
+    }
+    try:
+        for server in started.values():
+            server.wait_ready()
+        yield {"root": root, "backbone": backbone, **started}
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def connect(server: Server, data: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(server.address, timeout=10)
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, limit: float) -> tuple[float, bytes]:
+    """Seconds until the server closed ``sock`` (at most ``limit``: then ``math.inf``) and what it sent."""
+    start = time.monotonic()
+    received = b""
+    while time.monotonic() - start < limit:
+        sock.settimeout(max(0.05, limit - (time.monotonic() - start)))
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return time.monotonic() - start, received
+        if not chunk:
+            return time.monotonic() - start, received
+        received += chunk
+    return math.inf, received
+
+
+def error_of(raw: bytes) -> tuple[int, dict]:
+    """The status and OpenAI error object of a raw HTTP answer."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"content-type: application/json" in head.lower(), head
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"]
+    return status, error
+
+
+def metrics(server: Server) -> dict[str, float]:
+    out = {}
+    with httpx.Client(timeout=60) as client:
+        text = client.get(server.url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def open_fds(server: Server) -> int:
+    return len(os.listdir(f"/proc/{server.process.pid}/fd"))
+
+
+def one_line_4xx(response) -> str:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "\n" not in error["message"] and len(error["message"]) <= 1000
+    return error["message"]
+
+
+HALF_HEADER = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Ty"
+HALF_BODY = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+             b"\r\n{\"model\": ")
+
+
+# ---------------------------------------------------------------------------------------------------------- timeouts
+@pytest.mark.parametrize(("sent", "expected"), [(HALF_HEADER, "headers"), (HALF_BODY, "body"), (b"", None)],
+                         ids=["half-header", "half-body", "silent"])
+def test_a_stalled_client_is_dropped_within_the_timeout(servers, sent, expected):
+    server = servers["S"]
+    sock = connect(server, sent)
+    try:
+        seconds, answer = read_until_closed(sock, TIMEOUT + SLACK)
+    finally:
+        sock.close()
+    assert TIMEOUT - 0.2 <= seconds <= TIMEOUT + SLACK, seconds
+    if expected is None:  # nothing asked, nothing answered: the connection is simply closed
+        assert answer == b""
+    else:
+        status, error = error_of(answer)
+        assert status == 408 and error["code"] == "request_timeout" and expected in error["message"]
+
+
+def test_stalled_connections_do_not_pile_up(servers):
+    server = servers["S"]
+    before = metrics(server)
+    baseline = open_fds(server)
+    sockets = [connect(server, HALF_HEADER[:20 + i % 20]) for i in range(30)]
+    try:
+        time.sleep(0.5)
+        assert open_fds(server) >= baseline + 25  # they are held, for now
+        closed_after = [read_until_closed(sock, TIMEOUT + SLACK)[0] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert max(closed_after) < TIMEOUT + SLACK
+    time.sleep(0.3)
+    assert open_fds(server) <= baseline + 2
+    after = metrics(server)
+    key = "st_prompts_dropped_connections_total{reason=header_timeout}"
+    assert after[key] - before.get(key, 0) == 30
+
+
+def test_connections_beyond_the_cap_are_answered_503(servers):
+    server = servers["S"]  # at most 40 connections; other tests' connections are closed by now
+    held = [connect(server) for _ in range(50)]  # in well under the 2 s idle timeout
+    try:
+        time.sleep(0.3)
+        answers = []
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                answers.append(sock.recv(65536))
+            except BlockingIOError:  # nothing sent: the connection is held
+                answers.append(None)
+    finally:
+        for sock in held:
+            sock.close()
+    refused = [answer for answer in answers if answer]
+    assert 5 <= len(refused) <= 12 and answers[:35] == [None] * 35, [bool(a) for a in answers]
+    for answer in refused:
+        status, error = error_of(answer)
+        assert status == 503 and error["code"] == "too_many_connections"
+
+
+# ---------------------------------------------------------------------------------------------------------- framing
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}",
+    b"GARBAGE\r\n\r\n",
+    b"GET /h\xffealth HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["content-length-abc", "content-length-negative", "garbage-request-line", "bad-path-byte", "bad-chunk"])
+def test_malformed_http_gets_an_openai_error_object_and_is_counted(servers, request_bytes):
+    server = servers["S"]
+    key = "st_prompts_requests_total{endpoint=malformed,status=400}"
+    before = metrics(server).get(key, 0)
+    sock = connect(server, request_bytes)
+    try:
+        seconds, answer = read_until_closed(sock, 10)
+    finally:
+        sock.close()
+    assert seconds < 10
+    status, error = error_of(answer)
+    assert status == 400 and error["code"] == "invalid_http_request" and error["message"].startswith("Malformed")
+    assert metrics(server)[key] == before + 1
+
+
+# ---------------------------------------------------------------------------------------------------------- echoes
+def test_errors_quote_a_few_hundred_characters_of_the_input(servers):
+    base = servers["S"].url
+    with httpx.Client(timeout=120) as client:
+        huge = client.post(base + "/v1/embeddings", json={"model": "m" * 3_000_000, "input": "hello"})
+        assert huge.status_code == 404 and len(huge.content) < 1500
+        assert "3,000,000 characters" in one_line_4xx(huge)
+        odd = client.post(base + "/v1/embeddings", json={"model": "a", "input": "x", "encoding_format": "e" * 100_000})
+        assert odd.status_code == 422 and len(one_line_4xx(odd)) < 500
+        route = client.get(base + "/" + "p" * 20_000)
+        assert route.status_code == 404 and len(one_line_4xx(route)) < 500
+
+
+# ---------------------------------------------------------------------------------------------------------- admin
+def _edited(source: Path, target: Path, config: dict | None = None, tensors=None) -> str:
+    """A copy of the prompts-only folder ``source`` with ``config`` keys set and ``tensors(state) -> state``."""
+    target.mkdir()
+    for item in source.rglob("*"):
+        if item.is_file():
+            (target / item.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+            (target / item.relative_to(source)).write_bytes(item.read_bytes())
+    if config:
+        settings = target / "sentence_bert_config.json"
+        settings.write_text(json.dumps({**json.loads(settings.read_text()), **config}))
+    if tensors is not None:
+        weights = str(target / "soft_prompts.safetensors")
+        save_file(tensors(load_file(weights)), weights)
+    return str(target)
+
+
+def _nan(state):
+    return {k: torch.full_like(v, float("nan")) for k, v in state.items()}
+
+
+def test_the_admin_endpoint_answers_4xx_never_500(servers, tmp_path):
+    base = servers["S"].url
+    good = tmp_path / "good"
+    save_prompts_only(prefixed_model(servers["backbone"], 6, seed=9, dimension=32, normalize=False), str(good))
+    folders = {
+        "huge prefix_length": _edited(good, tmp_path / "huge", {"prefix_length": 9_999_999}),
+        "NaN prompts": _edited(good, tmp_path / "nan", tensors=_nan),
+        "huge hidden size": _edited(good, tmp_path / "hidden", {"prefix_projection": True,
+                                                                "prefix_hidden_size": 10**9}),
+        "shapes that do not match": _edited(good, tmp_path / "shape", {"prefix_length": 7}),
+        "prefix_length as text": _edited(good, tmp_path / "text", {"prefix_length": "6"}),
+        "dropout 5": _edited(good, tmp_path / "dropout", {"prefix_dropout": 5}),
+        "damaged tensors": _edited(good, tmp_path / "damaged"),
+    }
+    (Path(folders["damaged tensors"]) / "soft_prompts.safetensors").write_bytes(b"\x00" * 64)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    bodies = [b"{not json", b"[1, 2]", b"null", json.dumps({"name": 5, "source": str(good)}).encode(),
+              json.dumps({"name": "n" * 1_000_000, "source": str(good)}).encode(),
+              json.dumps({"name": "ok", "source": "/tmp/\u0000x"}).encode(),
+              json.dumps({"name": "ok", "source": "s" * 100_000}).encode(),
+              json.dumps({"name": "ok", "source": ["a"]}).encode()]
+    bodies += [json.dumps({"name": label.replace(" ", "-"), "source": folder}).encode()
+               for label, folder in folders.items()]
+    with httpx.Client(timeout=120) as client:
+        names = client.get(base + "/v1/models").json()
+        for body in bodies:
+            message = one_line_4xx(client.post(base + "/admin/prompt-sets", content=body, headers=headers))
+            assert len(message) < 1000
+        for label in ("huge prefix_length", "NaN prompts", "shapes that do not match"):
+            response = client.post(base + "/admin/prompt-sets", headers=headers,
+                                   json={"name": "x", "source": folders[label]})
+            assert response.status_code == 422 and one_line_4xx(response), label
+        assert one_line_4xx(client.delete(base + "/admin/prompt-sets/" + "z" * 5000, headers=headers))
+        assert client.get(base + "/v1/models").json() == names  # nothing was added
+        added = client.post(base + "/admin/prompt-sets", headers=headers, json={"name": "good", "source": str(good)})
+        assert added.status_code == 201, added.text  # the folder the bad ones were made from is fine
+        assert client.post(base + "/v1/embeddings", json={"model": "good", "input": "still serving"}).status_code == 200
+    assert "Traceback" not in servers["S"].log()
+
+
+# ---------------------------------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_with_stalled_clients_ends_within_the_drain_timeout_without_a_traceback(servers):
+    server = servers["T"]  # 60 s timeouts: only the drain can end these connections
+    stalled = {"header": connect(server, HALF_HEADER), "body": connect(server, HALF_BODY), "silent": connect(server)}
+    try:
+        time.sleep(0.5)
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        answers = {name: read_until_closed(sock, 5)[1] for name, sock in stalled.items()}
+        status = server.process.wait(5 + SLACK)  # the interpreter's exit may take a while on a busy machine
+    finally:
+        for sock in stalled.values():
+            sock.close()
+    # nothing was accepted: no reason to wait for the drain timeout
+    assert status == 0 and server.when("stopped after SIGTERM") - start < 2.5, server.log()
+    assert error_of(answers["body"])[0] == 503 and error_of(answers["header"])[0] == 503
+    assert answers["silent"] == b""
+    log = server.log()
+    assert "Traceback" not in log and "stopped after SIGTERM" in log, log
+
+
+def test_sigterm_is_bounded_by_the_drain_timeout_and_health_says_draining(servers):
+    server = servers["D"]  # rows wait 20 s for a pass; the drain lasts 3 s
+    base = server.url
+    result = {}
+
+    def queued_request():
+        with httpx.Client(timeout=60) as client:
+            result["queued"] = client.post(base + "/v1/embeddings", json={"model": "a", "input": ["one", "two"]})
+
+    thread = threading.Thread(target=queued_request, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while metrics(server)["st_prompts_queue_rows"] != 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with httpx.Client(timeout=10) as client:
+        health = client.get(base + "/health")
+        late = client.post(base + "/v1/embeddings", json={"model": "a", "input": "late"})
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    status = server.process.wait(3 + SLACK)
+    thread.join(10)
+    assert status == 0 and server.when("stopped after SIGTERM") - start < 3 + 0.5, server.log()
+    queued = result["queued"]
+    assert queued.status_code == 503 and queued.json()["error"]["code"] == "shutting_down", queued.text
+    assert "Retry-After" in queued.headers
+    assert "Traceback" not in server.log(), server.log()
