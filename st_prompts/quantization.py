@@ -1,0 +1,205 @@
+"""int8 inference on the CPU: the backbone's linear layers in int8, prompt sets and gates untouched.
+
+::
+
+    from st_prompts.loading import load_sentence_model
+    model = load_sentence_model("runs/my-bank", quantize="int8")      # or quantize_model(model, "int8")
+    model.encode(texts, task=["sts", "nli", None])                    # per-row prompt sets, as in fp32
+
+What changes: every ``torch.nn.Linear`` of each module's ``auto_model`` (the transformer backbone: attention
+projections, feed-forward layers) becomes an :class:`Int8Linear`. Nothing else does: the embeddings, the layer
+norms, the prompt sets (deep prefixes, their MLPs and gates), the pooling and any ``Dense`` module stay fp32, and the
+prefix keys/values still reach every layer's attention per row through :mod:`st_prompts.prompts.injection` (the
+attention function receives fp32 queries, keys and values, computed by int8 projections).
+
+How :class:`Int8Linear` computes (dynamic quantization, **per token**): the weights are int8 per output channel
+(symmetric, quantized once); each input row (a token) is mapped from its own minimum and maximum onto 7 bits
+(0..127) when the layer runs; the integer product is fbgemm's kernel (torch's
+``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, the one behind
+``torch.ao.quantization.quantize_dynamic``), and the row's scale and offset are applied to its output in fp32.
+No scale is shared between rows, so each int8 layer is exactly row-independent (its output for a row does not depend
+on the other rows of the batch, nor on their padding); the fp32 attention between the layers still differs by ~1e-7
+with padding, which can flip a rounding (docs/serving.md measures how often). torch.ao's ``quantize_dynamic`` and
+ONNX Runtime's dynamic quantization share one activation scale per tensor (the whole batch), so their rows change
+with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits, not 8: without
+AVX512-VNNI, fbgemm's u8 x s8 pairs would saturate 16 bits (torch's own ``reduce_range``).
+
+A quantized model is for inference: its fp32 backbone weights are gone (the point is the memory and the speed), so
+saving it is refused in one line rather than writing int8 weights where fp32 ones were expected.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from st_prompts.errors import ConfigurationError
+
+__all__ = ["QUANTIZE_MODES", "Int8Linear", "is_quantized", "quantization_mode", "quantize_model"]
+
+#: The values of ``quantize=`` / ``--quantize``.
+QUANTIZE_MODES = ("none", "int8")
+#: Attribute on the model and on each quantized module: the mode it is quantized to.
+MODE_ATTRIBUTE = "st_prompts_quantization"
+#: Quantized input levels of a row (7 bits: 0..127, from the row's minimum to its maximum).
+_LEVELS = 127.0
+#: The ``SentenceTransformer`` methods that write weights, refused on a quantized model.
+_SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
+
+
+class Int8Linear(torch.nn.Module):
+    """``y = x Wᵀ + b`` with ``W`` int8 per output channel and ``x`` quantized per row (token) when it runs.
+
+    Built from a ``torch.nn.Linear`` (:meth:`from_linear`); the bias stays fp32. The packed weights live in fbgemm's
+    format outside ``state_dict`` (which holds the bias only): a quantized module is not saved (see the module
+    docstring). Inference only: no gradient flows through it.
+    """
+
+    def __init__(self, in_features: int, out_features: int, packed: Any, bias: torch.Tensor | None,
+                 weight_sums: torch.Tensor) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self._packed = packed
+        self.register_buffer("bias", bias, persistent=True)
+        #: Each output's sum of its (dequantized int8) weights: what a row's offset adds to that output.
+        self.register_buffer("weight_sums", weight_sums, persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
+        """The int8 version of ``linear`` (its weights quantized symmetrically per output channel)."""
+        weight = linear.weight.detach().to(device="cpu", dtype=torch.float32)
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # torch warns that its quantized tensors are deprecated: see docs/serving.md
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(qweight, None)
+            weight_sums = qweight.dequantize().sum(dim=1)
+        bias = None if linear.bias is None else linear.bias.detach().to(device="cpu", dtype=torch.float32).clone()
+        return cls(linear.in_features, linear.out_features, packed, bias, weight_sums)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        low = x.amin(dim=-1, keepdim=True)
+        step = (x.amax(dim=-1, keepdim=True) - low).clamp_(min=1e-12) / _LEVELS
+        # each row mapped onto 0..127 (7 bits); fbgemm computes W q with the weights' per-channel scales
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            (x - low).div_(step).contiguous(), 1.0, 0, self._packed)
+        # W x = step * W q + low * (W 1): the row's scale and offset back, and the bias
+        y = torch.addcmul(self.bias, y, step) if self.bias is not None else y.mul_(step)
+        return y.addcmul_(low, self.weight_sums).to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                "weights=int8 per channel, inputs=7-bit per token")
+
+
+def quantization_mode(model: Any) -> str:
+    """``"int8"`` for a model (or module) :func:`quantize_model` quantized, else ``"none"``."""
+    return getattr(model, MODE_ATTRIBUTE, "none")
+
+
+def is_quantized(model: Any) -> bool:
+    """Whether :func:`quantize_model` quantized ``model``."""
+    return quantization_mode(model) != "none"
+
+
+def check_mode(quantize: Any) -> str:
+    """``quantize`` as one of :data:`QUANTIZE_MODES` (``None`` is ``"none"``).
+
+    Raises:
+        ConfigurationError: anything else, in one line.
+    """
+    mode = "none" if quantize is None else quantize
+    if mode not in QUANTIZE_MODES:
+        raise ConfigurationError(f"unknown quantization {quantize!r}: choose one of {', '.join(QUANTIZE_MODES)}")
+    return mode
+
+
+def quantize_model(model: Any, mode: str = "int8") -> Any:
+    """Quantize, in place, the linear layers of the transformer backbone of ``model`` (a ``SentenceTransformer``)
+    for int8 inference on the CPU, and return it. Idempotent; ``mode="none"`` leaves the model as it is.
+
+    Prompt sets, gates, pooling and every other module are unchanged; the backbone's weight fingerprint (what a
+    prompt set added later is checked against) is taken before quantizing, so sets trained on the fp32 backbone
+    still join the quantized bank. The model is put in eval mode, and its ``save``/``save_pretrained``/``push_to_hub``
+    (and each quantized module's ``save``) refuse in one line.
+
+    Raises:
+        ConfigurationError: an unknown ``mode``; a model on another device than the CPU; a model without a
+            transformer backbone or without linear layers in it; a CPU without torch's fbgemm int8 kernels.
+    """
+    mode = check_mode(mode)
+    if mode == "none" or quantization_mode(model) == mode:
+        return model
+    backbones = [module for module in _modules(model) if isinstance(getattr(module, "auto_model", None),
+                                                                     torch.nn.Module)]
+    if not backbones:
+        raise ConfigurationError(f"cannot quantize a {type(model).__name__}: it has no transformer backbone")
+    for module in backbones:
+        device = next(module.auto_model.parameters()).device
+        if device.type != "cpu":
+            raise ConfigurationError(f"int8 inference runs on the CPU; the model is on {device}: load it with "
+                                     "device='cpu' (--device cpu)")
+    _check_kernels()
+    for module in backbones:
+        if hasattr(module, "fingerprint"):
+            _ = module.fingerprint  # of the fp32 weights, cached before they go (prompt sets are checked against it)
+            if not module.freeze_backbone:
+                module.freeze_backbone = True  # int8 weights do not train; keeps the cached fingerprint
+        if _replace_linears(module.auto_model) == 0:
+            raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
+        setattr(module, MODE_ATTRIBUTE, mode)
+        module.save = functools.partial(_refuse_save, "save")
+    model.eval()
+    setattr(model, MODE_ATTRIBUTE, mode)
+    for name in _SAVE_METHODS:
+        if hasattr(model, name):
+            setattr(model, name, functools.partial(_refuse_save, name))
+    return model
+
+
+def _modules(model: Any) -> list[torch.nn.Module]:
+    """The modules of a ``SentenceTransformer`` (a ``Router``'s routes included), or the module itself."""
+    found = []
+    for module in model.modules() if isinstance(model, torch.nn.Module) else []:
+        if hasattr(module, "auto_model") and not any(module is f or _inside(module, f) for f in found):
+            found.append(module)
+    return found
+
+
+def _inside(module: torch.nn.Module, outer: torch.nn.Module) -> bool:
+    return any(module is m for m in outer.auto_model.modules())
+
+
+def _replace_linears(root: torch.nn.Module) -> int:
+    """Replace every ``torch.nn.Linear`` under ``root`` by an :class:`Int8Linear`; how many were replaced."""
+    count = 0
+    for name, child in list(root.named_children()):
+        if type(child) is torch.nn.Linear:
+            setattr(root, name, Int8Linear.from_linear(child))
+            count += 1
+        else:
+            count += _replace_linears(child)
+    return count
+
+
+@functools.cache
+def _check_kernels() -> None:
+    """Run the int8 kernel once on a tiny layer: a CPU without fbgemm (e.g. ARM) fails here, in one line."""
+    try:
+        Int8Linear.from_linear(torch.nn.Linear(4, 2))(torch.ones(1, 4))
+    except (RuntimeError, NotImplementedError) as exc:
+        raise ConfigurationError(f"int8 inference needs torch's fbgemm kernels (an x86 CPU), which failed here: "
+                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                                 ) from exc
+
+
+def _refuse_save(method: str, *args: Any, **kwargs: Any) -> None:
+    raise ConfigurationError(f"{method}() refused: this model's backbone is quantized to int8 for inference and its "
+                             "fp32 weights are not kept; save the model loaded without quantize")
