@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+
+from st_prompts.commands._numbers import _parse_float
 
 
 def finite_float(text: str) -> float:
-    """The ``type`` of every numeric command-line option that takes a float (learning rates, temperatures, weights,
-    ratios, recall targets, ...): a finite number; ``nan``, ``inf`` and overflowing values such as ``1e999`` are
-    refused by argparse with one line."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
+    """The ``type`` of a numeric command-line option that takes any finite float (a method setting whose own range is
+    checked by its settings class): ``nan``, ``inf`` and overflowing values such as ``1e999`` are refused by argparse
+    with one line. Ranged options use :mod:`st_prompts.commands._numbers`."""
+    return _parse_float(text)
 
 
 def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
