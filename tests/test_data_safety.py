@@ -41,6 +41,14 @@ def train_argv(tiny_bert, data_dir, output, *extra):
             "--batch-size", "4", "--eval-steps", "1", "--output", str(output), "--no-progress", *extra]
 
 
+def cli(argv) -> int:
+    """``main(argv)``'s exit status, whether returned or raised by argparse (a usage error exits at parse time)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert err and ": error: " in err[-1] and "Traceback" not in "\n".join(err), err
@@ -296,7 +304,7 @@ def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypa
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
     SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
     for argv in (["-k", "0"], ["-k", "-3"]):
-        assert main(["index", "search", str(tmp_path / "idx"), "q", *argv]) == 2
+        assert cli(["index", "search", str(tmp_path / "idx"), "q", *argv]) == 2
         assert "-k" in one_line_error(capsys)
     assert main(["index", "search", str(tmp_path / "idx"), "   "]) == 2
     assert "empty" in one_line_error(capsys)
@@ -435,8 +443,8 @@ def test_an_nli_row_with_an_unquoted_comma_is_refused_with_its_line(tmp_path):
 def test_nonsense_counts_are_refused_with_one_line(extra, words, tiny_bert, data_dir, tmp_path, capsys):
     argv = train_argv(tiny_bert, data_dir, tmp_path / "m")
     argv[argv.index("--max-steps"):argv.index("--max-steps") + 2] = []
-    assert main(argv + extra) == 2
-    assert words in one_line_error(capsys)
+    assert cli(argv + extra) == 2
+    assert words in one_line_error(capsys).replace("-", "_")  # "--max-steps" at parse time, "max_steps" later
     assert not (tmp_path / "m").exists()
 
 
@@ -766,16 +774,25 @@ def test_train_learning_rate_inf_is_refused_before_training(tiny_bert, data_dir,
 
 def test_a_diverged_training_is_not_saved(trained_model, tiny_bert, tmp_path, capsys):
     """A finite learning rate that still blows the weights up: the selection score is NaN, nothing is saved, and an
-    existing model stays as it was."""
+    existing model stays as it was. The command line refuses such a rate when it parses it (at most 10); Python
+    takes any finite one, and the run's end refuses to save."""
+    from st_prompts.errors import TrainingDivergedError
+    from st_prompts.training import train_and_save
+
     model, data = trained_model
     out = tmp_path / "m"
-    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
-    assert "training diverged" in one_line_error(capsys)
+    assert cli(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
+    assert "at most 10" in one_line_error(capsys)
+    assert not out.exists()
+    settings = dict(backbone=tiny_bert, data_dir=str(data), output=str(out), max_steps=1, batch_size=4, eval_steps=1,
+                    show_progress_bar=False, learning_rate=1e30, prefix_gate=False)
+    with pytest.raises(TrainingDivergedError, match="training diverged"):
+        train_and_save("dcpcse", **settings)
     assert not out.exists()
     shutil.copytree(model, out)
     before = snapshot(out)
-    assert main(train_argv(tiny_bert, data, out, "--learning-rate", "1e30", "--overwrite")) == 2
-    assert "training diverged" in one_line_error(capsys)
+    with pytest.raises(TrainingDivergedError, match="training diverged"):
+        train_and_save("dcpcse", overwrite=True, **settings)
     assert snapshot(out) == before
 
 
@@ -825,7 +842,8 @@ def torch_module():
     return torch.nn.Linear(2, 2)
 
 
-def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, capsys):
+def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, capsys, monkeypatch):
+    import st_prompts.bank
     from st_prompts.bank import create_bank, train_prompt_set
 
     data = tmp_path / "pairs.csv"
@@ -834,11 +852,25 @@ def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, ca
     bank = tmp_path / "bank"
     argv = ["bank", "train", str(bank), "sts", "--data", str(data), "--max-steps", "2", "--batch-size", "4",
             "--prefix-length", "2", "--no-progress", "--backbone", tiny_bert]
-    assert main(argv + ["--learning-rate", "1e38"]) == 2
-    assert "training diverged" in one_line_error(capsys)
+    assert cli(argv + ["--learning-rate", "1e38"]) == 2  # refused when parsed (at most 10)
+    assert "at most 10" in one_line_error(capsys)
     assert not bank.exists()
     model = create_bank(tiny_bert)
+    import torch
     from sentence_transformers.losses import CoSENTLoss
+
+    def blown_up(model, name, *args, **kwargs):  # a run whose weights overflowed, whatever the rate
+        result = train_prompt_set(model, name, *args, **kwargs)
+        with torch.no_grad():
+            for parameter in model[0].prompt_sets[name].parameters():
+                parameter.fill_(float("inf"))
+        return result
+
+    monkeypatch.setattr(st_prompts.bank, "train_prompt_set", blown_up)
+    assert main(argv + ["--learning-rate", "1e-2"]) == 2
+    assert "training diverged" in one_line_error(capsys)
+    assert not bank.exists()
+    monkeypatch.undo()
 
     for option in ("learning_rate", "epochs", "warmup_ratio"):
         with pytest.raises(ConfigurationError, match=f"{option} must be a finite number"):
