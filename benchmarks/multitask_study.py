@@ -459,8 +459,8 @@ def report(tasks=TASKS) -> str:
     for name in names:
         cells = []
         for task in tasks:
-            r = best.get((task, name)) or (next((v for (t, n), v in best.items() if t == task and "+" in n), None)
-                                           if name == "together" else None)
+            together = [v for (t, n), v in best.items() if t == task and "+" in n] if name == "together" else []
+            r = best.get((task, name)) or (best_of(together) if together else None)  # the best combination tried
             base = best.get((task, "base"))
             if r is None:
                 cells.append("–")
