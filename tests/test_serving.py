@@ -52,23 +52,34 @@ TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick bro
 
 # ---------------------------------------------------------------------------------------------------- the servers
 class Server:
-    """``st-prompts serve ... --port 0`` in its own process; the URL is read from its log line."""
+    """``st-prompts serve ... --port 0`` in its own process; the URL is read from its log line. ``stderr_apart``: the
+    log is stderr alone (stdout read and dropped), for tests that assert what the log holds; each line's
+    ``time.monotonic()`` is kept in :attr:`stamps`."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None,
+                 stderr_apart: bool = False) -> None:
         self.name = name
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         full_env.pop("ST_PROMPTS_ADMIN_TOKEN", None)
+        full_env.pop("ST_PROMPTS_TRACEBACK", None)
         full_env.update(env or {})
         self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", *args, "--port", "0"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
+                                        stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT,
+                                        text=True, env=full_env)
         self.lines: list[str] = []
+        self.stamps: list[float] = []
         self.url: str | None = None
         self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        log = self.process.stderr if stderr_apart else self.process.stdout
+        threading.Thread(target=self._read, args=(log,), daemon=True).start()
+        if stderr_apart:
+            threading.Thread(target=self.process.stdout.read, daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.process.stdout:
+    def _read(self, log) -> None:
+        for line in log:
             self.lines.append(line.rstrip("\n"))
+            self.stamps.append(time.monotonic())
             if "listening on http://" in line and self.url is None:
                 self.url = line.split("listening on ", 1)[1].split()[0]
                 self._ready.set()

@@ -14,8 +14,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 from conftest import make_tiny_backbone
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
+from test_serving import Server as ServingServer
 from test_serving import prefixed_model, tiny_bank
 
 from st_prompts import save_prompts_only
@@ -39,57 +38,20 @@ TIMEOUT = 2.0  # S's header, body and idle timeouts
 SLACK = 4.0  # what a busy two-core machine may add to a timer
 
 
-class Server:
-    """``st-prompts serve ... --port 0`` in its own process; stdout and stderr kept apart (stderr is the log)."""
+class Server(ServingServer):
+    """``st-prompts serve ... --port 0`` in its own process, its log stderr alone, each line time-stamped."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        full_env.pop("ST_PROMPTS_ADMIN_TOKEN", None)
-        full_env.pop("ST_PROMPTS_TRACEBACK", None)
-        full_env.update(env or {})
-        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", *args, "--port", "0"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
-        self.lines: list[str] = []
-        self.stamps: list[float] = []  # time.monotonic() of each line
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self.process.stdout.read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-            self.stamps.append(time.monotonic())
-            if "listening on http://" in line and self.url is None:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float = 240) -> str:
-        self._ready.wait(timeout)
-        assert self.url is not None, "the server did not start:\n" + "\n".join(self.lines[-30:])
-        return self.url
+        super().__init__("hardening", args, env, stderr_apart=True)
 
     @property
     def address(self) -> tuple[str, int]:
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
         return host, int(port)
 
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
     def when(self, text: str) -> float:
         """When the first log line holding ``text`` was read (``math.inf``: none was)."""
         return next((stamp for line, stamp in zip(self.lines, self.stamps) if text in line), math.inf)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.process.kill()
-                self.process.wait()
 
 
 @pytest.fixture(scope="module")
