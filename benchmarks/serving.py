@@ -17,6 +17,8 @@ closed-loop asyncio load generator: a minimal HTTP/1.1 keep-alive client that co
 
 * ``bank-fp32``: ``st-prompts serve BANK`` of ``--tasks`` (8) prompt sets of 16 positions, a random task per request;
 * ``bank-int8``: the same with ``--quantize int8`` (only where ``st-prompts serve --help`` offers it);
+* ``bank-fp32-wN`` / ``bank-int8-wN``: the same bank with ``--workers N`` (``--workers``, default the cores;
+  ``--worker-threads`` torch threads each): N processes forked after the load, sharing the weights and the port;
 * ``per-task-8``: one ``st-prompts serve`` process per task (its set as the model's own prefix,
   ``--per-task-threads`` torch threads each), each request sent to its task's process: what a user does without a bank;
 * ``infinity-torch`` / ``infinity-onnx``: Infinity (``--engine torch`` / ``optimum``) serving the packaged
@@ -307,9 +309,17 @@ def _tree(pid: int) -> list[int]:
 
 
 def tree_rss_kib(pid: int) -> int:
-    """Resident set (KiB) of a process and its descendants, from /proc."""
+    """Proportional set size (KiB) of a process and its descendants, from /proc/PID/smaps_rollup: each page shared by
+    n processes counts 1/n in each, so the sum over processes is the memory they hold together (forked workers share
+    the weights; RSS would count them once per worker). RSS where smaps_rollup cannot be read."""
     total = 0
     for current in _tree(pid):
+        try:
+            with open(f"/proc/{current}/smaps_rollup") as handle:
+                total += next(int(line.split()[1]) for line in handle if line.startswith("Pss:"))
+            continue
+        except (OSError, StopIteration):
+            pass
         try:
             with open(f"/proc/{current}/status") as handle:
                 total += next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
@@ -501,19 +511,25 @@ def goals(out: dict) -> list[str]:
                      f"({'worse' if worse else 'no worse'})")
         lines.append(line)
 
+    workers = sorted({r["contender"] for r in out["results"] if r["contender"].startswith("bank-fp32-w")})
     for c in out["concurrency"]:
         compare("bank-fp32", "ceiling-fp32", c, 0.95, "bank fp32 / its in-process ceiling")
+        for name in workers:
+            compare(name, "per-task-8", c, 1.0, f"bank fp32 {name[10:]} workers / eight single-task processes")
+            compare(name, "infinity-torch", c, 1.1, f"bank fp32 {name[10:]} workers / Infinity torch")
+            compare(name, "bank-fp32", c, 1.0, f"bank fp32 {name[10:]} workers / one process")
         compare("bank-fp32", "infinity-torch", c, 1.1, "bank fp32 / Infinity torch")
         compare("bank-fp32", "infinity-onnx", c, 1.1, "bank fp32 / Infinity ONNX")
         compare("bank-int8", "infinity-torch", c, 2.0, "bank int8 / Infinity torch")
         compare("bank-fp32", "per-task-8", c, 1.0, "bank fp32 / eight single-task processes")
         compare("bank-int8", "bank-fp32", c, 2.0, "bank int8 / bank fp32")
     memory = out["memory"]
-    if "bank-fp32" in memory and "per-task-8" in memory:
-        ratio = memory["bank-fp32"]["end"] / memory["per-task-8"]["end"]
-        lines.append(f"memory, one bank / eight processes: {memory['bank-fp32']['end']:.0f} / "
-                     f"{memory['per-task-8']['end']:.0f} MiB = **{ratio:.2f}** (goal <= 0.25: "
-                     f"{'met' if ratio <= 0.25 else 'missed'})")
+    for name in ["bank-fp32"] + workers:
+        if name in memory and "per-task-8" in memory:
+            ratio = memory[name]["end"] / memory["per-task-8"]["end"]
+            lines.append(f"memory (PSS), {name} / eight processes: {memory[name]['end']:.0f} / "
+                         f"{memory['per-task-8']['end']:.0f} MiB = **{ratio:.2f}** (goal <= 0.25: "
+                         f"{'met' if ratio <= 0.25 else 'missed'})")
     return lines
 
 
@@ -561,7 +577,7 @@ def write_report(out: dict, name: str) -> None:
                      f"{fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} | {s['requests']} ({s['p99_is_kth_slowest']}) | "
                      f"{vectors} | "
                      f"{', '.join(f'{k}: {v}' for k, v in s['failures'].items()) or '–'} | {other} | {load} |")
-    lines += ["", "| contender | memory after start (MiB) | memory at the end (MiB) |", "|---|---:|---:|"]
+    lines += ["", "| contender | memory (PSS) after start (MiB) | memory (PSS) at the end (MiB) |", "|---|---:|---:|"]
     for name_, memory in out["memory"].items():
         lines.append(f"| {name_} | {memory['start']:.0f} | {memory['end']:.0f} |")
     lines += ["", "## Goals (issue 50)", ""] + [f"* {line}" for line in out["goals"]]
@@ -579,13 +595,16 @@ def build_contenders(args, folders, logs: Path, int8: bool, unavailable: dict) -
             "max-batch-tokens": "4096 (default)"}
     plans = []
     for quantize in ("none", "int8") if int8 else ("none",):
-        name = "bank-fp32" if quantize == "none" else "bank-int8"
-        port = free_port()
-        plans.append((name, "fp32" if quantize == "none" else "int8",
-                      {"processes": 1, "threads": args.threads, "quantize": quantize, **ours},
-                      [serve + [str(bank_folder), "--port", str(port), "--threads", str(args.threads),
-                                "--quantize", quantize] + batching], [port],
-                      (lambda task, p=port: (p, "/v1/embeddings", task)), {}))
+        for workers in (1, args.workers) if args.workers > 1 else (1,):
+            name = ("bank-fp32" if quantize == "none" else "bank-int8") + (f"-w{workers}" if workers > 1 else "")
+            threads = args.threads if workers == 1 else args.worker_threads
+            port = free_port()
+            plans.append((name, "fp32" if quantize == "none" else "int8",
+                          {"processes": 1 if workers == 1 else f"{workers} workers forked from 1 (--workers)",
+                           "threads": threads if workers == 1 else f"{threads} each", "quantize": quantize, **ours},
+                          [serve + [str(bank_folder), "--port", str(port), "--threads", str(threads),
+                                    "--quantize", quantize, "--workers", str(workers)] + batching], [port],
+                          (lambda task, p=port: (p, "/v1/embeddings", task)), {}))
     if not int8:
         unavailable["bank-int8"] = "`st-prompts serve --help` offers no `--quantize int8`"
     ports = [free_port() for _ in singles]
@@ -695,6 +714,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the bank servers, "
                         "Infinity and the ceilings")
     parser.add_argument("--per-task-threads", type=int, default=1, help="torch threads of each single-task process")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="also the bank with `serve --workers N` (bank-fp32-wN, bank-int8-wN; 1: not)")
+    parser.add_argument("--worker-threads", type=int, default=1, help="torch threads of each forked worker")
     parser.add_argument("--batch-rows", type=int, default=32, help="rows per forward pass, every server")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="st-prompts serve's (default: its own)")
     parser.add_argument("--atol", type=float, default=1e-4, help="largest abs difference to encode's vectors")

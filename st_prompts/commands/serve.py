@@ -38,7 +38,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model-name", help="the name a model that is not a prompt bank is served under (default: "
                         "the folder's name)")
     parser.add_argument("--device", help="device to encode on (default: sentence-transformers' choice)")
-    parser.add_argument("--threads", type=positive_int(4096), help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int(4096),
+                        help="torch threads (per worker; default: torch's choice, with workers: cores // workers)")
+    parser.add_argument("--workers", type=int_range(1, 256), default=1,
+                        help="server processes forked after the model loads, sharing its weights and the port; "
+                        "prompt-set changes reach every worker (CPU only; default 1; docs/serving.md)")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none",
                         help="int8: the backbone's linear layers in int8 on the CPU, prompt sets unchanged "
                         "(1.2x the throughput measured, STS within 0.31 points; docs/serving.md); default none")
@@ -134,4 +138,5 @@ def run_serve(args: argparse.Namespace) -> int:
     options.header_timeout, options.body_timeout = args.header_timeout, args.body_timeout
     options.idle_timeout, options.max_connections = args.idle_timeout, args.max_connections
     options.quantize = args.quantize
+    options.workers = args.workers
     return run_server(options)

@@ -64,8 +64,10 @@ class ServerContext:
     """What the endpoints share: the served model, its indexes, the batcher, the limits and the metrics."""
 
     def __init__(self, served: ServedModel, indexes: IndexRegistry, limits: ServingLimits,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None, link: Any = None) -> None:
         self.served = served
+        #: a worker's pipes to its parent (:class:`st_prompts.serving.workers.WorkerLink`), or ``None`` (one process)
+        self.link = link
         self.indexes = indexes
         self.limits = limits
         self.admin_token = admin_token
@@ -94,6 +96,29 @@ class ServerContext:
     def idle(self) -> bool:
         """No request is being answered and no row waits (a draining server may stop)."""
         return self.in_flight - self.receiving == 0 and self.batcher.queued_rows == 0 and self.batcher.running_rows == 0
+
+    def change(self, op: str, args: tuple) -> Any:
+        """Apply an admin change (in the admin thread): here, or through the parent to every worker."""
+        from st_prompts.serving.server import apply_change
+
+        if self.link is None:
+            return apply_change(self.served, self.indexes, op, args)
+        from st_prompts.serving.workers import RemoteError
+
+        try:
+            return self.link.ask(("change", op, args), timeout=600.0)
+        except RemoteError as exc:
+            payload = exc.payload
+            if "status" in payload:
+                raise RequestError(payload["status"], payload["message"], param=payload.get("param"),
+                                   code=payload.get("code"), headers=payload.get("headers")) from None
+            raise RuntimeError(payload["message"]) from None
+
+    def render_metrics(self) -> bytes:
+        """The metrics: this process's, or every worker's summed (through the parent)."""
+        if self.link is None:
+            return self.metrics.render()
+        return self.link.ask(("metrics",), timeout=60.0)
 
     async def count_tokens(self, texts: list[str]) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.count_tokens, texts)
@@ -286,7 +311,10 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         return _json(payload, 503 if draining else 200)
 
     async def metrics(request: Request) -> Response:
-        return Response(context.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        if context.link is None:
+            return Response(context.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        text = await asyncio.get_running_loop().run_in_executor(context.admin_executor, context.render_metrics)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     def _authorize(request: Request) -> None:
         given = request.headers.get("authorization", "")
@@ -304,19 +332,19 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         body = await _read_json(request, limits.max_body_bytes, context)
         if not isinstance(body, dict):
             raise RequestError(400, "The request body must be a JSON object with 'name' and 'source'.")
-        info = await _in_admin_thread(served.add_prompt_set, body.get("name"), body.get("source"))
+        info = await _in_admin_thread(context.change, "add_set", (body.get("name"), body.get("source")))
         return _json({"object": "model", **info, "created": int(time.time()), "owned_by": "st-prompts"}, 201)
 
     async def remove_set(request: Request) -> Response:
         _authorize(request)
         name = request.path_params["name"]
-        await _in_admin_thread(served.remove_prompt_set, name)
+        await _in_admin_thread(context.change, "remove_set", (name,))
         return _json({"id": name, "object": "model", "deleted": True})
 
     async def reload_index(request: Request) -> Response:
         _authorize(request)
-        entry = await _in_admin_thread(context.indexes.reload, request.path_params["name"])
-        return _json(entry.describe())
+        described = await _in_admin_thread(context.change, "reload_index", (request.path_params["name"],))
+        return _json(described)
 
     routes = [
         Route("/v1/embeddings", _endpoint(context, "embeddings", embeddings), methods=["POST"]),
@@ -339,6 +367,11 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         context.count_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-tokens")
         context.admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-admin")
         await batcher.start()
+        if context.link is not None:
+            from st_prompts.serving.server import apply_change
+
+            context.link.listen(lambda op, args: apply_change(served, context.indexes, op, args),
+                                context.metrics.render)
         if on_ready is not None:
             on_ready()
         try:

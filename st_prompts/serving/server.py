@@ -51,6 +51,7 @@ class ServerOptions:
     idle_timeout: float = 5.0
     max_connections: int = 1000
     quantize: str = "none"
+    workers: int = 1
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -67,16 +68,78 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run_server(options: ServerOptions) -> int:
-    """Serve ``options.model`` until SIGTERM (drains, returns 0) or Ctrl-C (``KeyboardInterrupt``)."""
+    """Serve ``options.model`` until SIGTERM (drains, returns 0) or Ctrl-C (``KeyboardInterrupt``; with workers:
+    returns 130); with ``options.workers > 1`` in forked worker processes (:mod:`st_prompts.serving.workers`)."""
     import torch
 
-    from st_prompts.serving.app import ServerContext, create_app
+    workers = int(options.workers)
+    if workers > 1:
+        if options.device not in (None, "cpu"):
+            raise ConfigurationError(f"--workers {workers} serves on the CPU only (a forked process cannot use "
+                                     f"{options.device!r}); leave out --device or use one worker")
+        # one thread until the fork: a parent that ran OpenMP on several threads leaves its forked workers hanging
+        torch.set_num_threads(1)
+    elif options.threads is not None:
+        torch.set_num_threads(options.threads)
+    sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
+    served, registry = _load(options)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+
+    def ready() -> None:
+        admin = "on" if options.admin_token else "off (no token)"
+        logger.info("listening on %s (POST /v1/embeddings, /search; admin %s); SIGTERM drains and stops", url, admin)
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            logger.info("note: %s is reachable from other machines", url)
+
+    if workers <= 1:
+        try:
+            return _serve(options, sock, served, registry, ready)
+        finally:
+            sock.close()
+    from st_prompts.serving.workers import Supervisor
+
+    threads = options.threads or max(1, (os.cpu_count() or 1) // workers)
+    sock.listen(2048)  # connections queue from here; the workers accept them
+
+    def start_worker(link, journal) -> int:
+        torch.set_num_threads(threads)
+        for op, args in journal:  # a replacement worker: the changes made since the server started
+            try:
+                apply_change(served, registry, op, args)
+            except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
+                logger.warning("could not replay %s: %s", op, (str(exc).splitlines() or [type(exc).__name__])[0])
+        return _serve(options, sock, served, registry, lambda: link.tell(("ready",)), link=link)
+
+    logger.info("forking %d workers, %d torch thread%s each", workers, threads, "s" * (threads != 1))
+    supervisor = Supervisor(workers, start_worker, on_ready=ready, drain_timeout=options.drain_timeout,
+                            keep=[sock])
+    code = supervisor.run()
+    sock.close()
+    if code == 1:
+        raise ConfigurationError(supervisor.failed or "a worker failed")
+    logger.info("stopped after %s: every worker drained", supervisor.stopping)
+    return code
+
+
+def apply_change(served, registry, op: str, args: tuple):
+    """Apply one admin change (``add_set``, ``remove_set``, ``reload_index``) to this process's model or indexes;
+    returns what the admin endpoint answers (a dict, or ``None``)."""
+    if op == "add_set":
+        return served.add_prompt_set(*args)
+    if op == "remove_set":
+        return served.remove_prompt_set(*args)
+    if op == "reload_index":
+        return registry.reload(*args).describe()
+    raise ValueError(f"unknown change {op!r}")
+
+
+def _load(options: ServerOptions):
+    """The served model and its indexes (before any fork)."""
     from st_prompts.serving.indexes import IndexRegistry
     from st_prompts.serving.model import ServedModel
 
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
-    sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
     start = time.perf_counter()
     logger.info("loading %s ...", options.model)
     served = ServedModel.load(options.model, device=options.device, name=options.model_name,
@@ -93,20 +156,17 @@ def run_server(options: ServerOptions) -> int:
             raise ConfigurationError(f"index {name!r}: {exc.message}") from exc
         except StPromptsError as exc:
             raise type(exc)(f"index {name!r}: {exc}") from exc
+    return served, registry
+
+
+def _serve(options: ServerOptions, sock: socket.socket, served, registry, ready, link=None) -> int:
+    """Run uvicorn on ``sock`` until stopped (one server, or one worker: ``link`` to its parent)."""
+    from st_prompts.serving.app import ServerContext, create_app
+
     served.warm_up()
     gc.collect()
     gc.freeze()  # what the model and its libraries hold is never collected: no collection walks it, nor the exit's
-    context = ServerContext(served, registry, options.limits, options.admin_token)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}"
-
-    def ready() -> None:
-        admin = "on" if options.admin_token else "off (no token)"
-        logger.info("listening on %s (POST /v1/embeddings, /search; admin %s); SIGTERM drains and stops", url, admin)
-        if host not in ("127.0.0.1", "::1", "localhost"):
-            logger.info("note: %s is reachable from other machines", url)
-
+    context = ServerContext(served, registry, options.limits, options.admin_token, link=link)
     app = create_app(context, on_ready=ready)
     metrics = context.metrics
     guard = ConnectionGuard(header_timeout=options.header_timeout, body_timeout=options.body_timeout,
@@ -122,7 +182,8 @@ def run_server(options: ServerOptions) -> int:
     # uvicorn re-raises the signal it stopped on after its graceful shutdown; this handler takes it, so that a
     # drained server exits with status 0 instead of dying by SIGTERM.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    sock.listen(2048)  # connections queue from here: "listening on" is logged just before uvicorn accepts them
+    if link is None:
+        sock.listen(2048)  # connections queue from here: "listening on" is logged just before uvicorn accepts them
     try:
         server.run(sockets=[sock])
     finally:

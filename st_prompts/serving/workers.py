@@ -1,0 +1,440 @@
+"""Several server processes over one copy of the weights: ``st-prompts serve --workers N``.
+
+One process cannot fill a machine's cores with forward passes of the sizes a server forms (its event loop, its batcher
+and the pass take turns, and torch's threads scale poorly on short batches), and N independent servers hold N copies
+of the model. So the parent process loads the model and the indexes once, binds the socket, and *forks* N workers:
+each runs its own event loop, batcher and forward thread on the shared listening socket (the kernel hands each new
+connection to one of them) and reads the weights the parent loaded, pages that no worker writes and that the kernel
+therefore keeps shared (copy-on-write; ``gc.freeze`` first, so that no collection touches the parent's objects).
+``benchmarks/serving.py`` measures the memory this saves.
+
+The parent serves no request. It
+
+* **stops the workers**: SIGTERM (or Ctrl-C) is passed on as SIGTERM; each worker drains as a single server does
+  (bounded by ``--drain-timeout``), and the parent waits for them, then a few seconds more, then kills what is left;
+* **replaces a worker that dies** (a fork of the parent, replaying the changes made since it started, so that it
+  serves the same sets); a worker that dies before it is ready, or more than 5 replacements in a minute, stop the
+  server instead of looping;
+* **carries admin changes to every worker**: a worker that is asked to add or remove a prompt set, or to reload an
+  index, sends the change to the parent, which applies it to each worker in turn (the first one's checks decide: a
+  refused change reaches no other) and answers once every worker has it, so that after a ``201`` every worker
+  serves the new set; changes are applied one at a time, in the order they reach the parent;
+* **merges the metrics**: ``GET /metrics`` on any worker asks the parent for every worker's metrics and answers their
+  sum (``st_prompts_*``; the process metrics per worker, labelled ``worker``).
+
+Why fork: torch's CPU weights are plain memory, so forking after the load shares them at no cost; threads would share
+one interpreter lock with the event loop, and ``multiprocessing``'s spawn would load the model N times. Torch uses
+one thread in the parent until the fork (a parent that ran OpenMP on several threads leaves its forked children
+hanging in their first parallel region), and each worker sets its own thread count after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import connection
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Supervisor", "WorkerLink", "merge_metrics"]
+
+#: Seconds the parent waits for a worker to apply a change (a pass that runs holds the model for its duration).
+APPLY_TIMEOUT = 120.0
+#: More replacements than this within :data:`REPLACEMENT_WINDOW` seconds stop the server (a worker that keeps dying).
+MAX_REPLACEMENTS = 5
+REPLACEMENT_WINDOW = 60.0
+#: Seconds the parent waits beyond the drain timeout before it kills the workers left.
+EXIT_GRACE = 10.0
+
+
+class RemoteError(Exception):
+    """A change that a worker refused or failed to apply: ``payload`` is what :func:`error_payload` made of it."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload.get("message", "the change failed"))
+        self.payload = payload
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    """What crosses the pipe of an exception raised by a change (a ``RequestError`` keeps its status and code)."""
+    out = {"message": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500], "type": type(exc).__name__}
+    for name in ("status", "param", "code", "headers"):
+        if hasattr(exc, name):
+            out[name] = getattr(exc, name)
+    return out
+
+
+class WorkerLink:
+    """A worker's two pipes to the parent.
+
+    ``up`` carries the worker's requests (a change, the merged metrics) and their answers, one request at a time;
+    ``down`` carries the parent's commands (apply a change, render your metrics), answered by :meth:`listen`'s thread.
+    """
+
+    def __init__(self, index: int, up: connection.Connection, down: connection.Connection) -> None:
+        self.index = index
+        self._up = up
+        self._down = down
+        self._lock = threading.Lock()
+
+    def ask(self, message: tuple, timeout: float) -> Any:
+        """Send ``message`` to the parent and return its answer.
+
+        Raises:
+            RemoteError: the change was refused or failed (in this worker or another).
+            TimeoutError: no answer within ``timeout`` seconds.
+            ConnectionError: the parent is gone.
+        """
+        with self._lock:
+            try:
+                self._up.send(message)
+                if not self._up.poll(timeout):
+                    raise TimeoutError(f"no answer from the server's parent process within {timeout:g} s")
+                status, value = self._up.recv()
+            except (EOFError, OSError) as exc:
+                raise ConnectionError("the server's parent process is gone") from exc
+        if status == "error":
+            raise RemoteError(value)
+        return value
+
+    def tell(self, message: tuple) -> None:
+        """Send ``message`` without waiting for an answer (e.g. ``("ready",)``)."""
+        with self._lock:
+            try:
+                self._up.send(message)
+            except OSError:
+                pass
+
+    def listen(self, apply: Callable[[str, tuple], Any], render: Callable[[], bytes]) -> threading.Thread:
+        """Answer the parent's commands in a daemon thread: ``("apply", op, args)`` runs ``apply(op, args)``;
+        ``("render",)`` returns ``render()``. When the parent goes away, the worker drains and stops (SIGTERM to
+        itself): nobody would replace it or stop it otherwise."""
+
+        def run() -> None:
+            while True:
+                try:
+                    message = self._down.recv()
+                except (EOFError, OSError):
+                    logger.warning("the server's parent process is gone: stopping")
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                try:
+                    if message[0] == "apply":
+                        answer = ("ok", apply(message[1], tuple(message[2])))
+                    elif message[0] == "render":
+                        answer = ("ok", render())
+                    else:
+                        answer = ("error", {"message": f"unknown command {message[0]!r}"})
+                except Exception as exc:  # noqa: BLE001 - the parent reports it to the worker that asked
+                    answer = ("error", error_payload(exc))
+                try:
+                    self._down.send(answer)
+                except OSError:
+                    return
+
+        thread = threading.Thread(target=run, name="st-prompts-worker-link", daemon=True)
+        thread.start()
+        return thread
+
+
+@dataclass
+class _Worker:
+    index: int
+    pid: int
+    up: connection.Connection  # the parent's end of the worker's requests
+    down: connection.Connection  # the parent's end of the parent's commands
+    started: float
+    ready: bool = False
+
+
+class Supervisor:
+    """Fork ``count`` workers and look after them (see the module docstring).
+
+    Args:
+        count: workers.
+        start_worker: ``start_worker(link, journal) -> exit status``, run in each forked worker: serve until stopped;
+            ``journal`` is the list of changes ``(op, args)`` made since the server started (a replacement worker
+            replays them first).
+        on_ready: called once, when every worker has said it is ready.
+        drain_timeout: what each worker's drain is bounded by (the parent waits that long, and :data:`EXIT_GRACE`).
+        keep: objects that must stay open in the parent until it stops (the listening socket, for replacements).
+    """
+
+    def __init__(self, count: int, start_worker: Callable[[WorkerLink, list[tuple[str, tuple]]], int],
+                 on_ready: Callable[[], None] | None = None, drain_timeout: float = 30.0,
+                 keep: list[Any] | None = None) -> None:
+        self.count = count
+        self.start_worker = start_worker
+        self.on_ready = on_ready
+        self.drain_timeout = drain_timeout
+        self.keep = keep or []
+        self.workers: dict[int, _Worker] = {}
+        self.journal: list[tuple[str, tuple]] = []
+        self.stopping: str | None = None
+        self.failed: str | None = None
+        self._announced = False
+        self._replaced: list[float] = []
+
+    # ------------------------------------------------------------------ workers
+    def _spawn(self, index: int) -> None:
+        up_parent, up_child = connection.Pipe()
+        down_parent, down_child = connection.Pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                up_parent.close()
+                down_parent.close()
+                for other in self.workers.values():
+                    other.up.close()
+                    other.down.close()
+                _label_log(index)
+                code = self.start_worker(WorkerLink(index, up_child, down_child), list(self.journal))
+            except KeyboardInterrupt:
+                code = 130
+            except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
+                logger.error("worker %d failed: %s", index, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+                code = 2
+            finally:
+                logging.shutdown()
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+                os._exit(code)
+        up_child.close()
+        down_child.close()
+        self.workers[index] = _Worker(index, pid, up_parent, down_parent, time.monotonic())
+
+    def run(self) -> int:
+        """Start the workers and look after them until they have stopped; returns 0 (SIGTERM), 130 (Ctrl-C) or 1
+        (a worker failed at its start)."""
+        gc.collect()
+        gc.freeze()  # no collection in a worker walks (and so copies) what the parent allocated
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for index in range(self.count):
+                self._spawn(index)
+            logger.info("started %d workers (pids %s)", self.count, ", ".join(str(w.pid) for w in
+                                                                             self.workers.values()))
+            self._loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.failed:
+            logger.error("%s", self.failed)
+            return 1
+        return 130 if self.stopping == "SIGINT" else 0
+
+    def _on_signal(self, signum, frame) -> None:
+        first = self.stopping is None
+        if first:
+            self.stopping = signal.Signals(signum).name
+            self.deadline = time.monotonic() + self.drain_timeout + EXIT_GRACE
+        self._signal_workers(signal.SIGTERM)  # a worker takes a second SIGTERM as the first
+        if first:
+            for item in self.keep:  # the listening socket: once every worker has closed it, no one connects
+                try:
+                    item.close()
+                except OSError:
+                    pass
+            logger.info("%s: draining %d workers", self.stopping, len(self.workers))
+
+    def _signal_workers(self, sig: int) -> None:
+        for worker in list(self.workers.values()):
+            try:
+                os.kill(worker.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _stop_all(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+        if self.stopping is None:
+            self.stopping = "failure"
+            self.deadline = time.monotonic() + self.drain_timeout + EXIT_GRACE
+            self._signal_workers(signal.SIGTERM)
+
+    def _loop(self) -> None:
+        while self.workers:
+            ends = {w.up: w for w in self.workers.values()}
+            try:
+                readable = connection.wait(list(ends), timeout=0.2)
+            except InterruptedError:  # pragma: no cover - Python retries on EINTR since 3.5
+                readable = []
+            for end in readable:
+                worker = ends[end]
+                try:
+                    message = end.recv()
+                except (EOFError, OSError):
+                    continue  # the worker is gone: reaped below
+                self._handle(worker, message)
+            self._reap()
+            if self.stopping is not None and time.monotonic() > self.deadline:
+                left = list(self.workers.values())
+                logger.warning("%d workers still running %g s after the drain began: killed", len(left),
+                               self.drain_timeout + EXIT_GRACE)
+                self._signal_workers(signal.SIGKILL)
+                for worker in left:
+                    os.waitpid(worker.pid, 0)
+                self.workers.clear()
+
+    def _reap(self) -> None:
+        while self.workers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            worker = next((w for w in self.workers.values() if w.pid == pid), None)
+            if worker is None:
+                continue
+            del self.workers[worker.index]
+            worker.up.close()
+            worker.down.close()
+            if self.stopping is not None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            how = f"exit status {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+            now = time.monotonic()
+            self._replaced = [t for t in self._replaced if now - t < REPLACEMENT_WINDOW] + [now]
+            if not worker.ready:
+                self._stop_all(f"worker {worker.index} (pid {pid}) stopped at its start ({how}): the server stops")
+                continue
+            if len(self._replaced) > MAX_REPLACEMENTS:
+                self._stop_all(f"worker {worker.index} (pid {pid}) stopped ({how}), the {len(self._replaced)}th "
+                               f"worker to stop within {REPLACEMENT_WINDOW:g} s: the server stops")
+                continue
+            logger.warning("worker %d (pid %d) stopped (%s): starting another", worker.index, pid, how)
+            self._spawn(worker.index)
+
+    # ------------------------------------------------------------------ requests of the workers
+    def _handle(self, worker: _Worker, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            if not self._announced and len(self.workers) == self.count and all(w.ready for w in
+                                                                               self.workers.values()):
+                self._announced = True
+                if self.on_ready is not None:
+                    self.on_ready()
+            return
+        if kind == "change":
+            answer = self._change(worker, message[1], tuple(message[2]))
+        elif kind == "metrics":
+            answer = ("ok", self._metrics())
+        else:
+            answer = ("error", {"message": f"unknown request {kind!r}"})
+        try:
+            worker.up.send(answer)
+        except OSError:
+            pass
+
+    def _command(self, worker: _Worker, message: tuple) -> tuple[str, Any]:
+        try:
+            worker.down.send(message)
+            if not worker.down.poll(APPLY_TIMEOUT):
+                return "error", {"message": f"worker {worker.index} did not answer within {APPLY_TIMEOUT:g} s"}
+            return worker.down.recv()
+        except (EOFError, OSError):
+            return "error", {"message": f"worker {worker.index} is gone"}
+
+    def _change(self, asking: _Worker, op: str, args: tuple) -> tuple[str, Any]:
+        """Apply a change to every worker, the one that asked first (its checks decide)."""
+        order = [asking] + [w for w in self.workers.values() if w is not asking]
+        status, value = self._command(asking, ("apply", op, args))
+        if status != "ok":
+            return status, value
+        self.journal.append((op, args))
+        for worker in order[1:]:
+            other, problem = self._command(worker, ("apply", op, args))
+            if other != "ok":  # the workers hold the same state: this is a failure of that worker, not the change
+                logger.error("worker %d could not apply %s %s: %s; it is replaced", worker.index, op,
+                             _shown(args), problem.get("message"))
+                try:
+                    os.kill(worker.pid, signal.SIGTERM)  # its replacement replays the journal
+                except ProcessLookupError:
+                    pass
+        return status, value
+
+    def _metrics(self) -> bytes:
+        texts = []
+        for worker in list(self.workers.values()):
+            status, value = self._command(worker, ("render",))
+            if status == "ok":
+                texts.append((worker.index, value))
+        return merge_metrics(texts)
+
+
+def _shown(args: tuple) -> str:
+    return ", ".join(repr(a)[:80] for a in args)
+
+
+def _label_log(index: int) -> None:
+    """Prefix this worker's log lines with ``worker N:``."""
+
+    class _Prefix(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            record.msg = f"worker {index}: {record.getMessage()}"
+            record.args = None
+            return True
+
+    prefix = _Prefix()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(prefix)
+
+
+def merge_metrics(texts: list[tuple[int, bytes]]) -> bytes:
+    """Sum the Prometheus text expositions of the workers (``(index, text)``): each ``st_prompts_*`` sample is the sum
+    over the workers (``_created`` samples: the earliest), every other family (the process collector's) keeps each
+    worker's samples under a ``worker`` label; one ``st_prompts_workers`` gauge says how many answered."""
+    from prometheus_client.core import CollectorRegistry, Metric
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple, float]] = {}
+    for index, text in texts:
+        for family in text_string_to_metric_families(text.decode("utf-8") if isinstance(text, bytes) else text):
+            families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            samples = values.setdefault(family.name, {})
+            own = family.name.startswith("st_prompts_")
+            for sample in family.samples:
+                labels = dict(sample.labels)
+                if not own:
+                    labels["worker"] = str(index)
+                key = (sample.name, tuple(sorted(labels.items())))
+                if key not in samples:
+                    samples[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    samples[key] = min(samples[key], sample.value)
+                else:
+                    samples[key] += sample.value
+    workers = Metric("st_prompts_workers", "Worker processes whose metrics these are", "gauge")
+    workers.add_sample("st_prompts_workers", {}, float(len(texts)))
+
+    class _Merged:
+        def collect(self):
+            for name, family in families.items():
+                for (sample_name, labels), value in values[name].items():
+                    family.add_sample(sample_name, dict(labels), value)
+                yield family
+            yield workers
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())
+    return generate_latest(registry)

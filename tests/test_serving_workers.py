@@ -1,0 +1,214 @@
+"""``st-prompts serve --workers N``: forked workers over one loaded model (issue 50).
+
+Real server processes on a tiny random bank: vectors equal ``encode`` whichever worker answers, an admin change
+reaches every worker before its answer, ``/metrics`` sums the workers, a killed worker is replaced with the changes
+made since, SIGTERM with a stalled client stops within the drain timeout without a traceback, and workers whose
+parent is killed stop on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from conftest import make_tiny_backbone
+from test_serving import Server, assert_one_line_error, get, metrics, post, prefixed_model, tiny_bank, wait_for
+
+from st_prompts import save_prompts_only
+from st_prompts.loading import load_sentence_model
+from st_prompts.serving.workers import merge_metrics
+
+try:  # the HTTP client the openai package brings
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - older openai releases
+    import httpx
+
+TOKEN = "test-admin-token-0123456789"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick brown fox jumps over the lazy dog " * 3]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("workers")
+    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
+    bank = tiny_bank(root / "tiny-bank", backbone)
+    server = Server("workers", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "4",
+                                "--header-timeout", "60"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}, stderr_apart=True)
+    try:
+        base = server.wait_ready()
+        yield {"root": root, "backbone": backbone, "bank": bank, "server": server, "base": base,
+               "reference": load_sentence_model(bank, device="cpu")}
+    finally:
+        server.stop()
+
+
+def encode_many(base: str, model: str, texts: list[str], times: int) -> list[np.ndarray]:
+    def one(_):
+        # a new connection per request: the kernel spreads them over the workers
+        response = post(base, "/v1/embeddings", {"model": model, "input": texts})
+        assert response.status_code == 200, response.text
+        return np.array([d["embedding"] for d in response.json()["data"]])
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(times)))
+
+
+def test_two_workers_are_forked_and_answer_what_encode_gives(served):
+    pid = served["server"].process.pid
+    assert len(children(pid)) == 2
+    assert sum("listening on" in line for line in served["server"].lines) == 1  # one line, once all are ready
+    for task in ("a", "b", "c", "backbone"):
+        expected = served["reference"].encode(TEXTS, task=task)
+        for got in encode_many(served["base"], task, TEXTS, 12):
+            assert np.abs(got - expected).max() < 1e-5, task
+
+
+def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_the_workers(served, tmp_path):
+    base = served["base"]
+    before = metrics(base)
+    source = prefixed_model(served["backbone"], 6, seed=7, dimension=32, normalize=False)
+    save_prompts_only(source, str(tmp_path / "prompts"))
+    expected = source.encode(TEXTS)
+    added = post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "prompts")}, headers=HEADERS,
+                 timeout=120)
+    assert added.status_code == 201, added.text
+    for got in encode_many(base, "added", TEXTS, 24):  # any worker, at once after the answer
+        assert np.abs(got - expected).max() < 1e-5
+    # refused by the first worker's checks: no worker has it
+    assert "already serves" in assert_one_line_error(
+        post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "prompts")}, headers=HEADERS), 409)
+    assert_one_line_error(post(base, "/admin/prompt-sets", {"name": "nowhere", "source": str(tmp_path / "no")},
+                               headers=HEADERS), 422)
+    names = [m["id"] for m in get(base, "/v1/models").json()["data"]]
+    assert "added" in names and "nowhere" not in names
+    after = metrics(base)
+    assert after["st_prompts_workers"] == 2
+    assert after['st_prompts_requests_total{endpoint=embeddings,status=200}'] - \
+        before.get('st_prompts_requests_total{endpoint=embeddings,status=200}', 0) == 24
+    assert after["st_prompts_requests_total{endpoint=admin,status=201}"] == 1
+    assert {k for k in after if k.startswith("process_resident_memory_bytes")} == \
+        {"process_resident_memory_bytes{worker=0}", "process_resident_memory_bytes{worker=1}"}
+    removed = post(base, "/admin/prompt-sets/added", None, headers=HEADERS)  # POST is not the removal route
+    assert removed.status_code == 405
+    with httpx.Client(timeout=60) as client:
+        assert client.delete(base + "/admin/prompt-sets/added", headers=HEADERS).status_code == 200
+    for _ in range(12):
+        assert_one_line_error(post(base, "/v1/embeddings", {"model": "added", "input": "x"}), 404)
+
+
+def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before(served, tmp_path):
+    base, server = served["base"], served["server"]
+    source = prefixed_model(served["backbone"], 5, seed=9, dimension=32, normalize=False)
+    save_prompts_only(source, str(tmp_path / "kept"))
+    expected = source.encode(TEXTS)
+    assert post(base, "/admin/prompt-sets", {"name": "kept", "source": str(tmp_path / "kept")}, headers=HEADERS,
+                timeout=120).status_code == 201
+    pid = server.process.pid
+    first = children(pid)
+    os.kill(first[0], signal.SIGKILL)
+    assert wait_for(lambda: len(children(pid)) == 2 and first[0] not in children(pid)
+                    and "starting another" in server.log(), 60), server.log()
+    assert wait_for(lambda: sum("added the prompt set 'kept'" in line for line in server.lines) >= 3, 120), \
+        server.log()
+    for got in encode_many(base, "kept", TEXTS, 24):
+        assert np.abs(got - expected).max() < 1e-5
+
+
+def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeout(tmp_path):
+    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
+    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
+    server = Server("drain", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "3",
+                              "--header-timeout", "60"], stderr_apart=True)
+    try:
+        base = server.wait_ready()
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        stalled = socket.create_connection((host, int(port)))
+        stalled.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        workers = children(server.process.pid)
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(30)
+        took = time.monotonic() - start
+        stalled.close()
+    finally:
+        server.stop()
+    assert code == 0, server.log()
+    assert took < 3 + 4, took
+    assert not any(alive(pid) for pid in workers)
+    assert "Traceback" not in server.log()
+    assert "every worker drained" in server.log()
+
+
+def test_workers_stop_when_their_parent_is_killed(tmp_path):
+    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
+    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
+    server = Server("orphans", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "3"], stderr_apart=True)
+    try:
+        server.wait_ready()
+        workers = children(server.process.pid)
+        server.process.kill()
+        server.process.wait(10)
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 20), server.log()
+    finally:
+        server.stop()
+
+
+def test_workers_refuse_a_device_other_than_the_cpu(tmp_path):
+    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
+    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
+    result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "serve", bank, "--workers", "2", "--device",
+                             "cuda", "--port", "0"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--workers 2 serves on the CPU only" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_merge_metrics_sums_counters_and_histograms_and_labels_process_samples():
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    texts = []
+    for index, (requests, seconds, rss) in enumerate(((3, (0.1, 2.0), 100.0), (5, (0.3,), 250.0))):
+        registry = CollectorRegistry()
+        Counter("st_prompts_requests", "r", ["endpoint"], registry=registry).labels(endpoint="e").inc(requests)
+        histogram = Histogram("st_prompts_request_seconds", "s", buckets=(0.2, 1.0), registry=registry)
+        for value in seconds:
+            histogram.observe(value)
+        Gauge("process_resident_memory_bytes", "m", registry=registry).set(rss)
+        texts.append((index, generate_latest(registry)))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(merge_metrics(texts).decode())
+               for s in family.samples}
+    assert samples[("st_prompts_requests_total", (("endpoint", "e"),))] == 8
+    assert samples[("st_prompts_request_seconds_bucket", (("le", "0.2"),))] == 1
+    assert samples[("st_prompts_request_seconds_bucket", (("le", "1.0"),))] == 2
+    assert samples[("st_prompts_request_seconds_count", ())] == 3
+    assert samples[("st_prompts_request_seconds_sum", ())] == pytest.approx(2.4)
+    assert samples[("process_resident_memory_bytes", (("worker", "0"),))] == 100
+    assert samples[("process_resident_memory_bytes", (("worker", "1"),))] == 250
+    assert samples[("st_prompts_workers", ())] == 2
