@@ -144,12 +144,22 @@ def add_prompt_set(model: SentenceTransformer, name: str, source: Any) -> None:
     :meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin.add_prompt_set`. A source whose pooling differs from the
     bank's is refused (its prompts were trained for another sentence vector)."""
     if isinstance(source, (str, os.PathLike)):
-        theirs, _ = _shipped_pooling(str(source))
-        ours = _bank_pooling(model)
-        if theirs is not None and ours is not None and theirs.get("pooling_mode") != ours:
-            raise ConfigurationError(f"{str(source)!r} pools {theirs.get('pooling_mode')!r} but this bank pools "
-                                     f"{ours!r}: its prompts were trained for another sentence vector.")
+        check_pooling(model, source)
     bank_encoder(model).add_prompt_set(name, source)
+
+
+def check_pooling(model: SentenceTransformer, source: str | os.PathLike) -> None:
+    """Refuse the saved model folder ``source`` as a set of the bank ``model`` when it pools otherwise (its prompts were
+    trained for another sentence vector).
+
+    Raises:
+        ConfigurationError: the pooling modes differ.
+    """
+    theirs, _ = _shipped_pooling(str(source))
+    ours = _bank_pooling(model)
+    if theirs is not None and ours is not None and theirs.get("pooling_mode") != ours:
+        raise ConfigurationError(f"{str(source)!r} pools {theirs.get('pooling_mode')!r} but this bank pools "
+                                 f"{ours!r}: its prompts were trained for another sentence vector.")
 
 
 def remove_prompt_set(model: SentenceTransformer, name: str) -> None:

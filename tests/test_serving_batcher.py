@@ -246,6 +246,52 @@ def test_close_with_a_timeout_answers_what_is_left_with_batcher_closed():
     assert took < 0.25 + 0.5  # the timeout, and the pass that ran when it passed
 
 
+def test_a_full_pass_waits_behind_the_running_one_and_starts_without_the_event_loop():
+    starts, ends = [], []
+
+    def encode(texts, tasks):
+        starts.append(time.monotonic())
+        time.sleep(0.2)
+        ends.append(time.monotonic())
+        return np.stack([fake_vector(t, k) for t, k in zip(texts, tasks)])
+
+    async def main():
+        batcher = Batcher(encode, max_wait_ms=0, max_batch_rows=4, max_batch_tokens=10_000)
+        await batcher.start()
+        texts = [f"r{i}" for i in range(12)]
+        job = asyncio.ensure_future(batcher.encode(texts, [3] * 12, "a"))
+        await asyncio.sleep(0.05)  # the first pass runs, the second (a full one) is queued behind it
+        running = batcher.running_rows
+        time.sleep(0.5)  # the event loop is held through the first pass and most of the second
+        vectors = await job
+        await batcher.close()
+        return texts, vectors, running, batcher.running_rows
+
+    texts, vectors, running, after = run(main())
+    assert len(starts) == 3 and running == 8 and after == 0
+    assert starts[1] - ends[0] < 0.05  # the thread went straight on, the event loop still held
+    assert np.array_equal(vectors, np.stack([fake_vector(t, "a") for t in texts]))
+
+
+def test_a_pass_queued_behind_the_running_one_does_not_start_after_the_drain_timeout():
+    encoder = FakeEncoder(delay=0.3)
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=2)
+        await batcher.start()
+        job = asyncio.ensure_future(batcher.encode([f"q{i}" for i in range(6)], [3] * 6, "a"))
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        await batcher.close(drain=True, timeout=0.1)
+        took = time.monotonic() - start
+        return took, await asyncio.gather(job, return_exceptions=True)
+
+    took, (result,) = run(main())
+    assert isinstance(result, BatcherClosed)
+    assert len(encoder.passes) == 1  # the queued pass never ran
+    assert took < 0.3 + 0.2
+
+
 # ------------------------------------------------------------------------------------------------ request checks
 LIMITS = ServingLimits(max_inputs=5, max_input_chars=20)
 

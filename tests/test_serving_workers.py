@@ -9,6 +9,7 @@ parent is killed stop on their own.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,13 +120,14 @@ def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_th
         assert_one_line_error(post(base, "/v1/embeddings", {"model": "added", "input": "x"}), 404)
 
 
-def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before(served, tmp_path):
+def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before_as_they_were_read(served, tmp_path):
     base, server = served["base"], served["server"]
     source = prefixed_model(served["backbone"], 5, seed=9, dimension=32, normalize=False)
     save_prompts_only(source, str(tmp_path / "kept"))
     expected = source.encode(TEXTS)
     assert post(base, "/admin/prompt-sets", {"name": "kept", "source": str(tmp_path / "kept")}, headers=HEADERS,
                 timeout=120).status_code == 201
+    shutil.rmtree(tmp_path / "kept")  # the replacement adds the set as the first worker read it, not the folder
     pid = server.process.pid
     first = children(pid)
     os.kill(first[0], signal.SIGKILL)

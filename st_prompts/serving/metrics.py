@@ -1,6 +1,7 @@
 """Prometheus metrics of one server (``GET /metrics``), in a registry of its own.
 
-Names (all prefixed ``st_prompts_``): ``queue_rows`` (rows waiting), ``running_rows`` (rows of the pass that runs),
+Names (all prefixed ``st_prompts_``): ``queue_rows`` (rows waiting), ``running_rows`` (rows of the pass that runs and of the one
+queued behind it),
 ``batches_total`` and ``mixed_batches_total`` (forward passes, and those whose rows used more than one task),
 ``batch_rows``, ``batch_tasks``, ``batch_padded_tokens`` and ``batch_seconds`` (histograms per pass),
 ``rows_total{task}`` (rows encoded per task), ``requests_total{endpoint,status}``, ``request_seconds{endpoint}``
@@ -44,7 +45,7 @@ class ServerMetrics:
         self._label = label
         r = self.registry
         Gauge("st_prompts_queue_rows", "Rows waiting for a forward pass", registry=r).set_function(queued_rows)
-        Gauge("st_prompts_running_rows", "Rows of the forward pass that runs", registry=r).set_function(running_rows)
+        Gauge("st_prompts_running_rows", "Rows of the forward pass that runs and of the one queued behind it", registry=r).set_function(running_rows)
         Gauge("st_prompts_prompt_sets", "Prompt sets served", registry=r).set_function(prompt_sets)
         self.batches = Counter("st_prompts_batches", "Forward passes", registry=r)
         self.mixed = Counter("st_prompts_mixed_batches", "Forward passes whose rows used more than one task",

@@ -217,13 +217,16 @@ class ServedModel:
         return np.asarray(vectors, dtype=np.float32)
 
     # ------------------------------------------------------------------ changes (a worker thread, not the loop)
-    def add_prompt_set(self, name: Any, source: Any) -> dict[str, Any]:
+    def add_prompt_set(self, name: Any, source: Any, data: tuple | None = None,
+                       with_data: bool = False) -> dict[str, Any] | tuple[dict[str, Any], tuple]:
         """Add the prompt set of the saved model folder or prompts-only checkpoint ``source`` under ``name``.
 
         The folder is first checked by the command line's trust rules (:func:`st_prompts.loading.untrusted_reason`:
-        a folder naming code is refused), its set is read as data (JSON and safetensors only) and must record the
-        backbone fingerprint it was trained on, which must be this backbone's; then
-        :func:`st_prompts.bank.add_prompt_set` adds it (architecture and pooling checked).
+        a folder naming code is refused), its set is read once as data (JSON and safetensors only) and must record
+        the backbone fingerprint it was trained on, which must be this backbone's; then the bank takes that data (its
+        architecture and pooling checks). ``data``: a set another worker read already (what ``with_data`` returns
+        beside the answer: options, tensors as numpy arrays, fingerprint), added as it is, the folder not read again,
+        so that every worker of a server holds the same set whatever happens to the folder meanwhile.
 
         Raises:
             RequestError: 409 (not a prompted model, name taken), 422 (bad name, no such folder, refused folder,
@@ -246,20 +249,27 @@ class ServedModel:
         if len(source) > 4096 or "\0" in source:
             raise RequestError(422, f"'source' is not a usable path: {shorten(source)}.", param="source")
         folder = os.path.abspath(os.path.expanduser(source))
-        if not os.path.isdir(folder):
+        if data is None and not os.path.isdir(folder):
             raise RequestError(422, f"No folder at {source!r} (on the server).", param="source")
         with self._admin_lock:
             if self.has(name):
                 raise RequestError(409, f"The model already serves {name!r}; remove it first.", param="name",
                                    code="name_taken")
-            reason = untrusted_reason(folder) or _pickled_weights(folder)
-            if reason is not None:
-                raise RequestError(422, f"Refused {source!r}: {reason}. Nothing of it was run.", param="source",
-                                   code="untrusted_source")
-            try:
-                options, state, fingerprint = read_prompt_set(folder)
-            except StPromptsError as exc:
-                raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
+            if data is None:
+                reason = untrusted_reason(folder) or _pickled_weights(folder)
+                if reason is not None:
+                    raise RequestError(422, f"Refused {source!r}: {reason}. Nothing of it was run.", param="source",
+                                       code="untrusted_source")
+                try:
+                    options, state, fingerprint = read_prompt_set(folder)
+                    bank.check_pooling(self.model, folder)
+                except StPromptsError as exc:
+                    raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
+            else:
+                import torch
+
+                options, arrays, fingerprint = data
+                state = {key: torch.from_numpy(value) for key, value in arrays.items()}
             problem = self._set_problem(options, state)  # before anything is allocated for it
             if problem is not None:
                 raise RequestError(422, f"Refused {source!r}: {problem}.", param="source", code="invalid_prompt_set")
@@ -271,7 +281,7 @@ class ServedModel:
             with self._model_lock:
                 self._remove_retired()
                 try:
-                    bank.add_prompt_set(self.model, internal, folder)
+                    bank.add_prompt_set(self.model, internal, _SetData(options, state, fingerprint))
                 except StPromptsError as exc:
                     raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
             with self._routes_lock:
@@ -279,8 +289,11 @@ class ServedModel:
                 self._routes[BACKBONE_TASK] = self._routes.pop(BACKBONE_TASK)  # keep the backbone last
         prefix = self.encoder.prompt_sets[internal]
         logger.info("added the prompt set %r from %s", name, folder)
-        return {"id": name, "prefix_length": int(prefix.prefix_length),
+        info = {"id": name, "prefix_length": int(prefix.prefix_length),
                 "parameters": int(sum(p.numel() for p in prefix.parameters()))}
+        if with_data:
+            return info, (options, {key: value.detach().cpu().numpy() for key, value in state.items()}, fingerprint)
+        return info
 
     def remove_prompt_set(self, name: Any) -> None:
         """Stop serving the prompt set ``name``; it leaves the model once no request in flight uses it.
@@ -368,6 +381,27 @@ class ServedModel:
             self._encode(["warm up"], next(iter(self._routes.values())))
             if self.encoder is not None:
                 _ = self.encoder.fingerprint
+
+
+class _SetData:
+    """A prompt set read from a folder, in the shape a bank takes a prompted module in (``prefix_encoder``, its
+    options, ``prompt_state_dict``, ``fingerprint``), so that the bank's own checks and loading add it: the folder
+    is read once, and what was checked is what is added."""
+
+    template = None
+    cls_prompt = False
+    prefix_encoder = True
+
+    def __init__(self, options: dict[str, Any], state: dict[str, Any], fingerprint: str) -> None:
+        from st_prompts.modules.prompt_sets import SET_OPTIONS
+
+        for key in SET_OPTIONS:
+            setattr(self, key, options.get(key))
+        self._state = state
+        self.fingerprint = fingerprint
+
+    def prompt_state_dict(self) -> dict[str, Any]:
+        return {f"prefix_encoder.{key}": value for key, value in self._state.items()}
 
 
 #: Weight files that are Python pickles: a prompt set is read from safetensors only, and a folder that holds one of

@@ -6,8 +6,9 @@ OpenAI's error object). **Draining**: on SIGTERM (or Ctrl-C) the server keeps li
 ``draining`` and new work is refused with 503; once no accepted request is left (or ``drain_timeout`` seconds after the
 signal, whichever is first) the listening socket closes, connections still sending a request are answered 503 and
 closed, requests still queued are answered 503, and the process exits with status 0 (130 for Ctrl-C). No client can
-hold the drain beyond ``drain_timeout`` (only the forward pass that runs when it ends is waited for), and nothing
-prints a traceback (``ST_PROMPTS_TRACEBACK=1`` shows them in the log, for bug reports).
+hold the drain beyond ``drain_timeout`` (only the forward pass that runs when it ends is waited for; one queued
+behind it does not start), and nothing prints a traceback (``ST_PROMPTS_TRACEBACK=1`` shows them in the log, for
+bug reports).
 """
 
 from __future__ import annotations
@@ -124,10 +125,17 @@ def run_server(options: ServerOptions) -> int:
 
 
 def apply_change(served, registry, op: str, args: tuple):
-    """Apply one admin change (``add_set``, ``remove_set``, ``reload_index``) to this process's model or indexes;
-    returns what the admin endpoint answers (a dict, or ``None``)."""
+    """Apply one admin change to this process's model or indexes; returns what the admin endpoint answers (a dict,
+    or ``None``). ``add_set`` (name, folder) reads a folder; in a worker, ``add_set_read`` does the same and returns
+    ``{"answer": ..., "data": ...}`` (the set as read, for the other workers) and ``add_set_data`` (name, folder,
+    data) adds a set another worker read; ``remove_set`` (name); ``reload_index`` (name)."""
     if op == "add_set":
         return served.add_prompt_set(*args)
+    if op == "add_set_read":
+        answer, data = served.add_prompt_set(*args, with_data=True)
+        return {"answer": answer, "data": data}
+    if op == "add_set_data":
+        return served.add_prompt_set(args[0], args[1], data=args[2])
     if op == "remove_set":
         return served.remove_prompt_set(*args)
     if op == "reload_index":

@@ -18,7 +18,9 @@ The parent serves no request. It
 * **carries admin changes to every worker**: a worker that is asked to add or remove a prompt set, or to reload an
   index, sends the change to the parent, which applies it to each worker in turn (the first one's checks decide: a
   refused change reaches no other) and answers once every worker has it, so that after a ``201`` every worker
-  serves the new set; changes are applied one at a time, in the order they reach the parent;
+  serves the new set; changes are applied one at a time, in the order they reach the parent. An added set is read
+  from its folder once, by the first worker; the others, and replacements, add the tensors it read, so that every
+  worker serves the same set even if the folder changes meanwhile;
 * **merges the metrics**: ``GET /metrics`` on any worker asks the parent for every worker's metrics and answers their
   sum (``st_prompts_*``; the process metrics per worker, labelled ``worker``).
 
@@ -84,6 +86,7 @@ class WorkerLink:
         self._up = up
         self._down = down
         self._lock = threading.Lock()
+        self._sequence = 0
 
     def ask(self, message: tuple, timeout: float) -> Any:
         """Send ``message`` to the parent and return its answer.
@@ -94,11 +97,16 @@ class WorkerLink:
             ConnectionError: the parent is gone.
         """
         with self._lock:
+            self._sequence += 1
+            deadline = time.monotonic() + timeout
             try:
-                self._up.send(message)
-                if not self._up.poll(timeout):
-                    raise TimeoutError(f"no answer from the server's parent process within {timeout:g} s")
-                status, value = self._up.recv()
+                self._up.send((self._sequence, *message))
+                while True:  # an answer to an earlier request that timed out is dropped
+                    if not self._up.poll(max(0.0, deadline - time.monotonic())):
+                        raise TimeoutError(f"no answer from the server's parent process within {timeout:g} s")
+                    sequence, status, value = self._up.recv()
+                    if sequence == self._sequence:
+                        break
             except (EOFError, OSError) as exc:
                 raise ConnectionError("the server's parent process is gone") from exc
         if status == "error":
@@ -109,7 +117,7 @@ class WorkerLink:
         """Send ``message`` without waiting for an answer (e.g. ``("ready",)``)."""
         with self._lock:
             try:
-                self._up.send(message)
+                self._up.send((0, *message))
             except OSError:
                 pass
 
@@ -278,10 +286,10 @@ class Supervisor:
             for end in readable:
                 worker = ends[end]
                 try:
-                    message = end.recv()
-                except (EOFError, OSError):
+                    sequence, *message = end.recv()
+                except (EOFError, OSError, ValueError, TypeError):
                     continue  # the worker is gone: reaped below
-                self._handle(worker, message)
+                self._handle(worker, sequence, tuple(message))
             self._reap()
             if self.stopping is not None and time.monotonic() > self.deadline:
                 left = list(self.workers.values())
@@ -323,7 +331,7 @@ class Supervisor:
             self._spawn(worker.index)
 
     # ------------------------------------------------------------------ requests of the workers
-    def _handle(self, worker: _Worker, message: tuple) -> None:
+    def _handle(self, worker: _Worker, sequence: int, message: tuple) -> None:
         kind = message[0]
         if kind == "ready":
             worker.ready = True
@@ -340,25 +348,38 @@ class Supervisor:
         else:
             answer = ("error", {"message": f"unknown request {kind!r}"})
         try:
-            worker.up.send(answer)
+            worker.up.send((sequence, *answer))
         except OSError:
             pass
 
     def _command(self, worker: _Worker, message: tuple) -> tuple[str, Any]:
         try:
             worker.down.send(message)
-            if not worker.down.poll(APPLY_TIMEOUT):
-                return "error", {"message": f"worker {worker.index} did not answer within {APPLY_TIMEOUT:g} s"}
-            return worker.down.recv()
+            if worker.down.poll(APPLY_TIMEOUT):
+                return worker.down.recv()
         except (EOFError, OSError):
             return "error", {"message": f"worker {worker.index} is gone"}
+        # stuck: its late answer would be read as the next command's, so it goes (and is replaced, the changes replayed)
+        logger.error("worker %d did not answer within %g s: it is stopped", worker.index, APPLY_TIMEOUT)
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return "error", {"message": f"worker {worker.index} did not answer within {APPLY_TIMEOUT:g} s"}
 
     def _change(self, asking: _Worker, op: str, args: tuple) -> tuple[str, Any]:
-        """Apply a change to every worker, the one that asked first (its checks decide)."""
+        """Apply a change to every worker, the one that asked first (its checks decide). A set is read from its
+        folder once, by that worker; the others (and replacements, from the journal) add what it read."""
         order = [asking] + [w for w in self.workers.values() if w is not asking]
-        status, value = self._command(asking, ("apply", op, args))
-        if status != "ok":
-            return status, value
+        if op == "add_set":
+            status, value = self._command(asking, ("apply", "add_set_read", args))
+            if status != "ok":
+                return status, value
+            op, args, value = "add_set_data", (*args, value["data"]), value["answer"]
+        else:
+            status, value = self._command(asking, ("apply", op, args))
+            if status != "ok":
+                return status, value
         self.journal.append((op, args))
         for worker in order[1:]:
             other, problem = self._command(worker, ("apply", op, args))
