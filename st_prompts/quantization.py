@@ -18,8 +18,9 @@ How :class:`Int8Linear` computes (dynamic quantization, **per token**): the weig
 ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, the one behind
 ``torch.ao.quantization.quantize_dynamic``), and the row's scale and offset are applied to its output in fp32.
 No scale is shared between rows, so each int8 layer is exactly row-independent (its output for a row does not depend
-on the other rows of the batch, nor on their padding); the fp32 attention between the layers still differs by ~1e-7
-with padding, which can flip a rounding (docs/serving.md measures how often). torch.ao's ``quantize_dynamic`` and
+on the other rows of the batch, nor on their padding); the fp32 attention between the layers differs by ~1e-7 with
+padding, which can flip a rounding, so a quantized model runs each pass as groups of rows of equal length and prefix
+length (:func:`exact_rows_forward`): a row's vector is exactly the same alone and in any batch. torch.ao's ``quantize_dynamic`` and
 ONNX Runtime's dynamic quantization share one activation scale per tensor (the whole batch), so their rows change
 with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits, not 8: without
 AVX512-VNNI, fbgemm's u8 x s8 pairs would saturate 16 bits (torch's own ``reduce_range``).
@@ -156,12 +157,86 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
             raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
         setattr(module, MODE_ATTRIBUTE, mode)
         module.save = functools.partial(_refuse_save, "save")
+        module.forward = functools.partial(exact_rows_forward, module, module.forward)
     model.eval()
     setattr(model, MODE_ATTRIBUTE, mode)
     for name in _SAVE_METHODS:
         if hasattr(model, name):
             setattr(model, name, functools.partial(_refuse_save, name))
     return model
+
+
+#: Input features a row-exact pass knows how to split: token-level ``(batch, seq)`` ones (trimmed to a group's
+#: length) and per-row ones; a pass with any other feature runs as one batch.
+_TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+_ROW_FEATURES = ("prompt_task", "prompt_tasks", "prompt_mask_index", "modality")
+
+
+def exact_rows_forward(module: torch.nn.Module, forward: Any, features: dict[str, Any], **kwargs: Any) -> Any:
+    """``forward(features)`` run once per group of rows of equal length and equal prefix length, the outputs put
+    back in the rows' order (token-level outputs zero-padded to the batch's length).
+
+    Why: a row's int8 result depends on nothing but its own inputs only if no padding enters its attention. With
+    padding (or a longer prefix of another row's task, padded too) the fp32 attention differs by ~1e-7, enough to
+    flip a rounding of the next layer's 7-bit input: measured up to 1e-2 on MiniLM. Rows of equal length and prefix
+    length give exactly the same vector as alone (measured: 0.0, same or mixed tasks). Only right-padded inputs
+    with the features listed in ``_TOKEN_FEATURES``/``_ROW_FEATURES`` are split; anything else runs as one batch.
+    """
+    mask = features.get("attention_mask")
+    if (not torch.is_tensor(mask) or mask.dim() != 2 or mask.shape[0] <= 1
+            or any(key not in _TOKEN_FEATURES + _ROW_FEATURES for key in features)
+            or getattr(getattr(module, "tokenizer", None), "padding_side", "right") != "right"):
+        return forward(features, **kwargs)
+    batch, seq = mask.shape
+    lengths = mask.sum(dim=1).tolist()
+    if not all(bool(mask[row, :length].all()) for row, length in enumerate(lengths)):
+        return forward(features, **kwargs)  # not right-padded after all
+    prefixes = _prefix_lengths(module, features, batch, kwargs.get("task"))
+    groups: dict[tuple[int, int], list[int]] = {}
+    for row, key in enumerate(zip(lengths, prefixes)):
+        groups.setdefault(key, []).append(row)
+    if len(groups) == 1 and lengths[0] == seq:
+        return forward(features, **kwargs)
+    parts = []
+    for (length, _), rows in groups.items():
+        index = torch.tensor(rows, device=mask.device)
+        part = {}
+        for key, value in features.items():
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == batch:
+                value = value.index_select(0, index)
+                part[key] = value[:, :length] if key in _TOKEN_FEATURES and value.dim() >= 2 else value
+            elif isinstance(value, (list, tuple)) and len(value) == batch:
+                part[key] = [value[row] for row in rows]
+            else:
+                part[key] = value
+        parts.append((index, length, forward(part, **kwargs)))
+    merged = dict(features)
+    for key, first in parts[0][2].items():
+        if key in features or not torch.is_tensor(first) or first.shape[0] != len(parts[0][0]):
+            continue  # inputs stay the batch's; draws and other per-pass objects are not merged
+        token_level = first.dim() >= 2 and first.shape[1] == parts[0][1]
+        shape = (batch, seq, *first.shape[2:]) if token_level else (batch, *first.shape[1:])
+        out = first.new_zeros(shape)
+        for index, length, result in parts:
+            out.index_copy_(0, index, result[key] if not token_level else
+                            torch.nn.functional.pad(result[key], (0, 0) * (first.dim() - 2) + (0, seq - length)))
+        merged[key] = out
+    return merged
+
+
+def _prefix_lengths(module: torch.nn.Module, features: dict[str, Any], batch: int, task: Any) -> list[int]:
+    """Each row's prefix length (its prompt set's; 0 without), the other half of a row-exact group's key."""
+    resolve = getattr(module, "resolve_task", None)
+    if resolve is None:
+        return [0] * batch
+    tasks = features.get("prompt_tasks")
+    if not isinstance(tasks, (list, tuple)) or len(tasks) != batch:
+        tasks = [features.get("prompt_task", task)] * batch
+    lengths = {}
+    for name in set(tasks):
+        encoder = resolve(name)
+        lengths[name] = int(getattr(encoder, "prefix_length", 0) or 0) if encoder is not None else 0
+    return [lengths[name] for name in tasks]
 
 
 def _modules(model: Any) -> list[torch.nn.Module]:

@@ -68,6 +68,25 @@ def test_a_row_is_the_same_alone_and_in_a_mixed_batch_with_two_sets(tiny_bert):
         assert moved == (task is not None), (row, task)
 
 
+def test_minilm_int8_rows_are_exactly_the_same_alone_and_in_mixed_batches(minilm_path):
+    """The real backbone, where padding in a batch flips roundings (1e-2 before rows were grouped by length)."""
+    texts = (Path(__file__).parent / "fixtures" / "search" / "real_corpus.txt").read_text(
+        encoding="utf-8").splitlines()[:24]
+    model = bank.create_bank(minilm_path)
+    torch.manual_seed(3)
+    for name, length in (("short", 4), ("long", 16)):
+        with torch.no_grad():
+            model[0].new_prompt_set(name, prefix_length=length).embedding.weight.normal_(0, 0.3)
+    quantize_model(model, "int8")
+    tasks = [("short", "long", "backbone")[i % 3] for i in range(len(texts))]
+    alone = torch.stack([encode(model, [text], task=task)[0] for text, task in zip(texts, tasks)])
+    mixed = encode(model, texts, task=tasks, batch_size=len(texts))
+    assert (mixed - alone).abs().max() <= 1e-6
+    del model[0].forward  # one padded batch, as before: the same rows move by far more than 1e-5
+    padded = encode(model, texts, task=tasks, batch_size=len(texts))
+    assert (padded - alone).abs().max() > 1e-4
+
+
 def test_prompt_sets_and_gates_are_unchanged_and_stay_fp32(tiny_bert):
     model = two_set_bank(tiny_bert)
     encoder = model[0]
