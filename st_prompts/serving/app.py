@@ -99,7 +99,7 @@ class ServerContext:
 
     def change(self, op: str, args: tuple) -> Any:
         """Apply an admin change (in the admin thread): here, or through the parent to every worker."""
-        from st_prompts.serving.server import apply_change
+        from st_prompts.serving.changes import apply_change
 
         if self.link is None:
             return apply_change(self.served, self.indexes, op, args)
@@ -368,7 +368,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         context.admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="st-prompts-admin")
         await batcher.start()
         if context.link is not None:
-            from st_prompts.serving.server import apply_change
+            from st_prompts.serving.changes import apply_change
 
             context.link.listen(lambda op, args: apply_change(served, context.indexes, op, args),
                                 context.metrics.render)

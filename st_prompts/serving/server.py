@@ -104,6 +104,8 @@ def run_server(options: ServerOptions) -> int:
     threads = options.threads or max(1, (os.cpu_count() or 1) // workers)
     sock.listen(2048)  # connections queue from here; the workers accept them
 
+    from st_prompts.serving.changes import apply_change
+
     def start_worker(link, journal) -> int:
         torch.set_num_threads(threads)
         for op, args in journal:  # a replacement worker: the changes made since the server started
@@ -122,25 +124,6 @@ def run_server(options: ServerOptions) -> int:
         raise ConfigurationError(supervisor.failed or "a worker failed")
     logger.info("stopped after %s: every worker drained", supervisor.stopping)
     return code
-
-
-def apply_change(served, registry, op: str, args: tuple):
-    """Apply one admin change to this process's model or indexes; returns what the admin endpoint answers (a dict,
-    or ``None``). ``add_set`` (name, folder) reads a folder; in a worker, ``add_set_read`` does the same and returns
-    ``{"answer": ..., "data": ...}`` (the set as read, for the other workers) and ``add_set_data`` (name, folder,
-    data) adds a set another worker read; ``remove_set`` (name); ``reload_index`` (name)."""
-    if op == "add_set":
-        return served.add_prompt_set(*args)
-    if op == "add_set_read":
-        answer, data = served.add_prompt_set(*args, with_data=True)
-        return {"answer": answer, "data": data}
-    if op == "add_set_data":
-        return served.add_prompt_set(args[0], args[1], data=args[2])
-    if op == "remove_set":
-        return served.remove_prompt_set(*args)
-    if op == "reload_index":
-        return registry.reload(*args).describe()
-    raise ValueError(f"unknown change {op!r}")
 
 
 def _load(options: ServerOptions):
