@@ -214,3 +214,16 @@ def test_merge_metrics_sums_counters_and_histograms_and_labels_process_samples()
     assert samples[("process_resident_memory_bytes", (("worker", "0"),))] == 100
     assert samples[("process_resident_memory_bytes", (("worker", "1"),))] == 250
     assert samples[("st_prompts_workers", ())] == 2
+
+
+def test_the_journal_keeps_each_served_set_once_and_the_removals_of_sets_the_bank_started_with():
+    from st_prompts.serving.workers import Supervisor
+
+    supervisor = Supervisor(2, lambda link, journal: 0)
+    for op, args in (("add_set_data", ("a", "/one", "tensors 1")), ("add_set_data", ("b", "/two", "tensors 2")),
+                     ("remove_set", ("a",)), ("add_set_data", ("a", "/three", "tensors 3")),
+                     ("remove_set", ("sts",)), ("reload_index", ("docs",))):
+        supervisor._record(op, args)
+    assert supervisor.journal == [("add_set_data", ("b", "/two", "tensors 2")),
+                                  ("add_set_data", ("a", "/three", "tensors 3")),
+                                  ("remove_set", ("sts",)), ("reload_index", ("docs",))]

@@ -380,7 +380,7 @@ class Supervisor:
             status, value = self._command(asking, ("apply", op, args))
             if status != "ok":
                 return status, value
-        self.journal.append((op, args))
+        self._record(op, args)
         for worker in order[1:]:
             other, problem = self._command(worker, ("apply", op, args))
             if other != "ok":  # the workers hold the same state: this is a failure of that worker, not the change
@@ -391,6 +391,16 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
         return status, value
+
+    def _record(self, op: str, args: tuple) -> None:
+        """Keep a change for replacements to replay; a removal takes its set's addition out instead (the journal
+        holds each served set's tensors once, not every set ever added)."""
+        if op == "remove_set":
+            for index in range(len(self.journal) - 1, -1, -1):
+                if self.journal[index][0] == "add_set_data" and self.journal[index][1][0] == args[0]:
+                    del self.journal[index]
+                    return
+        self.journal.append((op, args))
 
     def _metrics(self) -> bytes:
         texts = []
