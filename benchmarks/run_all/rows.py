@@ -175,15 +175,13 @@ def _rows() -> list[Row]:
               issue="51", compare=f"diffaug-{s}", all_seeds=True) for sup, s in ((False, "semi"), (True, "sup"))),
         # issue 51: the official ungated prefix beside the gated CPU presets (the main rows' runs before the presets
         # changed), three seeds
-        Row("dcpcse-unsup-ungated", "DCPCSE unsup, the official ungated prefix", "dcpcse", False,
-            (("learning_rate", DCPCSE_LR[False]), ("prefix_gate", False)), ablation=True, issue="51",
-            compare="dcpcse-unsup", all_seeds=True),
-        Row("d2cse-unsup-ungated", "D2CSE unsup, the official ungated prefix", "d2cse", False,
-            (("learning_rate", D2CSE_LR[False]), ("prefix_gate", False)), ablation=True, issue="51",
-            compare="d2cse-unsup", all_seeds=True),
-        Row("diffaug-semi-ungated", "DiffAug semi, the official ungated prefixes", "diffaug", False,
-            (("stage1_learning_rate", DIFFAUG_STAGE1_LR[False]), ("prefix_gate", False)), ablation=True,
-            issue="51", compare="diffaug-semi", all_seeds=True),
+        *(Row(f"{main}-ungated", f"{label}, the official ungated prefix{'es' * (method == 'diffaug')}", method,
+              False, ((rate, value), ("prefix_gate", False)), ablation=True, issue="51", compare=main,
+              all_seeds=True)
+          for main, label, method, rate, value in (
+              ("dcpcse-unsup", "DCPCSE unsup", "dcpcse", "learning_rate", DCPCSE_LR[False]),
+              ("d2cse-unsup", "D2CSE unsup", "d2cse", "learning_rate", D2CSE_LR[False]),
+              ("diffaug-semi", "DiffAug semi", "diffaug", "stage1_learning_rate", DIFFAUG_STAGE1_LR[False]))),
         Row("d2cse-unsup-cls-prompt", "D2CSE unsup with the [CLS] prompt", "d2cse", False,
             (("cls_prompt", True),), ablation=True, issue="8", compare="d2cse-unsup", all_seeds=True),
         Row("d2cse-sup-no-cls-prompt", "D2CSE sup without the [CLS] prompt", "d2cse", True,

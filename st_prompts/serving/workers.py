@@ -187,6 +187,7 @@ class Supervisor:
         self.workers: dict[int, _Worker] = {}
         self.journal: list[tuple[str, tuple]] = []
         self.stopping: str | None = None
+        self.deadline = float("inf")  # when the workers left are killed (set once stopping begins)
         self.failed: str | None = None
         self._announced = False
         self._replaced: list[float] = []
