@@ -35,6 +35,8 @@ from st_prompts.errors import StPromptsError, printable
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
 COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "serve", "ski")
 _handler: logging.Handler | None = None
+#: The root logger's level before :func:`configure_output` changed it (restored by :func:`reset_output`).
+_root_level: int = logging.WARNING
 TRACEBACK_VARIABLE = "ST_PROMPTS_TRACEBACK"
 _MESSAGE_CHARS = 300  # an unexpected exception's message is cut to this many characters
 
@@ -83,10 +85,12 @@ def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports, no advice
         os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    global _handler
+    global _handler, _root_level
     root = logging.getLogger()
     if _handler is not None:  # called again in the same process (tests): replace our handler, keep the others
         root.removeHandler(_handler)
+    else:
+        _root_level = root.level
     handler = _handler = logging.StreamHandler(sys.stderr)
     if verbose:
         handler.setFormatter(_PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
@@ -104,6 +108,7 @@ def reset_output() -> None:
     if _handler is not None:
         logging.getLogger().removeHandler(_handler)
         _handler = None
+        logging.getLogger().setLevel(_root_level)  # the root's level as it was before, or later warnings are lost
         logging.getLogger("st_prompts").setLevel(logging.NOTSET)
 
 

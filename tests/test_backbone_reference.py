@@ -95,13 +95,13 @@ def test_other_local_paths_are_kept_absolute_with_a_warning(tiny_bert, tmp_path,
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_bert, tmp_path / "local-backbone")
     model = cls_model(PromptedTransformer("local-backbone", prefix_length=2))
-    with caplog.at_level(logging.WARNING, logger="st_prompts.modules.prompted_transformer"):
+    with caplog.at_level(logging.WARNING, logger="st_prompts"):
         save_prompts_only(model, str(tmp_path / "p"))
     assert "loads only where that path exists" in caplog.text
     config = json.loads((tmp_path / "p" / "sentence_bert_config.json").read_text())
     assert config["backbone_name_or_path"] == str(tmp_path / "local-backbone")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="st_prompts.modules.prompted_transformer"):
+    with caplog.at_level(logging.WARNING, logger="st_prompts"):
         model.save(str(tmp_path / "full"))
     assert "loads only where" not in caplog.text  # a full checkpoint carries its backbone
 
