@@ -19,8 +19,11 @@ How :class:`Int8Linear` computes (dynamic quantization, **per token**): the weig
 ``torch.ao.quantization.quantize_dynamic``), and the row's scale and offset are applied to its output in fp32.
 No scale is shared between rows, so each int8 layer is exactly row-independent (its output for a row does not depend
 on the other rows of the batch, nor on their padding); the fp32 attention between the layers differs by ~1e-7 with
-padding, which can flip a rounding, so a quantized model runs each pass as groups of rows of equal length and prefix
-length (:func:`exact_rows_forward`): a row's vector is exactly the same alone and in any batch. torch.ao's ``quantize_dynamic`` and
+padding, which can flip a rounding, so a quantized encoder computes attention row by row
+(:mod:`st_prompts.prompts.row_exact`: each group of rows with the same positions on those positions alone) while its
+linear layers run on the whole batch; a causal decoder runs each pass as groups of rows of equal length and prefix
+length instead (:func:`exact_rows_forward`, slower: every matrix product runs once per group). Either way a row's
+vector is exactly the same alone and in any batch. torch.ao's ``quantize_dynamic`` and
 ONNX Runtime's dynamic quantization share one activation scale per tensor (the whole batch), so their rows change
 with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits, not 8: without
 AVX512-VNNI, fbgemm's u8 x s8 pairs would saturate 16 bits (torch's own ``reduce_range``).
@@ -157,7 +160,8 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
             raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
         setattr(module, MODE_ATTRIBUTE, mode)
         module.save = functools.partial(_refuse_save, "save")
-        module.forward = functools.partial(exact_rows_forward, module, module.forward)
+        if not _row_exact_attention(module):
+            module.forward = functools.partial(exact_rows_forward, module, module.forward)
     model.eval()
     setattr(model, MODE_ATTRIBUTE, mode)
     for name in _SAVE_METHODS:
@@ -222,6 +226,29 @@ def exact_rows_forward(module: torch.nn.Module, forward: Any, features: dict[str
                             torch.nn.functional.pad(result[key], (0, 0) * (first.dim() - 2) + (0, seq - length)))
         merged[key] = out
     return merged
+
+
+def _row_exact_attention(module: torch.nn.Module) -> bool:
+    """Make ``module``'s backbone compute attention row by row (:mod:`st_prompts.prompts.row_exact`) where it can: a
+    bidirectional encoder on the sdpa or eager attention, its prefix (if any) given to the attention function. Then a
+    pass needs no grouping (:func:`exact_rows_forward`), and the linear layers run on the whole batch."""
+    from st_prompts.prompts.injection import BACKENDS, register_attention_functions, wrapped_backend
+    from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE
+
+    backbone = module.auto_model
+    backend = wrapped_backend(getattr(backbone.config, "_attn_implementation", None))
+    if (backend is None or getattr(module, "prefix_injection", "attention") != "attention"
+            or any(getattr(m, "is_causal", False) for m in backbone.modules())):
+        return False
+    if backbone.config._attn_implementation != BACKENDS[backend]:  # a plain backbone: the same backend, wrapped
+        register_attention_functions()
+        try:
+            backbone.set_attn_implementation(BACKENDS[backend])
+        except (ValueError, KeyError):
+            return False
+    for submodule in backbone.modules():
+        setattr(submodule, ROW_EXACT_ATTRIBUTE, True)
+    return True
 
 
 def _prefix_lengths(module: torch.nn.Module, features: dict[str, Any], batch: int, task: Any) -> list[int]:

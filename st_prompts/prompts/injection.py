@@ -39,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
 from st_prompts.prompts.prefix import PrefixDraw, prefix_concat
+from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE, row_exact_attention
 
 #: Keyword under which the model's forward carries the :class:`PrefixInjection` down to the attention functions.
 PREFIX_KWARG = "st_prompts_prefix"
@@ -90,6 +91,10 @@ def _attention(backend: str):
         if observed is not None:
             observed.append(injection is not None)
         function = sdpa_attention_forward if backend == "sdpa" else _eager_function(type(module))
+        if getattr(module, ROW_EXACT_ATTRIBUTE, False):  # a quantized encoder: see st_prompts.prompts.row_exact
+            exact = row_exact_attention(function, module, query, key, value, attention_mask, injection, kwargs)
+            if exact is not None:
+                return exact
         if injection is None:
             return function(module, query, key, value, attention_mask, **kwargs)
         if injection.gate is not None:

@@ -1,0 +1,158 @@
+"""Row-exact attention: each row's attention computed over its own positions only, so that a row's output does not
+depend on the other rows of its batch (their lengths, their prompt sets), to the last bit.
+
+Why: an int8 model quantizes every linear layer's input per token (:mod:`st_prompts.quantization`), so a difference
+of 1e-7 in an attention output (what padding does to fp32 attention: the masked keys change how the kernel blocks its
+sums) can flip a rounding of the next layer's 7-bit input, and the row's embedding moves by up to 1e-2. Everything
+else in an encoder layer (the int8 linear layers with their integer sums, layer norms, activations) already computes
+each row on its own. A quantized encoder therefore marks its attention modules (:data:`ROW_EXACT_ATTRIBUTE`), and the
+attention functions of :mod:`st_prompts.prompts.injection` then run each group of rows with the same positions
+(the same real tokens, the same visible prefix positions) as one call on those positions alone, with no mask, the
+same call a row alone gets. The linear layers still run on the whole padded batch (the reason this exists: grouping
+whole forward passes by length multiplies the matrix products and costs a third of int8's speed).
+
+Only bidirectional self-attention is handled (an encoder: the mask says the same for every query); anything else
+(a causal decoder, a prefix passed as a cache) returns ``None`` and is computed as usual.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+__all__ = ["ROW_EXACT_ATTRIBUTE", "row_exact_attention"]
+
+#: Attribute set (True) on the modules of a backbone whose attention is computed row by row.
+ROW_EXACT_ATTRIBUTE = "st_prompts_row_exact"
+
+# The grouping of the pass in progress (one per thread: the server's forward thread, a training thread), reused by
+# every layer: the same mask and prefix objects are handed to each layer's attention call.
+_plans = threading.local()
+
+
+class _Group:
+    """Rows that attend over the same positions: their index, real token positions, joint and gated prefix ones."""
+
+    __slots__ = ("rows", "tokens", "joint", "gated")
+
+    def __init__(self, rows: list[int], tokens: tuple[int, ...], joint: tuple[int, ...], gated: tuple[int, ...],
+                 device: torch.device) -> None:
+        self.rows = torch.tensor(rows, device=device)
+        self.tokens = torch.tensor(tokens, device=device, dtype=torch.long)
+        self.joint = torch.tensor(joint, device=device, dtype=torch.long) if joint else None
+        self.gated = torch.tensor(gated, device=device, dtype=torch.long) if gated else None
+
+
+def _allowed(mask: torch.Tensor | None, batch: int, queries: int, keys: int, device) -> torch.Tensor | None:
+    """Each row's attended text positions ``(batch, keys)``, or ``None`` where the mask differs between queries
+    (causal, sliding window: not a padding mask)."""
+    if mask is None:
+        return torch.ones(batch, keys, dtype=torch.bool, device=device)
+    if mask.dim() != 4 or mask.shape[-1] != keys:
+        return None
+    if mask.dtype != torch.bool:  # eager's additive mask: 0 where attended, the dtype's minimum elsewhere
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    mask = mask[:, 0]
+    if mask.shape[1] != 1 and not bool((mask == mask[:, :1]).all()):
+        return None
+    return mask[:, 0].expand(batch, keys)
+
+
+def _positions(row: torch.Tensor | None, length: int) -> tuple[int, ...]:
+    if row is None:
+        return tuple(range(length))
+    return tuple(row.nonzero().flatten().tolist())
+
+
+def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[_Group] | None:
+    cached = getattr(_plans, "last", None)
+    if (cached is not None and cached[0] is mask and cached[1] is injection
+            and cached[2] == (batch, queries, keys)):
+        return cached[3]
+    allowed = _allowed(mask, batch, queries, keys, device)
+    groups: list[_Group] | None = None
+    if allowed is not None:
+        joint = gated = None
+        length = 0
+        if injection is not None:
+            length = injection.prefix[0].shape[2]
+            if injection.gate is None or not injection.all_gated:
+                joint = injection.visible if injection.visible is not None else torch.ones(
+                    1, length, dtype=torch.bool, device=device)
+                joint = joint.to(device).expand(batch, -1)
+            if injection.gate is not None:
+                gated = injection.gate_visible.to(device).expand(batch, -1)
+        members: dict[tuple, list[int]] = {}
+        for row in range(batch):
+            key = (_positions(allowed[row], keys),
+                   _positions(joint[row], length) if joint is not None else (),
+                   _positions(gated[row], length) if gated is not None else ())
+            members.setdefault(key, []).append(row)
+        groups = [_Group(rows, *key, device=device) for key, rows in members.items()]
+    _plans.last = (mask, injection, (batch, queries, keys), groups)
+    return groups
+
+
+def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, injection: Any, kwargs: dict) -> tuple | None:
+    """``module``'s attention output ``(batch, queries, heads, head_dim)``, each group of rows computed on its own
+    positions by ``function`` (the wrapped sdpa or eager backend) without a mask, positions it does not attend
+    (padding) left at zero; ``None`` where this does not apply (see the module docstring).
+
+    ``injection`` is the pass's :class:`~st_prompts.prompts.injection.PrefixInjection` or ``None``: a row's visible
+    prefix positions go in front of its keys and values (joint softmax), a gated row's prefix adds
+    ``tanh(g) · softmax(q K_p^T · scaling) V_p`` over its own visible positions, as
+    :meth:`~st_prompts.prompts.injection.PrefixInjection.gated_attention` computes for the whole batch.
+    """
+    batch, heads, queries, _ = query.shape
+    keys = key.shape[2]
+    if queries != keys or getattr(module, "is_causal", False) or kwargs.get("is_causal"):
+        return None
+    plan = _plan(batch, queries, keys, attention_mask, injection, query.device)
+    if plan is None:
+        return None
+    prefix_keys = prefix_values = gate = None
+    if injection is not None:
+        layer = injection.layer(module)
+        prefix_keys, prefix_values = (injection._rows_prefix(2 * layer + i, batch).to(key.dtype) for i in (0, 1))
+        if injection.gate is not None:
+            gate = injection.gate[layer]  # (1 or sets, kv heads)
+            gate = (gate.index_select(0, injection.rows) if injection.rows is not None else gate).expand(batch, -1)
+    output = None
+    for group in plan:
+        rows, tokens = group.rows, group.tokens
+        q = query.index_select(0, rows).index_select(2, tokens)
+        k = key.index_select(0, rows).index_select(2, tokens)
+        v = value.index_select(0, rows).index_select(2, tokens)
+        if group.joint is not None:
+            k = torch.cat([prefix_keys.index_select(0, rows).index_select(2, group.joint), k], dim=2)
+            v = torch.cat([prefix_values.index_select(0, rows).index_select(2, group.joint), v], dim=2)
+        out, _ = function(module, q, k, v, None, **kwargs)  # (rows, tokens, heads, head_dim)
+        if group.gated is not None:
+            out = out + _gated_term(module, q, prefix_keys.index_select(0, rows).index_select(2, group.gated),
+                                    prefix_values.index_select(0, rows).index_select(2, group.gated),
+                                    gate.index_select(0, rows), kwargs).to(out.dtype)
+        if output is None:
+            output = out.new_zeros(batch, queries, *out.shape[2:])
+        output.index_put_((rows.view(-1, 1), tokens.view(1, -1)), out)
+    return output, None
+
+
+def _gated_term(module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gate: torch.Tensor,
+                kwargs: dict) -> torch.Tensor:
+    """``tanh(g) · softmax(q K_p^T · scaling) V_p`` over the given prefix positions, ``(rows, q, heads, head_dim)``
+    (the arithmetic of ``PrefixInjection._gated_term``, without a mask: every position given is visible)."""
+    rows, heads = query.shape[0], query.shape[1]
+    repeats = heads // keys.shape[1]  # grouped-query attention: each key/value head serves several queries
+    if repeats > 1:
+        keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
+        gate = gate.repeat_interleave(repeats, dim=1)
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or keys.shape[-1] ** -0.5
+    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling
+    term = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    term = term * gate.to(term.dtype).view(rows, heads, 1, 1)
+    return term.transpose(1, 2)
