@@ -189,3 +189,25 @@ def test_serve_parses_quantize_and_the_served_model_is_int8(tiny_bert, tmp_path)
     vectors = served.encode(TEXTS, tasks)
     expected = served.model.encode(TEXTS, task=tasks, convert_to_numpy=True)
     assert abs(vectors - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "llama", "camembert"])
+def test_int8_rows_are_exact_on_other_architectures(tiny_backbones, model_type):
+    """ModernBERT's sliding-window layers (not a padding mask), a causal decoder (grouped passes) and a RoBERTa-type
+    encoder: every row of a mixed-task batch exactly as alone, prompts and gates included."""
+    path = tiny_backbones(model_type)
+    torch.manual_seed(0)
+    encoder = PromptedTransformer(path, prefix_length=None, prompt_sets={
+        "gated": {"prefix_length": 4, "prefix_gate": True}, "plain": {"prefix_length": 6}})
+    with torch.no_grad():
+        for parameter in encoder.prompt_sets.parameters():
+            parameter.normal_()
+    pooling = "lasttoken" if model_type == "llama" else "mean"
+    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)],
+                                device="cpu")
+    quantize_model(model, "int8")
+    texts = TEXTS * 2
+    tasks = (TASKS + TASKS[::-1])
+    mixed = encode(model, texts, task=tasks)
+    alone = torch.stack([encode(model, [text], task=task)[0] for text, task in zip(texts, tasks)])
+    assert torch.equal(mixed, alone)

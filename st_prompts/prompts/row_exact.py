@@ -7,12 +7,14 @@ sums) can flip a rounding of the next layer's 7-bit input, and the row's embeddi
 else in an encoder layer (the int8 linear layers with their integer sums, layer norms, activations) already computes
 each row on its own. A quantized encoder therefore marks its attention modules (:data:`ROW_EXACT_ATTRIBUTE`), and the
 attention functions of :mod:`st_prompts.prompts.injection` then run each group of rows with the same positions
-(the same real tokens, the same visible prefix positions) as one call on those positions alone, with no mask, the
-same call a row alone gets. The linear layers still run on the whole padded batch (the reason this exists: grouping
-whole forward passes by length multiplies the matrix products and costs a third of int8's speed).
+(the same real tokens, the same visible prefix positions, the same mask among them) as one call on those positions
+alone, the same call a row alone gets: without a mask where every token sees every other, with the rows' own block of
+the model's mask where not (ModernBERT's sliding-window layers). The linear layers still run on the whole padded
+batch (the reason this exists: grouping whole forward passes by length multiplies the matrix products and costs a
+third of int8's speed).
 
-Only bidirectional self-attention is handled (an encoder: the mask says the same for every query); anything else
-(a causal decoder, a prefix passed as a cache) returns ``None`` and is computed as usual.
+Only bidirectional self-attention is handled (an encoder); anything else (a causal decoder, a prefix passed as a
+cache) returns ``None`` and is computed as usual.
 """
 
 from __future__ import annotations
@@ -33,31 +35,36 @@ _plans = threading.local()
 
 
 class _Group:
-    """Rows that attend over the same positions: their index, real token positions, joint and gated prefix ones."""
+    """Rows that attend over the same positions: their index, real token positions, joint and gated prefix ones, and
+    the mask among their tokens where it is not all-visible (a sliding window), prefix columns in front."""
 
-    __slots__ = ("rows", "tokens", "joint", "gated")
+    __slots__ = ("rows", "tokens", "joint", "gated", "mask")
 
-    def __init__(self, rows: list[int], tokens: tuple[int, ...], joint: tuple[int, ...], gated: tuple[int, ...],
-                 device: torch.device) -> None:
+    def __init__(self, rows: list[int], key: tuple, text_mask: torch.Tensor | None, device: torch.device) -> None:
+        tokens, joint, gated, _ = key
         self.rows = torch.tensor(rows, device=device)
         self.tokens = torch.tensor(tokens, device=device, dtype=torch.long)
         self.joint = torch.tensor(joint, device=device, dtype=torch.long) if joint else None
         self.gated = torch.tensor(gated, device=device, dtype=torch.long) if gated else None
+        self.mask = None
+        if text_mask is not None:  # one row's (tokens, tokens) block of the model's mask, in its format
+            if joint:
+                visible = (torch.ones if text_mask.dtype == torch.bool else torch.zeros)(
+                    len(tokens), len(joint), dtype=text_mask.dtype, device=device)
+                text_mask = torch.cat([visible, text_mask], dim=-1)
+            self.mask = text_mask.view(1, 1, *text_mask.shape)
 
 
-def _allowed(mask: torch.Tensor | None, batch: int, queries: int, keys: int, device) -> torch.Tensor | None:
-    """Each row's attended text positions ``(batch, keys)``, or ``None`` where the mask differs between queries
-    (causal, sliding window: not a padding mask)."""
+def _allowed(mask: torch.Tensor | None, batch: int, keys: int, device) -> torch.Tensor | None:
+    """``(batch, queries, keys)``: which text positions each query attends (True), or ``None`` for a mask this does
+    not read."""
     if mask is None:
-        return torch.ones(batch, keys, dtype=torch.bool, device=device)
+        return torch.ones(1, 1, keys, dtype=torch.bool, device=device).expand(batch, -1, -1)
     if mask.dim() != 4 or mask.shape[-1] != keys:
         return None
     if mask.dtype != torch.bool:  # eager's additive mask: 0 where attended, the dtype's minimum elsewhere
         mask = mask > torch.finfo(mask.dtype).min / 2
-    mask = mask[:, 0]
-    if mask.shape[1] != 1 and not bool((mask == mask[:, :1]).all()):
-        return None
-    return mask[:, 0].expand(batch, keys)
+    return mask[:, 0].expand(batch, -1, -1)
 
 
 def _positions(row: torch.Tensor | None, length: int) -> tuple[int, ...]:
@@ -67,13 +74,18 @@ def _positions(row: torch.Tensor | None, length: int) -> tuple[int, ...]:
 
 
 def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[_Group] | None:
-    cached = getattr(_plans, "last", None)
-    if (cached is not None and cached[0] is mask and cached[1] is injection
-            and cached[2] == (batch, queries, keys)):
-        return cached[3]
-    allowed = _allowed(mask, batch, queries, keys, device)
+    """The groups of this pass for this mask (a model may alternate masks between layers: ModernBERT's global and
+    sliding-window ones), computed once per pass and mask."""
+    state = getattr(_plans, "state", None)
+    if state is None or state[0] is not injection or state[1] != (batch, queries, keys):
+        state = _plans.state = (injection, (batch, queries, keys), {})
+    cached = state[2].get(id(mask))
+    if cached is not None and cached[0] is mask:
+        return cached[1]
+    allowed = _allowed(mask, batch, keys, device)
     groups: list[_Group] | None = None
     if allowed is not None:
+        real = allowed.any(dim=1)  # a position some query attends is a real token (padding is attended by none)
         joint = gated = None
         length = 0
         if injection is not None:
@@ -85,21 +97,29 @@ def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[
             if injection.gate is not None:
                 gated = injection.gate_visible.to(device).expand(batch, -1)
         members: dict[tuple, list[int]] = {}
+        blocks: dict[tuple, torch.Tensor | None] = {}
         for row in range(batch):
-            key = (_positions(allowed[row], keys),
-                   _positions(joint[row], length) if joint is not None else (),
-                   _positions(gated[row], length) if gated is not None else ())
+            tokens = _positions(real[row], keys)
+            index = torch.tensor(tokens, dtype=torch.long, device=device)
+            block = None if mask is None else allowed[row].index_select(0, index).index_select(1, index)
+            full = block is None or bool(block.all())
+            key = (tokens, _positions(joint[row], length) if joint is not None else (),
+                   _positions(gated[row], length) if gated is not None else (),
+                   None if full else block.cpu().numpy().tobytes())
+            if key not in members:
+                blocks[key] = None if full else mask[row if mask.shape[0] > 1 else 0, 0].index_select(
+                    0, index).index_select(1, index)
             members.setdefault(key, []).append(row)
-        groups = [_Group(rows, *key, device=device) for key, rows in members.items()]
-    _plans.last = (mask, injection, (batch, queries, keys), groups)
+        groups = [_Group(rows, key, blocks[key], device) for key, rows in members.items()]
+    state[2][id(mask)] = (mask, groups)
     return groups
 
 
 def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, injection: Any, kwargs: dict) -> tuple | None:
     """``module``'s attention output ``(batch, queries, heads, head_dim)``, each group of rows computed on its own
-    positions by ``function`` (the wrapped sdpa or eager backend) without a mask, positions it does not attend
-    (padding) left at zero; ``None`` where this does not apply (see the module docstring).
+    positions by ``function`` (the wrapped sdpa or eager backend) with the group's own mask (``None`` where all-visible),
+    positions no query attends (padding) left at zero; ``None`` where this does not apply (see the module docstring).
 
     ``injection`` is the pass's :class:`~st_prompts.prompts.injection.PrefixInjection` or ``None``: a row's visible
     prefix positions go in front of its keys and values (joint softmax), a gated row's prefix adds
@@ -129,7 +149,7 @@ def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor
         if group.joint is not None:
             k = torch.cat([prefix_keys.index_select(0, rows).index_select(2, group.joint), k], dim=2)
             v = torch.cat([prefix_values.index_select(0, rows).index_select(2, group.joint), v], dim=2)
-        out, _ = function(module, q, k, v, None, **kwargs)  # (rows, tokens, heads, head_dim)
+        out, _ = function(module, q, k, v, group.mask, **kwargs)  # (rows, tokens, heads, head_dim)
         if group.gated is not None:
             out = out + _gated_term(module, q, prefix_keys.index_select(0, rows).index_select(2, group.gated),
                                     prefix_values.index_select(0, rows).index_select(2, group.gated),
