@@ -92,7 +92,8 @@ def measure(label: str, models: dict, texts: list[str], tasks, rounds: int) -> l
 def markdown(record: dict) -> str:
     env = record["environment"]
     lines = ["# The cost of per-row exactness in int8 (benchmarks/int8_exactness.py)", "",
-             f"`{record['command']}`; {env['device']}, {env['cpus']} cores; torch threads 1; load average {record['load_start']} at "
+             f"`{record['command']}`; {env['device']}, {env['cpus']} cores; torch threads 1; "
+             f"load average {record['load_start']} at "
              f"the start, {record['load_end']} at the end; {record['sentences']} STS-B dev sentences, batch 32, median "
              f"of {record['rounds']} interleaved rounds after a warm-up; libraries: "
              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + ".", "",
