@@ -119,7 +119,8 @@ def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor
                         attention_mask: torch.Tensor | None, injection: Any, kwargs: dict) -> tuple | None:
     """``module``'s attention output ``(batch, queries, heads, head_dim)``, each group of rows computed on its own
     positions by ``function`` (the wrapped sdpa or eager backend) with the group's own mask (``None`` where
-    all-visible), positions no query attends (padding) left at zero; ``None`` where this does not apply (see the module docstring).
+    all-visible), positions no query attends (padding) left at zero; ``None`` where this does not apply (see the
+    module docstring).
 
     ``injection`` is the pass's :class:`~st_prompts.prompts.injection.PrefixInjection` or ``None``: a row's visible
     prefix positions go in front of its keys and values (joint softmax), a gated row's prefix adds
