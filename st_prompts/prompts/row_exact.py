@@ -32,6 +32,8 @@ ROW_EXACT_ATTRIBUTE = "st_prompts_row_exact"
 # The grouping of the pass in progress (one per thread: the server's forward thread, a training thread), reused by
 # every layer: the same mask and prefix objects are handed to each layer's attention call.
 _plans = threading.local()
+#: Masks of one pass whose groups are kept (a model alternates at most a few: ModernBERT's global and sliding ones).
+_MASKS_KEPT = 4
 
 
 class _Group:
@@ -111,7 +113,10 @@ def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[
                     0, index).index_select(1, index)
             members.setdefault(key, []).append(row)
         groups = [_Group(rows, key, blocks[key], device) for key, rows in members.items()]
-    state[2][id(mask)] = (mask, groups)
+    masks = state[2]
+    masks[id(mask)] = (mask, groups)
+    while len(masks) > _MASKS_KEPT:  # a plain backbone's passes share the state (no prefix object): keep it bounded
+        del masks[next(iter(masks))]
     return groups
 
 
