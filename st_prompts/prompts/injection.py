@@ -39,7 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
 from st_prompts.prompts.prefix import PrefixDraw, prefix_concat
-from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE, row_exact_attention
+from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE, gated_term, row_exact_attention
 
 #: Keyword under which the model's forward carries the :class:`PrefixInjection` down to the attention functions.
 PREFIX_KWARG = "st_prompts_prefix"
@@ -197,28 +197,13 @@ class PrefixInjection:
     def _gated_term(self, layer: int, module, query: torch.Tensor, kwargs: dict) -> torch.Tensor:
         """``tanh(g) · softmax(q K_p^T · scaling) V_p`` for every row (0 for rows whose prefix is not gated), in the
         attention functions' output layout ``(batch, queries, heads, head_dim)``."""
-        batch, heads = query.shape[0], query.shape[1]
+        batch = query.shape[0]
         keys, values = (self._rows_prefix(2 * layer + i, batch) for i in (0, 1))
-        repeats = heads // keys.shape[1]  # grouped-query attention: each key/value head serves several queries
         gate = self.gate[layer]  # (1 or sets, kv heads)
         if self.rows is not None:
             gate = gate.index_select(0, self.rows)
-        gate = gate.expand(batch, -1)
-        if repeats > 1:
-            keys, values = keys.repeat_interleave(repeats, dim=1), values.repeat_interleave(repeats, dim=1)
-            gate = gate.repeat_interleave(repeats, dim=1)
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = getattr(module, "scaling", None) or keys.shape[-1] ** -0.5
-        scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling  # (batch, heads, q, l)
-        visible = self.gate_visible.to(scores.device).view(self.gate_visible.shape[0], 1, 1, -1)
-        # a finite fill, not -inf: a row with no visible position (not gated, or the plain backbone) gets a finite
-        # uniform softmax that `any` below zeroes, so no NaN reaches the backward pass
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-        probabilities = torch.softmax(scores, dim=-1) * visible.any(dim=-1, keepdim=True)
-        term = torch.matmul(probabilities.to(values.dtype), values)  # (batch, heads, q, head_dim)
-        term = term * gate.to(term.dtype).view(batch, heads, 1, 1)
-        return term.transpose(1, 2)
+        visible = self.gate_visible.to(query.device).view(self.gate_visible.shape[0], 1, 1, -1)
+        return gated_term(module, query, keys, values, gate.expand(batch, -1), kwargs, visible)
 
     def _rows_prefix(self, index: int, batch: int) -> torch.Tensor:
         """One layer's prefix keys (or values) of every row, ``(batch, kv heads, l, head_dim)``, dropout applied."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROW_EXACT_ATTRIBUTE", "row_exact_attention"]
+__all__ = ["ROW_EXACT_ATTRIBUTE", "gated_term", "row_exact_attention"]
 
 #: Attribute set (True) on the modules of a backbone whose attention is computed row by row.
 ROW_EXACT_ATTRIBUTE = "st_prompts_row_exact"
@@ -157,7 +157,7 @@ def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor
             v = torch.cat([prefix_values.index_select(0, rows).index_select(2, group.joint), v], dim=2)
         out, _ = function(module, q, k, v, group.mask, **kwargs)  # (rows, tokens, heads, head_dim)
         if group.gated is not None:
-            out = out + _gated_term(module, q, prefix_keys.index_select(0, rows).index_select(2, group.gated),
+            out = out + gated_term(module, q, prefix_keys.index_select(0, rows).index_select(2, group.gated),
                                     prefix_values.index_select(0, rows).index_select(2, group.gated),
                                     gate.index_select(0, rows), kwargs).to(out.dtype)
         if output is None:
@@ -166,10 +166,13 @@ def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor
     return output, None
 
 
-def _gated_term(module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gate: torch.Tensor,
-                kwargs: dict) -> torch.Tensor:
-    """``tanh(g) · softmax(q K_p^T · scaling) V_p`` over the given prefix positions, ``(rows, q, heads, head_dim)``
-    (the arithmetic of ``PrefixInjection._gated_term``, without a mask: every position given is visible)."""
+def gated_term(module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, gate: torch.Tensor,
+               kwargs: dict, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """``tanh(g) · softmax(q K_p^T · scaling) V_p`` per row, in the attention functions' output layout
+    ``(rows, queries, heads, head_dim)``: ``keys``/``values`` ``(rows, kv heads, l, head_dim)``, ``gate`` ``tanh(g)``
+    ``(rows, kv heads)``, ``visible`` ``(rows or 1, 1, 1, l)`` (True = attend; ``None``: every position). Shared by
+    :meth:`~st_prompts.prompts.injection.PrefixInjection.gated_attention` (the whole batch, masked) and the row-exact
+    groups (their own positions only)."""
     rows, heads = query.shape[0], query.shape[1]
     repeats = heads // keys.shape[1]  # grouped-query attention: each key/value head serves several queries
     if repeats > 1:
@@ -178,7 +181,14 @@ def _gated_term(module, query: torch.Tensor, keys: torch.Tensor, values: torch.T
     scaling = kwargs.get("scaling")
     if scaling is None:
         scaling = getattr(module, "scaling", None) or keys.shape[-1] ** -0.5
-    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling
-    term = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling  # (rows, heads, q, l)
+    if visible is None:
+        probabilities = torch.softmax(scores, dim=-1)
+    else:
+        # a finite fill, not -inf: a row with no visible position (not gated, or the plain backbone) gets a finite
+        # uniform softmax that `any` below zeroes, so no NaN reaches the backward pass
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        probabilities = torch.softmax(scores, dim=-1) * visible.any(dim=-1, keepdim=True)
+    term = torch.matmul(probabilities.to(values.dtype), values)  # (rows, heads, q, head_dim)
     term = term * gate.to(term.dtype).view(rows, heads, 1, 1)
     return term.transpose(1, 2)
