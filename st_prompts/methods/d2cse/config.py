@@ -63,11 +63,12 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
         # so that the two methods compare at equal data, steps and batch; learning rates selected on STS-B dev (seed
         # 42, benchmarks/run_all's d2cse-*-lr* rows) with the official prefix initialisation: 1e-1 unsupervised, 3e-1
         # supervised (1 diverges); [CLS] prompt as table 7's BERT-base column (off unsupervised, on supervised); the
-        # offline fallback generator. The prefix gate (issue 51) unsupervised only: three seeds moved STS-B dev by
-        # +0.46 there (83.36 -> 83.81, H100, benchmarks/results/run_all/h100/gate.md); supervised at 3e-1 it
-        # collapsed two seeds of three (-34.9). --no-prefix-gate gives the official prefix.
+        # offline fallback generator. No prefix gate (issue 51): unsupervised, three H100 seeds had it +0.46 on
+        # STS-B dev (benchmarks/results/run_all/h100/gate.md), but three seeds of this preset on the CPU, whole
+        # sentences, read -0.53 (84.01 -> 83.48; the d2cse-unsup-gate row); supervised at 3e-1 it collapsed two
+        # seeds of three (-34.9, H100). --prefix-gate turns it on.
         return dict(backbone="minilm", batch_size=64, learning_rate=3e-1 if supervised else 1e-1,
-                    prefix_length=12 if supervised else 16, prefix_gate=not supervised,
+                    prefix_length=12 if supervised else 16,
                     cls_prompt=supervised, epochs=1.0, eval_steps=50, generator=BACKBONE_GENERATOR)
     backbone = backbone or "bert-base-uncased"
     table = SUPERVISED_TABLE if supervised else UNSUPERVISED_TABLE
