@@ -7,8 +7,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import (
+
+# One torch thread in every test process and every process a test starts (set before torch is imported): the suite runs
+# one pytest-xdist worker per core, and workers with a thread per core each oversubscribe the cores; torch's threads
+# then wait on each other (a DiffAug training test: 71 s with two threads in each of two workers beside other load,
+# 4 s with one, 2026-11-28).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
     AlbertConfig,
     AutoConfig,
     AutoModel,
@@ -20,6 +27,7 @@ from transformers import (
     XLMRobertaConfig,
 )
 
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -198,14 +198,14 @@ class PrefixInjection:
         """``tanh(g) · softmax(q K_p^T · scaling) V_p`` for every row (0 for rows whose prefix is not gated), in the
         attention functions' output layout ``(batch, queries, heads, head_dim)``."""
         batch = query.shape[0]
-        keys, values = (self._rows_prefix(2 * layer + i, batch) for i in (0, 1))
+        keys, values = (self.rows_prefix(2 * layer + i, batch) for i in (0, 1))
         gate = self.gate[layer]  # (1 or sets, kv heads)
         if self.rows is not None:
             gate = gate.index_select(0, self.rows)
         visible = self.gate_visible.to(query.device).view(self.gate_visible.shape[0], 1, 1, -1)
         return gated_term(module, query, keys, values, gate.expand(batch, -1), kwargs, visible)
 
-    def _rows_prefix(self, index: int, batch: int) -> torch.Tensor:
+    def rows_prefix(self, index: int, batch: int) -> torch.Tensor:
         """One layer's prefix keys (or values) of every row, ``(batch, kv heads, l, head_dim)``, dropout applied."""
         prefix = self.prefix[index]
         if self.rows is not None:

@@ -142,7 +142,7 @@ def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor
     prefix_keys = prefix_values = gate = None
     if injection is not None:
         layer = injection.layer(module)
-        prefix_keys, prefix_values = (injection._rows_prefix(2 * layer + i, batch).to(key.dtype) for i in (0, 1))
+        prefix_keys, prefix_values = (injection.rows_prefix(2 * layer + i, batch).to(key.dtype) for i in (0, 1))
         if injection.gate is not None:
             gate = injection.gate[layer]  # (1 or sets, kv heads)
             gate = (gate.index_select(0, injection.rows) if injection.rows is not None else gate).expand(batch, -1)
