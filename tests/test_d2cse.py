@@ -466,7 +466,8 @@ def test_paper_presets_follow_table_7():
         dcpcse.batch_size, dcpcse.epochs, dcpcse.prefix_length)  # the same budget
     assert (cpu.learning_rate, dcpcse.learning_rate) == (1e-1, 1e-1)  # both selected on STS-B dev (seed 42)
     supervised = methods.settings("d2cse", supervised=True, scale="cpu")
-    assert (supervised.learning_rate, supervised.cls_prompt) == (3e-1, True)  # selected on STS-B dev (seed 42)
+    # 3e-1 won at seed 42 but collapsed at seed 43: chosen on the three-seed mean (docs/methods/d2cse.md)
+    assert (supervised.learning_rate, supervised.cls_prompt) == (1e-1, True)
     with pytest.raises(ConfigurationError, match="masking_ratio"):
         methods.settings("d2cse", scale="cpu", masking_ratio=0.0)
 

@@ -230,6 +230,9 @@ def _lr_selection_note(summary: dict[str, Any]) -> str:
                 flag = "" if math.isclose(best, rates[sup]) else f" (the sweep's best on STS-B dev is {_rate(best)})"
                 if partly:
                     flag += f" (among the rates re-run under protocol 2: {', '.join(map(_rate, sorted(sweep)))})"
+                several = sorted(_rate(float(n[len(prefix):])) for n in swept if len(summary[n].get("seeds", [])) > 1)
+                if len(several) > 1:  # a choice seed 42 alone could not make (D2CSE supervised: 3e-1 collapsed)
+                    flag += f" (chosen on the seed means of {', '.join(several)})"
             settings.append(f"{names[s]} {_rate(rates[sup])}{flag}")
         parts.append(f"{label} " + " and ".join(settings))
     return ("Learning rates were selected on STS-B dev with seed 42 (the `*-lr*` rows below): " + "; ".join(parts)

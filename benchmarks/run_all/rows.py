@@ -100,7 +100,11 @@ DCPCSE_LR_CANDIDATES = (1e-2, 3e-2, 1e-1, 3e-1)
 #: 81.82 / 82.55 / 2.00 at 1), SKICSE prompted 1e-1 (79.83 / 80.29 / 80.65 / 79.38), DiffAug stage 1 1e-2 (81.56 /
 #: 82.78 / 83.56 / 84.49 / 0.52). The report reads these rows again and says where a rate the rows use is not the
 #: best of its sweep.
-D2CSE_LR = {False: 1e-1, True: 3e-1}
+#: Supervised D2CSE: seed 42 chose 3e-1, which collapsed at seed 43 with whole sentences (STS-B dev 6.76,
+#: 2026-11-28); the rate is chosen on the three-seed STS-B dev mean of 1e-1 and 3e-1 since (docs/methods/d2cse.md).
+D2CSE_LR = {False: 1e-1, True: 1e-1}
+#: the rate the gate study of issue 51 ran supervised D2CSE at (seed 42's choice then); its pair is the lr0.3 row
+D2CSE_GATE_LR = {False: 1e-1, True: 3e-1}
 #: per setting (supervised?): the supervised grid was extended to 1 when its best value sat at 3e-1, its edge
 D2CSE_LR_CANDIDATES = {False: (1e-2, 3e-2, 1e-1, 3e-1), True: (1e-2, 3e-2, 1e-1, 3e-1, 1.0)}
 SKICSE_PROMPTED_LR = {False: 3e-2, True: 1e-1}
@@ -166,8 +170,9 @@ def _rows() -> list[Row]:
         # issue 51: the gate on the other prompt methods at their CPU presets (three seeds), to choose each
         # preset's default from the selection set
         *(Row(f"d2cse-{s}-gate", f"D2CSE {s}, prefix gate (starts as the backbone)", "d2cse", sup,
-              (("learning_rate", D2CSE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="51",
-              compare=f"d2cse-{s}", all_seeds=True) for sup, s in ((False, "unsup"), (True, "sup"))),
+              (("learning_rate", D2CSE_GATE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="51",
+              compare="d2cse-sup-lr0.3" if sup else "d2cse-unsup", all_seeds=True)
+          for sup, s in ((False, "unsup"), (True, "sup"))),
         *(Row(f"skicse-prompted-{s}-gate", f"SKICSE prompted {s}, prefix gate (starts as the backbone)", "skicse",
               sup, (("encoder", "prompted"), ("learning_rate", SKICSE_PROMPTED_LR[sup]), ("prefix_gate", True)),
               ablation=True, issue="51", compare=f"skicse-prompted-{s}", all_seeds=True)
@@ -224,7 +229,8 @@ def _rows() -> list[Row]:
                             (("learning_rate", lr),), ablation=True, issue="11", compare=f"dcpcse-{s}"))
         for lr in D2CSE_LR_CANDIDATES[sup]:
             rows.append(Row(f"d2cse-{s}-lr{lr:g}", f"D2CSE {s}, lr {lr:g} (selection)", "d2cse", sup,
-                            (("learning_rate", lr),), ablation=True, issue="28", compare=f"d2cse-{s}"))
+                            (("learning_rate", lr),), ablation=True, issue="28", compare=f"d2cse-{s}",
+                            all_seeds=sup and lr in (1e-1, 3e-1)))  # supervised: chosen on three seeds
         for lr in SKICSE_PROMPTED_LR_CANDIDATES:
             rows.append(Row(f"skicse-prompted-{s}-lr{lr:g}", f"SKICSE prompted {s}, lr {lr:g} (selection)", "skicse",
                             sup, (("encoder", "prompted"), ("learning_rate", lr)), ablation=True, issue="28",
