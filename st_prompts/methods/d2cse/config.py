@@ -65,7 +65,8 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
         # supervised, chosen over seed 42's 3e-1 (one step below 1, which diverges) on the three-seed STS-B dev mean
         # once 3e-1 collapsed at seed 43 (STS-B dev 6.76, whole sentences, 2026-11-28; docs/methods/d2cse.md);
         # [CLS] prompt as table 7's BERT-base column (off unsupervised, on supervised); the offline fallback
-        # generator. No prefix gate (issue 51): unsupervised, three H100 seeds had it +0.46 on STS-B dev (benchmarks/results/run_all/h100/gate.md), but three seeds of this preset on the CPU, whole
+        # generator. No prefix gate (issue 51): unsupervised, three H100 seeds had it +0.46 on STS-B dev
+        # (benchmarks/results/run_all/h100/gate.md), but three seeds of this preset on the CPU, whole
         # sentences, read -0.53 (84.01 -> 83.48; the d2cse-unsup-gate row); supervised at 3e-1 it collapsed two
         # seeds of three (-34.9, H100). --prefix-gate turns it on.
         return dict(backbone="minilm", batch_size=64, learning_rate=1e-1,
