@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull
+from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull, split_passes
 from st_prompts.serving.limits import RequestError, ServingLimits, parse_embedding_request, parse_search_request
 
 DIM = 6
@@ -81,26 +81,99 @@ def test_rows_of_many_requests_and_tasks_share_passes_and_come_back_in_order():
         assert len(texts) == 1 or len(texts) * max(lengths) <= 600  # padded tokens within the budget
 
 
-def test_sorting_by_length_cuts_padding_and_the_oldest_row_is_never_left_behind():
+@pytest.mark.parametrize("overhead", [64.0, 1e6])
+def test_sorting_by_length_cuts_padding_and_the_oldest_row_is_never_left_behind(overhead):
+    """A long oldest row among short ones: where a pass costs little beyond its tokens (a CPU), it runs alone rather
+    than pad three short rows to its length (4 x 100 tokens against 100 + 64); where a pass costs much (a GPU), it
+    takes one short row along: that saves a pass (4 passes of at most 20 rows instead of 5), and more would only
+    pad more."""
     encoder = FakeEncoder()
 
     async def main():
-        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=400, max_batch_rows=100)
+        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=400, max_batch_rows=20,
+                          pass_overhead_tokens=overhead)
         await batcher.start()
         long = " ".join(["w"] * 98)
-        shorts = [f"s{i}" for i in range(60)]  # 3 tokens each
+        shorts = [f"s{i}" for i in range(61)]  # 3 tokens each
         first = asyncio.ensure_future(batcher.encode([long], [100], "a"))
         await asyncio.sleep(0)
-        rest = asyncio.ensure_future(batcher.encode(shorts, [3] * 60, "b"))
+        rest = asyncio.ensure_future(batcher.encode(shorts, [3] * 61, "b"))
         await asyncio.gather(first, rest)
         await batcher.close()
 
     run(main())
     first_texts, _ = encoder.passes[0]
     assert first_texts[-1].startswith("w w")  # the oldest (long) row is in the first pass
-    assert len(first_texts) == 4  # 4 x 100 padded tokens: the budget
+    assert len(encoder.passes) == (5 if overhead < 100 else 4)
+    assert len(first_texts) == (1 if overhead < 100 else 2)
     # the short rows left then go together, without the long one's padding
     assert all(len(tokens_of(texts)) * max(tokens_of(texts)) <= 400 for texts, _ in encoder.passes[1:])
+    assert sum(len(texts) for texts, _ in encoder.passes) == 62
+
+
+@pytest.mark.parametrize("overhead, passes", [(20.0, 2), (1e6, 1)])
+def test_a_mixed_queue_splits_by_length_when_a_pass_costs_little(overhead, passes):
+    """Short and long rows interleaved (both requests queued before the first pass): a cheap pass splits them into
+    one pass of each length (no row padded); a costly one keeps them in one pass."""
+    encoder = FakeEncoder()
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=100, max_batch_tokens=100_000, max_batch_rows=64,
+                          pass_overhead_tokens=overhead)
+        await batcher.start()
+        texts = [f"r{i}" for i in range(40)]
+        lengths = [5 if i % 2 else 50 for i in range(40)]
+        await batcher.encode(texts, lengths, ["a", "b"] * 20)
+        await batcher.close()
+        return dict(zip(texts, lengths))
+
+    length_of = run(main())
+    assert len(encoder.passes) == passes
+    if passes == 2:
+        assert [sorted({length_of[t] for t in texts}) for texts, _ in encoder.passes] == [[50], [5]]  # oldest first
+
+
+def brute_force_split_cost(lengths, max_rows, max_tokens, overhead):
+    """The cheapest cost of any split of sorted ``lengths`` into contiguous passes, by trying every split."""
+    count = len(lengths)
+    best = math.inf
+    for mask in range(1 << (count - 1)):  # bit k: a pass ends after row k
+        cost, start = 0.0, 0
+        for end in range(1, count + 1):
+            if end == count or mask >> (end - 1) & 1:
+                rows, longest = end - start, lengths[end - 1]
+                if rows > max_rows or (rows > 1 and rows * longest > max_tokens):
+                    break
+                cost += overhead + rows * longest
+                start = end
+        else:
+            best = min(best, cost)
+    return best
+
+
+def test_split_passes_is_the_cheapest_split_against_trying_every_one():
+    rng = random.Random(7)
+    for _ in range(300):
+        count = rng.randint(1, 11)
+        lengths = sorted(rng.randint(1, 60) for _ in range(count))
+        max_rows, max_tokens = rng.randint(1, 6), rng.choice([40, 100, 10_000])
+        overhead = rng.choice([0.0, 5.0, 30.0, 1e6])
+        passes = split_passes(lengths, max_rows, max_tokens, overhead)
+        assert passes[0][0] == 0 and passes[-1][1] == count  # every row, once, in order
+        assert all(a[1] == b[0] for a, b in zip(passes, passes[1:]))
+        for low, high in passes:
+            assert high - low <= max_rows and (high - low == 1 or (high - low) * lengths[high - 1] <= max_tokens)
+        cost = sum(overhead + (high - low) * lengths[high - 1] for low, high in passes)
+        assert cost == pytest.approx(brute_force_split_cost(lengths, max_rows, max_tokens, overhead))
+
+
+def test_pass_overhead_tokens_must_be_a_non_negative_number():
+    for bad in (-1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="pass_overhead_tokens must be a non-negative number"):
+            Batcher(FakeEncoder(), pass_overhead_tokens=bad)
+        with pytest.raises(ValueError, match="pass_overhead_tokens must be a non-negative number"):
+            ServingLimits(pass_overhead_tokens=bad)
+    assert ServingLimits(pass_overhead_tokens=0).pass_overhead_tokens == 0
 
 
 def test_a_lone_request_waits_at_most_max_wait_and_a_full_pass_does_not_wait():

@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
                           help="padded tokens (rows x longest row) per forward pass (default 4096)")
     batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), default=64,
                           help="rows per forward pass (default 64)")
+    batching.add_argument("--pass-overhead-tokens", type=finite_float(0, 1e6), default=None,
+                          help="what a forward pass costs beyond its padded tokens, in tokens: the batcher splits "
+                          "queued rows by length into the passes that cost least (default: measured at start)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-rows", type=positive_int(1 << 24), default=4096,
                         help="rows waiting, all requests together; beyond, 503 with Retry-After (default 4096)")
@@ -128,7 +131,8 @@ def run_serve(args: argparse.Namespace) -> int:
         limits = ServingLimits(max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
                                max_body_bytes=args.max_body_bytes, max_queue_rows=args.max_queue_rows,
                                max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
-                               max_batch_rows=args.max_batch_rows, max_k=args.max_k)
+                               max_batch_rows=args.max_batch_rows, max_k=args.max_k,
+                               pass_overhead_tokens=args.pass_overhead_tokens)
     except ValueError as exc:
         raise ConfigurationError(f"--{str(exc).replace('_', '-')}") from exc
     options = ServerOptions(model=args.model, indexes=_indexes(args.index), host=args.host, port=args.port,

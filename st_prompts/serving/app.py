@@ -79,9 +79,12 @@ class ServerContext:
         self.metrics = ServerMetrics(queued_rows=lambda: self.batcher.queued_rows,
                                      running_rows=lambda: self.batcher.running_rows,
                                      prompt_sets=lambda: len(served.internal_sets()), label=self.label)
+        overhead = limits.pass_overhead_tokens
+        if overhead is None:  # measured at the start (server.py), else the batcher's own default
+            overhead = served.pass_overhead_tokens if served.pass_overhead_tokens is not None else 64.0
         self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms, max_batch_tokens=limits.max_batch_tokens,
                                max_batch_rows=limits.max_batch_rows, max_queue_rows=limits.max_queue_rows,
-                               on_batch=self.metrics.observe_batch)
+                               pass_overhead_tokens=overhead, on_batch=self.metrics.observe_batch)
         self.count_executor: ThreadPoolExecutor | None = None
         self.admin_executor: ThreadPoolExecutor | None = None
 

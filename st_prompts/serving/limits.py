@@ -53,6 +53,9 @@ class ServingLimits:
         max_wait_ms: how long the first row of a batch waits for others to join it, at most.
         max_batch_tokens: padded tokens (rows x longest row) of one forward pass.
         max_batch_rows: rows of one forward pass.
+        pass_overhead_tokens: what a forward pass costs beyond its padded tokens, in tokens: passes are split by
+            length to cost least in all (:class:`st_prompts.serving.batcher.Batcher`); ``None``: measured when the
+            server starts (:meth:`st_prompts.serving.model.ServedModel.measure_pass_overhead`).
         max_queries: queries per ``/search`` request.
         max_k: hits per query.
     """
@@ -64,6 +67,7 @@ class ServingLimits:
     max_wait_ms: float = 2.0
     max_batch_tokens: int = 4096
     max_batch_rows: int = 64
+    pass_overhead_tokens: float | None = None
     max_queries: int = 64
     max_k: int = 100
 
@@ -76,6 +80,10 @@ class ServingLimits:
         if not isinstance(self.max_wait_ms, (int, float)) or not math.isfinite(self.max_wait_ms) \
                 or self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be a non-negative number, got {self.max_wait_ms!r}")
+        overhead = self.pass_overhead_tokens
+        if overhead is not None and (isinstance(overhead, bool) or not isinstance(overhead, (int, float))
+                                     or not math.isfinite(overhead) or overhead < 0):
+            raise ValueError(f"pass_overhead_tokens must be a non-negative number, got {overhead!r}")
 
 
 class RequestError(Exception):

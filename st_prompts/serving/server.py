@@ -155,6 +155,10 @@ def _serve(options: ServerOptions, sock: socket.socket, served, registry, ready,
     from st_prompts.serving.app import ServerContext, create_app
 
     served.warm_up()
+    if options.limits.pass_overhead_tokens is None:
+        overhead = served.measure_pass_overhead()
+        logger.info("a forward pass costs as much as %.0f tokens beyond its own (measured; --pass-overhead-tokens "
+                    "sets it): passes are split by length to minimise padding plus that", overhead)
     gc.collect()
     gc.freeze()  # what the model and its libraries hold is never collected: no collection walks it, nor the exit's
     context = ServerContext(served, registry, options.limits, options.admin_token, link=link)
