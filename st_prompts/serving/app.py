@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from st_prompts.serving.batcher import Batcher, BatcherClosed, QueueFull
+from st_prompts.serving.batcher import DEFAULT_PASS_OVERHEAD_TOKENS, Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
 from st_prompts.serving.limits import (
     RequestError,
@@ -79,9 +79,9 @@ class ServerContext:
         self.metrics = ServerMetrics(queued_rows=lambda: self.batcher.queued_rows,
                                      running_rows=lambda: self.batcher.running_rows,
                                      prompt_sets=lambda: len(served.internal_sets()), label=self.label)
-        overhead = limits.pass_overhead_tokens
-        if overhead is None:  # measured at the start (server.py), else the batcher's own default
-            overhead = served.pass_overhead_tokens if served.pass_overhead_tokens is not None else 64.0
+        # the option, else what the start measured (server.py), else the batcher's default
+        overhead = next((v for v in (limits.pass_overhead_tokens, served.pass_overhead_tokens) if v is not None),
+                        DEFAULT_PASS_OVERHEAD_TOKENS)
         self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms, max_batch_tokens=limits.max_batch_tokens,
                                max_batch_rows=limits.max_batch_rows, max_queue_rows=limits.max_queue_rows,
                                pass_overhead_tokens=overhead, on_batch=self.metrics.observe_batch)

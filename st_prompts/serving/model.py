@@ -390,9 +390,9 @@ class ServedModel:
         stored in :attr:`pass_overhead_tokens` and returned.
 
         Times passes of one row and of ``rows`` rows of the same 32-token text (the fastest of ``repeats`` each) and
-        solves ``seconds = (overhead + padded tokens) x seconds per token``. Measured on a 2-core CPU for MiniLM:
-        about 60-90 tokens (a pass reads every weight once, whatever its rows); on a GPU a pass of many rows costs
-        little more than one, so the overhead is large and passes fill up. Clamped to [0, 1e6].
+        solves ``seconds = (overhead + padded tokens) x seconds per token``. Measured on a 2-core CPU for a MiniLM
+        bank on 2 threads: 90-102 tokens (a pass reads every weight once, whatever its rows); on a GPU a pass of
+        many rows costs little more than one, so the overhead is large and passes fill up. Clamped to [0, 1e6].
         """
         route = next(iter(self._routes.values()))
         with self._model_lock:
