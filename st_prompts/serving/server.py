@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -99,6 +100,7 @@ def run_server(options: ServerOptions) -> int:
             return _serve(options, sock, served, registry, ready)
         finally:
             sock.close()
+    from st_prompts.serving.balance import Balancer
     from st_prompts.serving.workers import Supervisor
 
     threads = options.threads or max(1, (os.cpu_count() or 1) // workers)
@@ -113,11 +115,12 @@ def run_server(options: ServerOptions) -> int:
                 apply_change(served, registry, op, args)
             except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
                 logger.warning("could not replay %s: %s", op, (str(exc).splitlines() or [type(exc).__name__])[0])
-        return _serve(options, sock, served, registry, lambda: link.tell(("ready",)), link=link)
+        # the parent accepts and hands the connections over (link.receiver): the worker has closed its listener
+        return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
 
     logger.info("forking %d workers, %d torch thread%s each", workers, threads, "s" * (threads != 1))
     supervisor = Supervisor(workers, start_worker, on_ready=ready, drain_timeout=options.drain_timeout,
-                            keep=[sock])
+                            keep=[sock], balancer=Balancer(sock, workers))
     code = supervisor.run()
     sock.close()
     if code == 1:
@@ -150,8 +153,9 @@ def _load(options: ServerOptions):
     return served, registry
 
 
-def _serve(options: ServerOptions, sock: socket.socket, served, registry, ready, link=None) -> int:
-    """Run uvicorn on ``sock`` until stopped (one server, or one worker: ``link`` to its parent)."""
+def _serve(options: ServerOptions, sock: socket.socket | None, served, registry, ready, link=None) -> int:
+    """Run uvicorn on ``sock`` until stopped (one server), or on the connections the parent hands over (a worker:
+    ``sock`` None, ``link`` to its parent)."""
     from st_prompts.serving.app import ServerContext, create_app
 
     served.warm_up()
@@ -162,28 +166,30 @@ def _serve(options: ServerOptions, sock: socket.socket, served, registry, ready,
     gc.collect()
     gc.freeze()  # what the model and its libraries hold is never collected: no collection walks it, nor the exit's
     context = ServerContext(served, registry, options.limits, options.admin_token, link=link)
+    receiver = getattr(link, "receiver", None)
     app = create_app(context, on_ready=ready)
     metrics = context.metrics
     guard = ConnectionGuard(header_timeout=options.header_timeout, body_timeout=options.body_timeout,
                             idle_timeout=options.idle_timeout, max_connections=options.max_connections,
                             on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
                             on_malformed=lambda: metrics.observe_request("malformed", 400, 0.0),
-                            on_count=metrics.connections.set)
+                            on_count=_counter(metrics, receiver))
     config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",
                             server_header=False, timeout_graceful_shutdown=options.drain_timeout,
                             timeout_keep_alive=options.idle_timeout)
     _quiet_uvicorn()
-    server = _Server(config, context, options.drain_timeout)
+    server = _Server(config, context, options.drain_timeout, receiver)
     # uvicorn re-raises the signal it stopped on after its graceful shutdown; this handler takes it, so that a
     # drained server exits with status 0 instead of dying by SIGTERM.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    if link is None:
+    if sock is not None:
         sock.listen(2048)  # connections queue from here: "listening on" is logged just before uvicorn accepts them
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock] if sock is not None else [])
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sock.close()
+        if sock is not None:
+            sock.close()
     if server.stopping_signal is None and not server.started:
         raise ConfigurationError("the server could not start (see the lines above)")
     answered = sum(sample.value for metric in context.metrics.requests.collect() for sample in metric.samples
@@ -192,6 +198,18 @@ def _serve(options: ServerOptions, sock: socket.socket, served, registry, ready,
                 answered)
     gc.freeze()  # the interpreter's last collection would walk the whole heap: seconds on a busy machine
     return 0
+
+
+def _counter(metrics, receiver) -> Callable[[int], None]:
+    """The guard's ``on_count``: the open-connections gauge, and what the parent balances on (with workers)."""
+    if receiver is None:
+        return metrics.connections.set
+
+    def count(open_connections: int) -> None:
+        metrics.connections.set(open_connections)
+        receiver.on_count(open_connections)
+
+    return count
 
 
 def _quiet_uvicorn() -> None:
@@ -222,8 +240,9 @@ class _Server(uvicorn.Server):
     """uvicorn's server, draining as the module docstring says (uvicorn itself stops listening at once, so that
     ``/health`` could not be seen saying "draining", and waits for every connection, a stalled one included)."""
 
-    def __init__(self, config: uvicorn.Config, context, drain_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, context, drain_timeout: float, receiver=None) -> None:
         super().__init__(config)
+        self.receiver = receiver  # a worker's: the connections its parent hands over
         self.context = context
         self.drain_timeout = drain_timeout
         self.stopping_signal: str | None = None
@@ -243,6 +262,17 @@ class _Server(uvicorn.Server):
                     "(%d rows queued)", self.stopping_signal, self.drain_timeout, self.context.in_flight,
                     batcher.queued_rows + batcher.running_rows)
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.receiver is not None and self.started:
+            config = self.config
+
+            def protocol() -> asyncio.Protocol:  # what uvicorn's own listener makes for each connection
+                return config.http_protocol_class(config=config, server_state=self.server_state,
+                                                  app_state=self.lifespan.state)
+
+            self.receiver.attach(asyncio.get_running_loop(), protocol)
+
     async def on_tick(self, counter: int) -> bool:
         if await super().on_tick(counter):
             return True
@@ -256,6 +286,8 @@ class _Server(uvicorn.Server):
             self.deadline = time.monotonic() + self.drain_timeout
             self.context.drain_deadline = self.deadline
         self.context.draining = True
+        if self.receiver is not None:
+            self.receiver.detach()
         left = self.deadline - time.monotonic()
         if not self.context.idle():
             failed = self.context.batcher.abort_queued("The server is shutting down: its drain timeout passed "

@@ -3,9 +3,9 @@
 One process cannot fill a machine's cores with forward passes of the sizes a server forms (its event loop, its batcher
 and the pass take turns, and torch's threads scale poorly on short batches), and N independent servers hold N copies
 of the model. So the parent process loads the model and the indexes once, binds the socket, and *forks* N workers:
-each runs its own event loop, batcher and forward thread on the shared listening socket (the kernel hands each new
-connection to one of them) and reads the weights the parent loaded, pages that no worker writes and that the kernel
-therefore keeps shared (copy-on-write; ``gc.freeze`` first, so that no collection touches the parent's objects).
+each runs its own event loop, batcher and forward thread, serves the connections the parent hands it (the parent
+accepts and gives each to the worker holding the fewest: :mod:`st_prompts.serving.balance`) and reads the weights the
+parent loaded, pages that no worker writes and that the kernel therefore keeps shared (copy-on-write; ``gc.freeze`` first, so that no collection touches the parent's objects).
 ``benchmarks/serving.py`` measures the memory this saves.
 
 The parent serves no request. It
@@ -81,8 +81,10 @@ class WorkerLink:
     ``down`` carries the parent's commands (apply a change, render your metrics), answered by :meth:`listen`'s thread.
     """
 
-    def __init__(self, index: int, up: connection.Connection, down: connection.Connection) -> None:
+    def __init__(self, index: int, up: connection.Connection, down: connection.Connection,
+                 receiver: Any = None) -> None:
         self.index = index
+        self.receiver = receiver  # the connections the parent hands over (a balance.Receiver), or None
         self._up = up
         self._down = down
         self._lock = threading.Lock()
@@ -174,12 +176,15 @@ class Supervisor:
         on_ready: called once, when every worker has said it is ready.
         drain_timeout: what each worker's drain is bounded by (the parent waits that long, and :data:`EXIT_GRACE`).
         keep: objects that must stay open in the parent until it stops (the listening socket, for replacements).
+        balancer: a :class:`~st_prompts.serving.balance.Balancer` that accepts in the parent and hands each
+            connection to the worker holding the fewest (None: the workers accept on the shared socket).
     """
 
     def __init__(self, count: int, start_worker: Callable[[WorkerLink, list[tuple[str, tuple]]], int],
                  on_ready: Callable[[], None] | None = None, drain_timeout: float = 30.0,
-                 keep: list[Any] | None = None) -> None:
+                 keep: list[Any] | None = None, balancer: Any = None) -> None:
         self.count = count
+        self.balancer = balancer
         self.start_worker = start_worker
         self.on_ready = on_ready
         self.drain_timeout = drain_timeout
@@ -196,6 +201,7 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         up_parent, up_child = connection.Pipe()
         down_parent, down_child = connection.Pipe()
+        handoff = self.balancer.pair(index) if self.balancer is not None else None
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         pid = os.fork()
@@ -210,7 +216,13 @@ class Supervisor:
                     other.up.close()
                     other.down.close()
                 _label_log(index)
-                code = self.start_worker(WorkerLink(index, up_child, down_child), list(self.journal))
+                receiver = None
+                if self.balancer is not None:
+                    from st_prompts.serving.balance import Receiver
+
+                    self.balancer.close_in_worker()
+                    receiver = Receiver(handoff, self.balancer.closed, index)
+                code = self.start_worker(WorkerLink(index, up_child, down_child, receiver), list(self.journal))
             except KeyboardInterrupt:
                 code = 130
             except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
@@ -226,6 +238,8 @@ class Supervisor:
                 os._exit(code)
         up_child.close()
         down_child.close()
+        if handoff is not None:
+            handoff.close()
         self.workers[index] = _Worker(index, pid, up_parent, down_parent, time.monotonic())
 
     def run(self) -> int:
@@ -239,6 +253,8 @@ class Supervisor:
                 self._spawn(index)
             logger.info("started %d workers (pids %s)", self.count, ", ".join(str(w.pid) for w in
                                                                              self.workers.values()))
+            if self.balancer is not None:
+                self.balancer.start()
             self._loop()
         finally:
             for sig, handler in previous.items():
@@ -255,6 +271,8 @@ class Supervisor:
             self.deadline = time.monotonic() + self.drain_timeout + EXIT_GRACE
         self._signal_workers(signal.SIGTERM)  # a worker takes a second SIGTERM as the first
         if first:
+            if self.balancer is not None:
+                self.balancer.stop()
             for item in self.keep:  # the listening socket: once every worker has closed it, no one connects
                 try:
                     item.close()
@@ -313,6 +331,8 @@ class Supervisor:
             if worker is None:
                 continue
             del self.workers[worker.index]
+            if self.balancer is not None:
+                self.balancer.forget(worker.index)
             worker.up.close()
             worker.down.close()
             if self.stopping is not None:
@@ -336,6 +356,8 @@ class Supervisor:
         kind = message[0]
         if kind == "ready":
             worker.ready = True
+            if self.balancer is not None:
+                self.balancer.ready(worker.index)
             if not self._announced and len(self.workers) == self.count and all(w.ready for w in
                                                                                self.workers.values()):
                 self._announced = True
