@@ -4,7 +4,9 @@ failures and draining; and the request checks of :mod:`st_prompts.serving.limits
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
 import random
 import threading
 import time
@@ -422,3 +424,76 @@ def test_later_rows_cannot_jump_ahead_of_older_ones_beyond_the_window():
     assert "o0" in first and all(t.startswith("o") for t in first)  # not the perfectly fitting fresh "f0"
     last_old = max(i for i, (texts, _) in enumerate(encoder.passes) if any(t.startswith("o") for t in texts))
     assert last_old == 3  # the old request is done in 4 passes of 2
+
+
+def test_on_idle_runs_once_in_the_worker_thread_after_the_queue_has_been_empty_for_idle_seconds():
+    encoder = FakeEncoder(delay=0.01)
+    calls: list[tuple[float, str]] = []
+
+    async def main():
+        batcher = Batcher(encoder, max_wait_ms=1, on_idle=lambda: calls.append((time.perf_counter(),
+                                                                                 threading.current_thread().name)),
+                          idle_seconds=0.3)
+        await batcher.start()
+        await asyncio.sleep(0.5)
+        assert calls == []  # nothing ran since the start: nothing to give back
+        for _ in range(10):  # busy for ~0.5 s: never idle for 0.3 s in between
+            await asyncio.gather(*(batcher.encode([f"t{i}"], tokens=[3], tasks="a") for i in range(3)))
+            last = time.perf_counter()  # the queue is empty from here
+            await asyncio.sleep(0.04)
+        assert calls == []
+        await asyncio.sleep(0.8)
+        assert len(calls) == 1 and calls[0][0] - last >= 0.29
+        assert calls[0][1] in encoder.threads  # the worker thread, not the event loop
+        await asyncio.sleep(0.5)
+        assert len(calls) == 1  # not again while nothing runs
+        vectors = await batcher.encode(["again"], tokens=[3], tasks="b")  # work after the call: served at once
+        np.testing.assert_array_equal(vectors[0], fake_vector("again", "b"))
+        await asyncio.sleep(0.6)
+        assert len(calls) == 2
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_failing_on_idle_is_logged_and_the_batcher_goes_on(caplog):
+    async def main():
+        batcher = Batcher(FakeEncoder(), max_wait_ms=1, on_idle=lambda: 1 / 0, idle_seconds=0.05)
+        await batcher.start()
+        await batcher.encode(["x"], tokens=[3], tasks="a")
+        await asyncio.sleep(0.3)
+        vectors = await batcher.encode(["y"], tokens=[3], tasks="a")
+        np.testing.assert_array_equal(vectors[0], fake_vector("y", "a"))
+        await batcher.close()
+
+    with caplog.at_level(logging.ERROR, logger="st_prompts.serving.batcher"):
+        run(main())
+    assert "the idle callback failed" in caplog.text
+
+
+def test_release_free_memory_gives_the_freed_heap_back():
+    """glibc keeps freed heap blocks; malloc_trim returns them (the server's idle callback)."""
+    from st_prompts.utils import release_free_memory
+
+    def resident_mib() -> float:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = []
+    for _ in range(4000):  # 4000 x 64 KiB below the mmap threshold: heap blocks, touched
+        block = libc.malloc(65536)
+        ctypes.memset(block, 1, 65536)
+        blocks.append(block)
+    keep = blocks[-1]  # holds the top of the heap: freeing the rest leaves the space inside the heap
+    for block in blocks[:-1]:
+        libc.free(block)
+    before = resident_mib()
+    assert release_free_memory() is True
+    after = resident_mib()
+    libc.free(keep)
+    assert before - after > 150, (before, after)  # ~250 MiB were freed inside the heap

@@ -50,6 +50,7 @@ from st_prompts.serving.limits import (
 )
 from st_prompts.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from st_prompts.serving.model import ServedModel, _Role
+from st_prompts.utils import release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ class ServerContext:
                         DEFAULT_PASS_OVERHEAD_TOKENS)
         self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms, max_batch_tokens=limits.max_batch_tokens,
                                max_batch_rows=limits.max_batch_rows, max_queue_rows=limits.max_queue_rows,
-                               pass_overhead_tokens=overhead, on_batch=self.metrics.observe_batch)
+                               pass_overhead_tokens=overhead, on_batch=self.metrics.observe_batch,
+                               on_idle=release_free_memory)
         self.count_executor: ThreadPoolExecutor | None = None
         self.admin_executor: ThreadPoolExecutor | None = None
 

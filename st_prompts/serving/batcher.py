@@ -119,13 +119,18 @@ class Batcher:
         max_queue_rows: bound on the queued rows of all requests (:class:`QueueFull` beyond; a request alone in an
             empty queue is always admitted).
         on_batch: called on the event loop after every pass with a :class:`BatchReport` (e.g. metrics).
+        on_idle: called in the worker thread once the queue has been empty for ``idle_seconds`` (e.g. to give the
+            memory the passes freed back to the system), then not again until new rows have come and gone.
     """
 
     def __init__(self, encode: Callable[[list[str], list[Any]], Any], *, max_wait_ms: float = 2.0,
                  max_batch_tokens: int = 4096, max_batch_rows: int = 64, max_queue_rows: int = 4096,
                  pass_overhead_tokens: float = DEFAULT_PASS_OVERHEAD_TOKENS,
-                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+                 on_batch: Callable[[BatchReport], None] | None = None,
+                 on_idle: Callable[[], None] | None = None, idle_seconds: float = 1.0) -> None:
         self._encode = encode
+        self._on_idle = on_idle
+        self.idle_seconds = float(idle_seconds)
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_batch_rows = int(max_batch_rows)
@@ -282,13 +287,24 @@ class Batcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         running: set[asyncio.Task] = set()  # passes handed to the worker thread: the one that runs, one queued
+        idle_done = True  # no pass has run since the start, or since on_idle was called
         while True:
             if not self._pending or running:
                 if not self._pending and not running:
                     if self._closing:
                         return
                     self._wakeup.clear()
-                    await self._wakeup.wait()
+                    if not idle_done and self._on_idle is not None:
+                        try:
+                            await asyncio.wait_for(self._wakeup.wait(), self.idle_seconds)
+                        except asyncio.TimeoutError:
+                            idle_done = True
+                            await loop.run_in_executor(self._executor, self._call_idle)
+                            if self._pending:
+                                self._busy_since = time.perf_counter()
+                            continue
+                    else:
+                        await self._wakeup.wait()
                     self._busy_since = time.perf_counter()
                     continue
                 if self._pending and len(running) < 2 and not self._closing and self._full():
@@ -296,6 +312,7 @@ class Batcher:
                     # the moment the other ends (no round trip through the event loop: measured, the thread sat
                     # idle 16 % of the time at concurrency 16); with fewer rows, wait: later arrivals may join it
                     running.add(asyncio.create_task(self._run_pass(self._take())))
+                    idle_done = False
                     continue
                 self._wakeup.clear()
                 waiter = asyncio.ensure_future(self._wakeup.wait())
@@ -317,6 +334,13 @@ class Batcher:
             if not self._pending:
                 continue
             running.add(asyncio.create_task(self._run_pass(self._take())))
+            idle_done = False
+
+    def _call_idle(self) -> None:
+        try:
+            self._on_idle()
+        except Exception:  # noqa: BLE001 - an observer must not stop the batcher
+            logger.exception("the idle callback failed")
 
     def _start_pass(self, texts: list[str], tasks: list[Any]) -> Any:
         """The worker thread's pass; one queued behind a pass that was running when the queue was aborted does not
