@@ -45,6 +45,10 @@ class Balancer:
         self._ends: dict[int, socket.socket] = {}
         self._ready: set[int] = set()
         self._lock = threading.Lock()
+        #: held from an accept to the close of the parent's copy, and by the supervisor around each fork: a worker
+        #: forked meanwhile would inherit the parent's copy of a connection and keep it open after its own worker
+        #: closed it (the client would never see it closed)
+        self.fork_lock = threading.Lock()
         self._wake_read, self._wake_write = socket.socketpair()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -116,16 +120,17 @@ class Balancer:
                     time.sleep(0.05)
                     continue
                 for _ in range(64):  # then back to the selector: a stop is seen within 64 connections
-                    try:
-                        connection, _ = self.listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:  # the listener was closed: the server stops
-                        return
-                    try:
-                        self._hand(connection)
-                    finally:
-                        connection.close()  # the worker holds its own copy now
+                    with self.fork_lock:
+                        try:
+                            connection, _ = self.listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except OSError:  # the listener was closed: the server stops
+                            return
+                        try:
+                            self._hand(connection)
+                        finally:
+                            connection.close()  # the worker holds its own copy now
         finally:
             selector.close()
 

@@ -5,7 +5,8 @@ and the pass take turns, and torch's threads scale poorly on short batches), and
 of the model. So the parent process loads the model and the indexes once, binds the socket, and *forks* N workers:
 each runs its own event loop, batcher and forward thread, serves the connections the parent hands it (the parent
 accepts and gives each to the worker holding the fewest: :mod:`st_prompts.serving.balance`) and reads the weights the
-parent loaded, pages that no worker writes and that the kernel therefore keeps shared (copy-on-write; ``gc.freeze`` first, so that no collection touches the parent's objects).
+parent loaded, pages that no worker writes and that the kernel therefore keeps shared (copy-on-write; ``gc.freeze``
+first, so that no collection touches the parent's objects).
 ``benchmarks/serving.py`` measures the memory this saves.
 
 The parent serves no request. It
@@ -32,6 +33,7 @@ hanging in their first parallel region), and each worker sets its own thread cou
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -175,7 +177,7 @@ class Supervisor:
             replays them first).
         on_ready: called once, when every worker has said it is ready.
         drain_timeout: what each worker's drain is bounded by (the parent waits that long, and :data:`EXIT_GRACE`).
-        keep: objects that must stay open in the parent until it stops (the listening socket, for replacements).
+        keep: objects that must stay open in the parent until it stops (the listening socket the balancer accepts on).
         balancer: a :class:`~st_prompts.serving.balance.Balancer` that accepts in the parent and hands each
             connection to the worker holding the fewest (None: the workers accept on the shared socket).
     """
@@ -204,7 +206,8 @@ class Supervisor:
         handoff = self.balancer.pair(index) if self.balancer is not None else None
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        pid = os.fork()
+        with self.balancer.fork_lock if self.balancer is not None else contextlib.nullcontext():
+            pid = os.fork()  # not while the balancer holds an accepted connection (balance.Balancer.fork_lock)
         if pid == 0:  # the worker: never returns
             code = 1
             try:
