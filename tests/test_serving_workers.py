@@ -140,14 +140,16 @@ def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before_as_they_we
 
 
 def connections_per_worker(pid: int, port: int, established_only: bool = True) -> list[int]:
-    """TCP connections on ``port`` (established ones, or in any state) that each worker of server ``pid`` holds
-    (from /proc)."""
+    """TCP connections on ``port`` (established ones, or in any state but listening) that each worker of server
+    ``pid`` holds (from /proc)."""
     established = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table, encoding="ascii") as handle:
             for line in handle.readlines()[1:]:
                 fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and (fields[3] == "01" or not established_only):
+                state = fields[3]  # 01 established, 0A listening
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and state != "0A" and (state == "01" or not
+                                                                                      established_only):
                     established.add(fields[9])
     counts = []
     for child in children(pid):
