@@ -52,8 +52,6 @@ class Balancer:
         self._wake_read, self._wake_write = socket.socketpair()
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self.handed = 0  # connections handed to a worker (for tests and logs)
-        self.refused = 0  # connections closed because no worker could take them
 
     def pair(self, index: int) -> socket.socket:
         """A new handoff pair for worker ``index`` (about to be forked): returns the worker's end."""
@@ -88,11 +86,6 @@ class Balancer:
             end = self._ends.pop(index, None)
         if end is not None:
             end.close()
-
-    def open_connections(self) -> dict[int, int]:
-        """Each ready worker's open connections as the parent counts them (handed and not yet closed)."""
-        with self._lock:
-            return {i: self.sent[i] - self.closed[i] for i in sorted(self._ready)}
 
     def start(self) -> None:
         self.listener.setblocking(False)
@@ -146,9 +139,7 @@ class Balancer:
             with self._lock:
                 if self._ends.get(index) is ends[index]:
                     self.sent[index] += 1
-            self.handed += 1
             return
-        self.refused += 1
         logger.warning("no worker could take a connection: it is closed")
 
 
