@@ -180,7 +180,7 @@ def release_free_memory() -> bool:
     a forward pass comes from the heap, and the heap keeps what the passes freed. Measured with the benchmark's bank of
     8 sets (2 threads, 150 ``encode`` calls of 1-32 Wikipedia sentences): resident memory grew from 590 to 976 MiB;
     one call of this took it back to 647 MiB, in about 6 ms. Fixing the threshold instead (``MALLOC_MMAP_THRESHOLD_``)
-    kept the heap at 650-760 MiB but made the same work 30-40 % slower (every large activation page-faults afresh), so
+    kept the heap at 650-760 MiB but made the same work 14-39 % slower (every large activation page-faults afresh), so
     the server calls this when its queue has been idle for a second, never between passes.
     """
     global _MALLOC_TRIM
