@@ -1,0 +1,48 @@
+"""The one grammar of a prompt set's name, checked wherever a name enters (no torch).
+
+A set's name is typed on command lines, sent to the server's admin endpoint, written into a bank's config, shown in
+start-up lines, logs, ``/metrics`` labels and file names. So it is plain: 1 to :data:`MAX_SET_NAME_LENGTH` ASCII
+letters, digits, ``_`` and ``-``, starting with a letter or a digit (``sts``, ``nli-v2``, ``query_2025``). That keeps
+out what broke a line or a label before (a newline, ESC, ``@``: the server's internal ``name@2``, ``/``, ``.``,
+surrounding spaces, 5,000 characters, letters that look like ASCII ones but are not). :data:`BACKBONE_TASK`
+(``"backbone"``) is reserved: it selects the plain backbone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from st_prompts.errors import ConfigurationError, printable
+
+__all__ = ["BACKBONE_TASK", "MAX_SET_NAME_LENGTH", "SET_NAME_RULE", "check_set_name", "set_name_problem"]
+
+#: The task name that selects the plain backbone (no prefix), in a call or for one row; no set may take it.
+BACKBONE_TASK = "backbone"
+#: The longest name a prompt set may have.
+MAX_SET_NAME_LENGTH = 64
+#: The grammar, in words (every refusal says it).
+SET_NAME_RULE = (f"1-{MAX_SET_NAME_LENGTH} ASCII letters, digits, '_' or '-', starting with a letter or digit, "
+                 f"not {BACKBONE_TASK!r}")
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_SET_NAME_LENGTH - 1}}}")
+
+
+def _shown(name: Any) -> str:
+    text = repr(name) if isinstance(name, str) else type(name).__name__
+    return printable(text[:40] + ("..." if len(text) > 40 else ""))
+
+
+def set_name_problem(name: Any) -> str | None:
+    """``None`` if ``name`` is a valid prompt-set name, else why not (one line, the name shown safely)."""
+    if isinstance(name, str) and _NAME.fullmatch(name) and name != BACKBONE_TASK:
+        return None
+    return f"a prompt set's name is {SET_NAME_RULE}; got {_shown(name)}"
+
+
+def check_set_name(name: Any, where: str = "") -> str:
+    """``name`` if it is a valid prompt-set name (:func:`set_name_problem`), else a one-line
+    :class:`~st_prompts.errors.ConfigurationError` (prefixed with ``where``, e.g. the file it was read from)."""
+    problem = set_name_problem(name)
+    if problem is not None:
+        raise ConfigurationError(f"{where}: {problem}." if where else problem[0].upper() + problem[1:] + ".")
+    return name
