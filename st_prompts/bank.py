@@ -13,7 +13,7 @@ sentence-transformers loss while the others stay frozen::
     bank.train_prompt_set(model, "sts", train_dataset, CoSENTLoss(model), evaluator=dev_evaluator)
     bank.add_prompt_set(model, "nli", "./nli-prompts")      # a set trained elsewhere (same backbone weights)
     model.encode(["A man plays a guitar.", "A dog runs."], task=["sts", "nli"])
-    model.save("./my-bank")                                  # SentenceTransformer("./my-bank", trust_remote_code=True)
+    bank.save_bank(model, "./my-bank")                       # SentenceTransformer("./my-bank", trust_remote_code=True)
 """
 
 from __future__ import annotations
@@ -42,14 +42,19 @@ from st_prompts.modules import PromptedTransformer, backbone_fingerprint, save_p
 from st_prompts.modules.lengths import full_length_evaluator
 from st_prompts.modules.load_errors import backbone_errors
 from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
-from st_prompts.storage import check_model_destination, contained_path, folder_lock, save_model_folder
+from st_prompts.storage import check_model_destination, contained_path, save_model_folder
 from st_prompts.training.run import KeepBestCallback
 
 logger = logging.getLogger(__name__)
 
+#: The kind a bank's manifest records (what ``bank add/remove/roles/train`` replace).
+BANK_KIND = "prompt bank"
+#: The kind an exported set's manifest records.
+SET_KIND = "prompt set"
+
 __all__ = ["BACKBONE_TASK", "TaskText", "with_tasks", "create_bank", "bank_encoder", "add_prompt_set",
-           "remove_prompt_set", "prompt_set_model", "export_prompt_set", "training_prompt_set", "train_prompt_set",
-           "TrainedSet"]
+           "remove_prompt_set", "prompt_set_model", "export_prompt_set", "save_bank", "training_prompt_set",
+           "train_prompt_set", "TrainedSet"]
 
 
 def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normalize: bool | None = None,
@@ -158,8 +163,11 @@ def check_pooling(model: SentenceTransformer, source: str | os.PathLike) -> None
     theirs, _ = _shipped_pooling(str(source))
     ours = _bank_pooling(model)
     if theirs is not None and ours is not None and theirs.get("pooling_mode") != ours:
-        raise ConfigurationError(f"{str(source)!r} pools {theirs.get('pooling_mode')!r} but this bank pools "
-                                 f"{ours!r}: its prompts were trained for another sentence vector.")
+        mode = theirs.get("pooling_mode")
+        raise ConfigurationError(
+            f"{str(source)!r} pools {mode!r} but this bank pools {ours!r}: its prompts were trained for another "
+            f"sentence vector. Add it to a bank that pools {mode!r} (st-prompts bank create NEW --backbone "
+            f"{bank_encoder(model).backbone_reference} --pooling {mode}; bank.create_bank(..., pooling={mode!r})).")
 
 
 def remove_prompt_set(model: SentenceTransformer, name: str) -> None:
@@ -209,14 +217,34 @@ def export_prompt_set(model_or_path: SentenceTransformer | str | os.PathLike, na
     Raises:
         ConfigurationError: no set ``name``; ``out`` exists (without ``overwrite``) or is not st-prompts' to replace.
     """
-    check_model_destination(out, overwrite)  # before any loading
+    if isinstance(model_or_path, (str, os.PathLike)) and _same_folder(model_or_path, out):
+        raise ConfigurationError(f"refusing to export to {out}: it is the bank itself (the export would replace the "
+                                 "bank by one of its sets); give a new folder")
+    check_model_destination(out, overwrite, kind=SET_KIND)  # before any loading: a bank, a model, an index refused
     model = model_or_path
     if isinstance(model_or_path, (str, os.PathLike)):
         model = load_sentence_model(str(model_or_path), trust_remote_code=trust_remote_code)
     single = prompt_set_model(model, name)
-    with folder_lock(out):
-        return save_model_folder(out, lambda folder: save_prompts_only(single, str(folder)), overwrite=overwrite,
-                                 kind="prompt set")
+    return save_model_folder(out, lambda folder: save_prompts_only(single, str(folder)), overwrite=overwrite,
+                             kind=SET_KIND)
+
+
+def save_bank(model: SentenceTransformer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Save the bank ``model`` at ``path`` as ``model.save`` would, atomically and with st-prompts' manifest (the list
+    of files it wrote), so that ``st-prompts bank add/remove/roles/train`` can change it later (they replace only a
+    folder st-prompts saved). An existing ``path`` is replaced only with ``overwrite`` and only if it is a bank
+    st-prompts saved. Returns ``path`` as an absolute path.
+
+    Raises:
+        ConfigurationError: ``model`` is no bank; ``path`` may not be written (see
+            :func:`~st_prompts.storage.save_model_folder`).
+    """
+    bank_encoder(model)
+    return save_model_folder(path, lambda folder: model.save(str(folder)), overwrite=overwrite, kind=BANK_KIND)
+
+
+def _same_folder(first: str | os.PathLike, second: str | os.PathLike) -> bool:
+    return os.path.realpath(os.path.expanduser(first)) == os.path.realpath(os.path.expanduser(second))
 
 
 def _bank_pooling(model: SentenceTransformer) -> str | None:

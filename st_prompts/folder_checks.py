@@ -32,7 +32,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
-from st_prompts.errors import DataNotFoundError, UntrustedCodeError
+from st_prompts.errors import ConfigurationError, DataNotFoundError, UntrustedCodeError
 from st_prompts.hub import check_hub_model
 from st_prompts.utils import resolve_gguf, resolve_model_name
 
@@ -351,6 +351,73 @@ def _check_backbone(reference: Any, hub: dict[str, Any], seen: set[str], depth: 
         if _is_local(backbone):
             return f"{backbone}: its {exc}"
         raise DataNotFoundError(f"the backbone {reference!r} could not be read: its {exc}") from exc
+
+
+#: Why a Router may not route to a prompt bank (one line, what to do instead).
+ROUTER_UNSUPPORTED = ("a prompt bank inside a sentence-transformers Router is not supported: the Router and the bank "
+                      "both read encode's task= (the Router to pick a route, the bank a prompt set), so rows would "
+                      "reach the wrong set; use the bank itself, with its query and document roles for "
+                      "encode_query/encode_document (st-prompts bank roles BANK --query SET --document SET)")
+#: Why a Router route may not be a whole st_prompts model.
+WHOLE_MODEL_ROUTE = ("a Router route that is a whole st_prompts model cannot be loaded (sentence-transformers loads "
+                     "such a route without st_prompts' classes); route to its modules instead "
+                     "(Router.for_query_document(query_modules=list(model), ...))")
+
+
+def prompted_routes(name_or_path: str, **hub: Any) -> bool:
+    """Whether a saved model has a ``Router`` (at any depth) with st_prompts modules among its routes (a prompted
+    module with its own prefix may be one: it loads with st_prompts' classes). Refuses, in one line, a route to a
+    prompt bank (:data:`ROUTER_UNSUPPORTED`) and one that is a whole model holding st_prompts modules
+    (:data:`WHOLE_MODEL_ROUTE`). Reads JSON files only; whatever cannot be read is left to the loader and the trust
+    checks (``False``).
+
+    Raises:
+        ConfigurationError: such a route.
+    """
+    model = os.path.expanduser(resolve_model_name(name_or_path))
+    try:
+        return _prompted_routes(model, "", hub, depth=0)
+    except (_Unreadable, OSError, DataNotFoundError):
+        return False
+
+
+def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, in_route: bool = False) -> bool:
+    if depth > _MAX_DEPTH:
+        return False
+    found = False
+    prefix = f"{folder}/" if folder else ""
+    modules = _read_json(model, prefix + "modules.json", hub)
+    for entry in modules if isinstance(modules, list) else []:
+        type_name = entry.get("type") if isinstance(entry, dict) else None
+        if not isinstance(type_name, str):
+            continue
+        if in_route and type_name.startswith("st_prompts."):
+            raise ConfigurationError(WHOLE_MODEL_ROUTE + ".")
+        module_class = _module_class(type_name) if type_name.startswith("sentence_transformers.") else None
+        if not (isinstance(module_class, type) and issubclass(module_class, Router)):
+            continue
+        path = entry.get("path", "") if isinstance(entry.get("path", ""), str) else ""
+        sub_prefix = f"{prefix}{path}/" if path else prefix
+        config = (_read_json(model, sub_prefix + "router_config.json", hub)
+                  or _read_json(model, sub_prefix + "config.json", hub))
+        types = config.get("types") if isinstance(config, dict) else None
+        for sub, route_type in (types.items() if isinstance(types, dict) else ()):
+            if not isinstance(route_type, str) or not isinstance(sub, str):
+                continue
+            if route_type.startswith("st_prompts."):
+                if _is_bank_folder(model, f"{sub_prefix}{sub}/", hub):
+                    raise ConfigurationError(ROUTER_UNSUPPORTED + ".")
+                found = True
+            route_class = _module_class(route_type) if route_type.startswith("sentence_transformers.") else None
+            if isinstance(route_class, type) and _is_whole_model(route_class):
+                _prompted_routes(model, f"{sub_prefix}{sub}".strip("/"), hub, depth + 1, in_route=True)
+    return found
+
+
+def _is_bank_folder(model: str, prefix: str, hub: dict[str, Any]) -> bool:
+    """Whether the prompted module saved at ``prefix`` holds prompt sets (its config lists ``prompt_sets``)."""
+    config = _read_json(model, prefix + "sentence_bert_config.json", hub)
+    return isinstance(config, dict) and config.get("prompt_sets") is not None
 
 
 def backbone_reason(name_or_path: str, **hub: Any) -> str | None:

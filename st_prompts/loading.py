@@ -42,6 +42,7 @@ from st_prompts.folder_checks import (
     _read_json,
     _Unreadable,
     backbone_reason,
+    prompted_routes,
     require_safe_backbone,
     safe_loading,
     should_trust_remote_code,
@@ -69,6 +70,10 @@ _POOLING_MODE_LABELS = {
     "weightedmean": "weighted mean",
     "lasttoken": "last token",
 }
+
+
+#: The hub options of ``SentenceTransformer`` a check of a model's files needs.
+_HUB_KEYS = ("token", "cache_folder", "revision", "local_files_only")
 
 
 def load_sentence_model(
@@ -110,6 +115,8 @@ def load_sentence_model(
         raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
     if "local_files_only" not in kwargs and cached_and_unreachable(model):
         kwargs["local_files_only"] = True  # cached, and the hub cannot be reached: no request would succeed
+    # trusted or not: st_prompts modules behind a Router would silently read the Router's task (see there)
+    routed = prompted_routes(model, **{k: v for k, v in kwargs.items() if k in _HUB_KEYS})
     if trust_remote_code is True:
         try:
             return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
@@ -133,7 +140,7 @@ def load_sentence_model(
     try:
         with trust.no_unpickling():
             modules = _read_json(model, "modules.json", kwargs) or []
-            if any(m["type"].startswith("st_prompts.") for m in modules):
+            if routed or any(m["type"].startswith("st_prompts.") for m in modules):
                 return _assemble(model, modules, device, kwargs)
             return SentenceTransformer(model, trust_remote_code=False, device=device, **kwargs)
     except StPromptsError:
@@ -184,6 +191,20 @@ def _is_damaged_weights(exc: BaseException) -> bool:
         or "deserializ" in str(exc).lower()
 
 
+class _OurClasses(dict):
+    """st_prompts' classes by name, imported when asked for (``get``): what a ``Router`` over st_prompts modules is
+    given as ``module_classes``, so that its routes load without the global ``trust_remote_code`` too (the names were
+    checked by :func:`untrusted_reason` first)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if isinstance(key, str) and key.startswith("st_prompts."):
+            return import_from_string(key)
+        return default
+
+    def __bool__(self) -> bool:  # never empty: Router.load replaces a false mapping by {}
+        return True
+
+
 def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | None,
               kwargs: dict[str, Any]) -> SentenceTransformer:
     """A ``SentenceTransformer`` built from the modules of a saved model, each loaded by its own class with
@@ -198,7 +219,7 @@ def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | No
         raise StPromptsError(f"load_sentence_model() cannot pass {', '.join(unknown)} to a model with st_prompts "
                              "modules; give them to the model after loading")
     hub = {key: kwargs[key] for key in ("token", "cache_folder", "revision", "local_files_only") if key in kwargs}
-    ours = {m["type"]: import_from_string(m["type"]) for m in modules_config if m["type"].startswith("st_prompts.")}
+    ours = _OurClasses()
     modules: OrderedDict[str, Any] = OrderedDict()
     module_kwargs: OrderedDict[str, Any] = OrderedDict()
     for config in modules_config:

@@ -132,7 +132,8 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
     Prompt sets, gates, pooling and every other module are unchanged; the backbone's weight fingerprint (what a
     prompt set added later is checked against) is taken before quantizing, so sets trained on the fp32 backbone
     still join the quantized bank. The model is put in eval mode, and its ``save``/``save_pretrained``/``push_to_hub``
-    (and each quantized module's ``save``) refuse in one line.
+    (each quantized module's ``save``, and its transformers backbone's ``save_pretrained``/``push_to_hub``) refuse in
+    one line.
 
     Raises:
         ConfigurationError: an unknown ``mode``; a model on another device than the CPU; a model without a
@@ -160,6 +161,11 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
             raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
         setattr(module, MODE_ATTRIBUTE, mode)
         module.save = functools.partial(_refuse_save, "save")
+        # the transformers model itself too: its save_pretrained would write the biases and norms without a single
+        # linear weight (they live packed outside state_dict), a folder that loads as random layers
+        for name in ("save_pretrained", "push_to_hub"):
+            if hasattr(module.auto_model, name):
+                setattr(module.auto_model, name, functools.partial(_refuse_save, name))
         if not _row_exact_attention(module):
             module.forward = functools.partial(exact_rows_forward, module, module.forward)
     model.eval()

@@ -23,6 +23,7 @@ A file name read from a file of a folder (a manifest, an index's ``meta.json``) 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -30,13 +31,19 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 
 from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError
@@ -49,13 +56,16 @@ __all__ = [
     "STAGING_MARKER",
     "apply_umask",
     "check_destination",
+    "check_model_destination",
     "contained_path",
     "folder_lock",
+    "managed_ancestor",
     "manifest_problem",
+    "model_ownership",
     "read_manifest",
     "replace_folder",
+    "replaceable_kinds",
     "save_model_folder",
-    "check_model_destination",
     "write_file_atomic",
     "write_json_atomic",
     "write_manifest",
@@ -168,12 +178,42 @@ def check_destination(destination: str | os.PathLike) -> Path:
         raise ConfigurationError(f"refusing to write to {destination}: give a folder of its own")
     if path.is_symlink():
         raise ConfigurationError(f"refusing to replace {destination}: it is a symbolic link; give the real folder")
+    owner = managed_ancestor(real)
+    if owner is not None:
+        folder, kind = owner
+        raise ConfigurationError(f"refusing to write to {destination}: it is inside {folder}, {_a(kind)} saved by "
+                                 "st-prompts, which must hold only what st-prompts wrote there; choose a folder "
+                                 "outside it")
     ancestor = path.parent
     while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise ConfigurationError(f"cannot write to {destination}: {ancestor} is a file, not a folder")
     return path
+
+
+def managed_ancestor(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """``(folder, kind)`` of the nearest folder above ``path`` (compared by real paths: symbolic links on the way are
+    followed) that st_prompts saved (it holds a manifest, :data:`MANIFEST_FILE`), else ``None``. Nothing may be
+    written inside such a folder: a model, a bank or an index holds only what its manifest lists, and a folder put
+    into it would make every later change of it refuse (or, written through a link, land in another bank)."""
+    real = Path(os.path.realpath(path))
+    for folder in real.parents:
+        manifest = folder / MANIFEST_FILE
+        if os.path.islink(manifest) or not manifest.is_file():
+            continue
+        try:
+            raw = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict) and raw.get("written_by") == "st-prompts":
+            return folder, str(raw.get("kind") or "a folder")
+    return None
+
+
+def _a(kind: str) -> str:
+    """``"a prompt bank"``, ``"an index"``: a kind with its article."""
+    return kind if kind.startswith(("a ", "an ")) else ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
 
 
 def _leftover_pattern(destination: Path) -> re.Pattern[str]:
@@ -223,25 +263,104 @@ def interrupted_save_hint(destination: str | os.PathLike) -> str:
             f"{destination.name} to use it.")
 
 
+#: The lock files this process holds: real path -> [thread lock, file descriptor, depth].
+_HELD: dict[str, list[Any]] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def _lock_path(destination: str | os.PathLike) -> Path:
+    """``.NAME.st-prompts.lock`` beside ``destination``, in the real folder it is in: two spellings of one folder (a
+    symbolic link on the way) share one lock."""
+    destination = Path(os.path.abspath(destination))
+    return Path(os.path.realpath(destination.parent)) / f".{destination.name}.st-prompts.lock"
+
+
 @contextmanager
 def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator[None]:
     """Hold the lock of ``destination`` (a lock file ``.NAME.st-prompts.lock`` beside it): writers of one folder take
-    turns. Re-entrant within a process."""
+    turns, across processes and threads (re-entrant within a thread). ``timeout``: seconds to wait (``-1``: for ever).
 
+    The lock file is removed when the last holder lets go, so no ``.st-prompts.lock`` file stays behind (the demo
+    left one in the folder it ran in). Removing a lock file is safe only with this protocol, which is why it is
+    written here instead of taken from ``filelock`` (which leaves the file, by design): a holder unlinks the file
+    before it unlocks, and whoever locks a file checks that it is still the one at the path (same inode), retrying
+    otherwise, so a waiter that opened the old file never believes it holds the lock. Without ``fcntl`` (Windows)
+    ``filelock`` is used and its file stays.
+    """
     destination = Path(os.path.abspath(destination))
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(f"cannot create the folder {destination.parent}: {exc.strerror or exc}") from exc
-    path = destination.parent / f".{destination.name}.st-prompts.lock"
+    path = _lock_path(destination)
+    if fcntl is None:  # pragma: no cover - Windows
+        yield from _filelock(destination, path, timeout)
+        return
+    key = str(path)
+    with _HELD_GUARD:
+        entry = _HELD.setdefault(key, [threading.RLock(), None, 0])
+    deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+    if not entry[0].acquire(timeout=-1 if deadline is None else max(0.0, timeout)):
+        raise ConfigurationError(f"{destination} is being written by another process; try again later")
+    try:
+        if entry[2] == 0:
+            entry[1] = _lock_file(destination, path, deadline)
+        entry[2] += 1
+        try:
+            yield
+        finally:
+            entry[2] -= 1
+            if entry[2] == 0:
+                fd, entry[1] = entry[1], None
+                try:
+                    os.unlink(path)  # still ours: unlinked before it is unlocked (see above)
+                except OSError:
+                    pass
+                os.close(fd)
+    finally:
+        entry[0].release()
+
+
+def _lock_file(destination: Path, path: Path, deadline: float | None) -> int:
+    """Open and lock the lock file at ``path`` (the protocol of :func:`folder_lock`); returns its descriptor."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        try:  # O_NOFOLLOW: a symbolic link planted at the lock's path fails here (ELOOP)
+            fd = os.open(path, flags, 0o666 & ~current_umask())
+        except OSError as exc:
+            why = "is a symbolic link (remove it)" if path.is_symlink() else f"cannot be opened: {exc.strerror or exc}"
+            raise ConfigurationError(f"the lock file {path} of {destination} {why}") from exc
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise ConfigurationError(f"{destination} is being written by another process; try again "
+                                                 "later") from None
+                    time.sleep(0.05)
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # its holder removed it after we opened it: lock the file now at the path
+
+
+def _filelock(destination: Path, path: Path, timeout: float) -> Iterator[None]:  # pragma: no cover - Windows
+    from filelock import FileLock, Timeout
+
     lock = FileLock(str(path), timeout=timeout, is_singleton=True, thread_local=False)
-    try:  # filelock opens the lock file with O_NOFOLLOW: a symbolic link planted at its path fails here (ELOOP)
+    try:
         lock.acquire()
     except Timeout as exc:
         raise ConfigurationError(f"{destination} is being written by another process; try again later") from exc
-    except OSError as exc:
-        why = "is a symbolic link (remove it)" if path.is_symlink() else f"cannot be opened: {exc.strerror or exc}"
-        raise ConfigurationError(f"the lock file {path} of {destination} {why}") from exc
     try:
         yield
     finally:
@@ -440,23 +559,26 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | str | None:
     return {"kind": manifest.get("kind"), "files": set(files), "folders": set(folders)}
 
 
-def manifest_problem(folder: str | os.PathLike, *, index: bool = False) -> str | None:
+def manifest_problem(folder: str | os.PathLike, *, index: bool = False,
+                     kinds: tuple[str, ...] | None = None) -> str | None:
     """``None`` if ``folder`` was saved by st_prompts and holds nothing its manifest does not list; else why not.
 
     Anything unlisted counts: a file, a folder (also an empty or nested one; a folder holding a listed file is
     implied), a symbolic link (to a file or a folder, wherever it is, even under a listed name) or any other entry.
     ``index``: the folder must be a search index (manifest kind :data:`INDEX_KIND`); otherwise it must not be one.
+    ``kinds``: the manifest's kind must be one of these (what the caller is about to write may replace only a folder
+    of its own kind: an exported prompt set never replaces a bank, a bank never a trained model).
     """
     folder = Path(folder)
-    what = "a semantic index" if index else "a model"
+    what = "a semantic index" if index else (_a(kinds[0]) if kinds else "a model")
     manifest = read_manifest(folder)
     if manifest is None:
         return f"it is not {what} saved by st-prompts (it has no {MANIFEST_FILE})"
     if isinstance(manifest, str):
         return manifest
     kind = manifest["kind"]
-    if (kind == INDEX_KIND) != index:
-        return f"it is {'a ' + str(kind) if kind else 'something else'} saved by st-prompts, not {what}"
+    if (kind == INDEX_KIND) != index or (kinds is not None and kind not in kinds):
+        return f"it is {_a(str(kind)) if kind else 'something else'} saved by st-prompts, not {what}"
     listed_files = manifest["files"]
     implied = {parent.as_posix() for name in listed_files for parent in Path(name).parents if parent != Path(".")}
     files, folders, others = _entries_below(folder)
@@ -472,26 +594,45 @@ def manifest_problem(folder: str | os.PathLike, *, index: bool = False) -> str |
 
 
 # ---------------------------------------------------------------------------------------------- model folders
-_MODEL = "a model saved by st-prompts"
 _MODEL_HINT = "pass --overwrite (overwrite=True) to replace it"
+#: What a save of each kind may replace (besides a folder of its own kind): an exported prompt set and a training
+#: run's prompts-only checkpoint are the same format.
+_REPLACES = {"prompt set": ("prompt set", "prompts-only checkpoint"),
+             "prompts-only checkpoint": ("prompts-only checkpoint", "prompt set")}
 
 
-def check_model_destination(path: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse, before any work, a destination a model may not be saved to (the rules of :func:`save_model_folder`)."""
-    check_replaceable(check_destination(path), manifest_problem, overwrite, _MODEL, _MODEL_HINT)
+def replaceable_kinds(kind: str) -> tuple[str, ...]:
+    """The manifest kinds a save of ``kind`` may replace."""
+    return _REPLACES.get(kind, (kind,))
+
+
+def model_ownership(kind: str = "model") -> OwnershipCheck:
+    """The ownership check of a model folder about to be replaced by a save of ``kind``: saved by st-prompts, of a
+    kind that ``kind`` may replace (:func:`replaceable_kinds`), holding nothing else."""
+    return functools.partial(manifest_problem, kinds=replaceable_kinds(kind))
+
+
+def check_model_destination(path: str | os.PathLike, overwrite: bool, kind: str = "model") -> None:
+    """Refuse, before any work, a destination a model of ``kind`` may not be saved to (the rules of
+    :func:`save_model_folder`)."""
+    check_replaceable(check_destination(path), model_ownership(kind), overwrite, _a(kind) + " saved by st-prompts",
+                      _MODEL_HINT)
 
 
 def save_model_folder(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = False,
-                      kind: str = "model") -> Path:
+                      kind: str = "model", replaces: tuple[str, ...] | None = None, lock: bool = True) -> Path:
     """Write a model folder with ``write(folder)`` and put it at ``path`` atomically, with its manifest
-    (:data:`MANIFEST_FILE`).
+    (:data:`MANIFEST_FILE`) recording ``kind`` (``"model"``, ``"prompt bank"``, ``"prompt set"``, ...).
 
-    An existing folder is replaced only if st-prompts saved it (its manifest lists every file in it) and
-    ``overwrite`` is true; anything else is refused with :class:`~st_prompts.errors.ConfigurationError`.
+    An existing folder is replaced only if st-prompts saved it (its manifest lists every file in it), as a kind this
+    save may replace (``replaces``, default :func:`replaceable_kinds`), and ``overwrite`` is true; anything else is
+    refused with :class:`~st_prompts.errors.ConfigurationError`. ``lock``: take the destination's lock (``False``
+    when the caller holds it).
     """
     def write_with_manifest(folder: Path) -> None:
         write(folder)
         write_manifest(folder, kind)
 
-    return replace_folder(path, write_with_manifest, ownership=manifest_problem, overwrite=overwrite, what=_MODEL,
-                          overwrite_hint=_MODEL_HINT)
+    ownership = model_ownership(kind) if replaces is None else functools.partial(manifest_problem, kinds=replaces)
+    return replace_folder(path, write_with_manifest, ownership=ownership, overwrite=overwrite,
+                          what=_a(kind) + " saved by st-prompts", overwrite_hint=_MODEL_HINT, lock=lock)

@@ -183,12 +183,12 @@ def test_every_command_refuses_missing_empty_foreign_and_damaged_paths_in_one_li
 @pytest.fixture(scope="module")
 def tiny_bank(tmp_path_factory, tiny_bert):
     """A saved bank on the tiny backbone with one gated set 'a' (the CLI loads it in a few seconds)."""
-    from st_prompts.bank import bank_encoder, create_bank
+    from st_prompts.bank import bank_encoder, create_bank, save_bank
 
     model = create_bank(tiny_bert, pooling="mean")
     bank_encoder(model).new_prompt_set("a", prefix_length=4, prefix_gate=True)
     path = tmp_path_factory.mktemp("banks") / "bank"
-    model.save(str(path))
+    save_bank(model, path)  # with the manifest: the CLI may change it
     return path
 
 

@@ -94,7 +94,7 @@ def test_an_st_prompts_model_is_replaced_only_with_overwrite(tiny_bert, data_dir
     assert main(train_argv(tiny_bert, data_dir, out, "--overwrite")) == 2
     assert "my-notes.md" in one_line_error(capsys)
     assert (out / "my-notes.md").read_text() == "notes"
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == [".model.st-prompts.lock"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == []  # no lock file stays behind
 
 
 def test_trainer_files_never_land_in_the_output(tiny_bert, data_dir, tmp_path, monkeypatch):
@@ -223,7 +223,7 @@ def test_a_kill_at_each_step_leaves_one_complete_folder_and_the_next_save_cleans
         assert _complete(target) == ("new" if kill_at == "rmtree" else "old")
     replace_folder(target, _write("next"), ownership=_ours, overwrite=True)
     assert _complete(target) == "next"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.st-prompts.lock", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # (the killed save's lock file removed too)
 
 
 def test_leftovers_that_st_prompts_did_not_write_are_left_alone(tmp_path):
@@ -270,7 +270,7 @@ def test_an_index_save_interrupted_at_each_step_keeps_a_loadable_index(tmp_path,
         index = loaded if len(loaded) == 39 else index
     index = SemanticIndex.load(target)
     index.save(target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.st-prompts.lock", "idx"]  # leftovers removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # leftovers (and the lock file) removed
 
 
 # ---------------------------------------------------------------------------------------------- indexes

@@ -318,3 +318,37 @@ def test_a_search_that_meets_a_label_outside_the_corpus_is_refused():
     faiss.rev_swig_ptr(ivf.invlists.get_ids(0), ivf.invlists.list_size(0))[:] = 10**6
     with pytest.raises(DataFormatError, match="returned the row 1000000 for an index of 120 documents"):
         index.search_embeddings(vectors[:5], k=120)
+
+
+@pytest.mark.parametrize("change", ["no files", "a file left out"])
+def test_a_format_3_meta_json_that_does_not_record_every_file_is_refused(change, base_index, tmp_path, capsys):
+    """Issue 60, item 9: st-prompts records the size and SHA-256 of every file it writes from format 3 on, so a
+    ``meta.json`` without ``files``, or leaving one out (a file that could be swapped unseen), was not written by it:
+    every command refuses it in one line, ``index info --verify`` included (it used to exit 0 saying nothing)."""
+    folder = tmp_path / "idx"
+    shutil.copytree(base_index, folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    if change == "no files":
+        del meta["files"]
+    else:
+        del meta["files"]["docs.jsonl"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    for argv in (["index", "info", str(folder), "--verify"], ["index", "info", str(folder)],
+                 ["index", "search", str(folder), "a query", "--model", "minilm"]):
+        assert run(argv) == 2
+        line = one_error_line(capsys)
+        assert ("records no files" if change == "no files" else "records no size or SHA-256 for docs.jsonl") in line
+
+
+def test_index_info_verify_says_what_it_verified_and_when_nothing_was(base_index, tmp_path, capsys):
+    folder = tmp_path / "idx"
+    shutil.copytree(base_index, folder)
+    capsys.readouterr()
+    assert run(["index", "info", str(folder), "--verify"]) == 0
+    assert "Verified:   size and SHA-256 of 4 files (docs.jsonl" in capsys.readouterr().out
+    meta = json.loads((folder / "meta.json").read_text())  # an index of format 2 (before the records)
+    del meta["files"]
+    meta["format_version"] = 2
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert run(["index", "info", str(folder), "--verify"]) == 0
+    assert "Verified:   nothing: this index (format 2) was written before st-prompts recorded" in capsys.readouterr().out

@@ -136,6 +136,39 @@ def test_a_quantized_model_refuses_to_save_and_writes_nothing(tiny_bert, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def test_the_quantized_backbone_itself_refuses_to_save_and_an_incomplete_backbone_never_loads(tiny_bert, tmp_path):
+    """Issue 60, item 3: ``model[0].auto_model.save_pretrained`` wrote the biases and norms without one linear weight
+    (they live packed outside ``state_dict``), and loading that folder gave random layers without an error."""
+    from st_prompts import save_prompts_only
+
+    model = quantize_model(two_set_bank(tiny_bert), "int8")
+    for save in (model[0].auto_model.save_pretrained, model[0].auto_model.push_to_hub):
+        with pytest.raises(ConfigurationError, match=r"refused: this model's backbone is quantized to int8"):
+            save(str(tmp_path / "raw"))
+    assert not (tmp_path / "raw").exists()
+    with pytest.raises(ConfigurationError, match="quantized to int8"):  # blames quantization, not training
+        save_prompts_only(model, str(tmp_path / "prompts"))
+    assert not (tmp_path / "prompts").exists()
+    # what such a save wrote (the state dict without the int8 weights) is refused by every st_prompts loader
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    incomplete = tmp_path / "incomplete"
+    AutoConfig.from_pretrained(tiny_bert).save_pretrained(incomplete)
+    state = {k: v.contiguous() for k, v in model[0].auto_model.state_dict().items() if v.is_floating_point()}
+    assert not any(k.endswith("query.weight") for k in state)
+    save_file(state, str(incomplete / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(tiny_bert) / name).exists():
+            (incomplete / name).write_bytes((Path(tiny_bert) / name).read_bytes())
+    from st_prompts.errors import DataFormatError
+
+    with pytest.raises(DataFormatError, match=r"backbone weights in .* are incomplete: 12 weight\(s\) .*query.weight"):
+        PromptedTransformer(str(incomplete), prefix_length=2)
+    with pytest.raises(DataFormatError, match="are incomplete"):
+        bank.create_bank(str(incomplete))
+
+
 def test_a_set_trained_on_the_fp32_backbone_joins_the_quantized_bank(tiny_bert, tmp_path):
     torch.manual_seed(1)
     prompted = PromptedTransformer(tiny_bert, prefix_length=4)
@@ -163,6 +196,8 @@ def test_index_build_quantize_int8_records_it_and_search_encodes_queries_alike(t
     assert "Indexed 15 documents" in capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
     assert json.dumps(meta).count('"quantize": "int8"') == 1
+    assert main(["index", "info", str(out)]) == 0  # issue 60, item 14: index info says so
+    assert "documents encoded in int8 (--quantize int8)" in capsys.readouterr().out
     code = main(["index", "search", str(out), "where do cats sleep?", "-k", "3", "--json"])  # the recorded int8 model
     payload = capsys.readouterr().out
     assert code == 0 and json.loads(payload)[0]["hits"][0]["id"] in (1, 2, 16)

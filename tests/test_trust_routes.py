@@ -236,3 +236,66 @@ def test_st_prompts_models_load_without_the_global_flag(tiny_bert, tmp_path):
     flagged = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True, device="cpu")
     sentences = ["a man plays the guitar", "the cat sits on the mat"]
     np.testing.assert_array_equal(safe.encode(sentences), flagged.encode(sentences))
+
+
+# ---------------------------------------------------------------------------------------------- Router routes (#60.8)
+def _router(query_modules, document_modules):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.router import Router
+
+    return SentenceTransformer(modules=[Router.for_query_document(query_modules=query_modules,
+                                                                   document_modules=document_modules)], device="cpu")
+
+
+def test_a_prompted_route_loads_without_trust_and_a_bank_route_is_refused_in_one_line(tiny_bert, clean_model, tmp_path,
+                                                                                     capsys):
+    """A Router route that is st_prompts' own PromptedTransformer (with its own prefix) loads safely, as with trust;
+    a route to a prompt bank is refused in one line, in memory, saved, trusted or not, through the command line: the
+    Router and the bank would both read task= (the rows reached the wrong set, or every call failed)."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from st_prompts import PromptedTransformer, bank
+    from st_prompts.errors import ConfigurationError
+
+    plain = SentenceTransformer(str(clean_model), device="cpu")
+    torch.manual_seed(0)
+    prompted = PromptedTransformer(tiny_bert, prefix_length=3, prefix_init_std=0.5)
+    model = _router([prompted, Pooling(32, "mean")], [plain[0], plain[1]])
+    texts = ["a man plays the guitar", "the cat sits on the mat"]
+    query, document = model.encode(texts, task="query"), model.encode(texts, task="document")
+    assert not np.allclose(query, document, atol=1e-3)
+    model.save(str(tmp_path / "routed"))
+    for trust in (False, True):
+        loaded = load_sentence_model(str(tmp_path / "routed"), trust_remote_code=trust)
+        np.testing.assert_allclose(loaded.encode(texts, task="query"), query, atol=1e-6)
+        np.testing.assert_allclose(loaded.encode(texts, task="document"), document, atol=1e-6)
+
+    banked = bank.create_bank(tiny_bert)
+    banked[0].new_prompt_set("sts", prefix_length=2)
+    with pytest.raises(ConfigurationError, match="prompt bank inside a sentence-transformers Router is not supported"):
+        _router([banked[0], banked[1]], [plain[0], plain[1]])
+    # the same saved by hand (as sentence-transformers' Router.save writes it), and as a whole-model route
+    shutil.copytree(tmp_path / "routed", tmp_path / "bank-routed")
+    route = next((tmp_path / "bank-routed").glob("query_0_*"))
+    config = json.loads((route / "sentence_bert_config.json").read_text())
+    config["prompt_sets"] = {}
+    (route / "sentence_bert_config.json").write_text(json.dumps(config))
+    whole = tmp_path / "whole-routed"
+    from sentence_transformers.base.modules.router import Router
+
+    whole_model = SentenceTransformer(modules=[Router({"query": [SentenceTransformer(
+        modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "mean")], device="cpu")],
+        "document": [plain]}, default_route="document")], device="cpu")
+    whole_model.save(str(whole))
+    for folder, match in ((tmp_path / "bank-routed", "prompt bank inside a sentence-transformers Router"),
+                          (whole, "route that is a whole st_prompts model cannot be loaded")):
+        for trust in (False, True):
+            with pytest.raises(ConfigurationError, match=match):
+                load_sentence_model(str(folder), trust_remote_code=trust)
+        capsys.readouterr()
+        assert main(["index", "build", str(folder), str(CORPUS), str(tmp_path / "idx")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and match in err.splitlines()[-1], err

@@ -15,6 +15,7 @@ write is never replaced.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -75,6 +76,7 @@ def add_parser(subparsers) -> None:
     train.add_argument("--limit", type=n.positive_int(), help="train on the first N rows")
     train.add_argument("--seed", type=n.seed, default=42, help="random seed (default 42)")
     train.add_argument("--replace", action="store_true", help="retrain NAME from scratch if the bank has it")
+    _output_options(train)
     _backbone_options(train)
     add_trust_remote_code_argument(train)
     add_no_progress_argument(train)
@@ -83,7 +85,9 @@ def add_parser(subparsers) -> None:
     add = actions.add_parser("add", help="add a trained prompt set (a model folder or prompts-only checkpoint)")
     add.add_argument("bank", help="folder of the bank")
     add.add_argument("name", help="name of the new prompt set")
-    add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone")
+    add.add_argument("source", help="a saved st_prompts model folder or prompts-only checkpoint on the same backbone "
+                     "(one set of another bank: bank export it first)")
+    _output_options(add)
     add_trust_remote_code_argument(add)
     add.set_defaults(func=run_add)
 
@@ -99,6 +103,7 @@ def add_parser(subparsers) -> None:
     remove = actions.add_parser("remove", help="remove a prompt set")
     remove.add_argument("bank", help="folder of the bank")
     remove.add_argument("name", help="name of the prompt set to remove")
+    _output_options(remove)
     add_trust_remote_code_argument(remove)
     remove.set_defaults(func=run_remove)
 
@@ -106,6 +111,7 @@ def add_parser(subparsers) -> None:
     roles.add_argument("bank", help="folder of the bank")
     for role in ("default", "query", "document"):
         roles.add_argument(f"--{role}", help=f"the {role} set (a name; 'none' to unset)")
+    _output_options(roles)
     add_trust_remote_code_argument(roles)
     roles.set_defaults(func=run_roles)
 
@@ -114,6 +120,13 @@ def add_parser(subparsers) -> None:
     show.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     add_trust_remote_code_argument(show)
     show.set_defaults(func=run_list)
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", metavar="DIR", help="write the changed bank to DIR and leave BANK as it is (e.g. a "
+                        "bank saved by model.save, which st-prompts never replaces)")
+    parser.add_argument("--overwrite", action="store_true", help="with --output: replace a bank st-prompts saved at "
+                        "DIR")
 
 
 def _backbone_options(parser: argparse.ArgumentParser) -> None:
@@ -133,12 +146,11 @@ def _load(path: str, trust_remote_code):
 
 
 def _save(model, path: str, overwrite: bool = True) -> None:
-    from st_prompts.storage import save_model_folder
+    from st_prompts.bank import save_bank
     from st_prompts.training.run import check_finite_training
 
     check_finite_training(model, None)  # never save NaN or infinite prompts (a diverged set, or one added)
-
-    save_model_folder(path, lambda folder: model.save(str(folder)), overwrite=overwrite, kind="prompt bank")
+    save_bank(model, path, overwrite=overwrite)
 
 
 def _summary(model, path: str) -> dict:
@@ -156,14 +168,55 @@ def _summary(model, path: str) -> dict:
             "query": encoder.query_task, "document": encoder.document_task}
 
 
-def _modify(args, change) -> int:
+def _check_names(*names: str | None) -> None:
+    """Refuse a set name outside the one grammar before anything loads (the library checks it again)."""
+    from st_prompts.prompts.names import check_set_name
+
+    for name in names:
+        if name is not None:
+            check_set_name(name)
+
+
+def _changed_bank_destination(args) -> str:
+    """Where a changed bank is written: ``--output``, else ``BANK`` itself, which must be a bank st-prompts saved
+    (checked before anything loads; the refusal says how to go on)."""
+    from st_prompts.bank import BANK_KIND
+    from st_prompts.errors import ConfigurationError
+    from st_prompts.storage import MANIFEST_FILE, check_model_destination, read_manifest
+
+    if getattr(args, "output", None):
+        check_model_destination(args.output, args.overwrite, kind=BANK_KIND)
+        return args.output
+    if getattr(args, "overwrite", False):
+        raise ConfigurationError("--overwrite applies to --output DIR; BANK itself is always replaced by the change.")
+    if os.path.isdir(args.bank) and read_manifest(args.bank) is None and os.listdir(args.bank):
+        raise ConfigurationError(f"{args.bank} was not saved by st-prompts (it has no {MANIFEST_FILE}: model.save "
+                                 "writes none), so it is never replaced; pass --output DIR to write the changed bank "
+                                 "to a new folder (or save banks with st_prompts.bank.save_bank)")
+    if os.path.isdir(args.bank) and os.listdir(args.bank):
+        check_model_destination(args.bank, True, kind=BANK_KIND)  # a model, an index, foreign files: refused
+    return args.bank
+
+
+@contextlib.contextmanager
+def _locks(*folders: str):
+    """The locks of ``folders``, always taken in one order (two commands crossing BANK and --output never wait on
+    each other for ever)."""
     from st_prompts.storage import folder_lock
 
-    with folder_lock(args.bank):  # load, change and save as one step: a concurrent change waits, none is lost
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            stack.enter_context(folder_lock(folder))
+        yield
+
+
+def _modify(args, change) -> int:
+    out = _changed_bank_destination(args)
+    with _locks(args.bank, out):  # load, change and save as one step: a concurrent change waits, none is lost
         model = _load(args.bank, args.trust_remote_code)
         change(model)
-        _save(model, args.bank)
-    print(json.dumps(_summary(model, args.bank), indent=2))
+        _save(model, out, overwrite=out == args.bank or args.overwrite)
+    print(json.dumps(_summary(model, out), indent=2))
     return 0
 
 
@@ -175,10 +228,10 @@ def _trust(args: argparse.Namespace) -> dict:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from st_prompts.bank import create_bank
+    from st_prompts.bank import BANK_KIND, create_bank
     from st_prompts.storage import check_model_destination
 
-    check_model_destination(args.bank, args.overwrite)
+    check_model_destination(args.bank, args.overwrite, kind=BANK_KIND)
     model = create_bank(args.backbone, pooling=args.pooling)
     _save(model, args.bank, overwrite=args.overwrite)
     print(json.dumps(_summary(model, args.bank), indent=2))
@@ -188,6 +241,7 @@ def run_create(args: argparse.Namespace) -> int:
 def run_add(args: argparse.Namespace) -> int:
     from st_prompts.bank import add_prompt_set
 
+    _check_names(args.name)
     return _modify(args, lambda model: add_prompt_set(model, args.name, args.source))
 
 
@@ -262,24 +316,28 @@ def format_summary(summary: dict) -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from st_prompts.bank import create_bank, train_prompt_set
+    from st_prompts.bank import BANK_KIND, create_bank, train_prompt_set
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
     from st_prompts.errors import ConfigurationError
-    from st_prompts.storage import check_model_destination, folder_lock
+    from st_prompts.storage import check_model_destination
     from st_prompts.training.run import check_finite_training
 
+    _check_names(args.name)
     data = read_task_file(args.data, limit=args.limit)
     loss_name = args.loss or KINDS[data.kind]
     if data.kind not in LOSS_KINDS[loss_name]:
         raise ConfigurationError(f"--loss {loss_name} trains on {' or '.join(LOSS_KINDS[loss_name])}; {args.data} "
                                  f"holds {data.kind}.")
-    with folder_lock(args.bank):
-        exists = os.path.isdir(args.bank) and bool(os.listdir(args.bank))
-        if exists:
-            check_model_destination(args.bank, overwrite=True)  # replaceable? Asked before training, not after
+    out = args.output or args.bank
+    with _locks(args.bank, out):
+        if os.path.isdir(args.bank) and os.listdir(args.bank):
+            _changed_bank_destination(args)  # replaceable? Asked before training, not after
             model = _load(args.bank, args.trust_remote_code)
         else:
-            check_model_destination(args.bank, overwrite=False)
+            if args.output:
+                raise ConfigurationError(f"{args.bank} holds no bank: --output DIR is for changing an existing one "
+                                         "(a missing BANK is created where it is named).")
+            check_model_destination(out, overwrite=False, kind=BANK_KIND)
             model = create_bank(args.backbone, pooling=args.pooling, **_trust(args))
         encoder = model[0]
         if args.name in encoder.prompt_sets:
@@ -295,8 +353,8 @@ def run_train(args: argparse.Namespace) -> int:
             prefix_gate=args.prefix_gate and encoder.prefix_injection != "cache",
         )
         check_finite_training(model, result.best_metric)
-        _save(model, args.bank)
-    summary = _summary(model, args.bank)
+        _save(model, out, overwrite=out == args.bank or args.overwrite)
+    summary = _summary(model, out)
     summary["trained"] = {"name": args.name, "loss": loss_name, "data": data.kind, "rows": len(data.dataset),
                           "steps": result.steps, "best_dev": result.best_metric, "best_step": result.best_step,
                           "seconds": round(result.seconds, 1)}

@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     from st_prompts.commands.options import show_progress
     from st_prompts.data.senteval import load_sts
     from st_prompts.data.training_data import bundled_data_dir, read_nli_triplets
-    from st_prompts.storage import check_model_destination, save_model_folder
+    from st_prompts.storage import check_model_destination
     from st_prompts.utils import packaged_minilm_path
 
     # The demo replaces its own earlier output, never a folder of anything else (checked before any work).
-    check_model_destination(args.output, overwrite=True)
+    check_model_destination(args.output, overwrite=True, kind=bank.BANK_KIND)
     start = time.perf_counter()
     data = bundled_data_dir()
     progress = show_progress(args)
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         rows = [i for i, t in enumerate(row_tasks) if t == name]
         separate[rows] = model.encode([texts[i] for i in rows], task=name, batch_size=128, convert_to_tensor=True)
     difference = float((mixed - separate).abs().max())
-    save_model_folder(args.output, lambda folder: model.save(str(folder)), overwrite=True)
+    bank.save_bank(model, args.output, overwrite=True)
 
     labels = {name: task[3] for name, task in tasks.items()}
     sizes = {name: sum(p.numel() for p in model[0].prompt_sets[name].parameters()) for name in TASKS}

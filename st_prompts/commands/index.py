@@ -422,8 +422,16 @@ def run_info(args: argparse.Namespace) -> int:
     index = load_index_dir(args.index, mmap=True, verify=True if args.verify else None)
     meta = read_meta(args.index)  # checked again: a save may have replaced the index since it was read
     check_meta(args.index / "meta.json", meta, INDEX_TYPES, _PARAMETERS)
+    files = meta.get("files") or {}
+    verified = (f"Verified:   size and SHA-256 of {len(files)} files ({', '.join(sorted(files))})" if files else
+                f"Verified:   nothing: this index (format {meta.get('format_version', 0)}) was written before "
+                "st-prompts recorded sizes and hashes; rebuild it to get them")
     if args.json:
         print(json.dumps(meta, ensure_ascii=False, indent=2))
+        if args.verify and not files:
+            print(verified.replace("Verified:   ", "index info --verify: "), file=sys.stderr)
         return 0
     print_info(args.index, index, meta)
+    if args.verify:
+        print(verified)
     return 0

@@ -84,7 +84,8 @@ def print_info(path: Any, index: Any, meta: dict[str, Any]) -> None:
     print(f"Type:       {index.index_type} ({clip(meta.get('faiss_factory'), 60)}) {index.index_params or ''}".rstrip())
     print(f"Dimension:  {index.faiss_index.d}; scores are cosine similarities (L2-normalised, inner product)")
     if model is not None:
-        print(f"Model:      {clip(model.name)} ({clip(model.fingerprint[:19], None)}…)")
+        print(f"Model:      {clip(model.name)} ({clip(model.fingerprint[:19], None)}…)"
+              + (f", documents encoded in {model.quantize} (--quantize {model.quantize})" if model.quantize else ""))
     else:
         print("Model:      none (built from bare embeddings)")
     sizes = meta.get("bytes_per_vector") or {}

@@ -198,8 +198,9 @@ class MethodConfig:
         supervision: the settings the method has, by name: ``"unsupervised"`` (or ``"semi-supervised"``, DiffAug's,
             which uses NLI labels in stage 1) and/or ``"supervised"``.
         prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
-        side_outputs: ``settings -> suffixes`` of the folders a run writes beside its output (DiffAug: ``-stage1``),
-            so that the pipeline checks them before training like the output itself.
+        side_outputs: ``settings -> ((suffix, kind), ...)``: the folders a run writes beside its output and the kind
+            their manifests record (DiffAug: ``("-stage1", "DiffAug stage-1 checkpoint")``), so that the pipeline
+            checks them before training like the output itself (a folder of another kind is never replaced).
         quick: settings that make a smoke run of the method take seconds (used by ``benchmarks/run_all --quick``),
             besides the batch size and evaluation interval every method gets there.
         last_stage_alone: settings under which the method's last stage runs by itself, its preparation kept short
@@ -212,7 +213,7 @@ class MethodConfig:
     presets: Callable[[str, bool, str | None], dict[str, Any]]
     supervision: tuple[str, ...] = ("unsupervised", "supervised")
     prompts_only: bool = True
-    side_outputs: Callable[[TrainSettings], tuple[str, ...]] = lambda settings: ()
+    side_outputs: Callable[[TrainSettings], tuple[tuple[str, str], ...]] = lambda settings: ()
     quick: tuple[tuple[str, Any], ...] = ()
     last_stage_alone: tuple[tuple[str, Any], ...] = ()
 
@@ -284,7 +285,7 @@ class Method:
     def prompts_only(self) -> bool:
         return self.config.prompts_only
 
-    def side_outputs(self, settings: TrainSettings) -> tuple[str, ...]:
+    def side_outputs(self, settings: TrainSettings) -> tuple[tuple[str, str], ...]:
         return self.config.side_outputs(settings)
 
     def settings(self, supervised: bool = False, scale: str = "paper", backbone: str | None = None,

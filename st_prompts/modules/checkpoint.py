@@ -17,6 +17,7 @@ from transformers import AutoModel
 from st_prompts import utils
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.hub import check_hub_model
+from st_prompts.storage import apply_umask
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +271,11 @@ class PromptsCheckpointMixin:
             with dequantized_gguf(self.auto_model):
                 super().save(output_path, safe_serialization=True)
         write_prompts(self.stored_prompt_state_dict(), output_path)
+        # safetensors writes its files 0600 whatever the umask (a model.save outside st-prompts' atomic folders too):
+        # give them the permissions every other file of the folder has
+        for name in os.listdir(output_path):
+            if name == PROMPTS_FILE or re.fullmatch(r"model(-\d+-of-\d+)?\.safetensors(\.index\.json)?", name):
+                apply_umask(os.path.join(output_path, name))
 
     @classmethod
     def load(
@@ -364,6 +370,11 @@ def save_prompts_only(model, path: str, *, keep_projection: bool = False) -> Non
     if len(encoders) != 1:
         raise ConfigurationError(f"save_prompts_only needs exactly one PromptedTransformer in the model, found {len(encoders)}.")
     encoder = encoders[0]
+    from st_prompts.quantization import quantization_mode
+
+    if quantization_mode(model) != "none" or quantization_mode(encoder) != "none":
+        raise ConfigurationError("save_prompts_only refused: this model's backbone is quantized to int8 for "
+                                 "inference; save the prompts of the model loaded without quantize.")
     encoder.check_backbone_unchanged()
     card = model.model_card_data
     was = getattr(card, "prompts_only", None)

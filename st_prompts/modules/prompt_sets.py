@@ -19,16 +19,15 @@ import torch
 from safetensors.torch import load_file
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.modules import set_checks
 from st_prompts.modules.backbones import backbone_dropout
 from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
-from st_prompts.modules import set_checks
 from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
 from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
+from st_prompts.prompts.names import BACKBONE_TASK, check_set_name
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
 from st_prompts.storage import contained_path
 
-#: The task name that selects the plain backbone (no prefix), in a call or for one row.
-BACKBONE_TASK = "backbone"
 #: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
 QUERY, DOCUMENT = "query", "document"
 #: Options a prompt set is built from (saved in the module config).
@@ -296,8 +295,7 @@ class PromptSetsMixin:
         return config
 
     def _check_new_name(self, name: str) -> None:
-        if not isinstance(name, str) or not name or name in (BACKBONE_TASK,) or "." in name:
-            raise ConfigurationError(f"A prompt set needs a name (no '.', not {BACKBONE_TASK!r}), got {name!r}.")
+        check_set_name(name)
         if name in self.prompt_sets:
             raise ConfigurationError(f"The bank already has a prompt set {name!r}; remove it first.")
 
@@ -414,6 +412,10 @@ class PromptSetsMixin:
     def on_model_ready(self, model) -> None:
         """sentence-transformers' hook when the model is assembled: a model with prompt sets takes ``task`` per row."""
         super().on_model_ready(model)
+        if self._is_bank and not any(module is self for module in model):  # in a Router: task= is the Router's
+            from st_prompts.folder_checks import ROUTER_UNSUPPORTED
+
+            raise ConfigurationError(ROUTER_UNSUPPORTED + ".")
         if not isinstance(model.__dict__.get("encode"), RowTaskEncode):
             model.encode = RowTaskEncode(model)
 
@@ -440,9 +442,11 @@ def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor],
         return ({k: options.get(k) for k in SET_OPTIONS},
                 {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, _fingerprint(config, folder))
     if not config.get("prefix_length"):
-        raise ConfigurationError(f"{path!r} has no deep prefix to add as a prompt set"
-                                 + (" (a bank of several sets: add them one by one from their own folders)."
-                                    if sets else "."))
+        raise ConfigurationError(
+            f"{path!r} has no deep prefix to add as a prompt set" + (
+                f": it is a bank of {len(sets)} sets ({', '.join(list(sets)[:5])}{', ...' if len(sets) > 5 else ''}); "
+                f"export the one you want first (st-prompts bank export {path} SET OUT, or "
+                "st_prompts.bank.export_prompt_set) and add OUT." if sets else "."))
     if config.get("template") is not None or config.get("cls_prompt"):
         raise ConfigurationError(f"Only a deep prefix can join a prompt bank; {path!r} also has a template or a [CLS] "
                                  "prompt.")

@@ -10,7 +10,7 @@ import torch
 from sentence_transformers.base.modules.transformer import Transformer
 
 from st_prompts import utils
-from st_prompts.errors import ConfigurationError
+from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.modules.backbones import check_injection, inspect_backbone
 from st_prompts.modules.checkpoint import (
     PromptsCheckpointMixin,
@@ -45,6 +45,18 @@ from st_prompts.prompts.shallow import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def check_complete_weights(info: dict[str, Any], where: str) -> None:
+    """Refuse a backbone whose checkpoint lacks weights of the model (transformers' ``missing_keys``, the ones of a
+    shape that does not fit included) other than its pooler, which sentence embeddings never use."""
+    missing = sorted({*info.get("missing_keys", ()), *(k[0] for k in info.get("mismatched_keys", ()))})
+    missing = [key for key in missing if "pooler." not in key]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise DataFormatError(f"the backbone weights in {str(where)!r} are incomplete: {len(missing)} weight(s) of "
+                              f"the model are missing or of another shape ({shown}); transformers would start them "
+                              "at random. Save the backbone again (an int8 model cannot be saved).")
 
 
 class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixin, ForwardPassMixin, Transformer):
@@ -287,6 +299,23 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
                 )
             max_seq_length = min(self.tokenizer.model_max_length, limit)
         self.tokenizer.model_max_length = max_seq_length
+
+    def _load_model(self, model_name_or_path: str, transformer_task: Any, config: Any, backend: str,
+                    is_peft_model: bool, **model_kwargs: Any) -> Any:
+        """sentence-transformers' loading, with transformers' loading report checked: a backbone folder missing
+        weights the model has (e.g. written by ``save_pretrained`` of an int8 model, whose linear weights live
+        outside ``state_dict``) is refused in one line instead of loading as random layers with a warning."""
+        report = logging.getLogger("transformers.modeling_utils")
+        level = report.level
+        report.setLevel(logging.ERROR)  # its table of missing keys: the one line below says it (a pooler is fine)
+        try:
+            loaded = super()._load_model(model_name_or_path, transformer_task, config, backend, is_peft_model,
+                                         **{**model_kwargs, "output_loading_info": True})
+        finally:
+            report.setLevel(level)
+        model, info = loaded if isinstance(loaded, tuple) else (loaded, {})
+        check_complete_weights(info, model_name_or_path)
+        return model
 
     # ------------------------------------------------------------------ options
     @property

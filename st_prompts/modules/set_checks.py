@@ -13,6 +13,7 @@ from typing import Any
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.modules.checks import check_room_for_text
+from st_prompts.prompts.names import check_set_name
 
 #: The longest prefix any set may have, whatever the backbone (a backbone without a position table included).
 MAX_PREFIX_LENGTH = 16_384
@@ -52,7 +53,8 @@ def check_set_options(prefix_length: Any, prefix_projection: Any = False, prefix
 
 
 def check_prompt_sets(raw: Any, where: str = "the bank's config") -> dict[str, dict[str, Any]] | None:
-    """A bank config's ``prompt_sets`` checked: ``None``, or an object mapping each set's name (a non-empty string)
+    """A bank config's ``prompt_sets`` checked: ``None``, or an object mapping each set's name (the grammar of
+    :mod:`st_prompts.prompts.names`)
     to an object of known options (:data:`SET_OPTION_NAMES`) of the right kind and range. Returns it unchanged."""
     if raw is None:
         return None
@@ -61,8 +63,7 @@ def check_prompt_sets(raw: Any, where: str = "the bank's config") -> dict[str, d
                                  f"{type(raw).__name__}.")
     for name, options in raw.items():
         label = f"{where}: prompt set {_short(name)}"
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"{where}: a prompt set's name must be a non-empty string, got {_short(name)}.")
+        check_set_name(name, where)  # the one grammar: a hand-edited config cannot smuggle a newline or "x@1" in
         if not isinstance(options, dict):
             raise ConfigurationError(f"{label}: its options must be an object, got {type(options).__name__}.")
         unknown = sorted(str(key) for key in options if key not in SET_OPTION_NAMES)

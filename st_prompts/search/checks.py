@@ -303,11 +303,17 @@ def record_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
             for name in names if (folder / name).is_file()}
 
 
-def check_files(folder: Path, meta_path: Path, record: Any, *, hash_limit: int | None) -> None:
+def check_files(folder: Path, meta_path: Path, record: Any, *, hash_limit: int | None, version: int = 0,
+                expected: tuple[str, ...] = ()) -> None:
     """Each file ``meta.json`` records (``files``) has its recorded size and, if it is at most ``hash_limit`` bytes
-    (``None``: any size), its SHA-256. An index saved before st-prompts recorded them has no ``files`` entry: nothing
-    to check."""
+    (``None``: any size), its SHA-256. An index saved before st-prompts recorded them (format ``version`` < 3) has no
+    ``files`` entry: nothing to check. From format 3 on st-prompts records every file it writes, so a ``meta.json``
+    without ``files``, or one that leaves out a file of ``expected`` the folder holds, was not written by st-prompts
+    (a file could be swapped unseen): refused."""
     if record is None:
+        if version >= 3:
+            raise DataFormatError(f"{meta_path} records no files (sizes and SHA-256), which every index of format "
+                                  f"{version} has: the index was not written by st-prompts; {REBUILD}")
         return
     record = _need_dict(meta_path, "files", record)
     for name, entry in record.items():
@@ -328,3 +334,7 @@ def check_files(folder: Path, meta_path: Path, record: Any, *, hash_limit: int |
         if (hash_limit is None or size <= hash_limit) and file_digest(path) != digest.lower():
             raise DataFormatError(f"{path} is damaged: its SHA-256 differs from the one {meta_path.name} recorded when "
                                   f"it was written (files.{name}.sha256); {REBUILD} or restore it from a copy")
+    unrecorded = [name for name in expected if name not in record and (folder / name).is_file()]
+    if version >= 3 and unrecorded:
+        raise DataFormatError(f"{meta_path} records no size or SHA-256 for {', '.join(unrecorded)}, which st-prompts "
+                              f"records for every file it writes: the index was changed by hand; {REBUILD}")

@@ -85,6 +85,8 @@ VECTORS_FILE = "vectors.npy"
 OFFSETS_FILE = "docs.offsets.npy"
 #: Every file an index saved without a manifest (by an older st-prompts) may hold (see :func:`index_folder_problem`).
 INDEX_FILES = frozenset({INDEX_FILE, DOCS_FILE, META_FILE, PROBE_FILE, VECTORS_FILE, OFFSETS_FILE})
+#: The files whose size and SHA-256 ``meta.json`` records (``files``, format 3 on), each written if the index has it.
+RECORDED_FILES = (INDEX_FILE, DOCS_FILE, OFFSETS_FILE, VECTORS_FILE, PROBE_FILE)
 #: The largest ``meta.json`` read (one is a few kilobytes; a larger one is damaged, not read into memory).
 _META_LIMIT = 16 << 20
 #: How long a reader retries while a save replaces the index under it.
@@ -235,7 +237,7 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
         if stored.model_identity is not None:
             np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
         with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
-            files = record_files(tmp, [INDEX_FILE, DOCS_FILE, OFFSETS_FILE, VECTORS_FILE, PROBE_FILE])
+            files = record_files(tmp, list(RECORDED_FILES))
             json.dump(make_meta(stored, save_id, files), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
         write_manifest(tmp, INDEX_KIND)  # the proof that st-prompts wrote it, listing every file written above
@@ -347,7 +349,8 @@ def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
     meta = read_meta(root)
     meta_path = root / META_FILE
     index_type = check_meta(meta_path, meta, INDEX_TYPES, _PARAMETERS)
-    check_files(root, meta_path, meta.get("files"), hash_limit=hash_limit)  # sizes (and hashes) before any parsing
+    check_files(root, meta_path, meta.get("files"), hash_limit=hash_limit, version=meta.get("format_version", 0),
+                expected=RECORDED_FILES)  # sizes (and hashes) before any parsing
     try:
         faiss_index = faiss.read_index(str(root / INDEX_FILE), _mmap_flags(index_type) if mmap else 0)
     except (RuntimeError, MemoryError, OverflowError) as exc:

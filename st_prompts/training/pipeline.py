@@ -35,6 +35,8 @@ __all__ = ["dev_subset", "model_destinations", "save_run", "train_and_save"]
 
 #: Suffix of the prompts-only checkpoint written beside a run's output.
 PROMPTS_SUFFIX = "-prompts"
+#: The kind a prompts-only checkpoint's manifest records.
+PROMPTS_KIND = "prompts-only checkpoint"
 
 
 def dev_subset(evaluator, pairs: int):
@@ -58,13 +60,14 @@ def default_output(method_name: str, supervised: bool, scale: str) -> str:
     return os.path.join("outputs", f"{method_name}-{'sup' if supervised else 'unsup'}-{scale}")
 
 
-def model_destinations(method: methods.Method, settings, output: str, prompts_only: bool) -> list[str]:
-    """Every folder a run writes: the model, its prompts-only checkpoint, and the method's own side outputs."""
+def model_destinations(method: methods.Method, settings, output: str, prompts_only: bool) -> list[tuple[str, str]]:
+    """Every folder a run writes and the kind its manifest records: the model, its prompts-only checkpoint, and the
+    method's own side outputs."""
     base = output.rstrip("/") or output
-    out = [output]
+    out = [(output, "model")]
     if prompts_only and method.prompts_only:
-        out.append(base + PROMPTS_SUFFIX)
-    out.extend(base + suffix for suffix in method.side_outputs(settings))
+        out.append((base + PROMPTS_SUFFIX, PROMPTS_KIND))
+    out.extend((base + suffix, kind) for suffix, kind in method.side_outputs(settings))
     return out
 
 
@@ -87,7 +90,7 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
     prompts_path = (output.rstrip("/") or output) + PROMPTS_SUFFIX
     if prompts_only:
         save_model_folder(prompts_path, lambda path: save_prompts_only(model, str(path)), overwrite=overwrite,
-                          kind="prompts-only checkpoint")
+                          kind=PROMPTS_KIND)
     if prompts_only:
         logger.info(f"Saved the prompts-only checkpoint to {prompts_path}.")
 
@@ -140,8 +143,8 @@ def train_and_save(
     method = methods.get(method_name)
     output = output or default_output(method_name, supervised, scale)
     settings = method.settings(supervised=supervised, scale=scale, output_dir=output, **options)
-    for destination in model_destinations(method, settings, output, prompts_only):
-        check_model_destination(destination, overwrite)
+    for destination, kind in model_destinations(method, settings, output, prompts_only):
+        check_model_destination(destination, overwrite, kind=kind)
     if data_dir is None and scale == "cpu":
         data_dir = bundled_data_dir()
         logger.info(f"Using the small data set bundled with st_prompts ({data_dir}); pass --data-dir for your own "

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
 from st_prompts.methods.diffaug.config import (
     STAGE1_CLASSIFIER,
+    STAGE1_KIND,
     STAGE1_MARKER,
     STAGE1_MLP,
     STAGE1_SUFFIX,
@@ -55,7 +56,7 @@ def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
                           str(folder / name))
         (folder / STAGE1_MARKER).write_text(json.dumps(marker, indent=2))
 
-    save_model_folder(path, write, overwrite=True, kind="DiffAug stage-1 checkpoint")
+    save_model_folder(path, write, overwrite=True, kind=STAGE1_KIND)
     logger.info(f"Saved the stage-1 checkpoint to {path}.")
     return path
 

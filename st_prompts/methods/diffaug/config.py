@@ -31,6 +31,8 @@ STAGE1_CLASSIFIER = "nli_classifier.safetensors"
 STAGE1_MLP = "mlp.safetensors"
 #: Suffix of the stage-1 checkpoint written beside the output folder.
 STAGE1_SUFFIX = "-stage1"
+#: The kind its manifest records (a save of it replaces only a folder of this kind).
+STAGE1_KIND = "DiffAug stage-1 checkpoint"
 
 
 @dataclass
@@ -147,10 +149,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
                 max_seq_length=32, gradient_accumulation_steps=4 if supervised else 1)
 
 
-def side_outputs(settings: DiffAugSettings) -> tuple[str, ...]:
+def side_outputs(settings: DiffAugSettings) -> tuple[tuple[str, str], ...]:
     """``OUTPUT-stage1``: the stage-1 checkpoint a run saves beside its output (unless it skips or loads stage 1)."""
     if settings.save_stage1 and not (settings.stage1_from or settings.skip_stage1):
-        return (STAGE1_SUFFIX,)
+        return ((STAGE1_SUFFIX, STAGE1_KIND),)
     return ()
 
 
