@@ -10,7 +10,10 @@ Every file or folder st_prompts replaces goes through this module:
   new one in and then deletes the old one, so a kill at any point leaves one complete folder (the old or the new); the
   next save of the same destination removes what an interrupted one left behind (hidden ``.NAME.st-prompts-tmp-*`` and
   ``.NAME.st-prompts-old-*`` folders beside it), and only those it can tell it wrote.
-* Writers of one destination are serialised by a lock file beside it (:func:`folder_lock`, ``filelock``).
+* Writers of one destination are serialised by a lock file beside it (:func:`folder_lock`), removed when the last
+  writer lets go.
+* Nothing is written inside a folder st_prompts saved (:func:`managed_ancestor`: a model, a bank, an index), whatever
+  symbolic links lead there, and a save replaces only a folder of its own kind (an exported prompt set never a bank).
 * What is written gets the permissions the user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600
   files otherwise).
 
