@@ -69,10 +69,6 @@ VARIANTS = [
         (("learning_rate", run_all_rows.LORA_LR[False]), ("gradient_checkpointing", True)), adapter="lora"),
     Row("simcse-unsup+checkpointing", "SimCSE, activation checkpointing", "simcse", False,
         (("gradient_checkpointing", True),)),
-    # The prefix as a key/value cache (PEFT's mechanism, and this package's before the attention interface), beside
-    # the default injection through the attention functions: the same numbers (tests), compared for cost.
-    Row("dcpcse-unsup+cache-path", "DCPCSE, prefix as a key/value cache", "dcpcse", False, note="cache"),
-    Row("dcpcse-sup+cache-path", "DCPCSE, prefix as a key/value cache", "dcpcse", True, note="cache"),
 ]
 ALL = {**{r.name: r for r in ROWS.values() if not r.ablation and r.method is not None}, **{r.name: r for r in VARIANTS}}
 #: The rows whose step times the targets compare, timed step by step in one process (see paired_child).
@@ -81,17 +77,12 @@ PAIRED = {
               f"dcpcse-{setting}+shared-dropout"]
     for setting in ("unsup", "sup")
 }
-#: The two ways the prefix gets into the backbone, paired the same way (the first row is the base of the ratios).
-PAIRED.update({f"{setting}-injection": [f"dcpcse-{setting}", f"dcpcse-{setting}+cache-path"]
-               for setting in ("unsup", "sup")})
 
 
 def apply_variant(model, row: Row):
-    """The model of a variant row whose change is not a setting (the cache path, torch.compile)."""
+    """The model of a variant row whose change is not a setting (torch.compile)."""
     import torch
 
-    if row.note == "cache":
-        model[0].prefix_injection = "cache"
     if row.note == "compile":
         model[0].auto_model.forward = torch.compile(model[0].auto_model.forward, dynamic=True)
     return model
@@ -600,19 +591,6 @@ def ratios(results: dict[str, Any], paired: dict[str, Any] | None = None) -> lis
             if r.get("memory") and base.get("memory"):
                 r["memory_vs_simcse"] = r["memory"]["peak_mib"] / base["memory"]["peak_mib"]
     checks = []
-    for setting in ("unsup", "sup"):
-        pair = (paired or {}).get(f"{setting}-injection")
-        ratio = paired_ratio(pair, f"dcpcse-{setting}", f"dcpcse-{setting}+cache-path")
-        attention, cache = (results.get(f"dcpcse-{setting}{v}") for v in ("", "+cache-path"))
-        if ratio and attention and cache and "error" not in attention and "error" not in cache:
-            encode = {n: pair["rows"][n]["encode"]["median_vs_backbone"] for n in pair["rows"]}
-            memory = (attention["memory"]["peak_mib"] / cache["memory"]["peak_mib"]
-                      if attention.get("memory") and cache.get("memory") else float("nan"))
-            checks.append((f"DCPCSE {setting}, prefix through the attention functions vs as a key/value cache: step "
-                           f"{ratio[0]:.3f} × (paired, quartiles {ratio[1]:.3f}-{ratio[2]:.3f}), memory {memory:.3f} "
-                           f"×, encode {encode[f'dcpcse-{setting}']:.3f} vs "
-                           f"{encode[f'dcpcse-{setting}+cache-path']:.3f} × backbone; at most the cache path's step "
-                           "time", ratio[0] <= 1.0))
     for setting in ("unsup", "sup"):
         ours, lora, prefix = (results.get(f"{m}-{setting}") for m in ("dcpcse", "lora", "peft-prefix"))
         if not all(x and "error" not in x for x in (ours, lora, prefix)):

@@ -194,7 +194,6 @@ def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransform
     try:
         single = PromptedTransformer(encoder.backbone_name_or_path, prefix_length=options["prefix_length"],
                                      prefix_dropout=options["prefix_dropout"], prefix_gate=options["prefix_gate"],
-                                     prefix_injection=encoder.prefix_injection,
                                      max_seq_length=encoder.max_seq_length, **trust)
     except OSError as exc:
         raise DataNotFoundError(f"the bank's backbone {encoder.backbone_reference!r} cannot be loaded here "
@@ -264,13 +263,13 @@ def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -
     Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
     SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.
 
-    A new set is gated by default, as in :func:`train_prompt_set` (``prefix_gate=True``, except on a bank with
-    ``prefix_injection='cache'``): it encodes exactly as the backbone until it trains. ``prefix_gate=False`` gives
+    A new set is gated by default, as in :func:`train_prompt_set` (``prefix_gate=True``): it encodes exactly as the
+    backbone until it trains. ``prefix_gate=False`` gives
     the ungated prefix, which changes the encoder before any training.
     """
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
-        new_set.setdefault("prefix_gate", encoder.prefix_injection != "cache")  # every new set starts as the backbone
+        new_set.setdefault("prefix_gate", True)  # every new set starts as the backbone
         encoder.new_prompt_set(name, **new_set)
     elif new_set:
         raise ConfigurationError(f"The prompt set {name!r} exists; options {sorted(new_set)} apply to new sets only.")
@@ -311,8 +310,8 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
 
     With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs before the first step (step
     0: the set as it starts), every ``eval_steps`` (default: a tenth of the steps) and at the end, and the best weights
-    are kept (in memory, no checkpoints). A new set is gated by default (``prefix_gate=True``, except on a bank with
-    ``prefix_injection='cache'``): it starts as the backbone itself, so the kept set is never below the backbone on
+    are kept (in memory, no checkpoints). A new set is gated by default (``prefix_gate=True``): it starts as the
+    backbone itself, so the kept set is never below the backbone on
     the evaluator's set; ``prefix_gate=False`` gives the ungated prefix of earlier versions.
     The defaults (gate on, ``learning_rate=0.1``) are the best on average over the four tasks of
     ``benchmarks/multitask_study.py`` (docs/multitask.md): the gated set at 0.1 gained +3.30 / +4.08 / +0.03 / +1.11

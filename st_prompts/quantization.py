@@ -243,8 +243,7 @@ def _row_exact_attention(module: torch.nn.Module) -> bool:
 
     backbone = module.auto_model
     backend = wrapped_backend(getattr(backbone.config, "_attn_implementation", None))
-    if (backend is None or getattr(module, "prefix_injection", "attention") != "attention"
-            or any(getattr(m, "is_causal", False) for m in backbone.modules())):
+    if backend is None or any(getattr(m, "is_causal", False) for m in backbone.modules()):
         return False
     if backbone.config._attn_implementation != BACKENDS[backend]:  # a plain backbone: the same backend, wrapped
         register_attention_functions()

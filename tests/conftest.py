@@ -173,3 +173,52 @@ def _detach_cli_log_handler():
     from st_prompts import cli
 
     cli.reset_output()
+
+
+# ---------------------------------------------------------------------------------------------- an independent path
+def transformers_cache(model: torch.nn.Module, values) -> dict:
+    """The keyword argument under which ``model`` (a transformers encoder) takes a key/value cache, holding the prefix
+    ``values`` (a :class:`~st_prompts.prompts.prefix.PrefixDraw` or a dense ``(2L, batch, heads, l, head_dim)``
+    tensor) in transformers' own ``DynamicCache``: the mechanism of PEFT's prefix tuning, an independent reference
+    for st_prompts' attention path (transformers concatenates the cache in front of the keys/values itself)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    dense = values if isinstance(values, torch.Tensor) else values.dense()
+    cache = DynamicCache()
+    for layer in range(dense.shape[0] // 2):
+        cache.update(dense[2 * layer], dense[2 * layer + 1], layer)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def through_transformers_cache(encoder, features: dict) -> torch.Tensor:
+    """``encoder(features)["token_embeddings"]`` computed by transformers' cache path instead of st_prompts'
+    attention functions: the pass runs as usual up to the backbone (input vectors, positions, the prefix and its
+    dropout draw, the per-row view mask), then the backbone is called with that prefix in a ``DynamicCache``
+    (:func:`transformers_cache`) and the prefix mask in front of the attention mask. (Ungated prefixes only: a cache
+    has no gate.)"""
+    from st_prompts.prompts.injection import PREFIX_KWARG
+
+    backbone = encoder.auto_model
+    original = backbone.forward
+    out = {}
+
+    def by_cache(**kwargs):
+        injection = kwargs.pop(PREFIX_KWARG)
+        assert injection.gate is None and injection.rows is None, "a cache carries one ungated prefix"
+        mask = kwargs.pop("attention_mask")
+        length = injection.prefix[0].shape[2]
+        prefix_mask = injection.visible if injection.visible is not None else mask.new_ones(mask.shape[0], length)
+        kwargs["attention_mask"] = torch.cat([prefix_mask.to(mask.dtype).expand(mask.shape[0], -1), mask], dim=1)
+        result = original(**kwargs, **transformers_cache(backbone, injection.draw))
+        out["token_embeddings"] = result.last_hidden_state
+        return result
+
+    backbone.forward = by_cache
+    try:
+        encoder(features)
+    finally:
+        del backbone.forward
+    return out["token_embeddings"]

@@ -275,31 +275,36 @@ def test_backbones_computing_attention_themselves_are_refused_in_one_line(tiny_b
     assert "\n" not in message and all(t in message for t in SUPPORTED_MODEL_TYPES)
 
 
-def test_the_cache_path_is_refused_where_the_backbone_takes_no_cache(tiny_backbones):
-    with pytest.raises(UnsupportedArchitectureError, match="prefix_injection='cache'"):
-        PromptedTransformer(tiny_backbones("distilbert"), prefix_length=3, prefix_injection="cache")
+def test_a_saved_cache_injection_loads_on_the_attention_path(tiny_backbones, caplog):
+    """``prefix_injection="cache"`` was removed (issue 61); a folder saved with it loads, with a warning, on the
+    attention path (the same outputs, checked against transformers' own cache below)."""
+    encoder = PromptedTransformer(tiny_backbones("distilbert"), prefix_length=3, prefix_injection="cache")
+    assert encoder.prefix_injection == "attention" and "was removed" in caplog.text
+    with pytest.raises(UnsupportedArchitectureError, match="prefix_injection must be 'attention'"):
+        PromptedTransformer(tiny_backbones("bert"), prefix_length=3, prefix_injection="kv")
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta", "electra", "camembert"])
-def test_the_attention_path_computes_what_the_cache_path_computes(tiny_backbones, model_type):
-    """On the backbones that also take a key/value cache (PEFT's mechanism, and this package's before): the same
-    token embeddings and the same gradients, in training (per-example prefix dropout, the same draw) and at inference,
-    with padding, per-row views, a soft template and a [CLS] prompt, and the official position shift."""
+def test_the_attention_path_computes_what_transformers_cache_computes(tiny_backbones, model_type):
+    """On the backbones that take a key/value cache (PEFT's mechanism): st_prompts' attention path gives the same
+    token embeddings and the same gradients as transformers' own ``DynamicCache`` holding the same prefix draw, in
+    training (per-example prefix dropout) and at inference, with padding, per-row views, a soft template and a [CLS]
+    prompt, and the official position shift."""
+    from conftest import through_transformers_cache
+
     path = tiny_backbones(model_type)
-    options = dict(prefix_length=4, template='this sentence : "[X]" means [MASK] .', cls_prompt=True)
-    encoders = {}
-    for injection_kind in ("attention", "cache"):
-        torch.manual_seed(0)
-        encoders[injection_kind] = PromptedTransformer(path, prefix_injection=injection_kind, **options)
-    encoders["cache"].load_state_dict(encoders["attention"].state_dict())
-    features = encoders["attention"].preprocess(SENTENCES)
+    torch.manual_seed(0)
+    encoder = PromptedTransformer(path, prefix_length=4, template='this sentence : "[X]" means [MASK] .',
+                                  cls_prompt=True)
+    features = encoder.preprocess(SENTENCES)
     views = {PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 1, 0])}
     for training in (False, True):
         results = {}
-        for kind, encoder in encoders.items():
+        for kind, run in (("attention", lambda f: encoder(f)["token_embeddings"]),
+                          ("cache", lambda f: through_transformers_cache(encoder, f))):
             encoder.train(training).zero_grad()
             torch.manual_seed(3)
-            out = encoder({**features, **views})["token_embeddings"]
+            out = run({**features, **views})
             out.pow(2).mean().backward()
             results[kind] = (out.detach(), [p.grad.clone() for p in encoder.prompt_parameters()])
         (a, grads_a), (b, grads_b) = results["attention"], results["cache"]

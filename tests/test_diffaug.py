@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SENTENCES
+from conftest import SENTENCES, transformers_cache
 from sentence_transformers import SentenceTransformer
 
 from st_prompts import methods
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
-from st_prompts.modules import cache_argument
 from st_prompts.prompts.prefix import prefix_view_mask
 
 
@@ -475,7 +474,7 @@ def test_delta_and_kappa_match_a_direct_computation(tiny_bert):
         out = encoder.auto_model(inputs_embeds=inputs, position_ids=encoder.position_ids(mask),
                                  token_type_ids=features.get("token_type_ids"),
                                  attention_mask=torch.cat([torch.ones(4, prefix.prefix_length, dtype=mask.dtype), mask], 1),
-                                 **{cache_argument(encoder.auto_model): prefix(4)}, output_hidden_states=True)
+                                 **transformers_cache(encoder.auto_model, prefix(4)), output_hidden_states=True)
         rows = prefix.key_values()
     gaps = []
     for m, layer in enumerate(encoder.auto_model.encoder.layer):

@@ -17,7 +17,6 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 from test_architectures import ARCHITECTURES, SENTENCES, pooling
 
 from st_prompts import PromptedTransformer, bank, save_prompts_only
-from st_prompts.errors import ConfigurationError
 from st_prompts.loading import load_sentence_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -131,14 +130,6 @@ def test_a_gated_prefix_trains_gate_first(tiny_bert):
         trained.zero_grad()
         loss(features(), torch.tensor(data["score"])).backward()
         assert trained.embedding.weight.grad.abs().sum() > 0
-
-
-def test_the_cache_path_refuses_a_gate(tiny_bert):
-    with pytest.raises(ConfigurationError, match="prefix_gate needs prefix_injection='attention'"):
-        PromptedTransformer(tiny_bert, prefix_length=2, prefix_gate=True, prefix_injection="cache")
-    encoder = PromptedTransformer(tiny_bert, prefix_length=None, prompt_sets={}, prefix_injection="cache")
-    with pytest.raises(ConfigurationError, match="gated prompt set needs prefix_injection='attention'"):
-        encoder.new_prompt_set("g", prefix_length=2, prefix_gate=True)
 
 
 class _Counter:

@@ -11,7 +11,9 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 
 from st_prompts import MaskTokenPooling, PromptedTransformer, save_prompts_only
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules import CLS_OVERRIDE, PREFIX_ATTENTION_MASK, cache_argument, prefix_view_mask
+from conftest import transformers_cache
+
+from st_prompts.modules import CLS_OVERRIDE, PREFIX_ATTENTION_MASK, prefix_view_mask
 from st_prompts.prompts import PROMPTBERT_TEMPLATE, SCPCSE_TEMPLATE
 
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat", "this is happy music and the dog sits"]
@@ -72,7 +74,7 @@ def test_prefix_only_equals_transformers_own_position_computation(tiny_backbones
     with torch.no_grad():
         theirs = model(
             input_ids=features["input_ids"], attention_mask=mask, token_type_ids=features["token_type_ids"],
-            **{cache_argument(model): encoder.prefix_encoder(len(SENTENCES))},
+            **transformers_cache(model, encoder.prefix_encoder(len(SENTENCES))),
         ).last_hidden_state
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
@@ -174,31 +176,20 @@ def test_full_view_mask_equals_no_mask(tiny_bert):
     assert torch.equal(plain, masked)
 
 
-@pytest.mark.parametrize("injection", ["attention", "cache"])
-def test_prefix_is_a_broadcast_under_a_view_mask(tiny_bert, injection, monkeypatch):
+def test_prefix_is_a_broadcast_under_a_view_mask(tiny_bert, monkeypatch):
     """A per-row prefix mask does not make the prefix be copied per row (eval mode: one row, or batch stride 0)."""
     from st_prompts.modules import forward_pass as module  # the steps of a pass (PromptedTransformer._encode)
 
-    encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_injection=injection).eval()
+    encoder = PromptedTransformer(tiny_bert, prefix_length=4).eval()
     seen = []
-    if injection == "cache":
-        original = encoder.prefix_encoder.cache
+    real = module.PrefixInjection
 
-        def spy(values):
-            cache = original(values)
-            seen.append(cache.layers[0].keys)
-            return cache
+    def spy(values, mask):
+        injection = real(values, mask)
+        seen.append(injection.prefix[0])
+        return injection
 
-        encoder.prefix_encoder.cache = spy
-    else:
-        real = module.PrefixInjection
-
-        def spy(values, mask):
-            injection = real(values, mask)
-            seen.append(injection.prefix[0])
-            return injection
-
-        monkeypatch.setattr(module, "PrefixInjection", spy)
+    monkeypatch.setattr(module, "PrefixInjection", spy)
     features = encoder.preprocess(SENTENCES)
     run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 0, 1])})
     assert seen[-1].shape[0] == 1 or seen[-1].stride(0) == 0
@@ -333,7 +324,7 @@ def test_template_only_features_keep_the_template_positions(tiny_backbones, mode
             reference = encoder.auto_model(
                 input_ids=only["input_ids"], position_ids=only["position_ids"], attention_mask=mask,
                 token_type_ids=only["token_type_ids"],
-                **{cache_argument(encoder.auto_model): encoder.prefix_encoder(2)},
+                **transformers_cache(encoder.auto_model, encoder.prefix_encoder(2)),
             ).last_hidden_state
         torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
 

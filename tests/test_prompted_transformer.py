@@ -243,19 +243,20 @@ def test_template_must_have_slots(tiny_bert):
         PromptedTransformer(tiny_bert, prefix_length=None, template="no slots here [MASK]")
 
 
-def test_prefix_cache_broadcasts_in_eval_and_draws_dropout_per_example_in_training():
-    from st_prompts.prompts.prefix import PrefixEncoder
+def test_prefix_draw_broadcasts_in_eval_and_draws_dropout_per_example_in_training():
+    from st_prompts.prompts.prefix import PrefixEncoder, prefix_concat
 
     encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5)
     encoder.eval()
-    cache = encoder(5)
-    assert cache.get_seq_length() == 3 and len(cache.layers) == 2
-    keys = cache.layers[1].keys
+    draw = encoder(5)
+    assert draw.keep is None and draw.shape == (4, 5, 2, 3, 4)
+    keys = draw.dense()[2]  # layer 1 keys = row 2 of the 2L axis
     assert keys.shape == (5, 2, 3, 4) and keys.stride(0) == 0  # one prefix broadcast over the batch, no copy
-    expected = encoder.key_values().view(3, 4, 2, 4)[:, 2]  # layer 1 keys = row 2 of the 2L axis
+    expected = encoder.key_values().view(3, 4, 2, 4)[:, 2]
     assert torch.equal(keys[0], expected.permute(1, 0, 2))
     encoder.train()
-    keys, _ = encoder(5).layers[0].update(torch.zeros(5, 2, 1, 4), torch.zeros(5, 2, 1, 4))
+    draw = encoder(5)
+    keys = prefix_concat(draw.prefix[0], draw.keep[0], draw.scale, torch.zeros(5, 2, 1, 4))
     assert keys.shape == (5, 2, 4, 4)
     assert not torch.equal(keys[0, :, :3], keys[1, :, :3])  # independent dropout masks per example
 
@@ -266,7 +267,7 @@ def test_prefix_dropout_equals_dropout_then_cat(shared):
     plain route gives, values and gradients bit for bit, from the same random numbers: with a mask per example, the
     prefix broadcast over the batch times ``draw_keep_mask``'s draw times ``1 / P(keep)``, then ``torch.cat`` with
     the tokens' keys/values; with a shared mask, ``nn.Dropout`` on the prefix itself, then ``torch.cat``."""
-    from st_prompts.prompts.prefix import PrefixEncoder, draw_keep_mask
+    from st_prompts.prompts.prefix import PrefixEncoder, draw_keep_mask, prefix_concat
 
     batch, layers, heads, length, head_dim, tokens = 6, 3, 2, 4, 8, 5
     encoder = PrefixEncoder(length, layers, heads, head_dim, projection=True, projection_hidden_size=16, dropout=0.3,
@@ -280,9 +281,9 @@ def test_prefix_dropout_equals_dropout_then_cat(shared):
         for s in states:
             s.grad = None
         if fused:
-            cache = encoder(batch)
-            outs = [t for layer, i in zip(cache.layers, range(layers))
-                    for t in layer.update(states[2 * i], states[2 * i + 1])]
+            draw = encoder(batch)
+            outs = [prefix_concat(draw.prefix[i], None if draw.keep is None else draw.keep[i], draw.scale, states[i])
+                    for i in range(2 * layers)]
         else:  # the reference: dropout on the dense tensor, then cat
             values = encoder.key_values().permute(1, 2, 0, 3).unsqueeze(1)
             if shared:
@@ -365,9 +366,9 @@ def test_draw_keep_mask_is_bernoulli_with_the_stated_probability():
 
 
 def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
-    """transformers drops past_key_values in checkpointed layers unless they only read the cache: with the read-only
-    prefix cache, checkpointing gives the same outputs and prompt gradients as without, and the prompts still act."""
-    from st_prompts.prompts.prefix import PrefixCache
+    """A checkpointed layer recomputed in the backward pass reads the same prefix (it comes with the attention call,
+    not from a stateful cache): checkpointing gives the same outputs and prompt gradients as without, and the prompts
+    still act."""
 
     def run(checkpointing: bool):
         torch.manual_seed(0)
@@ -389,11 +390,6 @@ def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
     assert torch.allclose(plain_out, ckpt_out, atol=1e-6)
     assert torch.allclose(plain_grad, ckpt_grad, atol=1e-6) and plain_grad.abs().sum() > 0
 
-    cache = PrefixCache([(torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))])
-    keys, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
-    again, _ = cache.layers[0].update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
-    assert keys.shape == again.shape == (1, 2, 8, 4) and cache.get_seq_length() == 3  # never written
-
 
 def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
     from st_prompts.prompts.prefix import PrefixEncoder
@@ -411,9 +407,8 @@ def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
     assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout
 
 
-@pytest.mark.parametrize("injection", ["attention", "cache"])
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
-def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type, injection,
+def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type,
                                                                                    monkeypatch):
     """At inference the prefix gets masked-out zero positions so that prefix + tokens is a multiple of 16 keys (the
     CPU attention kernel's fast case); the token embeddings are those of the unpadded prefix, with padded sentences
@@ -422,18 +417,13 @@ def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output
     from st_prompts.prompts.prefix import key_padding
 
     assert [key_padding(12, t) for t in (32, 4, 20, 37)] == [4, 0, 0, 15]
-    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5, prefix_injection=injection).eval()
+    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5).eval()
     torch.nn.init.normal_(encoder.prefix_encoder.embedding.weight)
     features = encoder.tokenize(["a man plays the guitar on a stage", "a dog", "two women are talking quietly"])
     lengths = []
-    if injection == "cache":
-        real_cache = encoder.prefix_encoder.cache
-        monkeypatch.setattr(encoder.prefix_encoder, "cache",
-                            lambda values: lengths.append(values.shape[3]) or real_cache(values))
-    else:
-        real_injection = module.PrefixInjection
-        monkeypatch.setattr(module, "PrefixInjection",
-                            lambda values, mask: lengths.append(values.shape[3]) or real_injection(values, mask))
+    real_injection = module.PrefixInjection
+    monkeypatch.setattr(module, "PrefixInjection",
+                        lambda values, mask: lengths.append(values.shape[3]) or real_injection(values, mask))
 
     def run(pad: bool, **extra):
         if not pad:

@@ -350,7 +350,7 @@ def run_train(args: argparse.Namespace) -> int:
             learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
             max_steps=args.max_steps, eval_steps=args.eval_steps, seed=args.seed,
             show_progress_bar=show_progress(args), prefix_length=args.prefix_length,
-            prefix_gate=args.prefix_gate and encoder.prefix_injection != "cache",
+            prefix_gate=args.prefix_gate,
         )
         check_finite_training(model, result.best_metric)
         _save(model, out, overwrite=out == args.bank or args.overwrite)

@@ -1,7 +1,7 @@
 """sentence-transformers modules provided by st_prompts: the prompted encoder, [MASK] pooling, prompts-only
 checkpoints, and the ``features`` keys that steer a prompted call."""
 
-from st_prompts.modules.backbones import SUPPORTED_MODEL_TYPES, cache_argument
+from st_prompts.modules.backbones import SUPPORTED_MODEL_TYPES
 from st_prompts.modules.checkpoint import (
     PROMPTS_FILE,
     backbone_fingerprint,
@@ -38,7 +38,6 @@ __all__ = [
     "MaskTokenPooling",
     "PromptedTransformer",
     "backbone_fingerprint",
-    "cache_argument",
     "portable_backbone_reference",
     "prefix_view_mask",
     "save_prompts_only",

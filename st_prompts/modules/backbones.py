@@ -37,11 +37,10 @@ logger = logging.getLogger(__name__)
 #: Others whose attention goes through transformers' attention interface are accepted with a warning.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "distilbert", "albert",
                          "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text")
-#: Backbones whose forward also takes the prefix as a key/value cache in encoder mode (``prefix_injection="cache"``,
-#: the mechanism of PEFT and of this package before the attention interface).
-CACHE_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
-#: How the prefix gets into the backbone: through the attention functions (every supported type), or as a cache.
-INJECTIONS = ("attention", "cache")
+#: How the prefix gets into the backbone: through the attention functions (every supported type). A key/value cache
+#: (``"cache"``, the BERT family only) was removed: measured neither faster nor lighter (docs/backbones.md); folders
+#: saved with it load on the attention path, which gives the same outputs.
+INJECTIONS = ("attention",)
 
 
 def _supported() -> str:
@@ -205,25 +204,17 @@ def _check_prefix_takes_effect(model, plan: BackbonePlan, plain: torch.Tensor, m
                                            f"change). {_supported()}")
 
 
-def cache_argument(model: torch.nn.Module) -> str:
-    """The keyword under which ``model.forward`` takes the key/value cache that carries the deep prompts on the cache
-    path (``prefix_injection="cache"``).
-
-    transformers 5.24 renamed ``past_key_values`` to ``cache`` on the encoders (the old name is deprecated and goes in
-    5.40); earlier 5.x releases only know ``past_key_values``.
-    """
-    return "cache" if "cache" in forward_arguments(model) else "past_key_values"
-
-
-def check_injection(injection: str, model_type: str) -> None:
-    """Refuse an unknown injection, or the cache path on a backbone that cannot take a cache."""
+def check_injection(injection: str) -> str:
+    """The injection to use: ``"attention"``. ``"cache"`` (removed) becomes ``"attention"`` with a warning, so a
+    folder saved with it still loads (the same outputs); anything else is refused."""
+    if injection == "cache":
+        logger.warning("prefix_injection='cache' was removed (measured neither faster nor lighter than the attention "
+                       "path, which gives the same outputs): using 'attention'.")
+        return "attention"
     if injection not in INJECTIONS:
-        raise UnsupportedArchitectureError(f"prefix_injection must be one of {', '.join(INJECTIONS)}, got "
+        raise UnsupportedArchitectureError(f"prefix_injection must be {' or '.join(map(repr, INJECTIONS))}, got "
                                            f"{injection!r}.")
-    if injection == "cache" and model_type not in CACHE_MODEL_TYPES:
-        raise UnsupportedArchitectureError(f"prefix_injection='cache' needs a backbone that takes a key/value cache "
-                                           f"in encoder mode ({', '.join(CACHE_MODEL_TYPES)}); {model_type!r} "
-                                           "takes the prefix through its attention (prefix_injection='attention').")
+    return injection
 
 
 #: Prefix dropout for a backbone whose config names no hidden dropout (decoders such as Llama have none): BERT's.
@@ -248,8 +239,6 @@ def check_checkpointing(encoder) -> None:
         "is_gradient_checkpointing")
     if not (encoder.training and getattr(model, name, False)):
         return
-    if encoder.prefix_injection == "cache":
-        raise ConfigurationError("Gradient checkpointing drops a key/value cache: use prefix_injection='attention'.")
     if encoder.backbone_plan.shared:
         raise ConfigurationError("Gradient checkpointing cannot recompute a shared layer (ALBERT) with its own "
                                  "prefix: train this backbone without it.")

@@ -10,7 +10,7 @@
 4. :meth:`~ForwardPassMixin._backbone_inputs`: what the backbone takes besides (token types, no cache);
 5. the prefix: a mix of sets (:meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin._mixed_prefix`) or one set for
    every row (:meth:`~ForwardPassMixin._one_prefix`: its keys/values, the positions each row attends, key padding
-   at inference, and the key/value cache or the attention interface that carries it);
+   at inference, and the attention interface that carries it);
 6. the backbone, whose last hidden states become ``features["token_embeddings"]``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.modules.backbones import cache_argument, check_checkpointing
+from st_prompts.modules.backbones import check_checkpointing
 from st_prompts.modules.prompt_sets import PromptSelection
 from st_prompts.prompts.features import (
     CLS_OVERRIDE,
@@ -122,8 +122,8 @@ class ForwardPassMixin:
                     encoder: PrefixEncoder) -> torch.Tensor:
         """One prefix for every row: its keys/values (:meth:`_prefix_draw`), the positions each row attends
         (:meth:`_prefix_mask`), masked-out padding keys at inference (see
-        :func:`~st_prompts.prompts.prefix.key_padding`), and the path that carries it (a key/value cache, which
-        prepends the prefix mask to the attention mask, or the attention interface). Returns the attention mask."""
+        :func:`~st_prompts.prompts.prefix.key_padding`), carried by the attention interface. Returns the attention
+        mask."""
         attention_mask = features["attention_mask"]
         values = self._prefix_draw(features, encoder, attention_mask.shape[0])
         check_checkpointing(self)
@@ -137,12 +137,6 @@ class ForwardPassMixin:
         if padding:
             values = pad_prefix(values, padding)
             prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(prefix_mask.shape[0], padding)], dim=1)
-        if self.prefix_injection == "cache":
-            if encoder.gated:
-                raise ConfigurationError("A gated prefix needs prefix_injection='attention' (a key/value cache puts "
-                                         "the prefix in the text's softmax).")
-            model_inputs[cache_argument(self.auto_model)] = encoder.cache(values)
-            return torch.cat([prefix_mask, attention_mask], dim=1)
         if isinstance(values, torch.Tensor):
             values = PrefixDraw(values, values.shape[1], gate=encoder.gate_values())
         model_inputs[PREFIX_KWARG] = PrefixInjection(values, prefix_mask if given_mask or padding else None)
@@ -151,7 +145,7 @@ class ForwardPassMixin:
     @staticmethod
     def _prefix_draw(features: dict[str, Any], encoder: PrefixEncoder, batch_size: int) -> PrefixDraw | torch.Tensor:
         """This pass's prefix keys/values (a new dropout draw in training), or those of an earlier pass given in
-        ``features["prefix_values"]`` (to share its draw); written back there for a later pass. The cache is
+        ``features["prefix_values"]`` (to share its draw); written back there for a later pass. The prefix is
         broadcast over the batch; views of the prefix are made by the attention mask alone."""
         values = features.get(PREFIX_VALUES)
         if values is None:

@@ -185,9 +185,6 @@ class PromptSetsMixin:
                                      init_std)
         prefix_gate = bool(prefix_gate)
         set_checks.check_prefix_fits(self, prefix_length, prefix_gate, self.template_num_tokens)  # before allocating
-        if prefix_gate and self.prefix_injection == "cache":
-            raise ConfigurationError("A gated prompt set needs prefix_injection='attention' (a key/value cache puts "
-                                     "the prefix in the text's softmax).")
         options = {"prefix_length": prefix_length, "prefix_projection": bool(prefix_projection),
                    "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout,
                    "prefix_gate": prefix_gate}
@@ -362,8 +359,6 @@ class PromptSetsMixin:
         if self.training:
             raise ConfigurationError("Rows of several tasks in one batch are for inference: train one prompt set at a "
                                      "time (the others stay frozen).")
-        if self.prefix_injection == "cache":
-            raise ConfigurationError("Mixed tasks in one batch need prefix_injection='attention'.")
         members = [e for e in distinct.values() if e is not None]
         draw, index = self._stacked(members, device)
         rows = torch.tensor([index[id(e)] if e is not None else 0 for e in encoders], device=device)

@@ -117,12 +117,11 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             packaged alias, a hub id, or an absolute path) and used by prompts-only checkpoints (defaults to
             ``model_name_or_path``).
         max_seq_length: maximum number of real tokens; capped so that prefix + tokens fit the position embeddings.
-        prefix_injection: ``"attention"`` (default, every supported backbone) or ``"cache"`` (a key/value cache, the
-            BERT family only; the same outputs).
+        prefix_injection: ``"attention"`` (the only path; a folder saved with the removed ``"cache"`` loads on it,
+            with the same outputs).
         prefix_gate: reach attention through a zero-initialised gate per layer and key/value head (LLaMA-Adapter's
             zero-initialised attention): the prefix is softmaxed on its own and added through ``tanh(gate)``, takes no
-            positions, and the untrained module encodes exactly as its backbone (``prefix_injection="attention"``
-            only). Default ``False``: the official DCPCSE/DiffAug prefix, part of the text's softmax.
+            positions, and the untrained module encodes exactly as its backbone. Default ``False``: the official DCPCSE/DiffAug prefix, part of the text's softmax.
         prompt_sets: named prompt sets, name -> options of :meth:`new_prompt_set` (their weights load with the
             module); ``default_task``: the set used without ``task`` (``None``: the module's own prefix, else the
             plain backbone); ``query_task``/``document_task``: the sets of ``encode_query``/``encode_document``.
@@ -224,8 +223,9 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             self.tokenizer.model_max_length if self.tokenizer.model_max_length < 1_000_000 else None)
         #: How this backbone takes the prompts (attention calls, heads, positions): see inspect_backbone.
         self.backbone_plan = inspect_backbone(self.auto_model)
-        check_injection(prefix_injection, config.model_type)
-        self.prefix_injection = prefix_injection
+        #: ``"attention"``: the prefix reaches every layer through transformers' attention interface (a saved
+        #: ``"cache"``, the removed key/value-cache path, loads as ``"attention"``: the same outputs).
+        self.prefix_injection = check_injection(prefix_injection)
         if self.backbone_plan.causal and (template is not None or cls_prompt):
             raise ConfigurationError(
                 f"A causal decoder ({config.model_type}) has no [CLS] and no [MASK] slot that later tokens read: "
@@ -234,9 +234,6 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
             )
         self.prefix_length = prefix_length
         self.prefix_gate = bool(prefix_gate)
-        if self.prefix_gate and prefix_injection == "cache":
-            raise ConfigurationError("prefix_gate needs prefix_injection='attention' (a key/value cache puts the prefix "
-                                     "in the text's softmax).")
         self.prefix_projection = prefix_projection
         self.prefix_hidden_size = prefix_hidden_size
         self.prefix_dropout = prefix_dropout

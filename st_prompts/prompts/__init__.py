@@ -9,7 +9,6 @@ from __future__ import annotations
 from st_prompts.utils import lazy_exports
 
 _LAZY = {
-    "PrefixCache": ".prefix",
     "PrefixDraw": ".prefix",
     "PrefixEncoder": ".prefix",
     "draw_keep_mask": ".prefix",

@@ -15,8 +15,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from st_prompts.errors import ConfigurationError
 
@@ -150,8 +148,7 @@ class PrefixEncoder(nn.Module):
     def values(self, batch_size: int) -> PrefixDraw:
         """The prefix keys/values for a batch, with this pass's dropout draw in training (see :class:`PrefixDraw`).
 
-        Pass the result to :meth:`cache` to build the cache of a forward pass; giving the same draw to several passes
-        shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and MLM
+        Giving the same draw to several passes (``features["prefix_values"]``) shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and MLM
         passes, which reuse one ``past_key_values``).
         """
         values = self.key_values()  # (l, 2L, heads, hd)
@@ -171,31 +168,11 @@ class PrefixEncoder(nn.Module):
                            device=values.device)
         return PrefixDraw(values, batch_size, keep, scale, gate=gate)
 
-    def cache(self, values: PrefixDraw | torch.Tensor) -> PrefixCache:
-        """A fresh (read-only) cache over ``values`` (a :class:`PrefixDraw` from :meth:`values`, or a dense
-        ``(2L, batch, heads, l, head_dim)`` tensor); ``values`` stay intact."""
-        if isinstance(values, torch.Tensor):
-            values = PrefixDraw(values, values.shape[1])
-        # unbind, not values[i]: the backward of 2L separate index ops allocates and zero-fills a gradient of the whole
-        # (2L, batch, heads, l, head_dim) tensor for each of them (measured: a sixth of a DCPCSE step on MiniLM);
-        # unbind's backward stacks the 2L slices once.
-        if values.keep is None:
-            prefix = values.prefix.expand(-1, values.batch_size, -1, -1, -1).unbind(0)
-            keep = [None] * len(prefix)
-        else:  # the masked rows are written by _DroppedPrefixCat, which broadcasts (and sums the gradient) itself
-            prefix, keep = values.prefix.unbind(0), values.keep.unbind(0)
-        return PrefixCache([_PrefixLayer(prefix[2 * i], prefix[2 * i + 1], (keep[2 * i], keep[2 * i + 1]), values.scale)
-                            for i in range(self.num_layers)])
-
-    def forward(self, batch_size: int) -> PrefixCache:
-        """Build a fresh key/value cache holding the prefix for a batch.
-
-        A new cache is needed for every forward pass (it holds that pass's dropout draw). Dropout (in training mode) is
-        drawn independently for every example, as in DCPCSE (one mask for the batch with ``shared_dropout``); without
-        dropout the prefix is broadcast over the batch without a copy. Which prefix positions a row attends to is
-        decided by the attention mask (see :func:`prefix_view_mask`), not here.
-        """
-        return self.cache(self.values(batch_size))
+    def forward(self, batch_size: int) -> PrefixDraw:
+        """The prefix keys/values for a batch (:meth:`values`): a new dropout draw per example in training (one for
+        the batch with ``shared_dropout``), broadcast without a copy otherwise. Which prefix positions a row attends
+        to is decided by the attention mask (see :func:`prefix_view_mask`), not here."""
+        return self.values(batch_size)
 
     def extra_repr(self) -> str:
         return (
@@ -374,43 +351,6 @@ class PrefixDraw:
         a broadcast view of the prefix otherwise (for inspection; the forward pass never builds it)."""
         values = self.prefix.expand(-1, self.batch_size, -1, -1, -1)
         return values if self.keep is None else values * self.scale * self.keep
-
-
-class PrefixCache(DynamicCache):
-    """A ``DynamicCache`` pre-filled with the prefix keys/values of every layer, without copying them, and read-only.
-
-    ``DynamicCache(ddp_cache_data)`` would concatenate every layer's prefix onto an empty tensor (one copy per key and
-    value tensor, per layer, per forward pass); here each layer holds the (possibly batch-broadcast) prefix tensors
-    themselves, and the only copy left is the concatenation with the real tokens' keys/values that attention needs.
-
-    The cache is never written: :meth:`_PrefixLayer.update` returns ``prefix + new states`` without storing them (an
-    encoder never reuses them). So a layer may run twice on the same cache, which is what activation (gradient)
-    checkpointing does when it recomputes a layer in the backward pass; a stateful cache would append the tokens a
-    second time there.
-    """
-
-    def __init__(self, key_values: list[tuple[torch.Tensor, torch.Tensor] | _PrefixLayer]) -> None:
-        super().__init__()
-        self.layers = [kv if isinstance(kv, _PrefixLayer) else _PrefixLayer(*kv) for kv in key_values]
-
-
-class _PrefixLayer(DynamicLayer):
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor,
-                 keep: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
-                 scale: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.lazy_initialization(keys, values)
-        # keys/values: (batch, heads, l, head_dim), usually the prefix broadcast over the batch (a view); keep: with a
-        # dropout mask per example, the boolean masks each pass applies while concatenating.
-        self.keys, self.values = keys, values
-        self.keep, self.scale = keep, scale
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        # Read-only: the prefix followed by this pass's keys/values (see PrefixCache).
-        return self._cat(self.keys, self.keep[0], key_states), self._cat(self.values, self.keep[1], value_states)
-
-    def _cat(self, prefix: torch.Tensor, keep: torch.Tensor | None, states: torch.Tensor) -> torch.Tensor:
-        return prefix_concat(prefix, keep, self.scale, states)
 
 
 def prefix_concat(prefix: torch.Tensor, keep: torch.Tensor | None, scale: torch.Tensor | None,
