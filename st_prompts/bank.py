@@ -36,7 +36,7 @@ from sentence_transformers.sentence_transformer.training_args import SentenceTra
 from transformers.trainer_callback import PrinterCallback
 
 from st_prompts import utils
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.loading import load_sentence_model
 from st_prompts.modules import PromptedTransformer, backbone_fingerprint, save_prompts_only
 from st_prompts.modules.lengths import full_length_evaluator
@@ -111,7 +111,7 @@ def _read_json(path: str) -> Any:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise DataFormatError(f"{path} cannot be read as JSON ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+        raise DataFormatError(f"{path} cannot be read as JSON ({first_line(exc)})"
                               ) from exc
 
 
@@ -197,7 +197,7 @@ def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransform
                                      max_seq_length=encoder.max_seq_length, **trust)
     except OSError as exc:
         raise DataNotFoundError(f"the bank's backbone {encoder.backbone_reference!r} cannot be loaded here "
-                                f"({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}).") from exc
+                                f"({first_line(exc)}).") from exc
     if backbone_fingerprint(single.auto_model) != encoder.fingerprint:
         raise BackboneMismatchError(f"the weights at {encoder.backbone_reference!r} are not the bank's backbone: a "
                                     f"checkpoint of the set {name!r} referring to them would encode otherwise.")

@@ -30,6 +30,14 @@ def printable(text: object, *, one_line: bool = True) -> str:
     return _CONTROL.sub(escape, text)
 
 
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none), printable, cut at ``limit``
+    characters: what a one-line error says of the exception behind it."""
+    lines = str(exc).strip().splitlines()
+    text = printable(lines[0]) if lines else type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
+
+
 class StPromptsError(Exception):
     """Base class of every error st_prompts raises on purpose."""
 

@@ -32,7 +32,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
-from st_prompts.errors import ConfigurationError, DataNotFoundError, UntrustedCodeError
+from st_prompts.errors import ConfigurationError, DataNotFoundError, UntrustedCodeError, first_line
 from st_prompts.hub import check_hub_model
 from st_prompts.utils import resolve_gguf, resolve_model_name
 
@@ -67,11 +67,8 @@ class _Missing(Exception):
     """The file is known not to exist (as opposed to: it could not be read)."""
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
-
-def _is_local(model: str) -> bool:
+def is_local(model: str) -> bool:
     return os.path.isdir(model) or os.path.exists(model) or model.startswith((".", "/", "~"))
 
 
@@ -87,7 +84,7 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
         if not os.path.isfile(path):
             raise _Missing(path)
         return path
-    if _is_local(model):
+    if is_local(model):
         raise OSError(f"{model} is not a model folder")
 
     options = {target: hub[source] for source, target in _HUB_KWARGS.items() if hub.get(source) is not None}
@@ -104,22 +101,22 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
         raise _Missing(f"{model}/{filename}") from exc
 
 
-def _read_json(model: str, filename: str, hub: dict[str, Any]) -> Any:
-    """The parsed JSON file, or ``None`` if it does not exist; raises ``_Unreadable`` when it cannot be read."""
+def read_model_json(model: str, filename: str, hub: dict[str, Any]) -> Any:
+    """The parsed JSON file, or ``None`` if it does not exist; raises ``UnreadableFile`` when it cannot be read."""
     try:
         path = _model_file(model, filename, hub)
     except _Missing:
         return None
     except Exception as exc:  # any failure to reach it
-        raise _Unreadable(f"{filename} could not be read ({_first_line(exc)})") from exc
+        raise UnreadableFile(f"{filename} could not be read ({first_line(exc)})") from exc
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise _Unreadable(f"{filename} could not be read ({_first_line(exc)})") from exc
+        raise UnreadableFile(f"{filename} could not be read ({first_line(exc)})") from exc
 
 
-class _Unreadable(Exception):
+class UnreadableFile(Exception):
     """A file that may name code could not be read: the model cannot be checked."""
 
 
@@ -180,7 +177,7 @@ def _is_prompted(module_class: type) -> bool:
 def _check_files(model: str, folder: str, hub: dict[str, Any]) -> str | None:
     """The rules every JSON file of a folder meets (:func:`st_prompts.trust.hf_files_reason`)."""
     for name in _config_files(model, folder):
-        reason = trust.hf_files_reason(name, _read_json(model, name, hub), trust.known_model_type)
+        reason = trust.hf_files_reason(name, read_model_json(model, name, hub), trust.known_model_type)
         if reason:
             return reason
     return None
@@ -228,7 +225,7 @@ def _check_transformer_folder(model: str, folder: str, hub: dict[str, Any], seen
     prefix = f"{folder}/" if folder else ""
     configs = {}
     for filename in _TRANSFORMER_CONFIGS if os.path.isdir(model) else _TRANSFORMER_CONFIGS[:1]:
-        config = _read_json(model, prefix + filename, hub)
+        config = read_model_json(model, prefix + filename, hub)
         if config is not None:
             configs[filename] = config
             reason = trust.transformer_config_reason(prefix + filename, config, prompted=prompted)
@@ -242,7 +239,7 @@ def _check_transformer_folder(model: str, folder: str, hub: dict[str, Any], seen
     reason = _check_files(model, folder, hub) or _check_local(model, folder)
     if reason:
         return reason
-    adapter = _read_json(model, prefix + "adapter_config.json", hub)
+    adapter = read_model_json(model, prefix + "adapter_config.json", hub)
     if isinstance(adapter, dict) and adapter.get("base_model_name_or_path"):
         reason = _check_backbone(adapter["base_model_name_or_path"], hub, seen, depth + 1,
                                  f"the PEFT adapter {model!r}")
@@ -291,7 +288,7 @@ def _check_module(model: str, entry: dict[str, Any], hub: dict[str, Any], seen: 
         reason = _check_router(model, prefix, hub, seen, depth)
     elif module_class is not None:
         name = prefix + getattr(module_class, "config_file_name", "config.json")
-        config = _read_json(model, name, hub)
+        config = read_model_json(model, name, hub)
         reason = None if config is None else trust.module_config_reason(name, module_class, config)
     return reason or _check_local(model, folder)
 
@@ -300,10 +297,10 @@ def _check_router(model: str, prefix: str, hub: dict[str, Any], seen: set[str], 
     """A ``Router``'s routes (from ``router_config.json``, or ``config.json`` as sentence-transformers falls back
     to): every type like ``modules.json``'s, every route checked as a module (a whole model: as a model)."""
     name = prefix + "router_config.json"
-    config = _read_json(model, name, hub)
+    config = read_model_json(model, name, hub)
     if config is None:
         name = prefix + "config.json"
-        config = _read_json(model, name, hub)
+        config = read_model_json(model, name, hub)
     if config is None:
         return None  # nothing to route: loading says so
     types = config.get("types") if isinstance(config, dict) else None
@@ -342,13 +339,13 @@ def _check_backbone(reference: Any, hub: dict[str, Any], seen: set[str], depth: 
         if reason:
             return reason
         backbone = location
-    if _is_local(backbone) and not os.path.isdir(backbone):
+    if is_local(backbone) and not os.path.isdir(backbone):
         return None  # a missing local backbone: loading says so
     hub = {k: v for k, v in hub.items() if k != "revision"}
     try:
         return _check_transformer_folder(backbone, "", hub, seen, prompted=True, depth=depth)
-    except _Unreadable as exc:
-        if _is_local(backbone):
+    except UnreadableFile as exc:
+        if is_local(backbone):
             return f"{backbone}: its {exc}"
         raise DataNotFoundError(f"the backbone {reference!r} could not be read: its {exc}") from exc
 
@@ -377,7 +374,7 @@ def prompted_routes(name_or_path: str, **hub: Any) -> bool:
     model = os.path.expanduser(resolve_model_name(name_or_path))
     try:
         return _prompted_routes(model, "", hub, depth=0)
-    except (_Unreadable, OSError, DataNotFoundError):
+    except (UnreadableFile, OSError, DataNotFoundError):
         return False
 
 
@@ -386,7 +383,7 @@ def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, i
         return False
     found = False
     prefix = f"{folder}/" if folder else ""
-    modules = _read_json(model, prefix + "modules.json", hub)
+    modules = read_model_json(model, prefix + "modules.json", hub)
     for entry in modules if isinstance(modules, list) else []:
         type_name = entry.get("type") if isinstance(entry, dict) else None
         if not isinstance(type_name, str):
@@ -398,8 +395,8 @@ def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, i
             continue
         path = entry.get("path", "") if isinstance(entry.get("path", ""), str) else ""
         sub_prefix = f"{prefix}{path}/" if path else prefix
-        config = (_read_json(model, sub_prefix + "router_config.json", hub)
-                  or _read_json(model, sub_prefix + "config.json", hub))
+        config = (read_model_json(model, sub_prefix + "router_config.json", hub)
+                  or read_model_json(model, sub_prefix + "config.json", hub))
         types = config.get("types") if isinstance(config, dict) else None
         for sub, route_type in (types.items() if isinstance(types, dict) else ()):
             if not isinstance(route_type, str) or not isinstance(sub, str):
@@ -416,7 +413,7 @@ def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, i
 
 def _is_bank_folder(model: str, prefix: str, hub: dict[str, Any]) -> bool:
     """Whether the prompted module saved at ``prefix`` holds prompt sets (its config lists ``prompt_sets``)."""
-    config = _read_json(model, prefix + "sentence_bert_config.json", hub)
+    config = read_model_json(model, prefix + "sentence_bert_config.json", hub)
     return isinstance(config, dict) and config.get("prompt_sets") is not None
 
 
@@ -486,7 +483,7 @@ def untrusted_reason(name_or_path: str, **hub: Any) -> str | None:
             reason = _check_backbone(override, hub, seen)
             if reason:
                 return f"the backbone given in model_kwargs: {reason}"
-    except _Unreadable as exc:
+    except UnreadableFile as exc:
         return f"its {exc}, so the code it would load is unknown"
     return None
 
@@ -517,7 +514,7 @@ def _check_model(model: str, folder: str, hub: dict[str, Any], seen: set[str], d
     """A whole model in ``folder`` of ``model`` (``""``: the model itself; a folder: a route that is a model): its
     ``modules.json`` and every module of it, or, without one, a plain transformers model."""
     prefix = f"{folder}/" if folder else ""
-    modules = _read_json(model, prefix + "modules.json", hub)
+    modules = read_model_json(model, prefix + "modules.json", hub)
     if modules is None:  # a plain transformers model: sentence-transformers adds mean pooling
         return _check_transformer_folder(model, folder, hub, seen, prompted=False, depth=depth)
     reason = _modules_reason(prefix + "modules.json", modules) or (None if folder else _check_links(model, ""))

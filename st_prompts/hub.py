@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from st_prompts.aliases import PACKAGED_GGUF_ALIASES, PACKAGED_MINILM_ALIASES
-from st_prompts.errors import DataNotFoundError
+from st_prompts.errors import DataNotFoundError, first_line
 
 __all__ = ["PROBE_TIMEOUT", "cached_and_unreachable", "check_hub_model", "is_cached", "is_hub_id"]
 
@@ -72,9 +72,6 @@ def is_cached(repo_id: str) -> bool:
     return False
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
 
 def _unreachable_reason(repo_id: str) -> str | None:
     """Why the hub cannot be reached (one request, :data:`PROBE_TIMEOUT`, no retries), or ``None``. Any HTTP answer,
@@ -90,7 +87,7 @@ def _unreachable_reason(repo_id: str) -> str | None:
         get_session().head(f"{endpoint}/api/models/{repo_id}", timeout=PROBE_TIMEOUT, follow_redirects=False)
         reason = None
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, proxy, TLS: not reachable
-        reason = _first_line(exc)
+        reason = first_line(exc)
     with _lock:
         _probes[endpoint] = (time.monotonic(), reason)
     return reason

@@ -34,13 +34,12 @@ from sentence_transformers.base.modules.router import Router
 from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
-from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError
+from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError, first_line
 from st_prompts.folder_checks import (
     TRUSTED_MODULE_PREFIXES,
-    _first_line,
-    _is_local,
-    _read_json,
-    _Unreadable,
+    is_local,
+    read_model_json,
+    UnreadableFile,
     backbone_reason,
     prompted_routes,
     require_safe_backbone,
@@ -110,7 +109,7 @@ def load_sentence_model(
         model = load_sentence_model(name_or_path, trust_remote_code, device=device or "cpu", **kwargs)
         return quantize_model(model, quantize)
     model = os.path.expanduser(resolve_model_name(name_or_path))
-    if _is_local(model) and not os.path.isdir(model):
+    if is_local(model) and not os.path.isdir(model):
         hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
         raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
     if "local_files_only" not in kwargs and cached_and_unreachable(model):
@@ -129,7 +128,7 @@ def load_sentence_model(
     except StPromptsError:
         raise  # e.g. a hub backbone it refers to, neither cached nor reachable: already one line
     except OSError as exc:
-        raise DataNotFoundError(f"could not load model {name_or_path!r}: {_first_line(exc)}") from exc
+        raise DataNotFoundError(f"could not load model {name_or_path!r}: {first_line(exc)}") from exc
     if reason is not None:
         raise UntrustedCodeError(
             f"refused to load model {name_or_path!r}: {reason}. Nothing of it was run; pass --trust-remote-code "
@@ -139,7 +138,7 @@ def load_sentence_model(
     kwargs["model_kwargs"] = {**trust.SAFE_MODEL_KWARGS, **(kwargs.get("model_kwargs") or {})}
     try:
         with trust.no_unpickling():
-            modules = _read_json(model, "modules.json", kwargs) or []
+            modules = read_model_json(model, "modules.json", kwargs) or []
             if routed or any(m["type"].startswith("st_prompts.") for m in modules):
                 return _assemble(model, modules, device, kwargs)
             return SentenceTransformer(model, trust_remote_code=False, device=device, **kwargs)
@@ -162,21 +161,21 @@ def _load_error(name_or_path: str, exc: BaseException) -> StPromptsError:
         return refused
     logger.debug("loading %s failed", name_or_path, exc_info=exc)
     where = f"could not load model {name_or_path!r}"
-    if isinstance(exc, _Unreadable):
+    if isinstance(exc, UnreadableFile):
         return DataNotFoundError(f"{where}: its {exc}")
     if isinstance(exc, OSError):
-        return DataNotFoundError(f"{where}: {_first_line(exc)}")
+        return DataNotFoundError(f"{where}: {first_line(exc)}")
     if isinstance(exc, ImportError):
         # trusted code naming a module that is not installed: a message, not a traceback from importlib
-        return DataNotFoundError(f"{where}: it names code that cannot be imported ({_first_line(exc)}); install the "
+        return DataNotFoundError(f"{where}: it names code that cannot be imported ({first_line(exc)}); install the "
                                  "package that provides it.")
     if _is_pickle_refusal(chain):
-        return DataFormatError(f"{where}: torch refused to unpickle one of its weight files ({_first_line(exc)}); "
+        return DataFormatError(f"{where}: torch refused to unpickle one of its weight files ({first_line(exc)}); "
                                "a pickled weight file can run code: convert it to safetensors.")
     if _is_damaged_weights(exc):
-        return DataFormatError(f"{where}: a safetensors weight file is damaged ({_first_line(exc)}); save or "
+        return DataFormatError(f"{where}: a safetensors weight file is damaged ({first_line(exc)}); save or "
                                "download it again.")
-    return DataFormatError(f"{where}: {type(exc).__name__}: {_first_line(exc)}")
+    return DataFormatError(f"{where}: {type(exc).__name__}: {first_line(exc)}")
 
 
 def _is_pickle_refusal(chain: list[BaseException]) -> bool:
@@ -233,7 +232,7 @@ def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | No
             load_kwargs["module_classes"] = ours  # a Router over st_prompts modules resolves them the same way
         modules[config["name"]] = module_class.load(model, **load_kwargs)
         module_kwargs[config["name"]] = config.get("kwargs", [])
-    saved = _read_json(model, "config_sentence_transformers.json", hub) or {}
+    saved = read_model_json(model, "config_sentence_transformers.json", hub) or {}
     options = {key: kwargs[key] for key in ("prompts", "default_prompt_name", "similarity_fn_name", "truncate_dim",
                                             "model_card_data", "backend") if kwargs.get(key) is not None}
     prompts = {**(saved.get("prompts") or {}), **(options.pop("prompts", None) or {})}

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from st_prompts.errors import ConfigurationError
+from st_prompts.errors import ConfigurationError, first_line
 
 __all__ = ["QUANTIZE_MODES", "Int8Linear", "is_quantized", "quantization_mode", "quantize_model"]
 
@@ -303,7 +303,7 @@ def _check_kernels() -> None:
         Int8Linear.from_linear(torch.nn.Linear(4, 2))(torch.ones(1, 4))
     except (RuntimeError, NotImplementedError) as exc:
         raise ConfigurationError(f"int8 inference needs torch's fbgemm kernels (an x86 CPU), which failed here: "
-                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                                 f"{first_line(exc)}"
                                  ) from exc
 
 

@@ -40,7 +40,7 @@ from st_prompts.unpickling import (  # noqa: F401 - part of the allow-list, re-e
     PICKLE_SUFFIXES,
     SAFE_MODEL_KWARGS,
     UNREAD_PICKLES,
-    _refuse_pickle,
+    refuse_pickle,
     no_unpickling,
     pickle_reason,
 )

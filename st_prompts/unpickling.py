@@ -55,7 +55,7 @@ _guard_depth = 0
 _guard_saved: dict[str, Any] = {}
 
 
-def _refuse_pickle(*args: Any, **kwargs: Any) -> Any:
+def refuse_pickle(*args: Any, **kwargs: Any) -> Any:
     target = args[0] if args else kwargs.get("f")
     raise UntrustedCodeError(
         f"refused to unpickle {str(target)!r}: a pickled weight file can run any code. Convert it to safetensors, or "
@@ -76,8 +76,8 @@ def no_unpickling() -> Iterator[None]:
         if _guard_depth == 0:
             _guard_saved["torch"] = torch.load
             _guard_saved["serialization"] = torch.serialization.load
-            torch.load = _refuse_pickle
-            torch.serialization.load = _refuse_pickle
+            torch.load = refuse_pickle
+            torch.serialization.load = refuse_pickle
         _guard_depth += 1
     try:
         yield

@@ -187,7 +187,7 @@ def test_unpickling_is_refused_at_the_last_line_too(st_model, tmp_path, monkeypa
         load_sentence_model(str(folder))
     assert "pickled weight file" in str(caught.value) and "\n" not in str(caught.value)
     assert not marker.exists()
-    assert torch.load is not loading.trust._refuse_pickle  # restored afterwards
+    assert torch.load is not loading.trust.refuse_pickle  # restored afterwards
 
 
 # -------------------------------------------------------------------------- loader options and code, case by case

@@ -416,12 +416,12 @@ def run_info(args: argparse.Namespace) -> int:
     """Run ``st-prompts index info``. It needs no model: it reads the index with the store alone (FAISS and numpy,
     never torch or sentence-transformers), validating the directory without reading it all into RAM."""
     from st_prompts.search.checks import check_meta
-    from st_prompts.search.faiss_index import _PARAMETERS, INDEX_TYPES
+    from st_prompts.search.faiss_index import PARAMETERS, INDEX_TYPES
     from st_prompts.search.store import load_index_dir, read_meta
 
     index = load_index_dir(args.index, mmap=True, verify=True if args.verify else None)
     meta = read_meta(args.index)  # checked again: a save may have replaced the index since it was read
-    check_meta(args.index / "meta.json", meta, INDEX_TYPES, _PARAMETERS)
+    check_meta(args.index / "meta.json", meta, INDEX_TYPES, PARAMETERS)
     files = meta.get("files") or {}
     verified = (f"Verified:   size and SHA-256 of {len(files)} files ({', '.join(sorted(files))})" if files else
                 f"Verified:   nothing: this index (format {meta.get('format_version', 0)}) was written before "

@@ -30,7 +30,7 @@ from st_prompts.commands.options import (
     add_trust_remote_code_argument,
     show_progress,
 )
-from st_prompts.errors import ConfigurationError, DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataNotFoundError, first_line
 
 #: Tasks that have a dev split; the others (STS12-16) only have ``test``.
 _TASKS_WITH_DEV = ("STSBenchmark", "SICKRelatedness")
@@ -229,7 +229,7 @@ def _checked_stage1_rows(read, run_dir: Path) -> list[dict[str, float]]:
         if isinstance(exc, DataFormatError):
             raise
         raise DataFormatError(f"{where} is damaged or not a training run's result ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+                              f"{first_line(exc)})") from exc
     for row in rows if isinstance(rows, list) else [None]:
         values = [row.get(k) for k in ("diffaug_delta", "diffaug_kappa")] if isinstance(row, dict) else [None]
         step = row.get("step") if isinstance(row, dict) else None

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
 
 #: The seven STS tasks of the SentEval/SimCSE protocol, in the order the papers report them.
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
@@ -379,9 +379,9 @@ def load_sts_from_hub(task: str, split: str = "test") -> STSPairs:
     try:
         data = datasets.load_dataset(repo, split=_HUB_SPLITS[split])
     except Exception as exc:  # network / hub errors come in many types; report one clear line
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise DataNotFoundError(
-            f"could not load {repo} ({_HUB_SPLITS[split]}) from the Hugging Face hub: {first_line}"
+            f"could not load {repo} ({_HUB_SPLITS[split]}) from the Hugging Face hub: {reason}"
         ) from exc
     missing = [c for c in ("sentence1", "sentence2", "score") if c not in data.column_names]
     if missing:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
+from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError, first_line
 from st_prompts.prompts.injection import (
     BACKENDS,
     LAYER_ATTRIBUTE,
@@ -132,7 +132,7 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
         model.set_attn_implementation(BACKENDS[backend])
     except (ValueError, KeyError) as exc:
         raise UnsupportedArchitectureError(f"The {model_type} backbone cannot switch its attention function "
-                                           f"({str(exc).splitlines()[0]}). {_supported()}") from exc
+                                           f"({first_line(exc)}). {_supported()}") from exc
     for module in model.modules():
         if hasattr(module, LAYER_ATTRIBUTE):
             delattr(module, LAYER_ATTRIBUTE)
@@ -145,7 +145,7 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
             plain = model(**_probe_inputs(model), **{PREFIX_KWARG: recorder}).last_hidden_state
     except TypeError as exc:  # a forward without **kwargs
         raise UnsupportedArchitectureError(f"The {model_type} backbone takes no extra arguments to its attention "
-                                           f"({str(exc).splitlines()[0]}). {_supported()}") from exc
+                                           f"({first_line(exc)}). {_supported()}") from exc
     finally:
         model.train(was_training)
     if not recorder.calls:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel
 
 from st_prompts import utils
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.hub import check_hub_model
 from st_prompts.storage import apply_umask
 
@@ -105,7 +105,7 @@ def read_prompts(path: str | None, source: str, expected: dict[str, tuple[int, .
     try:
         state = load_file(path)
     except Exception as exc:  # safetensors' SafetensorError (a truncated or foreign file), OSError
-        raise DataFormatError(f"{PROMPTS_FILE} in {source!r} is damaged ({str(exc).splitlines()[0]}); save or "
+        raise DataFormatError(f"{PROMPTS_FILE} in {source!r} is damaged ({first_line(exc)}); save or "
                               "download the model again.") from exc
     found = {k: tuple(v.shape) for k, v in state.items()}
     if found != expected:
@@ -326,10 +326,10 @@ class PromptsCheckpointMixin:
                     backend=backend,
                 )
             except OSError as exc:
-                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                reason = first_line(exc)
                 raise DataNotFoundError(
                     f"The prompts-only checkpoint {model_name_or_path!r} needs its backbone {source!r}, which could not "
-                    f"be loaded ({first_line}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
+                    f"be loaded ({reason}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
                 ) from exc
             check_fingerprint(expected, module.auto_model, model_name_or_path, source)
         else:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.modules import set_checks
 from st_prompts.modules.backbones import backbone_dropout
 from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
@@ -456,7 +456,7 @@ def _load_prompts_file(folder: str, path: str) -> dict[str, torch.Tensor]:
     try:
         state = load_file(os.path.join(folder, PROMPTS_FILE))
     except Exception as exc:  # safetensors' SafetensorError, OSError
-        raise DataFormatError(f"{PROMPTS_FILE} in {path!r} is damaged or missing ({str(exc).splitlines()[0]}).") from exc
+        raise DataFormatError(f"{PROMPTS_FILE} in {path!r} is damaged or missing ({first_line(exc)}).") from exc
     return set_checks.check_finite_prompts(state, repr(path))  # NaN prompts never join a bank
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from st_prompts.errors import ConfigurationError
+from st_prompts.errors import ConfigurationError, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -82,7 +82,7 @@ def chat_template_errors() -> Iterator[None]:
 
         if not isinstance(exc, jinja2.TemplateError):
             raise
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reason = first_line(exc, 200)
         raise ConfigurationError(f"the model's chat template failed to render ({reason}); fix or remove its "
                                  "chat_template") from exc
 

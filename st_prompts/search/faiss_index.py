@@ -68,7 +68,7 @@ DEFAULT_RERANK = 200
 #: nearest centroid) from the centroids than the documents the lists were trained on.
 DRIFT_WARN_RATIO = 1.5
 #: Parameters each index type accepts.
-_PARAMETERS = {
+PARAMETERS = {
     "flat": set(),
     "ivf": {"nlist", "nprobe"},
     "hnsw": {"m", "ef_construction", "ef_search"},
@@ -112,7 +112,7 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimens
     (``None`` values count as not given). ``dimension`` (when known) is checked against ``pq_m``."""
     if index_type not in INDEX_TYPES:
         raise ConfigurationError(f"unknown index_type {index_type!r}; choose one of {', '.join(INDEX_TYPES)}")
-    allowed = _PARAMETERS[index_type]
+    allowed = PARAMETERS[index_type]
     params = {key: value for key, value in params.items() if value is not None}
     unknown = sorted(set(params) - allowed)
     if unknown:

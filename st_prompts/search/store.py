@@ -36,7 +36,7 @@ import faiss
 import numpy as np
 
 from st_prompts import __version__
-from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.search.checks import (
     MMAP_HASH_LIMIT,
     bad_value,
@@ -49,7 +49,7 @@ from st_prompts.search.checks import (
 )
 from st_prompts.search.docfile import LazyDocs, check_offsets, read_docs
 from st_prompts.search.faiss_index import (
-    _PARAMETERS,
+    PARAMETERS,
     INDEX_TYPES,
     apply_search_params,
     code_bytes_per_vector,
@@ -335,7 +335,7 @@ def _load_array(path: Path, mmap: bool = False) -> np.ndarray:
     except FileNotFoundError:
         raise
     except (OSError, ValueError, EOFError, MemoryError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reason = first_line(exc, 200)
         raise DataFormatError(f"{path} is damaged ({reason}); rebuild the index") from exc
 
 
@@ -348,7 +348,7 @@ def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
             raise DataFormatError(f"{root} is not a complete semantic index: {name} is missing")
     meta = read_meta(root)
     meta_path = root / META_FILE
-    index_type = check_meta(meta_path, meta, INDEX_TYPES, _PARAMETERS)
+    index_type = check_meta(meta_path, meta, INDEX_TYPES, PARAMETERS)
     check_files(root, meta_path, meta.get("files"), hash_limit=hash_limit, version=meta.get("format_version", 0),
                 expected=RECORDED_FILES)  # sizes (and hashes) before any parsing
     try:
