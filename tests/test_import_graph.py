@@ -109,6 +109,41 @@ def test_st_prompts_has_no_import_circle():
     assert "st_prompts.utils" not in graph["st_prompts.hub"]
 
 
+#: The package's layers, bottom up: a module imports only from its own layer or below (no arrow back up).
+LAYERS = (
+    ("st_prompts", "errors", "aliases", "hub", "utils", "unpickling", "trust", "storage", "sizes"),
+    ("prompts", "folder_checks", "quantization"),
+    ("modules", "loading"),
+    ("data", "evaluation", "losses", "plots", "search"),
+    ("methods",),
+    ("training", "bank"),
+    ("serving", "commands", "cli"),
+)
+
+
+def test_no_arrow_runs_back_up():
+    layer = {name: level for level, names in enumerate(LAYERS) for name in names}
+    graph = import_graph()
+    top = {name.split(".")[1] if "." in name else name for name in graph}
+    assert top <= set(layer), f"place {sorted(top - set(layer))} in LAYERS"
+    back = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if layer[a.split(".")[1] if "." in a else a] < layer[b.split(".")[1] if "." in b else b])
+    assert back == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    """``from x import _name`` between st_prompts modules: a private name is its module's own (a package's private
+    module, ``commands/_numbers.py``, may be imported by that package)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("st_prompts")):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")
+                          and not (a.name.startswith("_") and (node.module or "").endswith("commands"))]
+    assert found == []
+
+
 CHILDREN = textwrap.dedent('''
     import importlib, os, sys, traceback
     for heavy in ("numpy", "torch", "transformers", "sentence_transformers", "huggingface_hub", "safetensors",

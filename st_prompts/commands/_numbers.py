@@ -39,7 +39,7 @@ def _parse_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {_show(text)}") from None
 
 
-def _parse_float(text: str) -> float:
+def parse_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -82,7 +82,7 @@ def finite_float(
     """A finite number, optionally bounded (``min_inclusive=False``: strictly above ``minimum``)."""
 
     def parse(text: str) -> float:
-        value = _parse_float(text)
+        value = parse_float(text)
         low_ok = minimum is None or (value >= minimum if min_inclusive else value > minimum)
         high_ok = maximum is None or (value <= maximum if max_inclusive else value < maximum)
         if not (low_ok and high_ok):

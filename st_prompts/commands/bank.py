@@ -147,7 +147,7 @@ def _load(path: str, trust_remote_code):
 
 def _save(model, path: str, overwrite: bool = True) -> None:
     from st_prompts.bank import save_bank
-    from st_prompts.training.run import check_finite_training
+    from st_prompts.modules.set_checks import check_finite_training
 
     check_finite_training(model, None)  # never save NaN or infinite prompts (a diverged set, or one added)
     save_bank(model, path, overwrite=overwrite)
@@ -320,7 +320,7 @@ def run_train(args: argparse.Namespace) -> int:
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
     from st_prompts.errors import ConfigurationError
     from st_prompts.storage import check_model_destination
-    from st_prompts.training.run import check_finite_training
+    from st_prompts.modules.set_checks import check_finite_training
 
     _check_names(args.name)
     data = read_task_file(args.data, limit=args.limit)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from st_prompts.commands._numbers import _parse_float
+from st_prompts.commands._numbers import parse_float
 
 
 def finite_float(text: str) -> float:
     """The ``type`` of a numeric command-line option that takes any finite float (a method setting whose own range is
     checked by its settings class): ``nan``, ``inf`` and overflowing values such as ``1e999`` are refused by argparse
     with one line. Ranged options use :mod:`st_prompts.commands._numbers`."""
-    return _parse_float(text)
+    return parse_float(text)
 
 
 def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.errors import ConfigurationError, DataFormatError, TrainingDivergedError
 from st_prompts.modules.checks import check_room_for_text
 from st_prompts.prompts.names import check_set_name
 
@@ -107,6 +107,22 @@ def check_finite_prompts(state: dict[str, Any], label: str) -> dict[str, Any]:
             raise DataFormatError(f"The prompt set in {label} holds non-finite values (NaN or infinity) in {key!r}: "
                                   "it cannot join the bank (retrain it, or add an earlier copy).")
     return state
+
+
+def check_finite_training(model: Any, best_metric: float | None) -> None:
+    """Refuse to save a diverged model: raise :class:`~st_prompts.errors.TrainingDivergedError` (one line) if the
+    model-selection score ``best_metric`` is NaN or infinite, or if a weight (parameter or buffer) of ``model`` is."""
+    import torch
+
+    hint = "the model was not saved; train again with a smaller learning rate"
+    if best_metric is not None and not math.isfinite(best_metric):
+        raise TrainingDivergedError(f"training diverged: the model-selection score is {best_metric}; {hint}")
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    bad = [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise TrainingDivergedError(f"training diverged: {len(bad)} weight tensor(s) hold NaN or infinite values "
+                                    f"({shown}); {hint}")
 
 
 def _real(value: Any) -> bool:

@@ -25,8 +25,9 @@ from st_prompts.data.training_data import bundled_data_dir
 from st_prompts.errors import ConfigurationError
 from st_prompts.evaluation.sts import stsb_dev_evaluator
 from st_prompts.modules import save_prompts_only
+from st_prompts.modules.set_checks import check_finite_training
 from st_prompts.storage import check_model_destination, save_model_folder
-from st_prompts.training.run import check_finite_training, train
+from st_prompts.training.run import train
 from st_prompts.utils import is_main_process
 
 logger = logging.getLogger(__name__)

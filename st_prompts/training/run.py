@@ -23,7 +23,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from st_prompts import methods
-from st_prompts.errors import ConfigurationError, TrainingDivergedError
+from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Stage, TrainSettings
 from st_prompts.modules.lengths import (
     FullLengthEvaluator,
@@ -94,20 +94,6 @@ class KeepBestCallback(TrainerCallback):
         if self._state is not None:
             self.model.load_state_dict(self._state, strict=False)
             logger.info(f"Restored the best weights: {self.metric}={self.best:.4f} at step {self.best_step}.")
-
-
-def check_finite_training(model: torch.nn.Module, best_metric: float | None) -> None:
-    """Refuse to save a diverged model: raise :class:`~st_prompts.errors.TrainingDivergedError` (one line) if the
-    model-selection score ``best_metric`` is NaN or infinite, or if a weight (parameter or buffer) of ``model`` is."""
-    hint = "the model was not saved; train again with a smaller learning rate"
-    if best_metric is not None and not math.isfinite(best_metric):
-        raise TrainingDivergedError(f"training diverged: the model-selection score is {best_metric}; {hint}")
-    tensors = list(model.named_parameters()) + list(model.named_buffers())
-    bad = [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())]
-    if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise TrainingDivergedError(f"training diverged: {len(bad)} weight tensor(s) hold NaN or infinite values "
-                                    f"({shown}); {hint}")
 
 
 class AnnouncedEvaluator(FullLengthEvaluator):

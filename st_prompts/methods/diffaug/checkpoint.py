@@ -21,6 +21,7 @@ from st_prompts.methods.diffaug.config import (
 )
 from st_prompts.methods.diffaug.state import nli_loss, run_state, training_mlp
 from st_prompts.modules import PROMPTS_FILE, backbone_fingerprint, save_prompts_only
+from st_prompts.modules.set_checks import check_finite_training
 from st_prompts.storage import save_model_folder
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
 
     Written atomically; an earlier stage-1 checkpoint of st-prompts at ``path`` is replaced (the training pipeline
     checks ``path`` with the run's ``--overwrite`` before training), any other folder is refused."""
-    from st_prompts.training.run import check_finite_training  # (here: the training module imports the methods)
-
     check_finite_training(model, None)  # a diverged stage 1 is not saved (nor continued)
     encoder = model[0]
     classifier = run_state(model).get("nli_loss")
