@@ -30,6 +30,23 @@ def printable(text: object, *, one_line: bool = True) -> str:
     return _CONTROL.sub(escape, text)
 
 
+def shorten(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a one-line message, printable and cut to about ``limit`` characters: a long string or
+    bytes value shows its start and its length, a long list or dict its kind and size, an integer too long to print
+    its kind."""
+    if isinstance(value, str) and len(value) > limit:
+        return printable(f"{value[:limit]!r}... ({len(value):,} characters)")
+    if isinstance(value, (bytes, bytearray)) and len(value) > limit:
+        return printable(f"{bytes(value[:limit])!r}... ({len(value):,} bytes)")
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 20:
+        return f"{type(value).__name__} of {len(value):,} items"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        return f"<a {type(value).__name__} too long to show>"
+    return printable(text if len(text) <= limit else text[:limit] + "...")
+
+
 def first_line(exc: BaseException, limit: int | None = None) -> str:
     """The first line of ``exc``'s message (its type's name when it has none), printable, cut at ``limit``
     characters: what a one-line error says of the exception behind it."""

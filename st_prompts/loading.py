@@ -37,11 +37,11 @@ from st_prompts import trust
 from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError, first_line
 from st_prompts.folder_checks import (
     TRUSTED_MODULE_PREFIXES,
-    is_local,
-    read_model_json,
     UnreadableFile,
     backbone_reason,
+    is_local,
     prompted_routes,
+    read_model_json,
     require_safe_backbone,
     safe_loading,
     should_trust_remote_code,

@@ -145,7 +145,7 @@ def test_probe_catches_a_backbone_that_drops_the_prompts_on_the_way_to_a_layer(t
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16"])
 def test_invalid_prefix_length(tiny_bert, bad):
-    with pytest.raises(ConfigurationError, match="prefix_length must be a positive integer"):
+    with pytest.raises(ConfigurationError, match="prefix_length must be a whole number from 1 to 16384"):
         PromptedTransformer(tiny_bert, prefix_length=bad)
 
 

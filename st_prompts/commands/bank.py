@@ -27,6 +27,7 @@ from st_prompts.commands.options import (
     cli_text,
     show_progress,
 )
+from st_prompts.prompts.spec import MAX_PREFIX_LENGTH
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def add_parser(subparsers) -> None:
                        "if given, else no selection)")
     train.add_argument("--data-dir", help="folder with senteval/ (STS-B dev selects the best weights)")
     train.add_argument("--senteval-dir", help="SentEval folder (STS-B dev selects the best weights)")
-    train.add_argument("--prefix-length", type=n.positive_int(16_384), default=16,
+    train.add_argument("--prefix-length", type=n.positive_int(MAX_PREFIX_LENGTH), default=16,
                        help="prefix positions of a new set (default: 16)")
     train.add_argument("--learning-rate", "--lr", type=n.positive_float(10.0), default=1e-1,
                        help="peak learning rate (default 1e-1: the best on average over the multitask study's tasks "
@@ -319,8 +320,8 @@ def run_train(args: argparse.Namespace) -> int:
     from st_prompts.bank import BANK_KIND, create_bank, train_prompt_set
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
     from st_prompts.errors import ConfigurationError
-    from st_prompts.storage import check_model_destination
     from st_prompts.modules.set_checks import check_finite_training
+    from st_prompts.storage import check_model_destination
 
     _check_names(args.name)
     data = read_task_file(args.data, limit=args.limit)

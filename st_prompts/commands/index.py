@@ -416,7 +416,7 @@ def run_info(args: argparse.Namespace) -> int:
     """Run ``st-prompts index info``. It needs no model: it reads the index with the store alone (FAISS and numpy,
     never torch or sentence-transformers), validating the directory without reading it all into RAM."""
     from st_prompts.search.checks import check_meta
-    from st_prompts.search.faiss_index import PARAMETERS, INDEX_TYPES
+    from st_prompts.search.faiss_index import INDEX_TYPES, PARAMETERS
     from st_prompts.search.store import load_index_dir, read_meta
 
     index = load_index_dir(args.index, mmap=True, verify=True if args.verify else None)

@@ -17,6 +17,7 @@ from st_prompts import methods
 from st_prompts.commands import _numbers as n
 from st_prompts.commands.options import finite_float, show_progress
 from st_prompts.methods.base import SCALES, cli_fields
+from st_prompts.prompts.spec import MAX_PREFIX_HIDDEN_SIZE, MAX_PREFIX_LENGTH
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ FIELD_RANGES = {
     "max_steps": n.int_range(-1), "seed": n.seed,
     "max_seq_length": n.positive_int(_MAX_TOKENS), "ski_max_seq_length": n.positive_int(_MAX_TOKENS),
     "max_encode_length": n.int_range(2, _MAX_TOKENS),
-    "prefix_length": n.positive_int(16_384), "prefix_hidden_size": n.positive_int(65_536),
+    "prefix_length": n.positive_int(MAX_PREFIX_LENGTH), "prefix_hidden_size": n.positive_int(MAX_PREFIX_HIDDEN_SIZE),
     "prefix_init_std": n.positive_float(10.0),
     "kappa_threshold": n.finite_float(-1e3, 1e3),
     "warmup_ratio": n.fraction, "masking_ratio": n.fraction, "label_fraction": n.fraction, "mlm_decay": n.fraction,

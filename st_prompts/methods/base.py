@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.spec import PromptSetSpec
 from st_prompts.utils import check_finite
 
 #: ``--scale`` values: ``paper`` (hub backbone, the paper's hyperparameters), ``cpu`` (packaged MiniLM, minutes).
@@ -118,8 +119,10 @@ class PrefixSettings(TrainSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.prefix_init_std is not None and not self.prefix_init_std > 0:
-            raise ConfigurationError(f"prefix_init_std must be positive, got {self.prefix_init_std}.")
+        # the one spec of a prompt set checks the prefix's options (kinds and ranges)
+        PromptSetSpec.from_config({"prefix_length": self.prefix_length, "prefix_projection": self.prefix_projection,
+                                   "prefix_hidden_size": self.prefix_hidden_size, "init_std": self.prefix_init_std,
+                                   "prefix_gate": self.prefix_gate}, "the method's settings")
 
     def prefix_options(self) -> dict[str, Any]:
         """The prefix's keyword arguments of :class:`~st_prompts.PromptedTransformer`."""

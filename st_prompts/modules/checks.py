@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.spec import PromptSetSpec
 from st_prompts.prompts.templates import TEMPLATE_MODES
-from st_prompts.utils import check_finite
 
 #: The fewest text tokens (besides special and template tokens) the prompts must leave room for: a prefix (plus
 #: template) that leaves fewer positions of the backbone's position embeddings is refused at construction.
@@ -13,11 +13,10 @@ MIN_TEXT_TOKENS = 8
 
 def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, prefix_hidden_size, prefix_dropout,
                              prefix_init_std=None, bank: bool = False) -> None:
-    check_finite(prefix_dropout=prefix_dropout, prefix_init_std=prefix_init_std)
-    if prefix_length is not None and (isinstance(prefix_length, bool) or not isinstance(prefix_length, int) or prefix_length < 1):
-        raise ConfigurationError(
-            f"prefix_length must be a positive integer (or None for no deep prompts), got {prefix_length!r}."
-        )
+    # the prefix's options by the one spec of a prompt set (kinds and ranges); prefix_length None: no deep prompts
+    PromptSetSpec.from_config({"prefix_length": 1 if prefix_length is None else prefix_length,
+                               "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout,
+                               "init_std": prefix_init_std}, "PromptedTransformer")
     if prefix_length is None and template is None and not cls_prompt and not bank:
         raise ConfigurationError(
             "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, prompt_sets (a bank), or a "
@@ -27,14 +26,6 @@ def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, 
         raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
     if template_mode not in TEMPLATE_MODES:
         raise ConfigurationError(f"template_mode must be one of {', '.join(TEMPLATE_MODES)}, got {template_mode!r}.")
-    if prefix_hidden_size is not None and (not isinstance(prefix_hidden_size, int) or prefix_hidden_size < 1):
-        raise ConfigurationError(f"prefix_hidden_size must be a positive integer (or None for the backbone's hidden "
-                                 f"size), got {prefix_hidden_size!r}.")
-    if prefix_init_std is not None and (isinstance(prefix_init_std, bool) or not prefix_init_std > 0):
-        raise ConfigurationError(f"prefix_init_std must be positive (or None for the backbone's initializer_range), "
-                                 f"got {prefix_init_std!r}.")
-    if prefix_dropout is not None and not 0.0 <= prefix_dropout < 1.0:
-        raise ConfigurationError(f"prefix_dropout must be in [0, 1), got {prefix_dropout!r}.")
 
 
 def cls_token_id(tokenizer) -> int:

@@ -25,13 +25,14 @@ from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
 from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
 from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
 from st_prompts.prompts.names import BACKBONE_TASK, check_set_name
+from st_prompts.prompts.spec import SAVED_FIELDS, PromptSetSpec
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
 from st_prompts.storage import contained_path
 
 #: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
 QUERY, DOCUMENT = "query", "document"
 #: Options a prompt set is built from (saved in the module config).
-SET_OPTIONS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout", "prefix_gate")
+SET_OPTIONS = SAVED_FIELDS
 #: The fields of a prompt set's record (:meth:`PromptSetsMixin.record_prompt_set`) and their kinds.
 RECORD_FIELDS = {"rows": "count", "steps": "count", "best_step": "count", "loss": "text", "evaluator": "text",
                  "metric": "text", "best_score": "score", "start_score": "score", "backbone_score": "score"}
@@ -150,10 +151,10 @@ class PromptSetsMixin:
         self.prompt_sets = torch.nn.ModuleDict()
         #: a bank (``prompt_sets`` given, even empty) saves its sets' dict, so a bank with no set yet reloads as one
         self._is_bank = prompt_sets is not None
-        self._set_options: dict[str, dict[str, Any]] = {}
+        self._set_specs: dict[str, PromptSetSpec] = {}
         self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
-        for name, options in (set_checks.check_prompt_sets(prompt_sets) or {}).items():
-            self.new_prompt_set(name, **options, _room_checked_by_caller=True)
+        for name, spec in (set_checks.check_prompt_sets(prompt_sets) or {}).items():
+            self.new_prompt_set(name, spec=spec, _room_checked_by_caller=True)
         #: what each set was trained on and how it scored (name -> record; see :meth:`record_prompt_set`); banks saved
         #: before these records load without them
         info = prompt_set_info if isinstance(prompt_set_info, dict) else {}
@@ -173,28 +174,27 @@ class PromptSetsMixin:
 
     def new_prompt_set(self, name: str, prefix_length: int = 16, prefix_projection: bool = False,
                        prefix_hidden_size: int | None = None, prefix_dropout: float | None = None,
-                       init_std: float | None = None, prefix_gate: bool = False,
+                       init_std: float | None = None, prefix_gate: bool = False, *, spec: PromptSetSpec | None = None,
                        _room_checked_by_caller: bool = False) -> PrefixEncoder:
-        """Add an untrained prompt set ``name`` (a deep prefix of ``prefix_length`` positions) and return it.
+        """Add an untrained prompt set ``name`` and return it: a deep prefix of ``prefix_length`` positions, or as
+        ``spec`` (a :class:`~st_prompts.prompts.spec.PromptSetSpec`, which checks the options) says.
 
         ``prefix_gate=True``: the set reaches attention through a zero-initialised gate (see
         :class:`~st_prompts.prompts.PrefixEncoder`), so until it trains the bank encodes this task exactly as the
         backbone does."""
         self._check_new_name(name)
-        set_checks.check_set_options(prefix_length, prefix_projection, prefix_hidden_size, prefix_dropout, prefix_gate,
-                                     init_std)
-        prefix_gate = bool(prefix_gate)
-        set_checks.check_prefix_fits(self, prefix_length, prefix_gate, self.template_num_tokens)  # before allocating
-        options = {"prefix_length": prefix_length, "prefix_projection": bool(prefix_projection),
-                   "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout,
-                   "prefix_gate": prefix_gate}
-        encoder = self.build_prefix_encoder(prefix_length, prefix_projection, prefix_hidden_size, prefix_dropout,
-                                            shared_dropout=False, init_std=init_std, gate=prefix_gate)
+        if spec is None:
+            spec = PromptSetSpec(prefix_length, bool(prefix_projection), prefix_hidden_size, prefix_dropout,
+                                 bool(prefix_gate), init_std)
+        set_checks.check_prefix_fits(self, spec.prefix_length, spec.prefix_gate, self.template_num_tokens)  # no alloc
+        encoder = self.build_prefix_encoder(spec.prefix_length, spec.prefix_projection, spec.prefix_hidden_size,
+                                            spec.prefix_dropout, shared_dropout=False, init_std=spec.init_std,
+                                            gate=spec.prefix_gate)
         if not _room_checked_by_caller:
             self._check_room(encoder.position_length)
         device = next(self.auto_model.parameters()).device
         self.prompt_sets[name] = encoder.to(device)
-        self._set_options[name] = options
+        self._set_specs[name] = spec
         self._stack_cache = None
         return encoder
 
@@ -210,7 +210,7 @@ class PromptSetsMixin:
         """
         self._check_new_name(name)
         if isinstance(source, (str, os.PathLike)):
-            options, state, fingerprint = read_prompt_set(str(source))
+            spec, state, fingerprint = read_prompt_set(str(source))
             if fingerprint is not None and fingerprint != self.fingerprint:
                 raise BackboneMismatchError(f"The prompt set in {str(source)!r} was trained on other backbone weights "
                                             f"(fingerprint {fingerprint}, this backbone {self.fingerprint}).")
@@ -225,15 +225,15 @@ class PromptSetsMixin:
             if encoder.fingerprint != self.fingerprint:
                 raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
                                             f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
-            options = {k: getattr(encoder, k) for k in SET_OPTIONS}
+            spec = encoder.own_prefix_spec()
             state = {k[len("prefix_encoder."):]: v for k, v in encoder.prompt_state_dict().items()
                      if k.startswith("prefix_encoder.")}
             label = "the given model"
-        encoder = self.new_prompt_set(name, **options)
+        encoder = self.new_prompt_set(name, spec=spec)
         expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
         if expected != found:
-            del self.prompt_sets[name], self._set_options[name]
+            del self.prompt_sets[name], self._set_specs[name]
             raise BackboneMismatchError(f"The prompt set in {label} does not fit this backbone's {self.backbone_plan.layers} "
                                         f"layers of {self.backbone_plan.kv_heads} heads of size "
                                         f"{self.backbone_plan.head_dim} ({found} against {expected}).")
@@ -246,7 +246,7 @@ class PromptSetsMixin:
         """Remove the prompt set ``name`` (and unset any role it had)."""
         if name not in self.prompt_sets:
             raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
-        del self.prompt_sets[name], self._set_options[name]
+        del self.prompt_sets[name], self._set_specs[name]
         self.prompt_set_info.pop(name, None)
         for role in ("default_task", "query_task", "document_task"):
             if getattr(self, role) == name:
@@ -269,9 +269,22 @@ class PromptSetsMixin:
             raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
         self.prompt_set_info[name] = clean_record(record)
 
+    def prompt_set_spec(self, name: str) -> PromptSetSpec:
+        """The :class:`~st_prompts.prompts.spec.PromptSetSpec` of the set ``name``."""
+        if name not in self._set_specs:
+            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
+        return self._set_specs[name]
+
+    def own_prefix_spec(self) -> PromptSetSpec:
+        """The spec of this module's own prefix (as a set of a bank would carry it)."""
+        if self.prefix_encoder is None:
+            raise ConfigurationError("This model has no prefix of its own.")
+        return PromptSetSpec(self.prefix_length, bool(self.prefix_projection), self.prefix_hidden_size,
+                             self.prefix_dropout, bool(self.prefix_gate))
+
     def prompt_set_options(self) -> dict[str, dict[str, Any]]:
         """Each set's construction options (what the saved config records)."""
-        return {name: dict(options) for name, options in self._set_options.items()}
+        return {name: spec.saved() for name, spec in self._set_specs.items()}
 
     def inference_cache_bytes(self) -> int:
         """Bytes of the stacked sets' keys/values kept for mixed batches at inference (0 before the first one)."""
@@ -415,8 +428,8 @@ class PromptSetsMixin:
             model.encode = RowTaskEncode(model)
 
 
-def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], str | None]:
-    """``(options, prefix state dict, backbone fingerprint or None)`` of the deep prefix saved in a model folder or
+def read_prompt_set(path: str) -> tuple[PromptSetSpec, dict[str, torch.Tensor], str | None]:
+    """``(spec, prefix state dict, backbone fingerprint or None)`` of the deep prefix saved in a model folder or
     prompts-only checkpoint at ``path``: read from its JSON files and ``soft_prompts.safetensors`` only (no module is
     imported, no code runs). A full model folder's fingerprint is that of its saved backbone weights.
 
@@ -431,11 +444,10 @@ def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor],
         raise DataFormatError(f"Cannot read the prompted encoder's configuration in {path!r}: {exc}") from exc
     sets = set_checks.config_prompt_sets(config, path)
     if not config.get("prefix_length") and len(sets) == 1:  # a bank of one set: that set
-        (name, options), = sets.items()
+        (name, spec), = sets.items()
         state = _load_prompts_file(folder, path)
         prefix = f"prompt_sets.{name}."
-        return ({k: options.get(k) for k in SET_OPTIONS},
-                {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, _fingerprint(config, folder))
+        return (spec, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, _fingerprint(config, folder))
     if not config.get("prefix_length"):
         raise ConfigurationError(
             f"{path!r} has no deep prefix to add as a prompt set" + (
@@ -447,9 +459,8 @@ def read_prompt_set(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor],
                                  "prompt.")
     state = _load_prompts_file(folder, path)
     state = {k[len("prefix_encoder."):]: v for k, v in state.items() if k.startswith("prefix_encoder.")}
-    options = {k: config.get(k) for k in SET_OPTIONS}
-    set_checks.check_set_options(**options, where=repr(path))  # kinds and ranges, before anything is allocated
-    return options, state, _fingerprint(config, folder)
+    spec = PromptSetSpec.from_config({k: config.get(k) for k in SAVED_FIELDS}, repr(path))  # before any allocation
+    return spec, state, _fingerprint(config, folder)
 
 
 def _load_prompts_file(folder: str, path: str) -> dict[str, torch.Tensor]:

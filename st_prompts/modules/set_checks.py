@@ -11,72 +11,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from st_prompts.errors import ConfigurationError, DataFormatError, TrainingDivergedError
+from st_prompts.errors import ConfigurationError, DataFormatError, TrainingDivergedError, shorten
 from st_prompts.modules.checks import check_room_for_text
 from st_prompts.prompts.names import check_set_name
-
-#: The longest prefix any set may have, whatever the backbone (a backbone without a position table included).
-MAX_PREFIX_LENGTH = 16_384
-#: The largest hidden size of a prefix's reparameterisation MLP.
-MAX_PREFIX_HIDDEN_SIZE = 65_536
-#: The options a prompt set is made from (what a bank's config lists per set).
-SET_OPTION_NAMES = ("prefix_length", "prefix_projection", "prefix_hidden_size", "prefix_dropout", "prefix_gate",
-                    "init_std")
+from st_prompts.prompts.spec import MAX_PREFIX_LENGTH, PromptSetSpec
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_set_options(prefix_length: Any, prefix_projection: Any = False, prefix_hidden_size: Any = None,
-                      prefix_dropout: Any = None, prefix_gate: Any = False, init_std: Any = None,
-                      where: str = "a prompt set") -> None:
-    """Refuse set options of the wrong kind or out of range: ``prefix_length`` a whole number in
-    ``[1, MAX_PREFIX_LENGTH]``, ``prefix_hidden_size`` ``None`` or in ``[1, MAX_PREFIX_HIDDEN_SIZE]``,
-    ``prefix_dropout`` ``None`` or a finite number in ``[0, 1)``, ``init_std`` ``None`` or a finite positive number,
-    the flags ``True``/``False``/``None``."""
-    if not _whole(prefix_length) or not 1 <= prefix_length <= MAX_PREFIX_LENGTH:
-        raise ConfigurationError(f"{where}: prefix_length must be a whole number from 1 to {MAX_PREFIX_LENGTH}, got "
-                                 f"{_short(prefix_length)}.")
-    if prefix_hidden_size is not None and (not _whole(prefix_hidden_size)
-                                           or not 1 <= prefix_hidden_size <= MAX_PREFIX_HIDDEN_SIZE):
-        raise ConfigurationError(f"{where}: prefix_hidden_size must be a whole number from 1 to "
-                                 f"{MAX_PREFIX_HIDDEN_SIZE} (or null), got {_short(prefix_hidden_size)}.")
-    if prefix_dropout is not None and (not _real(prefix_dropout) or not 0.0 <= prefix_dropout < 1.0):
-        raise ConfigurationError(f"{where}: prefix_dropout must be a number in [0, 1) (or null), got "
-                                 f"{_short(prefix_dropout)}.")
-    if init_std is not None and (not _real(init_std) or not init_std > 0):
-        raise ConfigurationError(f"{where}: init_std must be a positive number (or null), got {_short(init_std)}.")
-    for name, flag in (("prefix_projection", prefix_projection), ("prefix_gate", prefix_gate)):
-        if flag not in (None, True, False):
-            raise ConfigurationError(f"{where}: {name} must be true or false, got {_short(flag)}.")
-
-
-def check_prompt_sets(raw: Any, where: str = "the bank's config") -> dict[str, dict[str, Any]] | None:
+def check_prompt_sets(raw: Any, where: str = "the bank's config") -> dict[str, PromptSetSpec] | None:
     """A bank config's ``prompt_sets`` checked: ``None``, or an object mapping each set's name (the grammar of
-    :mod:`st_prompts.prompts.names`)
-    to an object of known options (:data:`SET_OPTION_NAMES`) of the right kind and range. Returns it unchanged."""
+    :mod:`st_prompts.prompts.names`) to its options (:meth:`PromptSetSpec.from_config`). Returns name -> spec."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise ConfigurationError(f"{where}: prompt_sets must be an object of name -> options, got "
                                  f"{type(raw).__name__}.")
+    specs = {}
     for name, options in raw.items():
-        label = f"{where}: prompt set {_short(name)}"
         check_set_name(name, where)  # the one grammar: a hand-edited config cannot smuggle a newline or "x@1" in
-        if not isinstance(options, dict):
-            raise ConfigurationError(f"{label}: its options must be an object, got {type(options).__name__}.")
-        unknown = sorted(str(key) for key in options if key not in SET_OPTION_NAMES)
-        if unknown:
-            raise ConfigurationError(f"{label}: unknown option(s) {', '.join(_short(k) for k in unknown[:5])} "
-                                     f"(known: {', '.join(SET_OPTION_NAMES)}).")
-        if "prefix_length" not in options:
-            raise ConfigurationError(f"{label}: prefix_length is missing.")
-        check_set_options(**options, where=label)
-    return raw
+        specs[name] = PromptSetSpec.from_config(options, f"{where}: prompt set {shorten(name)}")
+    return specs
 
 
-def config_prompt_sets(config: Any, path: str) -> dict[str, dict[str, Any]]:
+def config_prompt_sets(config: Any, path: str) -> dict[str, PromptSetSpec]:
     """The checked ``prompt_sets`` of a prompted encoder's ``sentence_bert_config.json`` read from ``path`` (``{}``
     when it has none)."""
     if not isinstance(config, dict):
@@ -123,15 +79,3 @@ def check_finite_training(model: Any, best_metric: float | None) -> None:
         shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise TrainingDivergedError(f"training diverged: {len(bad)} weight tensor(s) hold NaN or infinite values "
                                     f"({shown}); {hint}")
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _short(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an integer too long to print
-        text = f"<a {type(value).__name__} too long to show>"
-    return text if len(text) <= 60 else text[:60] + "..."

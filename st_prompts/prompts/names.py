@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from st_prompts.errors import ConfigurationError, printable
+from st_prompts.errors import ConfigurationError, shorten
 
 __all__ = ["BACKBONE_TASK", "MAX_SET_NAME_LENGTH", "SET_NAME_RULE", "check_set_name", "set_name_problem"]
 
@@ -27,16 +27,11 @@ SET_NAME_RULE = (f"1-{MAX_SET_NAME_LENGTH} ASCII letters, digits, '_' or '-', st
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_SET_NAME_LENGTH - 1}}}")
 
 
-def _shown(name: Any) -> str:
-    text = repr(name) if isinstance(name, str) else type(name).__name__
-    return printable(text[:40] + ("..." if len(text) > 40 else ""))
-
-
 def set_name_problem(name: Any) -> str | None:
     """``None`` if ``name`` is a valid prompt-set name, else why not (one line, the name shown safely)."""
     if isinstance(name, str) and _NAME.fullmatch(name) and name != BACKBONE_TASK:
         return None
-    return f"a prompt set's name is {SET_NAME_RULE}; got {_shown(name)}"
+    return f"a prompt set's name is {SET_NAME_RULE}; got {shorten(name, 40) if isinstance(name, str) else type(name).__name__}"
 
 
 def check_set_name(name: Any, where: str = "") -> str:

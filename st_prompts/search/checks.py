@@ -25,7 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from st_prompts.errors import DataFormatError, printable
+from st_prompts.errors import DataFormatError, shorten
 
 #: The largest ``ef_search`` / ``ef_construction`` an HNSW index takes (FAISS allocates a heap of ``ef`` entries).
 MAX_EF = 1 << 20
@@ -42,12 +42,6 @@ _BLOCK = 1 << 24
 #: A memory-mapped load checks the SHA-256 of the files up to this size (a few hundred milliseconds each), larger
 #: ones by size and structure only: hashing them would read what memory-mapping is there not to read.
 MMAP_HASH_LIMIT = 256 << 20
-
-
-def shorten(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` made printable and cut to ``limit`` characters: what a message quotes of a file's value."""
-    text = printable(repr(value))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def bad_value(path: Path, key: str, value: Any, expected: str, fix: str = REBUILD) -> DataFormatError:

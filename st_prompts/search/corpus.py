@@ -17,9 +17,8 @@ from typing import Any
 import datasets
 import numpy as np
 
-from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, shorten
 from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.checks import shorten
 from st_prompts.utils import check_utf8
 
 #: Files read with ``datasets`` (by suffix); any other file is a text file with one document per line.

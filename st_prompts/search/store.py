@@ -49,8 +49,8 @@ from st_prompts.search.checks import (
 )
 from st_prompts.search.docfile import LazyDocs, check_offsets, read_docs
 from st_prompts.search.faiss_index import (
-    PARAMETERS,
     INDEX_TYPES,
+    PARAMETERS,
     apply_search_params,
     code_bytes_per_vector,
     factory_string,

@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, shorten
 from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.checks import shorten
 from st_prompts.search.corpus import prepare_corpus
 from st_prompts.search.encoding import documents_over_limit, encode_texts, l2_normalize, truncation_message
 from st_prompts.search.faiss_index import (
