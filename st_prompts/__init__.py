@@ -6,6 +6,7 @@ Main entry points:
   prompts on a frozen backbone;
 * :class:`MaskTokenPooling` — pooling at a template's ``[MASK]`` slot;
 * :func:`save_prompts_only` — a kilobyte-sized checkpoint holding only the prompts and a backbone reference;
+* :func:`encode_rows` — sentence embeddings with a task (prompt set) per row, in shared forward passes;
 * :mod:`st_prompts.methods` — the registered methods (``methods.build("dcpcse", backbone=...)``);
 * :mod:`st_prompts.losses`, :mod:`st_prompts.training`, :mod:`st_prompts.evaluation` — losses, callbacks, evaluators.
 
@@ -22,6 +23,7 @@ _LAZY = {
     "MaskTokenPooling": "st_prompts.modules",
     "PromptedTransformer": "st_prompts.modules",
     "save_prompts_only": "st_prompts.modules",
+    "encode_rows": "st_prompts.modules.rows",
     "load_sentence_model": "st_prompts.loading",
     "SCPCSE_TEMPLATE": "st_prompts.prompts.templates",
     "PROMPTBERT_TEMPLATE": "st_prompts.prompts.templates",

@@ -41,7 +41,8 @@ from st_prompts.loading import load_sentence_model
 from st_prompts.modules import PromptedTransformer, backbone_fingerprint, save_prompts_only
 from st_prompts.modules.lengths import full_length_evaluator
 from st_prompts.modules.load_errors import backbone_errors
-from st_prompts.modules.prompt_sets import BACKBONE_TASK, TaskText, with_tasks
+from st_prompts.modules.prompt_sets import BACKBONE_TASK
+from st_prompts.modules.rows import encode_rows
 from st_prompts.storage import check_model_destination, contained_path, save_model_folder
 from st_prompts.training.run import KeepBestCallback
 
@@ -52,7 +53,7 @@ BANK_KIND = "prompt bank"
 #: The kind an exported set's manifest records.
 SET_KIND = "prompt set"
 
-__all__ = ["BACKBONE_TASK", "TaskText", "with_tasks", "create_bank", "bank_encoder", "add_prompt_set",
+__all__ = ["BACKBONE_TASK", "encode_rows", "create_bank", "bank_encoder", "add_prompt_set",
            "remove_prompt_set", "prompt_set_model", "export_prompt_set", "save_bank", "training_prompt_set",
            "train_prompt_set", "TrainedSet"]
 

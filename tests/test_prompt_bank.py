@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from sentence_transformers.sentence_transformer.modules import Pooling
 from conftest import make_tiny_backbone
 from st_prompts import PromptedTransformer, bank, save_prompts_only
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
-from st_prompts.modules.prompt_sets import TaskText, with_tasks
 
 TEXTS = ["the man plays guitar .", "a dog runs in the park with a red car and a big tree near the water", "the cat",
          "this is happy music", "a woman sits on the mat in the house", "blue", "the big dog and the small cat play"]
@@ -51,8 +49,12 @@ def test_each_row_gets_its_own_set_through_length_sorting(tiny_backbones, model_
         assert torch.allclose(alone, row, atol=1e-5), (text, task)
         grouped = encode(model, [t for t, k in zip(TEXTS, tasks) if k == task], task=task, batch_size=7)
         assert any(torch.allclose(g, row, atol=1e-5) for g in grouped)
-    # the same through tagged inputs, and one task for the whole call
-    assert torch.allclose(encode(model, with_tasks(TEXTS, tasks), batch_size=3), mixed, atol=1e-6)
+    # the same through encode_rows (the server's path: token ids made once), and one task for the whole call
+    from st_prompts import encode_rows
+
+    assert torch.allclose(encode_rows(model, TEXTS, tasks, batch_size=3, convert_to_tensor=True), mixed, atol=1e-6)
+    ids = model.tokenizer(TEXTS, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    assert torch.allclose(encode_rows(model, ids, tasks, batch_size=3, convert_to_tensor=True), mixed, atol=1e-5)
     assert torch.allclose(encode(model, TEXTS, task="long"), encode(model, TEXTS, task=["long"] * len(TEXTS)),
                           atol=1e-5)
 
@@ -178,21 +180,16 @@ def test_clear_one_line_errors(tiny_bert):
     model = bank_on(tiny_bert, a=3)
     with pytest.raises(ConfigurationError, match="Unknown task 'b'.*prompt sets: a"):
         encode(model, TEXTS, task="b")
-    with pytest.raises(ConfigurationError, match="one task per text"):
+    with pytest.raises(ConfigurationError, match="one task per row"):
         encode(model, TEXTS, task=["a"])
     with pytest.raises(ConfigurationError, match="A task per row"):
         model[0].preprocess(TEXTS, task=["a"] * len(TEXTS))
     model.train()
-    features = model.preprocess(with_tasks(TEXTS[:2], ["a", "backbone"]))
+    features = {**model.preprocess(TEXTS[:2]), "prompt_tasks": ["a", "backbone"]}
     with pytest.raises(ConfigurationError, match="train one prompt set at a time"):
         model(features)
     with pytest.raises(ConfigurationError, match="name"):
         model[0].new_prompt_set("backbone")
-
-
-def test_tagged_texts_pickle_with_their_task():
-    text = pickle.loads(pickle.dumps(TaskText("a dog", "nli")))
-    assert isinstance(text, TaskText) and text == "a dog" and text.task == "nli"
 
 
 def test_training_files_of_every_shape_and_their_errors(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,38 +62,6 @@ def clean_record(record: Any) -> dict[str, Any]:
     return clean
 
 
-class TaskText(str):
-    """A text that carries the task (prompt set) it is to be encoded with: survives sentence-transformers' length
-    sorting, so one ``encode`` call can mix tasks row by row (see :func:`with_tasks`)."""
-
-    task: str | None
-
-    def __new__(cls, text: str, task: str | None):
-        obj = super().__new__(cls, text)
-        obj.task = task
-        return obj
-
-    def __reduce__(self):
-        return TaskText, (str(self), self.task)
-
-
-def with_tasks(texts: Sequence[str], tasks: Sequence[str | None] | str | None) -> list[TaskText]:
-    """Tag each text with its task: ``model.encode(with_tasks(texts, tasks))`` encodes every row with its own prompt
-    set in mixed batches (``model.encode(texts, task=tasks)`` does the same for a model with prompt sets)."""
-    if isinstance(tasks, str) or tasks is None:
-        tasks = [tasks] * len(texts)
-    if len(tasks) != len(texts):
-        raise ConfigurationError(f"one task per text: got {len(tasks)} tasks for {len(texts)} texts.")
-    out = []
-    for text, task in zip(texts, tasks):
-        if not isinstance(text, str):
-            raise ConfigurationError(f"a task per row needs text inputs, got {type(text).__name__}.")
-        if task is not None and not isinstance(task, str):
-            raise ConfigurationError(f"tasks must be names (str), got {type(task).__name__}.")
-        out.append(TaskText(text, task))
-    return out
-
-
 @dataclass
 class PromptSelection:
     """The prefix of one pass: one set for every row (``encoder``), none (plain backbone), or a mix.
@@ -119,22 +86,30 @@ class PromptSelection:
 
 
 class RowTaskEncode:
-    """``model.encode`` of a model with prompt sets: ``task`` may be one name per input (tagged with
-    :class:`TaskText` before sentence-transformers sorts them by length), otherwise sentence-transformers' own
-    ``encode``. Installed on the model by :meth:`PromptSetsMixin.on_model_ready`; pickles with the model."""
+    """``model.encode`` of a model with prompt sets: ``task`` may be one name per input, which goes to
+    :func:`~st_prompts.modules.rows.encode_rows` (the server's path too); one task per call (or none) is
+    sentence-transformers' own ``encode``. Installed on the model by :meth:`PromptSetsMixin.on_model_ready`; pickles
+    with the model."""
 
     def __init__(self, model) -> None:
         self.model = model
 
     def __call__(self, *args, task=None, **kwargs):
-        encode = type(self.model).encode
         if task is None or isinstance(task, str):
-            return encode(self.model, *args, task=task, **kwargs)
+            return type(self.model).encode(self.model, *args, task=task, **kwargs)
+        from st_prompts.modules.rows import ENCODE_OPTIONS, encode_rows
+
         args = list(args)
         inputs = args.pop(0) if args else kwargs.pop("inputs", kwargs.pop("sentences", None))
+        names = ("prompt_name", "prompt", "batch_size", "show_progress_bar")  # encode's positional order
+        kwargs.update(zip(names, args))
+        unknown = sorted(set(kwargs) - set(ENCODE_OPTIONS))
+        if unknown:
+            raise ConfigurationError(f"encode with a task per row does not take {', '.join(unknown)}; encode one "
+                                     "task per call for those.")
         singular = isinstance(inputs, str)
         texts = [inputs] if singular else list(inputs)
-        result = encode(self.model, with_tasks(texts, list(task)), *args, **kwargs)
+        result = encode_rows(self.model, texts, list(task), **kwargs)
         return result[0] if singular else result
 
 
@@ -351,14 +326,6 @@ class PromptSetsMixin:
             raise ConfigurationError(f"Unknown task {task!r} ({self._known_tasks()}; {BACKBONE_TASK!r} is the plain "
                                      "backbone).")
         return encoder
-
-    def task_features(self, inputs: Iterable[Any], task: Any) -> list[str | None] | None:
-        """The task of each row (tagged inputs, else the call's task), or ``None`` when every row has the call's."""
-        if task is not None and not isinstance(task, str):
-            raise ConfigurationError("A task per row: call model.encode(texts, task=[...]) on the model itself, or "
-                                     "encode st_prompts.with_tasks(texts, tasks).")
-        tags = [getattr(item, "task", None) if isinstance(item, TaskText) else task for item in inputs]
-        return tags if any(isinstance(item, TaskText) for item in inputs) else None
 
     def select_prompts(self, tasks: list[str | None] | None, task: str | None, batch_size: int,
                        device: torch.device) -> PromptSelection:

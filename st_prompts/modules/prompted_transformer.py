@@ -365,15 +365,13 @@ class PromptedTransformer(PromptsCheckpointMixin, PositionsMixin, PromptSetsMixi
     def preprocess(self, inputs: Sequence[Any], prompt: str | None = None, task: str | None = None,
                    **kwargs) -> dict[str, Any]:
         """Tokenise texts. With a template, the sentence is put into the template's ``[X]`` slot and only the sentence
-        is truncated, so the template (and its ``[MASK]``) always survives. ``task`` (``encode(task=...)``) or inputs
-        tagged with their own task (:func:`~st_prompts.modules.prompt_sets.with_tasks`) choose the prompt set."""
-        tasks = self.task_features(inputs, task)
-        if tasks is not None:
-            inputs = [str(item) for item in inputs]
+        is truncated, so the template (and its ``[MASK]``) always survives. ``task`` (``encode(task=...)``) chooses
+        the prompt set of every row (a task per row: :func:`~st_prompts.modules.rows.encode_rows`)."""
+        if task is not None and not isinstance(task, str):
+            raise ConfigurationError("A task per row: call model.encode(texts, task=[...]) on the model itself, or "
+                                     "st_prompts.encode_rows(model, texts, tasks).")
         features = self._tokenize(inputs, prompt, **kwargs)
-        if tasks is not None:
-            features[PROMPT_TASKS] = tasks
-        elif task is not None:
+        if task is not None:
             features[PROMPT_TASK] = task
         return features
 

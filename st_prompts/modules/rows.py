@@ -1,0 +1,151 @@
+"""One path from text to vector when every row may have its own task (prompt set): :func:`encode_rows`.
+
+``model.encode(texts, task=[one name per text])`` and the server's forward passes both call it. It sorts the rows by
+length once, cuts them into batches, builds each batch's features with the task of every row beside them
+(``features["prompt_tasks"]``: the task never travels inside a string) and runs the model's modules on them, as
+sentence-transformers' own ``encode`` does for a call with one task. Rows are texts (tokenised here, batch by batch,
+by the model's own ``preprocess``: templates, prompts and truncation as ``encode`` does them) or token ids already
+made by the model's tokenizer (the server tokenises each request once, to count its tokens, and hands the ids on).
+
+Written here rather than taken from sentence-transformers: its ``encode`` chooses one route per call (``task="sts"``)
+and offers no per-row feature; passing the task inside each text (a ``str`` subclass, this package's earlier way)
+survived its sorting but was a second path beside the server's own batching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sentence_transformers.util import batch_to_device
+from tqdm.autonotebook import trange
+
+from st_prompts.errors import ConfigurationError
+from st_prompts.prompts.features import PROMPT_TASK, PROMPT_TASKS
+
+__all__ = ["encode_rows", "row_tasks"]
+
+#: ``model.encode`` options :func:`encode_rows` takes (the others need one task per call).
+ENCODE_OPTIONS = ("prompt_name", "prompt", "batch_size", "show_progress_bar", "output_value", "precision",
+                  "convert_to_numpy", "convert_to_tensor", "device", "normalize_embeddings", "truncate_dim")
+
+
+def row_tasks(count: int, tasks: Sequence[str | None] | str | None) -> list[str | None]:
+    """One task per row: ``tasks`` as a list checked against ``count`` rows (a name or ``None`` for every row)."""
+    if tasks is None or isinstance(tasks, str):
+        return [tasks] * count
+    tasks = list(tasks)
+    if len(tasks) != count:
+        raise ConfigurationError(f"one task per row: got {len(tasks)} tasks for {count} rows.")
+    bad = next((t for t in tasks if t is not None and not isinstance(t, str)), None)
+    if bad is not None:
+        raise ConfigurationError(f"tasks must be names (str) or None, got {type(bad).__name__}.")
+    return tasks
+
+
+def _is_ids(row: Any) -> bool:
+    return isinstance(row, (list, tuple, np.ndarray, torch.Tensor)) and not isinstance(row, str)
+
+
+def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks: Sequence[str | None] | str | None
+                = None, *, batch_size: int = 32, show_progress_bar: bool = False, prompt: str | None = None,
+                prompt_name: str | None = None, normalize_embeddings: bool = False, truncate_dim: int | None = None,
+                convert_to_tensor: bool = False, convert_to_numpy: bool = True, device: Any = None,
+                precision: str = "float32", output_value: str = "sentence_embedding") -> np.ndarray | torch.Tensor:
+    """Sentence embeddings of ``rows``, each encoded with its own task (prompt set) in shared forward passes.
+
+    Args:
+        model: a ``SentenceTransformer`` (with prompt sets for tasks other than ``None``).
+        rows: texts, or token ids made by the model's tokenizer (special tokens included, already truncated).
+        tasks: one task per row (a set's name, ``"backbone"``, or ``None``: the model's default), or one for all.
+        batch_size, show_progress_bar, prompt, prompt_name, normalize_embeddings, truncate_dim, convert_to_tensor,
+        convert_to_numpy, device, precision: as ``model.encode`` (a prompt with texts only).
+        output_value: ``"sentence_embedding"`` only (token embeddings need one task per call: ``model.encode``).
+
+    Returns:
+        ``(rows, dim)``, in the order of ``rows``: numpy, or a tensor with ``convert_to_tensor``.
+    """
+    if output_value != "sentence_embedding":
+        raise ConfigurationError(f"a task per row gives sentence embeddings only, not output_value={output_value!r}; "
+                                 "encode one task per call for those.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    rows = list(rows)
+    tasks = row_tasks(len(rows), tasks)
+    ids = bool(rows) and _is_ids(rows[0])
+    if any(_is_ids(row) != ids or (not ids and not isinstance(row, str)) for row in rows):
+        raise ConfigurationError("rows must all be texts (str) or all token ids (lists of integers).")
+    if any(task is not None for task in tasks) and not hasattr(model[0], "resolve_task"):
+        raise ConfigurationError(f"tasks need a model with prompt sets; {type(model[0]).__name__} has none.")
+    prompt = _prompt(model, prompt, prompt_name)
+    if ids and prompt:
+        raise ConfigurationError("a prompt goes with texts; token ids already hold what was tokenised.")
+    truncate_dim = truncate_dim if truncate_dim is not None else model.truncate_dim
+    if device is not None and torch.device(device) != model.device:
+        model.to(device)
+    device = model.device
+    model.eval()
+    order = np.argsort([-(len(row)) for row in rows], kind="stable")
+    vectors: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for start in trange(0, len(rows), batch_size, desc="Batches", disable=not show_progress_bar):
+            batch = order[start:start + batch_size]
+            batch_tasks = [tasks[i] for i in batch]
+            if ids:
+                features = _id_features(model, [rows[i] for i in batch])
+            else:
+                features = model.preprocess([rows[i] for i in batch], prompt=prompt)
+            if len(set(batch_tasks)) == 1:
+                if batch_tasks[0] is not None:
+                    features[PROMPT_TASK] = batch_tasks[0]
+            else:
+                features[PROMPT_TASKS] = batch_tasks
+            out = model(batch_to_device(features, device))["sentence_embedding"]
+            if truncate_dim is not None:
+                out = out[:, :truncate_dim]
+            if normalize_embeddings:
+                out = torch.nn.functional.normalize(out, p=2, dim=1)
+            vectors.append(out.cpu() if convert_to_numpy or not convert_to_tensor else out)
+    dimension = model.get_embedding_dimension() if not vectors else vectors[0].shape[1]
+    stacked = torch.cat(vectors) if vectors else torch.empty(0, dimension or 0)
+    result = torch.empty_like(stacked)
+    result[torch.as_tensor(order, device=stacked.device)] = stacked
+    if precision and precision != "float32":
+        from sentence_transformers.quantization import quantize_embeddings
+
+        result = torch.as_tensor(quantize_embeddings(result.cpu(), precision=precision))
+    if convert_to_tensor:
+        return result
+    return result.float().numpy() if result.is_floating_point() else result.numpy()
+
+
+def _prompt(model: Any, prompt: str | None, prompt_name: str | None) -> str | None:
+    """The prompt text of a call, as ``model.encode`` chooses it: ``prompt``, else the model's prompt called
+    ``prompt_name``, else its default prompt (if any)."""
+    if prompt is not None:
+        return prompt
+    prompts = getattr(model, "prompts", None) or {}
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            raise ConfigurationError(f"prompt_name {prompt_name!r} is not one of the model's prompts "
+                                     f"({', '.join(map(repr, prompts)) or 'none'}).")
+        return prompts[prompt_name]
+    default = getattr(model, "default_prompt_name", None)
+    return prompts.get(default) if default is not None else None
+
+
+def _id_features(model: Any, rows: list[Sequence[int]]) -> dict[str, Any]:
+    """A batch's features from token ids: padded as the model's tokenizer pads (its side and pad token)."""
+    encoder = model[0]
+    template = getattr(encoder, "parsed_template", None)
+    if template is not None:
+        raise ConfigurationError("token ids need a model without a template (a template is inserted while "
+                                 "tokenising texts); give texts.")
+    tokenizer = encoder.tokenizer
+    ids = [[int(token) for token in row] for row in rows]
+    features = dict(tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt"))
+    if "token_type_ids" in getattr(tokenizer, "model_input_names", ()) and "token_type_ids" not in features:
+        features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+    return features
