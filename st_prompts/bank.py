@@ -147,7 +147,7 @@ def bank_encoder(model: SentenceTransformer) -> PromptedTransformer:
 
 def add_prompt_set(model: SentenceTransformer, name: str, source: Any) -> None:
     """Add a trained prompt set (a saved model folder, a prompts-only checkpoint or a model) under ``name``; see
-    :meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin.add_prompt_set`. A source whose pooling differs from the
+    :meth:`~st_prompts.PromptedTransformer.add_prompt_set`. A source whose pooling differs from the
     bank's is refused (its prompts were trained for another sentence vector)."""
     if isinstance(source, (str, os.PathLike)):
         check_pooling(model, source)
@@ -259,7 +259,7 @@ def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -
     """Within this context the model trains the prompt set ``name`` alone: it is the default task (what a loss's
     forward passes use), its parameters are the only trainable ones (backbone and other sets frozen, bit for bit),
     and the model is restored afterwards. A missing set is created first (``new_set``: options of
-    :meth:`~st_prompts.modules.prompt_sets.PromptSetsMixin.new_prompt_set`, e.g. ``prefix_length=16``).
+    :meth:`~st_prompts.PromptedTransformer.new_prompt_set`, e.g. ``prefix_length=16``).
 
     Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
     SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.

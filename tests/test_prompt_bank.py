@@ -113,13 +113,13 @@ def test_a_set_trained_while_others_exist_leaves_them_and_the_backbone_bit_ident
     assert result.steps == 3 and result.trainable_parameters == sum(p.numel() for p in new.values())
     after = model.state_dict()
     changed = {k for k in after if k not in before or not torch.equal(after[k], before[k])}
-    assert changed == {"0.prompt_sets.new.embedding.weight", "0.prompt_sets.new.gate"}
+    assert changed == {"0.sets.prefixes.new.embedding.weight", "0.sets.prefixes.new.gate"}
     assert model[0].default_task is None and all(p.requires_grad for p in model[0].prompt_sets["kept"].parameters())
     # the trained set is what the loss saw: default task inside the context only
     with bank.training_prompt_set(model, "new"):
         assert model[0].default_task == "new"
         assert [n for n, p in model.named_parameters() if p.requires_grad] == [
-            "0.prompt_sets.new.gate", "0.prompt_sets.new.embedding.weight"]
+            "0.sets.prefixes.new.gate", "0.sets.prefixes.new.embedding.weight"]
 
 
 def test_any_sentence_transformers_loss_trains_a_set(tiny_bert):

@@ -178,7 +178,7 @@ def test_full_view_mask_equals_no_mask(tiny_bert):
 
 def test_prefix_is_a_broadcast_under_a_view_mask(tiny_bert, monkeypatch):
     """A per-row prefix mask does not make the prefix be copied per row (eval mode: one row, or batch stride 0)."""
-    from st_prompts.modules import forward_pass as module  # the steps of a pass (PromptedTransformer._encode)
+    from st_prompts.modules import prompted_transformer as module  # the steps of a pass (PromptedTransformer._encode)
 
     encoder = PromptedTransformer(tiny_bert, prefix_length=4).eval()
     seen = []

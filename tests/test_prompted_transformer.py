@@ -413,7 +413,7 @@ def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output
     """At inference the prefix gets masked-out zero positions so that prefix + tokens is a multiple of 16 keys (the
     CPU attention kernel's fast case); the token embeddings are those of the unpadded prefix, with padded sentences
     and with a per-row prefix view mask too. Training never pads."""
-    from st_prompts.modules import forward_pass as module  # the steps of a pass (PromptedTransformer._encode)
+    from st_prompts.modules import prompted_transformer as module  # the steps of a pass (PromptedTransformer._encode)
     from st_prompts.prompts.prefix import key_padding
 
     assert [key_padding(12, t) for t in (32, 4, 20, 37)] == [4, 0, 0, 15]

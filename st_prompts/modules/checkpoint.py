@@ -8,7 +8,6 @@ import logging
 import os
 import re
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,8 +15,6 @@ from transformers import AutoModel
 
 from st_prompts import utils
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
-from st_prompts.hub import check_hub_model
-from st_prompts.storage import apply_umask
 
 logger = logging.getLogger(__name__)
 
@@ -152,201 +149,22 @@ def dequantized_gguf(model: torch.nn.Module):
             config.quantization_config = saved_config
 
 
-class PromptsCheckpointMixin:
-    """Saving and loading of :class:`~st_prompts.PromptedTransformer`: full checkpoints (backbone + prompts) and
-    prompts-only ones (:meth:`prompts_only`), with the backbone checks both need."""
-
-    def prompt_state_dict(self) -> dict[str, torch.Tensor]:
-        """The soft prompts' state dict (keys relative to this module), without any backbone weight."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.")}
-
-    def stored_prompt_state_dict(self) -> dict[str, torch.Tensor]:
-        """What a save writes of the prompts: :meth:`prompt_state_dict` with every reparameterised prefix (the
-        module's own and each prompt set's) replaced by the prefix it computes
-        (:meth:`~st_prompts.prompts.PrefixEncoder.stored_state_dict`), exactly; its config then says
-        ``prefix_projection: false``, so the folder reloads as a plain prefix that encodes the same. Inside
-        :meth:`prompts_only` with ``keep_projection=True`` (a checkpoint training resumes from) the MLP is kept."""
-        state = self.prompt_state_dict()
-        if getattr(self, "_keep_projection", False):
-            return state
-        for prefix, encoder in self._projected_prefixes().items():
-            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
-            state.update({prefix + k: v for k, v in encoder.stored_state_dict().items()})
-        return state
-
-    def _projected_prefixes(self) -> dict[str, Any]:
-        """State-dict key prefix -> prefix encoder, for every reparameterised prefix of this module."""
-        own = getattr(self, "prefix_encoder", None)
-        found = {"prefix_encoder.": own} if own is not None and own.projection else {}
-        for name, encoder in getattr(self, "prompt_sets", {}).items():
-            if encoder.projection:
-                found[f"prompt_sets.{name}."] = encoder
-        return found
-
-    @property
-    def backbone_reference(self) -> str:
-        """The portable name of the backbone written to saved configs: the packaged alias (``"minilm"``), a hub id,
-        or (for other local folders) an absolute path."""
-        return portable_backbone_reference(self.backbone_name_or_path)
-
-    def check_backbone_unchanged(self) -> None:
-        """Make sure the backbone's weights are those at :attr:`backbone_name_or_path` (what a prompts-only checkpoint
-        refers to); raise :class:`~st_prompts.errors.BackboneMismatchError` if they differ.
-
-        Cheap for the usual case: a backbone loaded from ``backbone_name_or_path`` and never made trainable is the
-        same by construction. Otherwise (made trainable at some point, or loaded from a full checkpoint) the weights
-        at ``backbone_name_or_path`` are loaded and their fingerprints compared; if they cannot be loaded, the
-        check refuses too (a prompts-only checkpoint could not be loaded either).
-        """
-        if not self._backbone_may_differ:
-            return
-        source = self.backbone_name_or_path
-        try:
-            reference = load_backbone(source)
-        except (OSError, DataNotFoundError) as exc:
-            raise BackboneMismatchError(
-                f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint referring to it could "
-                "not be loaded either. Save the full model with model.save(path)."
-            ) from exc
-        if backbone_fingerprint(reference) != backbone_fingerprint(self.auto_model):
-            raise BackboneMismatchError(
-                f"The backbone's weights differ from those at {source!r} (it was trained, e.g. by DiffAug's stage 2, or "
-                "loaded from elsewhere): a prompts-only checkpoint would refer to weights it was not trained with and "
-                "could not be loaded. Save the full model with model.save(path)."
-            )
-
-    def get_config_dict(self) -> dict[str, Any]:
-        config = super().get_config_dict()
-        config["backbone_name_or_path"] = self.backbone_reference
-        if self._prompts_only_save:
-            config["prompts_only"] = True
-            config["backbone_fingerprint"] = backbone_fingerprint(self.auto_model)
-        if getattr(self, "_saving", False) and not getattr(self, "_keep_projection", False):
-            # what stored_prompt_state_dict writes: each reparameterised prefix as the plain prefix it computes
-            for prefix in self._projected_prefixes():
-                if prefix == "prefix_encoder.":
-                    config["prefix_projection"] = False
-                else:
-                    name = prefix[len("prompt_sets."):-1]
-                    config["prompt_sets"] = {**config["prompt_sets"],
-                                             name: {**config["prompt_sets"][name], "prefix_projection": False}}
-        return config
-
-    @contextmanager
-    def prompts_only(self, keep_projection: bool = False):
-        """Within this context, :meth:`save` writes only the soft prompts and a reference to the backbone;
-        ``keep_projection``: a reparameterised prefix keeps its MLP (see :meth:`stored_prompt_state_dict`)."""
-        self._prompts_only_save, self._keep_projection = True, bool(keep_projection)
-        try:
-            yield self
-        finally:
-            self._prompts_only_save, self._keep_projection = False, False
-
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        """Save the module: backbone (safetensors), tokenizer, config and ``soft_prompts.safetensors``.
-
-        Inside :meth:`prompts_only` only the config (with the backbone reference and fingerprint) and the prompts are
-        written. The reference is portable for the packaged MiniLM (its alias) and hub models (their id); for other
-        local folders it is their absolute path, and a warning says so. Weights are always written as safetensors.
-        A reparameterised prefix is written as the prefix it computes (:meth:`stored_prompt_state_dict`).
-        """
-        os.makedirs(output_path, exist_ok=True)
-        self._saving = True
-        try:
-            self._save(output_path)
-        finally:
-            self._saving = False
-
-    def _save(self, output_path: str) -> None:
-        if self._prompts_only_save:
-            reference = self.backbone_reference
-            if is_local_reference(reference):
-                logger.warning(
-                    f"The prompts-only checkpoint {output_path!r} refers to its backbone by the local path {reference!r}: "
-                    f"it loads only where that path exists, or with model_kwargs={{'backbone_name_or_path': ...}} "
-                    f"pointing at a copy with the same weights."
-                )
-            self.save_config(output_path)
-        else:
-            with dequantized_gguf(self.auto_model):
-                super().save(output_path, safe_serialization=True)
-        write_prompts(self.stored_prompt_state_dict(), output_path)
-        # safetensors writes its files 0600 whatever the umask (a model.save outside st-prompts' atomic folders too):
-        # give them the permissions every other file of the folder has
-        for name in os.listdir(output_path):
-            if name == PROMPTS_FILE or re.fullmatch(r"model(-\d+-of-\d+)?\.safetensors(\.index\.json)?", name):
-                apply_umask(os.path.join(output_path, name))
-
-    @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token: bool | str | None = None,
-        cache_folder: str | None = None,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        trust_remote_code: bool = False,
-        model_kwargs: dict[str, Any] | None = None,
-        processor_kwargs: dict[str, Any] | None = None,
-        config_kwargs: dict[str, Any] | None = None,
-        backend: str = "torch",
-        init_defaults: dict[str, Any] | None = None,
-        **kwargs,
-    ):
-        """Load a saved module (full or prompts-only).
-
-        A prompts-only checkpoint loads its backbone from the recorded ``backbone_name_or_path`` (the packaged-MiniLM
-        alias resolves to the installed package); pass ``model_kwargs={"backbone_name_or_path": ...}`` to
-        ``SentenceTransformer(...)`` to point elsewhere (e.g. a local copy). The backbone's weights must have the
-        recorded fingerprint, else :class:`BackboneMismatchError`.
-        """
-        hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision,
-                   local_files_only=local_files_only)
-        model_kwargs = dict(model_kwargs or {})
-        backbone_override = model_kwargs.pop("backbone_name_or_path", None)
-        config = cls.load_config(model_name_or_path, **hub)
-        if config.pop("prompts_only", False):
-            expected = config.pop("backbone_fingerprint", None)
-            # Older checkpoints recorded the packaged MiniLM by its absolute path in another environment.
-            source = backbone_override or portable_backbone_reference(config["backbone_name_or_path"])
-            backbone_hub = {"token": token, "cache_dir": cache_folder, "local_files_only": local_files_only,
-                            "trust_remote_code": trust_remote_code}
-            init = {k: v for k, v in config.items() if k in cls.config_keys}
-            init["backbone_name_or_path"] = source
-            # A hub backbone that is neither cached nor reachable: one line in seconds, not minutes of retries.
-            check_hub_model(source, what="backbone", needed_by=f"the prompts-only checkpoint {model_name_or_path!r}")
-            try:
-                module = cls(
-                    source,
-                    **init,
-                    model_kwargs={**backbone_hub, **model_kwargs},
-                    processor_kwargs={**backbone_hub, **(processor_kwargs or {})},
-                    config_kwargs={**backbone_hub, **(config_kwargs or {})},
-                    backend=backend,
-                )
-            except OSError as exc:
-                reason = first_line(exc)
-                raise DataNotFoundError(
-                    f"The prompts-only checkpoint {model_name_or_path!r} needs its backbone {source!r}, which could not "
-                    f"be loaded ({reason}). Pass model_kwargs={{'backbone_name_or_path': '<local copy>'}}."
-                ) from exc
-            check_fingerprint(expected, module.auto_model, model_name_or_path, source)
-        else:
-            init_kwargs = cls._load_init_kwargs(
-                model_name_or_path, trust_remote_code=trust_remote_code, model_kwargs=model_kwargs,
-                processor_kwargs=processor_kwargs, config_kwargs=config_kwargs, backend=backend, **hub,
-            )
-            for key, value in (init_defaults or {}).items():
-                init_kwargs.setdefault(key, value)
-            module = cls(model_name_or_path=model_name_or_path, **init_kwargs)
-        module._load_prompts(model_name_or_path, **hub)
-        return module
-
-    def _load_prompts(self, model_name_or_path: str, **hub) -> None:
-        expected = {k: tuple(v.shape) for k, v in self.prompt_state_dict().items()}
-        path = self.load_file_path(model_name_or_path, PROMPTS_FILE, **hub)
-        self.load_state_dict(read_prompts(path, model_name_or_path, expected), strict=False)
+def check_backbone_at(source: str, backbone: torch.nn.Module) -> None:
+    """Refuse, with :class:`BackboneMismatchError`, a ``backbone`` whose weights are not those at ``source`` (what a
+    prompts-only checkpoint of it would refer to), or whose ``source`` cannot be loaded to compare."""
+    try:
+        reference = load_backbone(source)
+    except (OSError, DataNotFoundError) as exc:
+        raise BackboneMismatchError(
+            f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint referring to it could "
+            "not be loaded either. Save the full model with model.save(path)."
+        ) from exc
+    if backbone_fingerprint(reference) != backbone_fingerprint(backbone):
+        raise BackboneMismatchError(
+            f"The backbone's weights differ from those at {source!r} (it was trained, e.g. by DiffAug's stage 2, or "
+            "loaded from elsewhere): a prompts-only checkpoint would refer to weights it was not trained with and "
+            "could not be loaded. Save the full model with model.save(path)."
+        )
 
 
 def save_prompts_only(model, path: str, *, keep_projection: bool = False) -> None:
@@ -366,7 +184,7 @@ def save_prompts_only(model, path: str, *, keep_projection: bool = False) -> Non
     reloads as a plain prefix (a 16-position MiniLM prefix: 295 KB instead of 10 MB); ``keep_projection=True`` keeps
     the embedding table and the MLP instead (for a checkpoint that training resumes from, e.g. DiffAug's stage 1).
     """
-    encoders = [m for m in model.modules() if isinstance(m, PromptsCheckpointMixin)]
+    encoders = [m for m in model.modules() if hasattr(m, "prompts_only") and hasattr(m, "check_backbone_unchanged")]
     if len(encoders) != 1:
         raise ConfigurationError(f"save_prompts_only needs exactly one PromptedTransformer in the model, found {len(encoders)}.")
     encoder = encoders[0]

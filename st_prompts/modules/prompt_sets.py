@@ -1,9 +1,12 @@
-"""Named prompt sets on one frozen backbone: chosen per call (``encode(task=...)``) and per row (mixed batches).
+"""The prompt sets a :class:`~st_prompts.PromptedTransformer` holds (:class:`PromptSets`), and which prefix each row of
+a pass uses.
 
-A :class:`~st_prompts.PromptedTransformer` holds its own deep prefix (``prefix_encoder``, the one the methods train)
-and any number of *named* deep prefixes, ``prompt_sets``: a bank of tasks sharing one copy of the backbone, each a few
-hundred kilobytes. Every row of a batch may use another set: the sets' keys/values are stacked (padded with masked
-positions to the longest set) and each layer gathers its row's prefix, so one forward pass serves any mix of tasks.
+A prompt set is a deep prefix with its :class:`~st_prompts.prompts.spec.PromptSetSpec`. A model trained by a method
+holds one, its own (``prefix_encoder``, kept under the internal name :data:`OWN`); a bank holds any number of *named*
+sets on one copy of the backbone, each a few hundred kilobytes. Both are the same thing here: a model with one prefix
+is a bank of one set whose default is that set. A task name chooses a set per call (``encode(task=...)``) or per row
+(:func:`~st_prompts.modules.rows.encode_rows`): the rows' sets are stacked (padded with masked positions to the
+longest) and each layer gathers its row's prefix, so one forward pass serves any mix of tasks.
 """
 
 from __future__ import annotations
@@ -17,22 +20,22 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.modules import set_checks
-from st_prompts.modules.backbones import backbone_dropout
-from st_prompts.modules.checkpoint import PROMPTS_FILE, backbone_fingerprint
-from st_prompts.prompts.features import PREFIX_ATTENTION_MASK, PREFIX_VALUES
-from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
+from st_prompts.modules.checkpoint import PROMPTS_FILE
+from st_prompts.prompts.injection import PrefixInjection
 from st_prompts.prompts.names import BACKBONE_TASK, check_set_name
-from st_prompts.prompts.spec import SAVED_FIELDS, PromptSetSpec
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
+from st_prompts.prompts.spec import SAVED_FIELDS, PromptSetSpec
 from st_prompts.storage import contained_path
 
 #: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
 QUERY, DOCUMENT = "query", "document"
 #: Options a prompt set is built from (saved in the module config).
 SET_OPTIONS = SAVED_FIELDS
-#: The fields of a prompt set's record (:meth:`PromptSetsMixin.record_prompt_set`) and their kinds.
+#: The internal name of a model's own prefix (outside the set-name grammar: no user's set can take it).
+OWN = "@own"
+#: The fields of a prompt set's record (:meth:`PromptSets.record`) and their kinds.
 RECORD_FIELDS = {"rows": "count", "steps": "count", "best_step": "count", "loss": "text", "evaluator": "text",
                  "metric": "text", "best_score": "score", "start_score": "score", "backbone_score": "score"}
 
@@ -62,6 +65,17 @@ def clean_record(record: Any) -> dict[str, Any]:
     return clean
 
 
+@dataclass(frozen=True)
+class PromptSetData:
+    """A prompt set read as data (from a folder, or handed from one server worker to another): its spec, its
+    prefix's tensors (keys of a :class:`~st_prompts.prompts.PrefixEncoder` state dict) and the fingerprint of the
+    backbone it was trained on (``None``: unknown)."""
+
+    spec: PromptSetSpec
+    state: dict[str, torch.Tensor]
+    fingerprint: str | None
+
+
 @dataclass
 class PromptSelection:
     """The prefix of one pass: one set for every row (``encoder``), none (plain backbone), or a mix.
@@ -88,7 +102,7 @@ class PromptSelection:
 class RowTaskEncode:
     """``model.encode`` of a model with prompt sets: ``task`` may be one name per input, which goes to
     :func:`~st_prompts.modules.rows.encode_rows` (the server's path too); one task per call (or none) is
-    sentence-transformers' own ``encode``. Installed on the model by :meth:`PromptSetsMixin.on_model_ready`; pickles
+    sentence-transformers' own ``encode``. Installed on the model by :meth:`~st_prompts.PromptedTransformer.on_model_ready`; pickles
     with the model."""
 
     def __init__(self, model) -> None:
@@ -113,226 +127,161 @@ class RowTaskEncode:
         return result[0] if singular else result
 
 
-class PromptSetsMixin:
-    """Named prompt sets of :class:`~st_prompts.PromptedTransformer` (see the module docstring)."""
+class PromptSets(torch.nn.Module):
+    """The prompt sets of one backbone: their prefixes (:attr:`prefixes`, a ``ModuleDict``), specs and records, the
+    roles (the default set, the query and document sets) and the choice of each row's prefix (:meth:`select`).
+    Its parameters are the prefixes' (``prefixes.NAME.*``).
 
-    #: ``encode(task=...)`` reaches this module's forward too (sentence-transformers passes a module the keyword
-    #: arguments it declares here).
-    forward_kwargs = {"task"}
+    The owner (:class:`~st_prompts.PromptedTransformer`) builds each prefix for its backbone and checks that it fits;
+    everything about sets as a collection is here. A model's own prefix is the set :data:`OWN`: without a task the
+    rows use the default set if there is one, else the own prefix, else none (the plain backbone).
 
-    def _init_prompt_sets(self, prompt_sets: dict[str, dict[str, Any]] | None, default_task: str | None,
-                          query_task: str | None, document_task: str | None,
-                          prompt_set_info: dict[str, dict[str, Any]] | None = None) -> None:
-        self.prompt_sets = torch.nn.ModuleDict()
-        #: a bank (``prompt_sets`` given, even empty) saves its sets' dict, so a bank with no set yet reloads as one
-        self._is_bank = prompt_sets is not None
-        self._set_specs: dict[str, PromptSetSpec] = {}
-        self._stack_cache: tuple[Any, PrefixDraw, torch.Tensor] | None = None
-        for name, spec in (set_checks.check_prompt_sets(prompt_sets) or {}).items():
-            self.new_prompt_set(name, spec=spec, _room_checked_by_caller=True)
-        #: what each set was trained on and how it scored (name -> record; see :meth:`record_prompt_set`); banks saved
-        #: before these records load without them
-        info = prompt_set_info if isinstance(prompt_set_info, dict) else {}
-        self.prompt_set_info: dict[str, dict[str, Any]] = {
-            name: clean_record(record) for name, record in info.items() if name in self.prompt_sets}
-        self.default_task, self.query_task, self.document_task = default_task, query_task, document_task
-        for role in ("default_task", "query_task", "document_task"):
-            value = getattr(self, role)
-            if value is not None and value != BACKBONE_TASK and value not in self.prompt_sets:
-                raise ConfigurationError(f"{role}={value!r} names no prompt set ({self._known_tasks()}).")
+    Args:
+        is_bank: whether the owner is a bank (it saves its named sets' dict even when empty, and loads as a bank).
+    """
 
-    # ------------------------------------------------------------------ the bank
+    def __init__(self, is_bank: bool = False) -> None:
+        super().__init__()
+        self.prefixes = torch.nn.ModuleDict()
+        self.specs: dict[str, PromptSetSpec] = {}
+        #: what each named set was trained on and how it scored (name -> record; see :meth:`record`)
+        self.info: dict[str, dict[str, Any]] = {}
+        self.is_bank = is_bank
+        self.default: str | None = None
+        self.query: str | None = None
+        self.document: str | None = None
+        self._stack_cache: tuple[Any, PrefixDraw, dict[int, int]] | None = None
+
+    # ------------------------------------------------------------------ the collection
     @property
-    def prompt_set_names(self) -> list[str]:
-        """The names of the prompt sets, in the order they were added."""
-        return list(self.prompt_sets)
+    def own(self) -> PrefixEncoder | None:
+        """The owner's own prefix (``None`` without one)."""
+        return self.prefixes[OWN] if OWN in self.prefixes else None
 
-    def new_prompt_set(self, name: str, prefix_length: int = 16, prefix_projection: bool = False,
-                       prefix_hidden_size: int | None = None, prefix_dropout: float | None = None,
-                       init_std: float | None = None, prefix_gate: bool = False, *, spec: PromptSetSpec | None = None,
-                       _room_checked_by_caller: bool = False) -> PrefixEncoder:
-        """Add an untrained prompt set ``name`` and return it: a deep prefix of ``prefix_length`` positions, or as
-        ``spec`` (a :class:`~st_prompts.prompts.spec.PromptSetSpec`, which checks the options) says.
+    @property
+    def names(self) -> list[str]:
+        """The named sets, in the order they were added (the own prefix is not one)."""
+        return [name for name in self.prefixes if name != OWN]
 
-        ``prefix_gate=True``: the set reaches attention through a zero-initialised gate (see
-        :class:`~st_prompts.prompts.PrefixEncoder`), so until it trains the bank encodes this task exactly as the
-        backbone does."""
-        self._check_new_name(name)
-        if spec is None:
-            spec = PromptSetSpec(prefix_length, bool(prefix_projection), prefix_hidden_size, prefix_dropout,
-                                 bool(prefix_gate), init_std)
-        set_checks.check_prefix_fits(self, spec.prefix_length, spec.prefix_gate, self.template_num_tokens)  # no alloc
-        encoder = self.build_prefix_encoder(spec.prefix_length, spec.prefix_projection, spec.prefix_hidden_size,
-                                            spec.prefix_dropout, shared_dropout=False, init_std=spec.init_std,
-                                            gate=spec.prefix_gate)
-        if not _room_checked_by_caller:
-            self._check_room(encoder.position_length)
-        device = next(self.auto_model.parameters()).device
-        self.prompt_sets[name] = encoder.to(device)
-        self._set_specs[name] = spec
+    def named(self) -> dict[str, PrefixEncoder]:
+        """Name -> prefix of every named set."""
+        return {name: encoder for name, encoder in self.prefixes.items() if name != OWN}
+
+    def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec) -> PrefixEncoder:
+        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (:data:`OWN`: the owner's own prefix)."""
+        if name != OWN:
+            self.check_new_name(name)
+        self.prefixes[name] = encoder
+        self.specs[name] = spec
         self._stack_cache = None
         return encoder
 
-    def add_prompt_set(self, name: str, source: str | os.PathLike | Any) -> PrefixEncoder:
-        """Add a trained prompt set under ``name``: the deep prefix of a saved model folder or prompts-only checkpoint
-        (read as data, no code runs), or of a :class:`~st_prompts.PromptedTransformer` / SentenceTransformer.
-
-        Raises:
-            BackboneMismatchError: the set was trained on other backbone weights (fingerprint), or for another
-                architecture (layers, heads, head size).
-            ConfigurationError: the name is taken; the source has no deep prefix, or also a template or [CLS]
-                prompt (only deep prefixes share a batch).
-        """
-        self._check_new_name(name)
-        if isinstance(source, (str, os.PathLike)):
-            spec, state, fingerprint = read_prompt_set(str(source))
-            if fingerprint is not None and fingerprint != self.fingerprint:
-                raise BackboneMismatchError(f"The prompt set in {str(source)!r} was trained on other backbone weights "
-                                            f"(fingerprint {fingerprint}, this backbone {self.fingerprint}).")
-            label = repr(str(source))
-        else:
-            encoder = source if hasattr(source, "prefix_encoder") else source[0]  # a module, or a SentenceTransformer
-            if getattr(encoder, "prefix_encoder", None) is None:
-                raise ConfigurationError("add_prompt_set needs a model with a deep prefix.")
-            if encoder.template is not None or encoder.cls_prompt:
-                raise ConfigurationError("Only a deep prefix can join a prompt bank; this model also has a template "
-                                         "or a [CLS] prompt.")
-            if encoder.fingerprint != self.fingerprint:
-                raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
-                                            f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
-            spec = encoder.own_prefix_spec()
-            state = {k[len("prefix_encoder."):]: v for k, v in encoder.prompt_state_dict().items()
-                     if k.startswith("prefix_encoder.")}
-            label = "the given model"
-        encoder = self.new_prompt_set(name, spec=spec)
-        expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
-        found = {k: tuple(v.shape) for k, v in state.items()}
-        if expected != found:
-            del self.prompt_sets[name], self._set_specs[name]
-            raise BackboneMismatchError(f"The prompt set in {label} does not fit this backbone's {self.backbone_plan.layers} "
-                                        f"layers of {self.backbone_plan.kv_heads} heads of size "
-                                        f"{self.backbone_plan.head_dim} ({found} against {expected}).")
-        with torch.no_grad():
-            encoder.load_state_dict({k: v.to(next(encoder.parameters()).device) for k, v in state.items()})
-        self._stack_cache = None
-        return encoder
-
-    def remove_prompt_set(self, name: str) -> None:
-        """Remove the prompt set ``name`` (and unset any role it had)."""
-        if name not in self.prompt_sets:
-            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
-        del self.prompt_sets[name], self._set_specs[name]
-        self.prompt_set_info.pop(name, None)
-        for role in ("default_task", "query_task", "document_task"):
+    def remove(self, name: str) -> None:
+        """Drop the set ``name`` (and any role it had)."""
+        if name not in self.prefixes or name == OWN:
+            raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
+        del self.prefixes[name], self.specs[name]
+        self.info.pop(name, None)
+        for role in ("default", "query", "document"):
             if getattr(self, role) == name:
                 setattr(self, role, None)
         self._stack_cache = None
 
-    @property
-    def fingerprint(self) -> str:
-        """The backbone's weight fingerprint (computed once: the backbone of a bank stays frozen)."""
-        cached = getattr(self, "_fingerprint", None)
-        if cached is None or not self.freeze_backbone:
-            cached = self._fingerprint = backbone_fingerprint(self.auto_model)
-        return cached
+    def spec(self, name: str) -> PromptSetSpec:
+        """The spec of the set ``name``."""
+        if name not in self.specs or name == OWN:
+            raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
+        return self.specs[name]
 
-    def record_prompt_set(self, name: str, **record: Any) -> None:
-        """Record what the set ``name`` was trained on and how it scored (saved with the bank, shown in its model
-        card): ``rows``, ``loss``, ``evaluator``, ``metric``, ``best_score``, ``best_step``, ``start_score`` (step 0),
-        ``backbone_score``, ``steps``; ``None`` values are left out. Replaces an earlier record of that set."""
-        if name not in self.prompt_sets:
-            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
-        self.prompt_set_info[name] = clean_record(record)
+    def record(self, name: str, **record: Any) -> None:
+        """Record what the set ``name`` was trained on and how it scored (see :data:`RECORD_FIELDS`)."""
+        if name not in self.prefixes or name == OWN:
+            raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
+        self.info[name] = clean_record(record)
 
-    def prompt_set_spec(self, name: str) -> PromptSetSpec:
-        """The :class:`~st_prompts.prompts.spec.PromptSetSpec` of the set ``name``."""
-        if name not in self._set_specs:
-            raise ConfigurationError(f"No prompt set {name!r} ({self._known_tasks()}).")
-        return self._set_specs[name]
+    def set_roles(self, default: str | None, query: str | None, document: str | None) -> None:
+        """Set the default, query and document sets, each a named set (or ``"backbone"`` / ``None``)."""
+        for role, value in (("default_task", default), ("query_task", query), ("document_task", document)):
+            if value is not None and value != BACKBONE_TASK and value not in self.names:
+                raise ConfigurationError(f"{role}={value!r} names no prompt set ({self.known()}).")
+        self.default, self.query, self.document = default, query, document
 
-    def own_prefix_spec(self) -> PromptSetSpec:
-        """The spec of this module's own prefix (as a set of a bank would carry it)."""
-        if self.prefix_encoder is None:
-            raise ConfigurationError("This model has no prefix of its own.")
-        return PromptSetSpec(self.prefix_length, bool(self.prefix_projection), self.prefix_hidden_size,
-                             self.prefix_dropout, bool(self.prefix_gate))
-
-    def prompt_set_options(self) -> dict[str, dict[str, Any]]:
-        """Each set's construction options (what the saved config records)."""
-        return {name: spec.saved() for name, spec in self._set_specs.items()}
-
-    def inference_cache_bytes(self) -> int:
-        """Bytes of the stacked sets' keys/values kept for mixed batches at inference (0 before the first one)."""
-        if self._stack_cache is None:
-            return 0
-        prefix = self._stack_cache[1].prefix
-        return prefix.numel() * prefix.element_size()
-
-    def get_config_dict(self) -> dict[str, Any]:
-        config = super().get_config_dict()
-        options = self.prompt_set_options()
-        config["prompt_sets"] = options if options or self._is_bank else None
-        info = {name: record for name, record in self.prompt_set_info.items() if name in self.prompt_sets and record}
-        if info:
-            config["prompt_set_info"] = info
-        else:
-            config.pop("prompt_set_info", None)
-        return config
-
-    def _check_new_name(self, name: str) -> None:
+    def check_new_name(self, name: str) -> None:
+        """Refuse a name outside the one grammar, or taken."""
         check_set_name(name)
-        if name in self.prompt_sets:
+        if name in self.prefixes:
             raise ConfigurationError(f"The bank already has a prompt set {name!r}; remove it first.")
 
-    def _known_tasks(self) -> str:
-        names = self.prompt_set_names
+    def known(self) -> str:
+        """The named sets, for a message."""
+        names = self.names
         return f"prompt sets: {', '.join(names)}" if names else "this model has no prompt sets"
 
-    def build_prefix_encoder(self, prefix_length: int, projection: bool = False, hidden_size: int | None = None,
-                             dropout: float | None = None, shared_dropout: bool = False,
-                             init_std: float | None = None, gate: bool = False) -> PrefixEncoder:
-        """A deep prefix shaped for this backbone (its prefix layers, key/value heads and head size), initialised as
-        the official code does (``init_std``: default :attr:`initial_prefix_std`)."""
-        plan, config = self.backbone_plan, self.auto_model.config
-        return PrefixEncoder(
-            prefix_length=prefix_length,
-            num_layers=plan.layers,
-            num_heads=plan.kv_heads,
-            head_dim=plan.head_dim,
-            projection=projection,
-            projection_hidden_size=hidden_size or config.hidden_size,
-            dropout=backbone_dropout(config) if dropout is None else dropout,
-            shared_dropout=shared_dropout,
-            init_std=self.initial_prefix_std if init_std is None else init_std,
-            gate=gate,
-        )
+    def saved_options(self) -> dict[str, dict[str, Any]]:
+        """What a saved config records of each named set (:meth:`PromptSetSpec.saved`)."""
+        return {name: self.specs[name].saved() for name in self.names}
+
+    def saved_info(self) -> dict[str, dict[str, Any]]:
+        """The non-empty records of the named sets."""
+        return {name: record for name, record in self.info.items() if name in self.prefixes and record}
+
+    # ------------------------------------------------------------------ the stored form
+    @staticmethod
+    def file_prefix(name: str) -> str:
+        """The key prefix of a set's tensors in ``soft_prompts.safetensors`` (the format of every saved folder:
+        ``prefix_encoder.`` for the own prefix, ``prompt_sets.NAME.`` for a named set)."""
+        return "prefix_encoder." if name == OWN else f"prompt_sets.{name}."
+
+    def stored_state(self, keep_projection: bool = False) -> dict[str, torch.Tensor]:
+        """Every set's tensors under their file keys: a reparameterised prefix as the prefix it computes, exactly
+        (:meth:`~st_prompts.prompts.PrefixEncoder.stored_state_dict`), unless ``keep_projection``."""
+        state = {}
+        for name, encoder in self.prefixes.items():
+            tensors = encoder.state_dict() if keep_projection else encoder.stored_state_dict()
+            state.update({self.file_prefix(name) + key: value for key, value in tensors.items()})
+        return state
+
+    def expected_state(self) -> dict[str, tuple[int, ...]]:
+        """The file keys and shapes :meth:`load_state` expects (as :meth:`stored_state` with the MLPs kept writes
+        them, the form a set of a saved folder has before it loads)."""
+        return {self.file_prefix(name) + key: tuple(value.shape) for name, encoder in self.prefixes.items()
+                for key, value in encoder.state_dict().items()}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load tensors read from a saved folder (file keys) into the sets."""
+        for name, encoder in self.prefixes.items():
+            prefix = self.file_prefix(name)
+            encoder.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        self._stack_cache = None
+
+    def projected(self) -> list[str]:
+        """The sets whose prefix is reparameterised by an MLP (saved as the prefix it computes)."""
+        return [name for name, encoder in self.prefixes.items() if encoder.projection]
 
     # ------------------------------------------------------------------ choosing
-    def resolve_task(self, task: str | None) -> PrefixEncoder | None:
-        """The prefix a task name selects: a set, the model's own prefix (no task, no default), or none
-        (``"backbone"``, or a default of ``None`` on a model without a prefix). ``"query"``/``"document"`` (from
-        ``encode_query``/``encode_document``) select a set of that name, else the bank's query/document set, else the
+    def resolve(self, task: str | None) -> PrefixEncoder | None:
+        """The prefix a task name selects: a named set, the own prefix (no task and no default), or none
+        (``"backbone"``, or no task on a model without an own prefix or default). ``"query"``/``"document"`` (from
+        ``encode_query``/``encode_document``) select a set of that name, else the query/document set, else the
         default."""
-        if task in (QUERY, DOCUMENT) and task not in self.prompt_sets:
-            task = self.query_task if task == QUERY else self.document_task
+        if task in (QUERY, DOCUMENT) and task not in self.prefixes:
+            task = self.query if task == QUERY else self.document
         if task is None:
-            task = self.default_task
+            task = self.default
             if task is None:
-                return self.prefix_encoder
+                return self.own
         if task == BACKBONE_TASK:
             return None
-        encoder = self.prompt_sets[task] if task in self.prompt_sets else None
-        if encoder is None:
-            raise ConfigurationError(f"Unknown task {task!r} ({self._known_tasks()}; {BACKBONE_TASK!r} is the plain "
+        if task == OWN or task not in self.prefixes:
+            raise ConfigurationError(f"Unknown task {task!r} ({self.known()}; {BACKBONE_TASK!r} is the plain "
                                      "backbone).")
-        return encoder
+        return self.prefixes[task]
 
-    def select_prompts(self, tasks: list[str | None] | None, task: str | None, batch_size: int,
-                       device: torch.device) -> PromptSelection:
+    def select(self, tasks: list[str | None] | None, task: str | None, device: torch.device) -> PromptSelection:
         """The prefix of a pass: per row (``tasks``) or for the call (``task``)."""
         if tasks is None:
-            return PromptSelection(encoder=self.resolve_task(task))
-        encoders = [self.resolve_task(name) for name in tasks]
+            return PromptSelection(encoder=self.resolve(task))
+        encoders = [self.resolve(name) for name in tasks]
         distinct = {id(e): e for e in encoders}
         if len(distinct) == 1:
             return PromptSelection(encoder=encoders[0])
@@ -370,33 +319,28 @@ class PromptSetsMixin:
         self._stack_cache = (key, draw, index)
         return draw, index
 
-    def _mixed_prefix(self, model_inputs: dict[str, Any], features: dict[str, Any], selection: PromptSelection,
-                      tokens: int) -> None:
-        """The prefix of a batch whose rows use several prompt sets: each row gathers its set from the stacked sets
-        (inference only); positions past a row's own prefix are masked out."""
-        if features.get(PREFIX_ATTENTION_MASK) is not None or features.get(PREFIX_VALUES) is not None:
-            raise ConfigurationError("prefix views and shared prefix draws need one prompt set for the whole batch.")
+    def cache_bytes(self) -> int:
+        """Bytes of the stacked sets' keys/values kept for mixed batches at inference (0 before the first one)."""
+        if self._stack_cache is None:
+            return 0
+        prefix = self._stack_cache[1].prefix
+        return prefix.numel() * prefix.element_size()
+
+    @staticmethod
+    def mixed_injection(selection: PromptSelection, tokens: int) -> PrefixInjection:
+        """The prefix of a batch whose rows use several sets: each row gathers its set from the stacked sets;
+        positions past a row's own prefix are masked out (and the keys padded as :func:`key_padding` says)."""
         draw, longest = selection.draw, selection.draw.shape[3]
         prefix_mask = torch.arange(longest, device=selection.lengths.device).unsqueeze(0) < selection.lengths.unsqueeze(1)
         padding = key_padding(longest, tokens)
         if padding:
             draw = pad_prefix(draw, padding)
             prefix_mask = torch.nn.functional.pad(prefix_mask, (0, padding))
-        model_inputs[PREFIX_KWARG] = PrefixInjection(draw, prefix_mask, rows=selection.rows)
-
-    def on_model_ready(self, model) -> None:
-        """sentence-transformers' hook when the model is assembled: a model with prompt sets takes ``task`` per row."""
-        super().on_model_ready(model)
-        if self._is_bank and not any(module is self for module in model):  # in a Router: task= is the Router's
-            from st_prompts.folder_checks import ROUTER_UNSUPPORTED
-
-            raise ConfigurationError(ROUTER_UNSUPPORTED + ".")
-        if not isinstance(model.__dict__.get("encode"), RowTaskEncode):
-            model.encode = RowTaskEncode(model)
+        return PrefixInjection(draw, prefix_mask, rows=selection.rows)
 
 
-def read_prompt_set(path: str) -> tuple[PromptSetSpec, dict[str, torch.Tensor], str | None]:
-    """``(spec, prefix state dict, backbone fingerprint or None)`` of the deep prefix saved in a model folder or
+def read_prompt_set(path: str) -> PromptSetData:
+    """The deep prefix saved in a model folder or
     prompts-only checkpoint at ``path``: read from its JSON files and ``soft_prompts.safetensors`` only (no module is
     imported, no code runs). A full model folder's fingerprint is that of its saved backbone weights.
 
@@ -414,7 +358,8 @@ def read_prompt_set(path: str) -> tuple[PromptSetSpec, dict[str, torch.Tensor], 
         (name, spec), = sets.items()
         state = _load_prompts_file(folder, path)
         prefix = f"prompt_sets.{name}."
-        return (spec, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, _fingerprint(config, folder))
+        return PromptSetData(spec, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)},
+                             _fingerprint(config, folder))
     if not config.get("prefix_length"):
         raise ConfigurationError(
             f"{path!r} has no deep prefix to add as a prompt set" + (
@@ -427,7 +372,7 @@ def read_prompt_set(path: str) -> tuple[PromptSetSpec, dict[str, torch.Tensor], 
     state = _load_prompts_file(folder, path)
     state = {k[len("prefix_encoder."):]: v for k, v in state.items() if k.startswith("prefix_encoder.")}
     spec = PromptSetSpec.from_config({k: config.get(k) for k in SAVED_FIELDS}, repr(path))  # before any allocation
-    return spec, state, _fingerprint(config, folder)
+    return PromptSetData(spec, state, _fingerprint(config, folder))
 
 
 def _load_prompts_file(folder: str, path: str) -> dict[str, torch.Tensor]:

@@ -31,7 +31,7 @@ TEMPLATE_TOKEN_EMBEDDINGS = "template_token_embeddings"
 #: ``features`` key written with :data:`TEMPLATE_TOKEN_EMBEDDINGS`: the ``[MASK]`` index in those template-only rows.
 TEMPLATE_MASK_INDEX = "template_mask_index"
 #: ``features`` key written by ``preprocess`` for a call with ``task=...`` (``encode(task=...)``): the prompt set of
-#: every row (see :class:`~st_prompts.modules.prompt_sets.PromptSetsMixin`).
+#: every row (see :class:`~st_prompts.modules.prompt_sets.PromptSets`).
 PROMPT_TASK = "prompt_task"
 #: ``features`` key written by ``preprocess`` for inputs tagged with their own task (``encode(texts, task=[...])``):
 #: one task name (or ``None``: the default) per row.

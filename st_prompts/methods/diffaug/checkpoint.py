@@ -90,7 +90,7 @@ def load_stage1(model, settings: DiffAugSettings, path: str) -> None:
     own = encoder.prompt_state_dict()
     if {k: tuple(v.shape) for k, v in state.items()} != {k: tuple(v.shape) for k, v in own.items()}:
         raise ConfigurationError(f"The prompts in {path!r} do not fit this model's prefix.")
-    encoder.load_state_dict(state, strict=False)
+    encoder.load_prompt_state_dict(state)
     classifier_path = os.path.join(path, STAGE1_CLASSIFIER)
     if os.path.isfile(classifier_path):
         nli_loss(model, settings).classifier.load_state_dict(load_file(classifier_path))
