@@ -1,15 +1,19 @@
 """``st-prompts bank``: many tasks on one frozen backbone (named prompt sets).
 
-    st-prompts bank train my-bank sts --data stsb_train.csv --loss cosent --dev stsb_dev.csv   # creates my-bank
-    st-prompts bank train my-bank nli --data nli_triplets.csv --loss mnrl --data-dir ../shared/data
+    st-prompts bank train my-bank sts --data ../shared/data/senteval/STS/STSBenchmark/sts-train.csv \
+        --dev ../shared/data/senteval/STS/STSBenchmark/sts-dev.csv --dev-limit 500   # creates my-bank
+    st-prompts bank train my-bank nli --data ../shared/data/train/nli_triplets.csv --loss mnrl --data-dir ../shared/data
+    st-prompts train dcpcse --data-dir ../shared/data --pooling mean --prompts-only   # trained alone, pooled as the bank
     st-prompts bank add my-bank dcpcse outputs/dcpcse-unsup-cpu-prompts
     st-prompts bank export my-bank sts sts-prompts                     # one set, a prompts-only checkpoint
     st-prompts bank roles my-bank --default sts
     st-prompts bank list my-bank
 
-A bank is a sentence-transformers model folder (``SentenceTransformer("my-bank", trust_remote_code=True)``). Every
-change loads it, changes it and replaces the folder atomically, one writer at a time; a folder st-prompts did not
-write is never replaced.
+``--data`` and ``--dev`` read SentEval's files as distributed (STS-B's ``sts-*.csv``, SICK's ``SICK_*.txt``: scored
+pairs) as well as CSV, TSV, JSON-lines and text files; ``../shared/data`` is the ``--data-dir`` layout (``senteval/``,
+``train/``). A bank is a sentence-transformers model folder
+(``SentenceTransformer("my-bank", trust_remote_code=True)``). Every change loads it, changes it and replaces the
+folder atomically, one writer at a time; a folder st-prompts did not write is never replaced.
 """
 
 from __future__ import annotations
