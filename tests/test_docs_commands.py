@@ -124,8 +124,6 @@ NOT_RUN = {
     "st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache":
         "starts two encoding processes (tests/test_search*.py build ivfpq and encode in processes)",
     "st-prompts index search big.index \"how do cats sleep?\" --json --mmap": "reads the index above",
-    "st-prompts index build my-bank corpus.txt docs.index --task docs --quantize int8":
-        "docs.index exists: the page builds it above",
     # benchmarks
     "python benchmarks/run_all --data-dir ../shared/data --ablations": _BENCHMARK,
     "python benchmarks/efficiency.py --data-dir ../shared/data": _BENCHMARK,
