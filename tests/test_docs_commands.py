@@ -10,7 +10,8 @@ the reader's own files (:data:`USER_FILES`): the documentation pages in :data:`P
 
 * Every command is parsed with the real parser (``st-prompts``'s, a recipe's, a benchmark script's), which refuses
   unknown options and bad values, and the files it reads must exist: in the layout, among the reader's files, or
-  written by a command before it in its reading (:func:`inputs_and_outputs`). No synopsis is left (``[--x]``, ``a|b``,
+  written by a command of its reading (:func:`inputs_and_outputs`; a page may serve an index it builds further
+  down, and the run below holds every command it runs to the order). No synopsis is left (``[--x]``, ``a|b``,
   ``DIR``).
 * Every ``st-prompts`` command not in :data:`NOT_RUN` runs, in order, in the same process (``st_prompts.cli.main``),
   and must exit with 0; a command already run in that reading is not run again. :data:`NOT_RUN` names why each other
@@ -18,8 +19,8 @@ the reader's own files (:data:`USER_FILES`): the documentation pages in :data:`P
   except a recipe's (``python recipes/X.py``), which is parsed and never run: it trains as ``st-prompts train
   METHOD``, whose commands run here.
 
-Cost: the parse test about 3 s; the run test about 60 s on two loaded cores (the MiniLM loads, three small trainings
-and several indexes over a few dozen lines).
+Cost: the parse test about 3 s; the run test about 100 s of wall time and 90 s of CPU on two cores at load 3-4 (45
+commands: the MiniLM loads, small trainings and indexes over a few dozen lines; 2026-11-28).
 """
 
 from __future__ import annotations
