@@ -16,7 +16,7 @@ Model selection: STS-B dev every 125 (paper) / 50 (cpu) steps.
 
     python recipes/d2cse_unsup.py --data-dir ../shared/data
     python recipes/d2cse_unsup.py --data-dir ../shared/data --cls-prompt          # the [CLS] prompt ablation
-    python recipes/d2cse_unsup.py --scale paper --senteval-dir SentEval/data/downstream
+    python recipes/d2cse_unsup.py --scale paper --senteval-dir ../shared/data/senteval
 """
 
 from _common import main

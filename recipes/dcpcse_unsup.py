@@ -12,7 +12,7 @@ views differ. InfoNCE with tau = 0.05 (MultipleNegativesRankingLoss), [CLS] pool
 Model selection: STS-B dev every 125 (paper) / 50 (cpu) steps.
 
     python recipes/dcpcse_unsup.py --data-dir ../shared/data
-    python recipes/dcpcse_unsup.py --scale paper --backbone roberta-base --senteval-dir SentEval/data/downstream
+    python recipes/dcpcse_unsup.py --scale paper --backbone roberta-base --senteval-dir ../shared/data/senteval
 """
 
 from _common import main

@@ -5,7 +5,8 @@ for unsupervised runs and kept at inference for supervised runs at --scale paper
 --scale paper: unsupervised batch 64, lr 3e-5, 1 epoch; supervised (--supervised) batch 512, lr 5e-5, 3 epochs.
 --scale cpu (default): packaged all-MiniLM-L6-v2, batch 64, lr 3e-5 (5e-5 supervised), 1 epoch.
 
-    python recipes/simcse.py --data-dir ../shared/data [--supervised]
+    python recipes/simcse.py --data-dir ../shared/data
+    python recipes/simcse.py --data-dir ../shared/data --supervised
 """
 
 from _common import main

@@ -12,7 +12,8 @@ entailments and contradictions, L2 is SupInfoNCE(x; x_ski, x-); --reading printe
 SKI 64 tokens; the SmolLM2 SKI shipped with st_prompts (premises of the first 2,000 shared NLI triplets) unless
 --ski-file.
 
-    python recipes/skicse_sup.py --data-dir ../shared/data [--encoder prompted] [--reading printed]
+    python recipes/skicse_sup.py --data-dir ../shared/data
+    python recipes/skicse_sup.py --data-dir ../shared/data --encoder prompted --reading printed
 """
 
 from _common import main

@@ -13,7 +13,7 @@ tokens; the SmolLM2 SKI shipped with st_prompts (the first 2,080 lines of the sh
 --ski-file.
 
     st-prompts ski generate --llm smollm2 --input ../shared/data/train/wiki_sentences.txt --limit 2000 --output ski.jsonl
-    python recipes/skicse_unsup.py --data-dir ../shared/data --ski-file ski.jsonl [--encoder prompted]
+    python recipes/skicse_unsup.py --data-dir ../shared/data --ski-file ski.jsonl --encoder prompted
 """
 
 from _common import main

@@ -1,15 +1,19 @@
 """``st-prompts bank``: many tasks on one frozen backbone (named prompt sets).
 
-    st-prompts bank train my-bank sts --data stsb_train.csv --loss cosent --dev stsb_dev.csv   # creates my-bank
-    st-prompts bank train my-bank nli --data nli_triplets.csv --loss mnrl --data-dir ../shared/data
+    st-prompts bank train my-bank sts --data ../shared/data/senteval/STS/STSBenchmark/sts-train.csv \
+        --dev ../shared/data/senteval/STS/STSBenchmark/sts-dev.csv --dev-limit 500   # creates my-bank
+    st-prompts bank train my-bank nli --data ../shared/data/train/nli_triplets.csv --loss mnrl --data-dir ../shared/data
+    st-prompts train dcpcse --data-dir ../shared/data --pooling mean --prompts-only   # trained alone, pooled as the bank
     st-prompts bank add my-bank dcpcse outputs/dcpcse-unsup-cpu-prompts
     st-prompts bank export my-bank sts sts-prompts                     # one set, a prompts-only checkpoint
     st-prompts bank roles my-bank --default sts
     st-prompts bank list my-bank
 
-A bank is a sentence-transformers model folder (``SentenceTransformer("my-bank", trust_remote_code=True)``). Every
-change loads it, changes it and replaces the folder atomically, one writer at a time; a folder st-prompts did not
-write is never replaced.
+``--data`` and ``--dev`` read SentEval's files as distributed (STS-B's ``sts-*.csv``, SICK's ``SICK_*.txt``: scored
+pairs) as well as CSV, TSV, JSON-lines and text files; ``../shared/data`` is the ``--data-dir`` layout (``senteval/``,
+``train/``). A bank is a sentence-transformers model folder
+(``SentenceTransformer("my-bank", trust_remote_code=True)``). Every change loads it, changes it and replaces the
+folder atomically, one writer at a time; a folder st-prompts did not write is never replaced.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from st_prompts.prompts.spec import MAX_PREFIX_LENGTH
 logger = logging.getLogger(__name__)
 
 LOSSES = ("cosent", "mnrl", "dcpcse")
+#: ``bank train``'s evaluation interval: the CPU presets' of ``st-prompts train`` (a dev evaluation of 1,500 STS-B
+#: pairs costs more than many training steps on a CPU; every tenth of an 8-step run was every step).
+EVAL_STEPS = 50
 
 
 def add_parser(subparsers) -> None:
@@ -72,8 +79,13 @@ def add_parser(subparsers) -> None:
     train.add_argument("--batch-size", type=n.positive_int(1 << 20), default=32, help="batch size (default 32)")
     train.add_argument("--max-steps", type=n.int_range(-1), default=-1,
                        help="stop after this many steps (-1: the epochs)")
-    train.add_argument("--eval-steps", type=n.positive_int(),
-                       help="evaluate every this many steps (default: a tenth of the run)")
+    train.add_argument("--eval-steps", type=n.positive_int(), default=EVAL_STEPS,
+                       help=f"evaluate the dev set every this many steps, besides before the first step and after the "
+                       f"last (default {EVAL_STEPS}, as st-prompts train --scale cpu)")
+    train.add_argument("--dev-limit", type=n.int_range(2), metavar="N",
+                       help="select the weights on N dev pairs (evenly spaced) instead of all of them, then evaluate "
+                       "the selected weights on the whole dev set once, as st-prompts train --dev-limit (default: the "
+                       "whole dev set at every evaluation)")
     train.add_argument("--limit", type=n.positive_int(), help="train on the first N rows")
     train.add_argument("--seed", type=n.seed, default=42, help="random seed (default 42)")
     train.add_argument("--replace", action="store_true", help="retrain NAME from scratch if the bank has it")
@@ -329,6 +341,8 @@ def run_train(args: argparse.Namespace) -> int:
     if data.kind not in LOSS_KINDS[loss_name]:
         raise ConfigurationError(f"--loss {loss_name} trains on {' or '.join(LOSS_KINDS[loss_name])}; {args.data} "
                                  f"holds {data.kind}.")
+    full_dev = _evaluator(args)  # a bad dev file or option is refused before the bank loads
+    selection = _selection(full_dev, args.dev_limit)
     out = args.output or args.bank
     with _locks(args.bank, out):
         if os.path.isdir(args.bank) and os.listdir(args.bank):
@@ -347,17 +361,22 @@ def run_train(args: argparse.Namespace) -> int:
                                          "retrain it from scratch, or choose another name.")
             encoder.remove_prompt_set(args.name)
         result = train_prompt_set(
-            model, args.name, data.dataset, _loss(loss_name, model), evaluator=_evaluator(args),
+            model, args.name, data.dataset, _loss(loss_name, model), evaluator=selection,
             learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
             max_steps=args.max_steps, eval_steps=args.eval_steps, seed=args.seed,
             show_progress_bar=show_progress(args), prefix_length=args.prefix_length,
             prefix_gate=args.prefix_gate,
         )
         check_finite_training(model, result.best_metric)
+        best_dev, selection_dev = result.best_metric, None
+        if selection is not full_dev and result.best_metric is not None:  # selected on a subset: the whole dev once
+            selection_dev, best_dev = result.best_metric, _whole_dev_score(model, full_dev)
         _save(model, out, overwrite=out == args.bank or args.overwrite)
     summary = _summary(model, out)
     summary["trained"] = {"name": args.name, "loss": loss_name, "data": data.kind, "rows": len(data.dataset),
-                          "steps": result.steps, "best_dev": result.best_metric, "best_step": result.best_step,
+                          "steps": result.steps, "best_dev": best_dev, "best_step": result.best_step,
+                          **({"selection_dev_pairs": len(selection.sentences1), "selection_dev": selection_dev}
+                             if selection_dev is not None else {}),
                           "seconds": round(result.seconds, 1)}
     print(json.dumps(summary, indent=2))
     return 0
@@ -375,6 +394,29 @@ def _loss(name: str, model):
     from st_prompts.losses import PromptContrastiveLoss
 
     return PromptContrastiveLoss(model, mlp=True)
+
+
+def _selection(full_dev, dev_limit: int | None):
+    """The evaluator that selects the weights: ``dev_limit`` pairs of ``full_dev`` evenly spaced over it (STS-B dev is
+    ordered by genre), as ``st-prompts train --dev-limit``; ``full_dev`` itself without a limit."""
+    if dev_limit is None:
+        return full_dev
+    if full_dev is None:
+        from st_prompts.errors import ConfigurationError
+
+        raise ConfigurationError("--dev-limit limits the dev set: give one with --dev, --data-dir or --senteval-dir.")
+    from st_prompts.training.pipeline import dev_subset
+
+    return dev_subset(full_dev, dev_limit)
+
+
+def _whole_dev_score(model, full_dev) -> float:
+    """The selected weights' score on the whole dev set, sentences whole as during selection."""
+    from st_prompts.modules.lengths import full_length_evaluator
+
+    logger.info(f"Evaluating the selected weights on the whole dev set ({len(full_dev.sentences1):,} pairs).")
+    evaluator = full_length_evaluator(full_dev)
+    return float(evaluator(model)[evaluator.primary_metric])
 
 
 def _evaluator(args: argparse.Namespace):

@@ -2,8 +2,9 @@
 
 Examples::
 
-    st-prompts evaluate minilm --senteval-dir SentEval/data/downstream
-    st-prompts evaluate minilm runs/dcpcse --senteval-dir DIR --tasks STS12 STSBenchmark --json results.json
+    st-prompts evaluate minilm --senteval-dir ../shared/data/senteval    # or SentEval's own data/downstream
+    st-prompts evaluate minilm outputs/dcpcse-unsup-cpu --senteval-dir ../shared/data/senteval --tasks STS12 \
+        STSBenchmark --json results.json
     st-prompts evaluate sentence-transformers/all-mpnet-base-v2 --hub
 
 Metric groups live in :data:`METRIC_GROUPS` (``--metrics``): each one builds an evaluator from the parsed arguments

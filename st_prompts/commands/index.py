@@ -5,13 +5,13 @@ Examples::
     st-prompts index build minilm corpus.txt corpus.index                 # one document per line, exact search
     st-prompts index build minilm docs.jsonl docs.index --column body --id-column doc_id --index-type hnsw
     st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache
-    st-prompts index build minilm corpus.txt corpus.index --index-type ivf --target-recall 0.97 \
+    st-prompts index build minilm corpus.txt ivf.index --index-type ivf --target-recall 0.97 \
         --calibration-queries my_questions.txt
     st-prompts index search corpus.index "how do cats sleep?" "bread recipe" -k 5
     st-prompts index search big.index "how do cats sleep?" --json --mmap
     st-prompts index add corpus.index more.txt                             # encode and append, saved atomically
     st-prompts index remove corpus.index 12 57
-    st-prompts index calibrate corpus.index --target-recall 0.98
+    st-prompts index calibrate ivf.index --target-recall 0.98
     st-prompts index info corpus.index                                     # shows the calibration
 
 See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping). Models are loaded

@@ -1,7 +1,9 @@
 """``st-prompts ski generate``: sentence knowable information (SKICSE §3.1) from a causal LM, into a JSON-lines cache.
 
-    st-prompts ski generate --llm smollm2 --input sentences.txt --output ski.jsonl
-    st-prompts ski generate --llm meta-llama/Llama-2-7b-chat-hf --input nli.csv --output ski.jsonl --batch-size 32
+    st-prompts ski generate --llm smollm2 --input ../shared/data/train/wiki_sentences.txt --limit 2000 \
+        --output ski.jsonl
+    st-prompts ski generate --llm meta-llama/Llama-2-7b-chat-hf --input ../shared/data/train/nli_triplets.csv \
+        --output ski-nli.jsonl --batch-size 32
 
 ``--input`` is one sentence per line (``.txt``) or SimCSE's NLI triplets (``.csv``, the premises are used). A rerun
 with the same ``--output`` resumes: cached sentences are never generated again, and a file made with another model,

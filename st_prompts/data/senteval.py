@@ -252,6 +252,19 @@ def _load_sick(path: Path) -> STSPairs:
     return STSPairs(s1, s2, scores, ["all"] * len(scores))
 
 
+def read_stsb_file(path) -> STSPairs:
+    """One STS Benchmark file as SentEval distributes it (``sts-train.csv``, ``sts-dev.csv``, ``sts-test.csv``):
+    headerless, tab-separated, genre, file, year, id, score (0-5), sentence 1, sentence 2, and on some lines the
+    sources after them. Read as :func:`load_sts` reads it (the same checks and messages)."""
+    return _load_stsb(Path(path))
+
+
+def read_sick_file(path) -> STSPairs:
+    """One SICK file as SentEval distributes it (``SICK_train.txt``, ...): tab-separated with a header naming
+    ``sentence_A``, ``sentence_B`` and ``relatedness_score`` (1-5). Read as :func:`load_sts` reads it."""
+    return _load_sick(Path(path))
+
+
 def _layout_hint(root: Path) -> str:
     """Suggest a sub-directory when the user pointed one level too high (e.g. SentEval's ``data/``)."""
     if (root / "STS12-en-test").is_dir() or (root / "STSBenchmark").is_dir() or (root / "SICK_train.txt").is_file():

@@ -4,6 +4,13 @@ The shape is read off the columns: two text columns and a numeric one (``score``
 ``CoSENTLoss``); three text columns are triplets (anchor, positive, hard negative) and two are pairs (for
 ``MultipleNegativesRankingLoss``); one is sentences (unsupervised: each sentence is its own positive, as in SimCSE
 and DCPCSE). Column names are free; their order is kept.
+
+The files of the SentEval layout (``--data-dir``) are read as they are distributed: STS Benchmark's headerless,
+tab-separated ``sts-{train,dev,test}.csv`` and SICK's ``SICK_{train,trial,test_annotated}.txt`` are scored pairs
+(through :mod:`st_prompts.data.senteval`, with its checks), and a ``.txt`` file otherwise holds one sentence per line
+(``train/wiki_sentences.txt``). Their gold scores (STS-B 0-5, SICK 1-5) are rescaled to 0-1, the scale of
+sentence-transformers' own STS data; CoSENT and Spearman's correlation read only their order, so training and
+selection are the same on either scale.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ class TaskData:
 
 
 def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskData:
-    """Read ``path`` (``.csv``, ``.tsv``, ``.jsonl``/``.json``) into a :class:`TaskData`.
+    """Read ``path`` (``.csv``, ``.tsv``, ``.jsonl``/``.json``, ``.txt``) into a :class:`TaskData`.
+
+    A SentEval STS Benchmark or SICK file is scored pairs, its score rescaled to 0-1 (see the module docstring); any
+    other ``.txt`` file is one sentence per line.
 
     Raises:
         DataNotFoundError: no such file.
@@ -50,13 +60,18 @@ def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskDat
         raise DataNotFoundError(f"No training file at {path!r}.")
     extension = os.path.splitext(path)[1].lower()
     check_utf8(path)  # one line naming the line, not a UnicodeDecodeError traceback
+    senteval = _senteval_format(path) if extension in (".csv", ".tsv", ".txt") else None
+    if senteval is not None:
+        return _read_senteval(path, senteval, limit)
     if extension in (".csv", ".tsv"):
         columns, rows = _read_delimited(path, "\t" if extension == ".tsv" else ",")
     elif extension in (".jsonl", ".json"):
         columns, rows = _read_jsonl(path)
+    elif extension == ".txt":
+        columns, rows = _read_lines(path)
     else:
-        raise DataFormatError(f"{path}: expected a .csv, .tsv or .jsonl file of pairs, scored pairs, triplets or "
-                              "sentences.")
+        raise DataFormatError(f"{path}: expected a .csv, .tsv, .jsonl or .txt file of pairs, scored pairs, triplets "
+                              "or sentences.")
     if not rows:
         raise DataFormatError(f"{path}: no rows.")
     if limit is not None:
@@ -91,6 +106,51 @@ def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskDat
         return TaskData("triplets" if len(texts) == 3 else "pairs", Dataset.from_dict(data), path)
     raise DataFormatError(f"{path}: {len(texts)} text columns; expected 1 (sentences), 2 (pairs, with a score column "
                           "for scored pairs) or 3 (triplets).")
+
+
+#: SICK's header names the columns it is read by (st_prompts.data.senteval reads them by name).
+_SICK_COLUMNS = {"sentence_A", "sentence_B", "relatedness_score"}
+#: Where each SentEval format's gold scores lie, to rescale them to 0-1.
+_SENTEVAL_RANGES = {"stsb": (0.0, 5.0), "sick": (1.0, 5.0)}
+
+
+def _senteval_format(path: str) -> str | None:
+    """``"stsb"`` for an STS Benchmark file of the SentEval layout (no header; its first line has at least seven
+    tab-separated fields, the fifth a number: a header's fifth field is a name), ``"sick"`` for a SICK file (a
+    tab-separated header naming :data:`_SICK_COLUMNS`), else ``None``."""
+    with open(path, encoding="utf-8-sig") as handle:
+        first = handle.readline().rstrip("\r\n")
+    fields = first.split("\t")
+    if _SICK_COLUMNS <= {field.strip() for field in fields}:
+        return "sick"
+    if len(fields) >= 7:
+        try:
+            float(fields[4])
+        except ValueError:
+            return None
+        return "stsb"
+    return None
+
+
+def _read_senteval(path: str, kind: str, limit: int | None) -> TaskData:
+    """A SentEval STS-B or SICK file as scored pairs, its scores rescaled to 0-1 (:data:`_SENTEVAL_RANGES`)."""
+    from st_prompts.data.senteval import read_sick_file, read_stsb_file
+
+    pairs = read_stsb_file(path) if kind == "stsb" else read_sick_file(path)
+    if not len(pairs):
+        raise DataFormatError(f"{path}: no rows.")
+    low, high = _SENTEVAL_RANGES[kind]
+    end = len(pairs) if limit is None else limit
+    data = {"sentence1": pairs.sentences1[:end], "sentence2": pairs.sentences2[:end],
+            "score": [(score - low) / (high - low) for score in pairs.scores[:end]]}
+    return TaskData("scored-pairs", Dataset.from_dict(data), path)
+
+
+def _read_lines(path: str) -> tuple[list[str], list[dict]]:
+    """One sentence per non-blank line (SimCSE's ``wiki1m_for_simcse.txt``), as one column."""
+    with open(path, encoding="utf-8-sig") as handle:
+        rows = [{"sentence": line.strip()} for line in handle if line.strip()]
+    return ["sentence"], rows
 
 
 def _read_delimited(path: str, delimiter: str) -> tuple[list[str], list[dict]]:
