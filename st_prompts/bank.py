@@ -145,13 +145,13 @@ def bank_encoder(model: SentenceTransformer) -> PromptedTransformer:
     return encoder
 
 
-def add_prompt_set(model: SentenceTransformer, name: str, source: Any) -> None:
+def add_prompt_set(model: SentenceTransformer, name: str, source: Any, *, internal: bool = False) -> None:
     """Add a trained prompt set (a saved model folder, a prompts-only checkpoint or a model) under ``name``; see
     :meth:`~st_prompts.PromptedTransformer.add_prompt_set`. A source whose pooling differs from the
     bank's is refused (its prompts were trained for another sentence vector)."""
     if isinstance(source, (str, os.PathLike)):
         check_pooling(model, source)
-    bank_encoder(model).add_prompt_set(name, source)
+    bank_encoder(model).add_prompt_set(name, source, internal=internal)
 
 
 def check_pooling(model: SentenceTransformer, source: str | os.PathLike) -> None:

@@ -24,7 +24,7 @@ from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundE
 from st_prompts.modules import set_checks
 from st_prompts.modules.checkpoint import PROMPTS_FILE
 from st_prompts.prompts.injection import PrefixInjection
-from st_prompts.prompts.names import BACKBONE_TASK, check_set_name
+from st_prompts.prompts.names import BACKBONE_TASK, check_set_name, is_internal_name
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
 from st_prompts.prompts.spec import SAVED_FIELDS, PromptSetSpec
 from st_prompts.storage import contained_path
@@ -167,10 +167,11 @@ class PromptSets(torch.nn.Module):
         """Name -> prefix of every named set."""
         return {name: encoder for name, encoder in self.prefixes.items() if name != OWN}
 
-    def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec) -> PrefixEncoder:
-        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (:data:`OWN`: the owner's own prefix)."""
+    def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec, internal: bool = False) -> PrefixEncoder:
+        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (:data:`OWN`: the owner's own prefix;
+        ``internal``: a server's ``name@N`` may be given)."""
         if name != OWN:
-            self.check_new_name(name)
+            self.check_new_name(name, internal)
         self.prefixes[name] = encoder
         self.specs[name] = spec
         self._stack_cache = None
@@ -206,9 +207,10 @@ class PromptSets(torch.nn.Module):
                 raise ConfigurationError(f"{role}={value!r} names no prompt set ({self.known()}).")
         self.default, self.query, self.document = default, query, document
 
-    def check_new_name(self, name: str) -> None:
-        """Refuse a name outside the one grammar, or taken."""
-        check_set_name(name)
+    def check_new_name(self, name: str, internal: bool = False) -> None:
+        """Refuse a name outside the one grammar (``internal``: or a server's ``name@N``), or taken."""
+        if not (internal and is_internal_name(name)):
+            check_set_name(name)
         if name in self.prefixes:
             raise ConfigurationError(f"The bank already has a prompt set {name!r}; remove it first.")
 

@@ -368,14 +368,15 @@ class PromptedTransformer(Transformer):
     def new_prompt_set(self, name: str, prefix_length: int = 16, prefix_projection: bool = False,
                        prefix_hidden_size: int | None = None, prefix_dropout: float | None = None,
                        init_std: float | None = None, prefix_gate: bool = False, *, spec: PromptSetSpec | None = None,
-                       _room_checked_by_caller: bool = False) -> PrefixEncoder:
+                       internal: bool = False, _room_checked_by_caller: bool = False) -> PrefixEncoder:
         """Add an untrained prompt set ``name`` and return it: a deep prefix of ``prefix_length`` positions, or as
         ``spec`` (a :class:`~st_prompts.prompts.spec.PromptSetSpec`, which checks the options) says.
 
         ``prefix_gate=True``: the set reaches attention through a zero-initialised gate (see
         :class:`~st_prompts.prompts.PrefixEncoder`), so until it trains the bank encodes this task exactly as the
-        backbone does."""
-        self.sets.check_new_name(name)
+        backbone does. ``internal``: the name may be a server's ``name@N``
+        (:func:`~st_prompts.prompts.names.internal_name`)."""
+        self.sets.check_new_name(name, internal)
         if spec is None:
             spec = PromptSetSpec(prefix_length, bool(prefix_projection), prefix_hidden_size, prefix_dropout,
                                  bool(prefix_gate), init_std)
@@ -383,9 +384,10 @@ class PromptedTransformer(Transformer):
         encoder = self._build_prefix(spec)
         if not _room_checked_by_caller:
             self._check_room(encoder.position_length)
-        return self.sets.add(name, encoder.to(next(self.auto_model.parameters()).device), spec)
+        return self.sets.add(name, encoder.to(next(self.auto_model.parameters()).device), spec, internal)
 
-    def add_prompt_set(self, name: str, source: str | os.PathLike | PromptSetData | Any) -> PrefixEncoder:
+    def add_prompt_set(self, name: str, source: str | os.PathLike | PromptSetData | Any, *,
+                       internal: bool = False) -> PrefixEncoder:
         """Add a trained prompt set under ``name``: the deep prefix of a saved model folder or prompts-only checkpoint
         (read as data, no code runs: :func:`~st_prompts.modules.prompt_sets.read_prompt_set`), such data itself
         (:class:`~st_prompts.modules.prompt_sets.PromptSetData`), or the own prefix of a
@@ -394,10 +396,11 @@ class PromptedTransformer(Transformer):
         Raises:
             BackboneMismatchError: the set was trained on other backbone weights (fingerprint), or for another
                 architecture (layers, heads, head size).
-            ConfigurationError: the name is taken; the source has no deep prefix, or also a template or [CLS]
-                prompt (only deep prefixes share a batch).
+            ConfigurationError: the name is taken or outside the grammar (``internal``: a server's ``name@N`` may be
+                given); the source has no deep prefix, or also a template or [CLS] prompt (only deep prefixes share a
+                batch).
         """
-        self.sets.check_new_name(name)
+        self.sets.check_new_name(name, internal)
         if isinstance(source, (str, os.PathLike, PromptSetData)):
             label = "the given data" if isinstance(source, PromptSetData) else repr(str(source))
             data = source if isinstance(source, PromptSetData) else read_prompt_set(str(source))
@@ -416,7 +419,7 @@ class PromptedTransformer(Transformer):
                 raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
                                             f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
             spec, state, label = encoder.own_prefix_spec(), encoder.prefix_encoder.state_dict(), "the given model"
-        encoder = self.new_prompt_set(name, spec=spec)
+        encoder = self.new_prompt_set(name, spec=spec, internal=internal)
         expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
         if expected != found:

@@ -15,7 +15,8 @@ from typing import Any
 
 from st_prompts.errors import ConfigurationError, shorten
 
-__all__ = ["BACKBONE_TASK", "MAX_SET_NAME_LENGTH", "SET_NAME_RULE", "check_set_name", "set_name_problem"]
+__all__ = ["BACKBONE_TASK", "MAX_SET_NAME_LENGTH", "SET_NAME_RULE", "check_set_name", "internal_name",
+           "is_internal_name", "set_name_problem"]
 
 #: The task name that selects the plain backbone (no prefix), in a call or for one row; no set may take it.
 BACKBONE_TASK = "backbone"
@@ -32,6 +33,21 @@ def set_name_problem(name: Any) -> str | None:
     if isinstance(name, str) and _NAME.fullmatch(name) and name != BACKBONE_TASK:
         return None
     return f"a prompt set's name is {SET_NAME_RULE}; got {shorten(name, 40) if isinstance(name, str) else type(name).__name__}"
+
+
+def internal_name(name: str, generation: int) -> str:
+    """``name@generation``: the internal name under which a server holds a set added again while the old one of
+    that name still answers requests in flight. Outside the grammar, so no user's set can take it; only code that
+    asks for it (``add_prompt_set(..., internal=True)``) adds one."""
+    return f"{check_set_name(name)}@{int(generation)}"
+
+
+def is_internal_name(name: Any) -> bool:
+    """Whether ``name`` is an :func:`internal_name`."""
+    if not isinstance(name, str) or name.count("@") != 1:
+        return False
+    base, generation = name.split("@")
+    return set_name_problem(base) is None and generation.isascii() and generation.isdigit()
 
 
 def check_set_name(name: Any, where: str = "") -> str:
