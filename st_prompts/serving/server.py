@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from st_prompts.errors import ConfigurationError, StPromptsError
+from st_prompts.errors import ConfigurationError, StPromptsError, printable
 from st_prompts.serving.limits import RequestError, ServingLimits
 from st_prompts.serving.protocol import ConnectionGuard, guarded_protocol
 
@@ -140,8 +140,12 @@ def _load(options: ServerOptions):
                               quantize=options.quantize)
     names = served.names()
     kind = "a prompt bank" if served.is_bank else "a model"
-    logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1),
-                ", ".join(names[:6]) + (", ..." if len(names) > 6 else ""), time.perf_counter() - start)
+    if served.quantization != "none":
+        kind += f" ({served.quantization}: its backbone's linear layers)"
+    # names come from a folder or a request: printed escaped, so that none can break the line or act on a terminal
+    shown = ", ".join(printable(name) for name in names[:6]) + (", ..." if len(names) > 6 else "")
+    logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1), shown,
+                time.perf_counter() - start)
     registry = IndexRegistry(served)
     for name, path in options.indexes:
         try:
