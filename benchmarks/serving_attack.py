@@ -29,7 +29,8 @@ against in-process ``encode`` (max abs difference <= ``--atol``).
   ``--slowloris-interval`` seconds, never ending the head; each reconnects when the server drops it (408 at the
   header timeout). Their first connections are spread over the ramp.
 
-**Protocol**: per server, a warm-up (``--warmup`` s of the clients alone), then ``--rounds`` rounds, each measuring
+**Protocol**: per server, first each attacker alone against the idle server for ``--idle-seconds`` (its cost to the
+server: CPU cores from ``/proc``), then a warm-up (``--warmup`` s of the clients alone), then ``--rounds`` rounds, each measuring
 the clients without and with the attackers (the order alternating per round, so that the comparison is interleaved
 in time): the window is ``--duration`` s after a 2 s warm-up of the clients. The ratio of a round is its throughput
 (sentences answered per second in the window) with the attackers over without; the goal is met when every round's
@@ -152,9 +153,11 @@ def attack(args) -> None:
 
 
 class Attackers:
-    def __init__(self, port: int, args) -> None:
-        command = [sys.executable, __file__, "--attack", str(port), "--endless", str(args.endless), "--slowloris",
-                   str(args.slowloris), "--slowloris-interval", str(args.slowloris_interval), "--chunk",
+    def __init__(self, port: int, args, endless: int | None = None, slowloris: int | None = None) -> None:
+        endless = args.endless if endless is None else endless
+        slowloris = args.slowloris if slowloris is None else slowloris
+        command = [sys.executable, __file__, "--attack", str(port), "--endless", str(endless), "--slowloris",
+                   str(slowloris), "--slowloris-interval", str(args.slowloris_interval), "--chunk",
                    str(args.chunk), "--endless-rate", str(args.endless_rate), "--ramp", str(args.ramp)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
@@ -283,6 +286,26 @@ def run_once(server: Server, pool: list, reference: list, args, attacked: bool, 
     return out
 
 
+def idle_cost(server: Server, args) -> list[dict]:
+    """Each attacker alone against the idle server for ``--idle-seconds``: the server's CPU (cores) and what the
+    attacker achieved; what the attack costs the server, apart from the clients."""
+    from serving import tree_ticks
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    for endless, slowloris in ((args.endless, 0), (0, args.slowloris)):
+        ticks, started = tree_ticks(server.process.pid), time.monotonic()
+        attackers = Attackers(server.port, args, endless, slowloris)
+        time.sleep(args.idle_seconds)
+        stats = attackers.stop()
+        wall = time.monotonic() - started
+        out.append({"endless": endless, "slowloris": slowloris, "seconds": wall,
+                    "server_cores": (tree_ticks(server.process.pid) - ticks) / tick / wall,
+                    "attackers_cores": stats["cpu_s"] / wall, "attackers": stats})
+        time.sleep(2)
+    return out
+
+
 def reference_vectors(bank: Path, pool: list) -> list[np.ndarray]:
     from st_prompts.loading import load_sentence_model
 
@@ -379,6 +402,18 @@ def write_report(out: dict, name: str) -> None:
         ratios = server["ratios"]
         lines.append(f"* {server['label']}: **{np.median(ratios):.2f}x** median (rounds "
                      f"{', '.join(f'{r:.2f}' for r in ratios)}): {verdict(ratios)}")
+    lines += ["", "## Each attacker alone against the idle server (what it costs the server)", "",
+              "| server | attacker | seconds | server CPU (cores) | attacker CPU (cores) | connections | answers |",
+              "|---|---|---:|---:|---:|---:|---|"]
+    for server in out["servers"]:
+        for cost in server.get("idle_cost", []):
+            stats = cost["attackers"]
+            which = "endless header" if cost["endless"] else f"slowloris ({cost['slowloris']})"
+            connections = stats["endless_connections"] if cost["endless"] else stats["slowloris_connections"]
+            answers = stats["endless_answers"] if cost["endless"] else stats["slowloris_answers"]
+            lines.append(f"| {server['label']} | {which} | {cost['seconds']:.0f} | {cost['server_cores']:.3f} | "
+                         f"{cost['attackers_cores']:.3f} | {connections} | "
+                         f"{', '.join(f'{k}: {v}' for k, v in answers.items()) or '–'} |")
     lines += ["", "## Runs", "",
               ("| server | round | attackers | sentences/s | p50 ms | p99 ms | requests | failures | vectors (max abs "
               "diff, checked) | endless header: connections, answers, MB sent | slowloris: connections, answers | "
@@ -423,6 +458,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slowloris", type=int, default=500, help="slowloris connections")
     parser.add_argument("--slowloris-interval", type=float, default=2.0)
     parser.add_argument("--ramp", type=float, default=4.0, help="seconds the attackers run before the window")
+    parser.add_argument("--idle-seconds", type=float, default=10.0,
+                        help="seconds each attacker runs alone against the idle server first (0: not at all)")
     parser.add_argument("--servers", nargs="+", default=["one", "w2"], choices=("one", "w2"))
     parser.add_argument("--code", type=Path, help="serve another checkout's st_prompts (e.g. the code before a fix)")
     parser.add_argument("--atol", type=float, default=1e-4)
@@ -454,6 +491,9 @@ def main(argv: list[str] | None = None) -> None:
         server = Server(bank, workers, args.code, args.work / f"server-{which}.log")
         try:
             server.wait_ready()
+            costs = idle_cost(server, args) if args.idle_seconds > 0 else []
+            for cost in costs:
+                print(f"{label}: alone against the idle server: {cost}", flush=True)
             print(f"{label}: ready; warming up {args.warmup:g} s", flush=True)
             from serving import closed_loop
 
@@ -471,7 +511,8 @@ def main(argv: list[str] | None = None) -> None:
             by_round = {(r["round"], r["attacked"]): r["throughput"] for r in runs}
             ratios = [by_round[(r, True)] / by_round[(r, False)] for r in range(1, args.rounds + 1)
                       if by_round[(r, False)]]
-            out["servers"].append({"label": label, "command": server.command, "runs": runs, "ratios": ratios})
+            out["servers"].append({"label": label, "command": server.command, "idle_cost": costs, "runs": runs,
+                                   "ratios": ratios})
         finally:
             server.stop()
     out["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()

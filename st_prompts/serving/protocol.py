@@ -346,7 +346,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self._send_timer = None
 
     def _drop(self, reason: str, status: int, message: str, code: str) -> None:
-        """Refuse the request being received: answer ``status`` with OpenAI's error object and close the connection.
+        """Refuse the request being received: answer ``status`` with OpenAI's error object and close the connection
+        (lingering, see the module docstring; at once when the server is full or stopping).
 
         Requests of this connection that came before it (pipelined) and are not yet answered are answered first:
         the refusal waits for them (nothing more is read meanwhile). The answer is left out when the refused request
@@ -357,6 +358,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or self._refused:
             return
         self.guard.dropped(reason)
+        linger = reason not in ("too_many_connections", "shutdown")  # neither holds a slot nor the server's stop
         cycle = self.cycle
         if phase == "body" and cycle is not None:  # the refused request's headers were complete: it is self.cycle
             if self.pipeline and self.pipeline[0][0] is cycle:  # queued behind earlier answers: refused in its turn
@@ -366,19 +368,21 @@ class GuardedProtocol(HttpToolsProtocol):
                 return
             if not cycle.response_started:
                 self.transport.write(error_response(status, message, code, self.server_state.default_headers))
-            elif not cycle.response_complete:
-                cycle.keep_alive = False
-            self._linger()
-            return
-        if cycle is not None and not cycle.response_complete:  # earlier requests still owe their answers
+            # the application's request ends here: it sees its client gone (as a close would tell it) and writes
+            # nothing more, so nothing follows the refusal
+            cycle.keep_alive = False
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif cycle is not None and not cycle.response_complete:  # earlier requests still owe their answers
             self._refused = True
             self._deferred = error_response(status, message, code, self.server_state.default_headers)
             return
-        self.transport.write(error_response(status, message, code, self.server_state.default_headers))
-        if reason in ("too_many_connections", "shutdown"):
-            self.transport.close()  # at once: a lingering connection would hold a slot, or the server's stop
         else:
+            self.transport.write(error_response(status, message, code, self.server_state.default_headers))
+        if linger:
             self._linger()
+        else:
+            self.transport.close()
 
     def _linger(self) -> None:
         """Half-close a refused connection after its answer and close it when the client does, or after
