@@ -25,17 +25,16 @@ A request whose headers are complete and whose body has arrived is the applicati
 server's drain timeout bounds it on SIGTERM). Beyond ``max_connections`` open connections a new one is answered 503
 and closed at once. Bytes that are not HTTP (a garbage request line, ``Content-Length: abc`` or ``-5``, a bad chunk)
 are answered 400 in OpenAI's error object instead of uvicorn's plain text; complete requests that came before them on
-the same connection (pipelined) are answered first, in order.
+the same connection (pipelined) are answered first, in order. On shutdown a connection still sending its request is
+answered 503 and closed (an idle one is closed), so that no client holds the drain. Every connection the server closes
+on a client is counted (``ConnectionGuard.on_drop``: ``st_prompts_dropped_connections_total``).
 
 **A refused connection lingers** (400, 408, 414, 431): after the answer the server half-closes it (the client reads
 the answer and then the end), drops what the client still sends (:data:`LINGER_BYTES` at most, then it reads nothing
 more) and closes it when the client does, or after :data:`LINGER_SECONDS`. Closing at once with unread data sends a
 reset, which can destroy the answer before the client reads it, and let a client that never stops sending (an endless
 header) start again at once: about 115 new connections a second at 10 MB/s, 0.1-0.2 cores of the server's CPU
-(``benchmarks/serving_attack.py``); lingering, it waits out the linger between two.
- On shutdown a connection still sending its request is
-answered 503 and closed (an idle one is closed), so that no client holds the drain. Every connection the server closes
-on a client is counted (``ConnectionGuard.on_drop``: ``st_prompts_dropped_connections_total``).
+(measured with ``benchmarks/serving_attack.py``'s attacker alone); lingering, it waits out the linger between two.
 """
 
 from __future__ import annotations
