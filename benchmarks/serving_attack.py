@@ -22,14 +22,17 @@ each client gets several answers in a window even on a busy machine, where 1-16 
 count of answers in a window swung with that.) Every response's vectors are checked
 against in-process ``encode`` (max abs difference <= ``--atol``).
 
-**Attackers** (one process of their own, started ``--ramp`` seconds before the measured window, stopped after it):
+**Attackers** (one process of their own, started ``--ramp`` seconds before the measured window, stopped after it; a
+thread each, sockets without asyncio, so that they take little of the CPU they share with the server here: a real
+attacker runs elsewhere):
 
 * the endless-header client: one connection at a time sends ``GET /health``, a header name, and then the header's
-  value in ``--chunk``-byte writes, as fast as the server reads them, never ending it; when the server closes the
-  connection (431 now; before the fix, 408 at the header timeout) it reconnects at once and starts again;
+  value in ``--chunk``-byte writes at ``--endless-rate`` MB/s (10; 0: as fast as the server reads), never ending it;
+  when the server closes the connection (431 now; before the fix, 408 at the header timeout) it reads what the server
+  answered and starts again at once;
 * the slowloris: ``--slowloris`` (500) connections that each send a request line and then one header line every
-  ``--slowloris-interval`` seconds, never ending the head; each reconnects when the server drops it (408 at the
-  header timeout). Their first connections are spread over the ramp.
+  ``--slowloris-interval`` (2) seconds, never ending the head; each connects again when the server answers or drops
+  it (408 at the header timeout). Their first connections are spread over the ramp.
 
 **Protocol**: per server, first each attacker alone against the idle server for ``--idle-seconds`` (its cost to the
 server: CPU cores from ``/proc``), then a warm-up (``--warmup`` s of the clients alone), then ``--rounds`` rounds, each measuring
@@ -48,13 +51,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import platform
 import random
+import selectors
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,90 +77,118 @@ GOAL = 0.8
 
 
 # ------------------------------------------------------------------------------------------------------ attackers
-async def endless_header(port: int, chunk: int, rate: float, stats: dict) -> None:
+def endless_header(port: int, chunk: int, rate: float, stats: dict, stop: threading.Event) -> None:
     """One connection at a time: a header value that never ends, written at ``rate`` bytes a second in all (0: as
-    fast as the server reads it)."""
+    fast as the server reads it); when the server closes the connection, what it answered, and again."""
     value = b"v" * chunk
     start = time.monotonic()
-    while True:
+    while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(HOST, port)
+            sock = socket.create_connection((HOST, port), timeout=5)
         except OSError:
             stats["connect_failures"] += 1
-            await asyncio.sleep(0.05)
+            time.sleep(0.05)
             continue
         stats["endless_connections"] += 1
+        sock.settimeout(1.0)  # a send blocked (the server reads no more) is tried again: stop is seen within 1 s
         try:
-            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
-            while not reader.at_eof():
-                writer.write(value)
-                await writer.drain()
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+            while not stop.is_set():
+                try:
+                    sock.sendall(value)
+                except TimeoutError:
+                    continue
                 stats["endless_bytes"] += chunk
-                # drain() does not yield while the socket takes everything: let the others run (and keep the rate)
-                await asyncio.sleep(max(0.0, stats["endless_bytes"] / rate - (time.monotonic() - start)) if rate else 0)
-        except OSError:
+                if rate:
+                    time.sleep(max(0.0, stats["endless_bytes"] / rate - (time.monotonic() - start)))
+        except OSError:  # closed by the server
             pass
-        # what the server answered, if it came before its reset (a reset makes the reader raise before its buffer)
-        first = bytes(getattr(reader, "_buffer", b""))
-        if not first.startswith(b"HTTP/"):
-            try:
-                first = await asyncio.wait_for(reader.readline(), 5)
-            except (OSError, asyncio.TimeoutError):
-                first = b""
+        try:  # what it answered, if that arrived before its reset
+            first = sock.recv(4096)
+        except OSError:
+            first = b""
+        sock.close()
         status = first.split(b" ", 2)[1].decode() if first.startswith(b"HTTP/") else "closed, no answer read"
         stats["endless_answers"][status] = stats["endless_answers"].get(status, 0) + 1
-        writer.close()
 
 
-async def slowloris_connection(port: int, interval: float, ramp: float, stats: dict) -> None:
-    """A head sent one line every ``interval`` seconds and never ended; again when the server drops it."""
-    await asyncio.sleep(random.uniform(0, ramp))
-    while True:
-        try:
-            reader, writer = await asyncio.open_connection(HOST, port)
-        except OSError:
-            stats["connect_failures"] += 1
-            await asyncio.sleep(1)
-            continue
-        stats["slowloris_connections"] += 1
-        try:
-            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-            line = 0
-            while True:
+def slowloris(port: int, count: int, interval: float, ramp: float, stats: dict, stop: threading.Event) -> None:
+    """``count`` connections, each sending a request line and then a header line every ``interval`` seconds, never
+    ending the head; each connects again (after up to 0.5 s) when the server answers or drops it. One thread and a
+    selector, so that the attacker itself costs little of the machine it shares with the server."""
+    selector = selectors.DefaultSelector()
+    due: list[tuple[float, int, int]] = []  # (when, connection, generation): connect (no socket yet) or send a line
+    sockets: dict[int, tuple[socket.socket, int]] = {}  # connection -> (socket, generation)
+    lines: dict[int, int] = {}
+    now = time.monotonic()
+    for index in range(count):
+        heapq.heappush(due, (now + random.uniform(0, ramp), index, 0))
+    generation = 0
+    while not stop.is_set():
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            _, index, gen = heapq.heappop(due)
+            if gen == 0:  # connect
+                if index in sockets:
+                    continue
                 try:
-                    first = await asyncio.wait_for(reader.readline(), interval)
-                    break  # the server answered (408) or closed
-                except asyncio.TimeoutError:
-                    line += 1
-                    writer.write(b"X-Slow-%d: y\r\n" % line)
-                    await writer.drain()
-            status = first.split(b" ", 2)[1].decode() if first.startswith(b"HTTP/") else "closed"
-        except OSError:
-            status = "reset"
-        stats["slowloris_answers"][status] = stats["slowloris_answers"].get(status, 0) + 1
-        writer.close()
-        await asyncio.sleep(random.uniform(0, 0.5))
+                    sock = socket.create_connection((HOST, port), timeout=5)
+                    sock.setblocking(False)
+                    sock.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+                except OSError:
+                    stats["connect_failures"] += 1
+                    heapq.heappush(due, (now + 1.0, index, 0))
+                    continue
+                generation += 1
+                sockets[index], lines[index] = (sock, generation), 0
+                selector.register(sock, selectors.EVENT_READ, index)
+                stats["slowloris_connections"] += 1
+                heapq.heappush(due, (now + interval, index, generation))
+            elif index in sockets and sockets[index][1] == gen:  # a line, on the connection still open
+                lines[index] += 1
+                try:
+                    sockets[index][0].send(b"X-Slow-%d: y\r\n" % lines[index])
+                except OSError:
+                    pass  # closed: its read says so
+                heapq.heappush(due, (now + interval, index, gen))
+        wait = min(0.1, max(0.0, due[0][0] - time.monotonic())) if due else 0.1
+        for key, _ in selector.select(wait):
+            index = key.data
+            sock = sockets[index][0]
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else "closed"
+            stats["slowloris_answers"][status] = stats["slowloris_answers"].get(status, 0) + 1
+            selector.unregister(sock)
+            sock.close()
+            del sockets[index]
+            heapq.heappush(due, (time.monotonic() + random.uniform(0, 0.5), index, 0))
 
 
 def attack(args) -> None:
     """The attackers' process: runs until SIGTERM, then prints what they achieved (one JSON line)."""
     stats = {"endless_connections": 0, "endless_bytes": 0, "endless_answers": {}, "slowloris_connections": 0,
              "slowloris_answers": {}, "connect_failures": 0}
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        stop = loop.create_future()
-        loop.add_signal_handler(signal.SIGTERM, lambda: stop.done() or stop.set_result(None))
-        rate = args.endless_rate * 1e6
-        tasks = [asyncio.ensure_future(endless_header(args.attack, args.chunk, rate, stats))
-                 for _ in range(args.endless)]
-        tasks += [asyncio.ensure_future(slowloris_connection(args.attack, args.slowloris_interval, args.ramp, stats))
-                  for _ in range(args.slowloris)]
-        await stop
-        print(json.dumps(stats), flush=True)
-        os._exit(0)  # at once: a cancelled task may be mid-write, and no one waits for the attackers' goodbyes
-
-    asyncio.run(main())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    threads = [threading.Thread(target=endless_header, daemon=True,
+                                args=(args.attack, args.chunk, args.endless_rate * 1e6, stats, stop))
+               for _ in range(args.endless)]
+    if args.slowloris:
+        threads.append(threading.Thread(target=slowloris, daemon=True, args=(
+            args.attack, args.slowloris, args.slowloris_interval, args.ramp, stats, stop)))
+    for thread in threads:
+        thread.start()
+    while not stop.is_set():
+        stop.wait(0.5)
+    for thread in threads:
+        thread.join(3)
+    print(json.dumps(stats), flush=True)
+    os._exit(0)  # the attackers' sockets go with the process
 
 
 class Attackers:
