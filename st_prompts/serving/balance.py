@@ -36,6 +36,7 @@ Three more duties follow from the parent holding the only count of the whole ser
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import select
 import selectors
@@ -285,11 +286,17 @@ class Receiver:
         self._publish()
 
     def shed(self) -> bool:
-        """Whether the parent asks this worker to close one more keep-alive connection after its answer (counted
-        as done when ``True``)."""
-        if self.shed_asked is None or self.shed_done[self.index] >= self.shed_asked[self.index]:
+        """Whether to close this keep-alive connection after its answer (counted as done when ``True``): the parent
+        asks for it, and this worker still holds at least two connections more than another now (an ask made
+        before a lead went away, e.g. before a burst of new clients, is not carried out)."""
+        index = self.index
+        if self.shed_asked is None or self.shed_done[index] >= self.shed_asked[index]:
             return False
-        self.shed_done[self.index] += 1
+        held = [self.taken[i] - self.closed[i] for i in range(len(self.closed))]
+        mine = held.pop(index)
+        if not held or mine - min(held) < 2:
+            return False
+        self.shed_done[index] += 1
         return True
 
     def _publish(self) -> None:
@@ -314,15 +321,29 @@ class Receiver:
             self._publish()
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, factory, sock: socket.socket, refuse: bool) -> None:
+        counted = []  # the connection leaves `pending` once: when the guard counts it, or when it fails
+
+        def made_now(connection_made: Callable, transport) -> None:
+            if not counted:
+                counted.append(True)
+                self.pending -= 1
+            connection_made(transport)  # the guard counts it open and publishes (on_count)
+
         def protocol() -> asyncio.Protocol:
             made = factory()
             made.over_capacity = refuse  # the server holds --max-connections: answered 503 (the guard)
+            # leaving `pending` just before the guard counts the connection open (and publishes) keeps the published
+            # count exact at every moment; left after connect_accepted_socket returned, the connection counted twice
+            # (pending and open) meanwhile, the worker looked busier than it was, and the next connection of a burst
+            # could go to the other worker even when that one held more (7/9 instead of 8/8 after a replacement)
+            made.connection_made = functools.partial(made_now, made.connection_made)
             return made
 
         try:
             await loop.connect_accepted_socket(protocol, sock)
         except OSError:  # the client went away meanwhile
             sock.close()
-        finally:
-            self.pending -= 1
+            if not counted:
+                counted.append(True)
+                self.pending -= 1
             self._publish()
