@@ -2,9 +2,10 @@
 127.0.0.1 (free ports), raw sockets and httpx clients; every loop and wait is bounded in count and time.
 
 Three servers start together (module fixture) from a tiny random bank: **S** with 2 s header, body and idle timeouts,
-40 connections at most and the admin endpoint; **T** with long timeouts and a 5 s drain (SIGTERM with stalled clients
-open); **D** with a batching wait of 20 s and a 3 s drain (SIGTERM with a request queued that cannot be answered in
-time). T and D are stopped by their tests.
+40 connections at most, the default bounds of a request's head (64 KiB, 100 fields, a 32 KiB URL) and the admin
+endpoint; **T** with long timeouts, a 5 s drain (SIGTERM with stalled clients open) and ``--quantize int8``; **D** with a
+batching wait of 20 s and a 3 s drain (SIGTERM with a request queued that cannot be answered in time). T and D are
+stopped by their tests.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -63,7 +66,7 @@ def servers(tmp_path_factory):
     slow = ["--header-timeout", "60", "--body-timeout", "60", "--idle-timeout", "60"]
     started = {
         "S": Server([bank, "--threads", "1", *quick, "--max-connections", "40"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}),
-        "T": Server([bank, "--threads", "1", *slow, "--drain-timeout", "5"]),
+        "T": Server([bank, "--threads", "1", *slow, "--drain-timeout", "5", "--quantize", "int8"]),
         "D": Server([bank, "--threads", "1", "--max-wait-ms", "20000", "--drain-timeout", "3"]),
     }
     try:
@@ -222,6 +225,115 @@ def test_malformed_http_gets_an_openai_error_object_and_is_counted(servers, requ
     assert metrics(server)[key] == before + 1
 
 
+# ---------------------------------------------------------------------------------------------------------- the head
+HEAD_LIMIT = 64 * 1024  # the defaults of --max-header-bytes, --max-headers and --max-url-bytes (server S)
+FIELD_LIMIT = 100
+URL_LIMIT = 32 * 1024
+
+
+def answer_of(server: Server, data: bytes, limit: float = 10) -> bytes:
+    sock = connect(server, data)
+    try:
+        return read_until_closed(sock, limit)[1]
+    finally:
+        sock.close()
+
+
+def test_an_endless_header_value_is_refused_431_at_the_head_limit(servers):
+    """httptools gathers a header arriving in pieces by concatenating bytes (quadratic): one client streaming a header
+    value stalled the event loop for the whole header timeout (issue 60). The head is cut at its limit instead."""
+    server = servers["S"]
+    key = "st_prompts_dropped_connections_total{reason=header_too_large}"
+    before = metrics(server).get(key, 0)
+    sock = connect(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+    sent, chunk = 0, b"v" * 16384
+    try:
+        sock.settimeout(TIMEOUT + SLACK)
+        while sent < 64 * 1024 * 1024:  # bounded: the server closes long before (old code: at its 2 s header timeout)
+            try:
+                sock.sendall(chunk)
+            except OSError:  # closed by the server, with what it had not read
+                break
+            sent += len(chunk)
+        answer = read_until_closed(sock, 10)[1]
+    finally:
+        sock.close()
+    status, error = error_of(answer)
+    assert status == 431 and error["code"] == "request_header_fields_too_large", error
+    assert f"{HEAD_LIMIT:,} bytes" in error["message"]
+    assert metrics(server)[key] == before + 1
+
+
+def test_the_head_is_bounded_in_bytes_and_fields_and_the_url_in_bytes(servers):
+    server = servers["S"]
+    start = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
+    pad = HEAD_LIMIT - len(start) - len(b"\r\n\r\n")
+    assert answer_of(server, start + b"p" * pad + b"\r\n\r\n").startswith(b"HTTP/1.1 200 ")  # exactly the limit
+    status, error = error_of(answer_of(server, start + b"p" * (pad + 1) + b"\r\n\r\n"))
+    assert status == 431 and error["code"] == "request_header_fields_too_large"
+    fields = [b"X-F%d: y\r\n" % i for i in range(FIELD_LIMIT - 1)] + [b"Connection: close\r\n"]
+    assert answer_of(server, b"GET /health HTTP/1.1\r\n" + b"".join(fields[1:]) + b"Host: x\r\n\r\n").startswith(
+        b"HTTP/1.1 200 ")  # exactly the limit
+    status, error = error_of(answer_of(server, b"GET /health HTTP/1.1\r\n" + b"".join(fields) + b"Host: x\r\n\r\n"))
+    assert status == 431 and f"more than {FIELD_LIMIT} header fields" in error["message"]
+    path = b"/" + b"u" * (URL_LIMIT - 1)
+    assert answer_of(server, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+        b"HTTP/1.1 404 ")  # exactly the limit: no such route
+    # 70 KB: beyond httptools' URL parser too (before, an AttributeError in the protocol and no answer at all)
+    for size in (URL_LIMIT, 70_000):
+        status, error = error_of(answer_of(server, b"GET /" + b"u" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n"))
+        assert status == 414 and error["code"] == "url_too_long" and f"{URL_LIMIT:,} bytes" in error["message"]
+
+
+def test_a_url_the_parser_cannot_read_is_answered_400_without_an_error_in_the_log(servers):
+    """The URL parser fails after the headers: the protocol's refusal took the request for one with a body and failed
+    itself (an ``AttributeError``, a 3-line asyncio error in the log, no answer)."""
+    server = servers["S"]
+    status, error = error_of(answer_of(server, b"GET http://a:99999999/ HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert status == 400 and error["code"] == "invalid_http_request" and "invalid url" in error["message"]
+    time.sleep(0.2)
+    assert "AttributeError" not in server.log() and "Fatal error" not in server.log(), server.log()
+
+
+def split_answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """The (status, body) of each HTTP/1.1 answer of ``raw`` (each with a Content-Length), in order."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if
+                      line.lower().startswith(b"content-length:"))
+        out.append((int(head.split(b" ", 2)[1]), rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+@pytest.mark.parametrize("refused", [
+    b"GARBAGE\r\n\r\n",
+    b"POST /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["garbage-request-line", "bad-chunk-in-a-queued-request"])
+def test_pipelined_requests_before_garbage_are_answered_in_order_then_400(servers, refused):
+    """Three requests and garbage in one packet lost all three answers (the 400 closed the connection at once)."""
+    server = servers["S"]
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = split_answers(answer_of(server, request * 3 + refused))
+    assert [status for status, _ in answers] == [200, 200, 200, 400], answers
+    assert all(json.loads(body)["status"] == "ok" for _, body in answers[:3])
+    assert json.loads(answers[3][1])["error"]["code"] == "invalid_http_request"
+
+
+def test_int8_is_said_by_the_start_line_health_and_models(servers):
+    quantized, plain = servers["T"], servers["S"]
+    with httpx.Client(timeout=60) as client:
+        for server, expected in ((quantized, "int8"), (plain, "none")):
+            assert client.get(server.url + "/health").json()["quantization"] == expected
+            cards = client.get(server.url + "/v1/models").json()["data"]
+            assert cards and {card["quantization"] for card in cards} == {expected}
+            assert client.get(server.url + "/v1/models/a").json()["quantization"] == expected
+    loaded = [line for line in quantized.lines if line.startswith("loaded ")]
+    assert len(loaded) == 1 and "int8" in loaded[0], quantized.log()
+    assert not any("int8" in line for line in plain.lines if line.startswith("loaded ")), plain.log()
+
+
 # ---------------------------------------------------------------------------------------------------------- echoes
 def test_errors_quote_a_few_hundred_characters_of_the_input(servers):
     base = servers["S"].url
@@ -294,6 +406,58 @@ def test_the_admin_endpoint_answers_4xx_never_500(servers, tmp_path):
         assert added.status_code == 201, added.text  # the folder the bad ones were made from is fine
         assert client.post(base + "/v1/embeddings", json={"model": "good", "input": "still serving"}).status_code == 200
     assert "Traceback" not in servers["S"].log()
+
+
+def test_the_admin_endpoint_takes_only_names_of_the_one_grammar(servers, tmp_path):
+    """Set names follow st_prompts.prompts.names (before: 1-128 characters without '.', '@', '/': a newline in a name
+    split the server's log lines and ``x@1`` counted as ``x`` in /metrics)."""
+    from st_prompts.prompts.names import SET_NAME_RULE
+
+    base = servers["S"].url
+    save_prompts_only(prefixed_model(servers["backbone"], 6, seed=3, dimension=32, normalize=False),
+                      str(tmp_path / "good"))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(timeout=120) as client:
+        names = client.get(base + "/v1/models").json()
+        for name in ("a\nb", "x@1", "backbone", "-x", "caf\u00e9", "t" * 65, "a b", "\x1b[31mred", "x.y"):
+            response = client.post(base + "/admin/prompt-sets", headers=headers,
+                                   json={"name": name, "source": str(tmp_path / "good")})
+            assert SET_NAME_RULE in one_line_4xx(response) and response.status_code == 422, (name, response.text)
+            assert response.json()["error"]["param"] == "name"
+        assert client.get(base + "/v1/models").json() == names
+    assert "\x1b" not in servers["S"].log()
+
+
+def test_a_set_added_again_while_the_old_one_drains_is_labelled_by_its_public_name(servers, tmp_path):
+    """The second ``n`` is ``n@2`` inside the model while the first still drains: its rows count under ``n``, from the
+    name it was added under (not by cutting at '@', which counted a set named ``x@1`` as ``x``)."""
+    from st_prompts.serving.app import ServerContext
+    from st_prompts.serving.indexes import IndexRegistry
+    from st_prompts.serving.limits import ServingLimits
+    from st_prompts.serving.model import ServedModel
+
+    bank = tiny_bank(tmp_path / "bank", servers["backbone"])
+    save_prompts_only(prefixed_model(servers["backbone"], 5, seed=4, dimension=32, normalize=False),
+                      str(tmp_path / "n"))
+    served = ServedModel.load(bank, device="cpu")
+    context = ServerContext(served, IndexRegistry(served), ServingLimits())
+    served.add_prompt_set("n", str(tmp_path / "n"))
+    pinned = served.acquire("n")  # a request in flight on the first n
+    served.remove_prompt_set("n")
+    served.add_prompt_set("n", str(tmp_path / "n"))
+    again = served.acquire("n")
+    assert (pinned, again) == ("n", "n@2")
+    assert [context.label(route) for route in (pinned, again, "a", None)] == ["n", "n", "a", served.name]
+    served.release(pinned)
+    served.release(again)
+
+
+def test_the_bounds_of_the_head_are_checked_on_the_command_line(tmp_path):
+    for flag, value in (("--max-url-bytes", "70000"), ("--max-header-bytes", "10"), ("--max-headers", "0")):
+        result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "serve", "minilm", flag, value],
+                                capture_output=True, text=True, timeout=120, check=False)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and flag in lines[0], result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------- SIGTERM

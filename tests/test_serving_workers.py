@@ -1,19 +1,23 @@
 """``st-prompts serve --workers N``: forked workers over one loaded model (issue 50).
 
 Real server processes on a tiny random bank: vectors equal ``encode`` whichever worker answers, an admin change
-reaches every worker before its answer, ``/metrics`` sums the workers, a killed worker is replaced with the changes
-made since, SIGTERM with a stalled client stops within the drain timeout without a traceback, and workers whose
-parent is killed stop on their own.
+reaches every worker before its answer, ``/metrics`` sums the workers (the prompt sets gauge is the server's, not the
+sum), a killed worker is replaced with the changes made since and its clients are shared again with the replacement,
+a connection flood while the workers cannot take more waits for them instead of closing new clients,
+``--max-connections`` and ``--max-queue-rows`` bound the whole server, SIGTERM with a stalled client stops within the
+drain timeout without a traceback, and workers whose parent is killed stop on their own (issues 50, 60).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +41,7 @@ TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick bro
 
 
 def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout.split()
     return [int(p) for p in out]
 
 
@@ -186,6 +190,165 @@ def test_a_burst_of_connections_is_shared_evenly_by_the_workers_the_replacement_
                 client.close()
 
 
+def test_the_prompt_sets_gauge_is_the_servers_not_the_sum_over_workers(served):
+    """A bank of 3 sets served by 2 workers read 6."""
+    base = served["base"]
+    sets = [card["id"] for card in get(base, "/v1/models").json()["data"] if card["id"] != "backbone"]
+    assert len(sets) >= 3 and metrics(base)["st_prompts_prompt_sets"] == len(sets)
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_a_connection_flood_waits_for_the_workers_instead_of_closing_new_clients(served):
+    """While no worker takes connections (both stopped: what a flood of connections that open and close does to their
+    hand-off queues), the parent closed every connection it could not hand over at once: new legitimate clients got
+    EOF (171 of 200 in the issue's run) and the log one warning per connection. It now waits for the workers, and
+    the connections wait in the listen queue."""
+    server, pid = served["server"], served["server"].process.pid
+    port = int(served["base"].rsplit(":", 1)[1])
+    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    lines = len(server.lines)
+    workers = children(pid)
+    clients = []
+    for worker in workers:
+        os.kill(worker, signal.SIGSTOP)
+    try:
+        for _ in range(600):  # more than the two hand-off queues held (about 270 each)
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        for _ in range(20):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            clients[-1].sendall(HEALTH)
+        time.sleep(1.0)  # the parent has found every queue full by now
+    finally:
+        for worker in workers:
+            os.kill(worker, signal.SIGCONT)
+    try:
+        answers = [client.recv(65536) for client in clients]
+    finally:
+        for client in clients:
+            client.close()
+    assert [answer.split(b" ", 2)[1:2] for answer in answers] == [[b"200"]] * 20, answers
+    assert metrics(served["base"])["st_prompts_dropped_connections_total{reason=handoff}"] == 0
+    assert not [line for line in server.lines[lines:] if "connection" in line], server.lines[lines:]
+
+
+def test_after_a_worker_is_killed_its_clients_are_shared_again_with_the_replacement(served):
+    """The killed worker's keep-alive clients reconnect at once, before its replacement is ready: all landed on the
+    survivor and stayed there ([0, 8]). The parent now asks the survivor to close half its lead after their next
+    answers (``Connection: close``); those clients reconnect, to the replacement."""
+    pid = served["server"].process.pid
+    port = int(served["base"].rsplit(":", 1)[1])
+    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    stop = threading.Event()
+
+    def client() -> None:  # a keep-alive client that reconnects when the server closes its connection
+        sock = None
+        while not stop.is_set():
+            try:
+                if sock is None:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(HEALTH)
+                answer = sock.recv(65536)
+                if not answer or b"connection: close" in answer.lower():
+                    sock.close()
+                    sock = None
+            except OSError:
+                if sock is not None:
+                    sock.close()
+                sock = None
+            time.sleep(0.02)
+        if sock is not None:
+            sock.close()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: connections_per_worker(pid, port) == [4, 4], 15), connections_per_worker(pid, port)
+        first = children(pid)
+        os.kill(first[0], signal.SIGKILL)
+        assert wait_for(lambda: len(children(pid)) == 2 and first[0] not in children(pid), 60)
+        assert wait_for(lambda: connections_per_worker(pid, port) == [4, 4], 30), connections_per_worker(pid, port)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+    assert metrics(served["base"])["st_prompts_rebalanced_connections_total"] >= 1
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
+    """Two workers, 6 connections and 4 queued rows in all; rows wait 20 s for a pass (they stay queued)."""
+    root = tmp_path_factory.mktemp("limited")
+    bank = tiny_bank(root / "tiny-bank", make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512))
+    server = Server("limited", [bank, "--workers", "2", "--threads", "1", "--max-connections", "6",
+                                "--max-queue-rows", "4", "--max-wait-ms", "20000", "--drain-timeout", "3"],
+                    stderr_apart=True)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_max_connections_bounds_the_whole_server_and_the_rest_are_answered_503(limited):
+    """``--workers 2 --max-connections 50`` held 100 (a cap per worker); the extra ones got TCP resets."""
+    pid, port = limited.process.pid, int(limited.url.rsplit(":", 1)[1])
+    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    clients = []
+    try:
+        for _ in range(9):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            clients[-1].sendall(HEALTH)
+        answers = [client.recv(65536) for client in clients]  # a reset would raise here
+    finally:
+        for client in clients:
+            client.close()
+    assert [int(answer.split(b" ", 2)[1]) for answer in answers] == [200] * 6 + [503] * 3, answers
+    for answer in answers[6:]:
+        error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+        assert error["code"] == "too_many_connections" and "6 connections" in error["message"]
+
+
+def test_max_queue_rows_is_shared_by_the_workers(limited):
+    """``--max-queue-rows 4`` with two workers: each queues 2 rows at most, so the server 4 (before: 4 each)."""
+    base, pid = limited.url, limited.process.pid
+    port = int(base.rsplit(":", 1)[1])
+    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    results = {}
+
+    def queued(name: str) -> None:
+        results[name] = post(base, "/v1/embeddings", {"model": "a", "input": ["one", "two"]})
+
+    threads: list[threading.Thread] = []
+
+    def start() -> str:
+        name = f"queued-{len(threads)}"
+        threads.append(threading.Thread(target=queued, args=(name,), daemon=True))
+        threads[-1].start()
+        return name
+
+    start()
+    assert wait_for(lambda: metrics(base)["st_prompts_queue_rows"] == 2, 15)
+    for _ in range(4):  # the next goes to the other worker, which holds fewer; one that lands beside it is refused
+        assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 1], 15)
+        name = start()
+        assert wait_for(lambda name=name: metrics(base)["st_prompts_queue_rows"] == 4 or name in results, 15)
+        if metrics(base)["st_prompts_queue_rows"] == 4:
+            break
+    assert metrics(base)["st_prompts_queue_rows"] == 4, {name: response.text for name, response in results.items()}
+    third = post(base, "/v1/embeddings", {"model": "a", "input": "three"}, timeout=10)  # either worker: 2 + 1 > 2
+    assert third.status_code == 503 and third.json()["error"]["code"] == "queue_full", third.text
+    assert metrics(base)["st_prompts_queue_rows"] == 4
+    limited.process.send_signal(signal.SIGTERM)  # the queued rows cannot be answered within the 3 s drain: 503
+    assert limited.process.wait(30) == 0
+    for thread in threads:
+        thread.join(30)
+    assert {response.status_code for response in results.values()} == {503}
+    assert "rows queued in each (--max-queue-rows 4 shared)" in limited.log()
+
+
 def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeout(tmp_path):
     backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
     bank = tiny_bank(tmp_path / "tiny-bank", backbone)
@@ -229,7 +392,7 @@ def test_workers_refuse_a_device_other_than_the_cpu(tmp_path):
     backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
     bank = tiny_bank(tmp_path / "tiny-bank", backbone)
     result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "serve", bank, "--workers", "2", "--device",
-                             "cuda", "--port", "0"], capture_output=True, text=True, timeout=120,
+                             "cuda", "--port", "0"], capture_output=True, text=True, timeout=120, check=False,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -245,13 +408,17 @@ def test_merge_metrics_sums_counters_and_histograms_and_labels_process_samples()
     for index, (requests, seconds, rss) in enumerate(((3, (0.1, 2.0), 100.0), (5, (0.3,), 250.0))):
         registry = CollectorRegistry()
         Counter("st_prompts_requests", "r", ["endpoint"], registry=registry).labels(endpoint="e").inc(requests)
+        Gauge("st_prompts_prompt_sets", "p", registry=registry).set(3 + index)  # a change reaching one worker first
+        Gauge("st_prompts_queue_rows", "q", registry=registry).set(10 * (index + 1))
         histogram = Histogram("st_prompts_request_seconds", "s", buckets=(0.2, 1.0), registry=registry)
         for value in seconds:
             histogram.observe(value)
         Gauge("process_resident_memory_bytes", "m", registry=registry).set(rss)
         texts.append((index, generate_latest(registry)))
+    parent = (b"# TYPE st_prompts_dropped_connections_total counter\n"
+              b'st_prompts_dropped_connections_total{reason="handoff"} 7\n')
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(merge_metrics(texts).decode())
+               for family in text_string_to_metric_families(merge_metrics(texts, parent).decode())
                for s in family.samples}
     assert samples[("st_prompts_requests_total", (("endpoint", "e"),))] == 8
     assert samples[("st_prompts_request_seconds_bucket", (("le", "0.2"),))] == 1
@@ -260,7 +427,10 @@ def test_merge_metrics_sums_counters_and_histograms_and_labels_process_samples()
     assert samples[("st_prompts_request_seconds_sum", ())] == pytest.approx(2.4)
     assert samples[("process_resident_memory_bytes", (("worker", "0"),))] == 100
     assert samples[("process_resident_memory_bytes", (("worker", "1"),))] == 250
-    assert samples[("st_prompts_workers", ())] == 2
+    assert samples[("st_prompts_workers", ())] == 2  # the parent's samples are not a worker's
+    assert samples[("st_prompts_prompt_sets", ())] == 4  # what every worker serves: the largest, not the sum
+    assert samples[("st_prompts_queue_rows", ())] == 30  # what the workers hold apart: the sum
+    assert samples[("st_prompts_dropped_connections_total", (("reason", "handoff"),))] == 7
 
 
 def test_the_journal_keeps_each_served_set_once_and_the_removals_of_sets_the_bank_started_with():

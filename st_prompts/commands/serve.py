@@ -17,6 +17,9 @@ from st_prompts.commands._numbers import finite_float, int_range, positive_float
 from st_prompts.commands.options import cli_text
 from st_prompts.errors import ConfigurationError
 
+#: The longest URL a server can take (httptools' URL parser; st_prompts.serving.protocol.MAX_URL_BYTES, kept here so
+#: that ``--help`` imports no server code).
+MAX_URL_BYTES = 65_535
 #: The environment variable that holds the admin token (the admin endpoint exists only with a token).
 ADMIN_TOKEN_ENV = "ST_PROMPTS_ADMIN_TOKEN"
 #: The shortest admin token accepted.
@@ -58,7 +61,8 @@ def add_parser(subparsers) -> None:
                           "queued rows by length into the passes that cost least (default: measured at start)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queue-rows", type=positive_int(1 << 24), default=4096,
-                        help="rows waiting, all requests together; beyond, 503 with Retry-After (default 4096)")
+                        help="rows waiting, all requests together (with workers: each worker takes an equal share); "
+                        "beyond, 503 with Retry-After (default 4096)")
     limits.add_argument("--max-inputs", type=positive_int(1 << 20), default=2048,
                         help="inputs per request (default 2048)")
     limits.add_argument("--max-input-chars", type=positive_int(1 << 26), default=20_000,
@@ -81,7 +85,15 @@ def add_parser(subparsers) -> None:
     connections.add_argument("--idle-timeout", type=positive_float(3600), default=5.0,
                              help="seconds a connection may stay open without a request (default 5)")
     connections.add_argument("--max-connections", type=positive_int(1_000_000), default=1000,
-                             help="connections open at once; more are answered 503 and closed (default 1000)")
+                             help="connections open at once, in the whole server (all workers together); more are "
+                             "answered 503 and closed (default 1000)")
+    connections.add_argument("--max-header-bytes", type=int_range(1024, 1 << 20), default=64 * 1024,
+                             help="bytes of a request's line and headers (1 KiB to 1 MiB); more are answered 431 "
+                             "(default 65536)")
+    connections.add_argument("--max-headers", type=int_range(1, 10_000), default=100,
+                             help="header fields of a request; more are answered 431 (default 100)")
+    connections.add_argument("--max-url-bytes", type=int_range(64, MAX_URL_BYTES), default=32 * 1024,
+                             help=f"bytes of a request's URL (at most {MAX_URL_BYTES}); longer: 414 (default 32768)")
     parser.set_defaults(func=run_serve)
 
 
@@ -141,6 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
                             threads=args.threads)
     options.header_timeout, options.body_timeout = args.header_timeout, args.body_timeout
     options.idle_timeout, options.max_connections = args.idle_timeout, args.max_connections
+    options.max_header_bytes, options.max_headers = args.max_header_bytes, args.max_headers
+    options.max_url_bytes = args.max_url_bytes
     options.quantize = args.quantize
     options.workers = args.workers
     return run_server(options)

@@ -96,7 +96,7 @@ class ServerContext:
             return self.served.name
         if isinstance(route, _Role):
             return f"({route.name} side)"
-        return str(route).split("@", 1)[0]
+        return self.served.public_name(route)  # "name@2" (added again while the old one drains) -> "name"
 
     def idle(self) -> bool:
         """No request is being answered and no row waits (a draining server may stop)."""
@@ -299,20 +299,20 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         return _json({"object": "list", "index": entry.name, "data": data, "usage": _usage(tokens)})
 
     async def models(request: Request) -> Response:
-        data = [_model_card(name, context.started) for name in served.names()]
+        data = [_model_card(name, context.started, served.quantization) for name in served.names()]
         return _json({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
         if not served.has(name):
             raise served.unknown(name)
-        return _json(_model_card(name, context.started))
+        return _json(_model_card(name, context.started, served.quantization))
 
     async def health(request: Request) -> Response:
         draining = context.draining or batcher.closing
         payload = {"status": "draining" if draining else "ok", "model": served.name, "tasks": len(served.names()),
-                   "indexes": context.indexes.names(), "queue_rows": batcher.queued_rows,
-                   "admin": context.admin_token is not None}
+                   "quantization": served.quantization, "indexes": context.indexes.names(),
+                   "queue_rows": batcher.queued_rows, "admin": context.admin_token is not None}
         return _json(payload, 503 if draining else 200)
 
     async def metrics(request: Request) -> Response:
@@ -398,5 +398,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
-def _model_card(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts"}
+def _model_card(name: str, created: int, quantization: str = "none") -> dict[str, Any]:
+    """OpenAI's model object, and how the backbone is stored (``quantization``: ``"none"`` or ``"int8"``; OpenAI
+    clients ignore fields they do not know)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts", "quantization": quantization}

@@ -12,12 +12,33 @@ fewest open connections, over a datagram socket pair per worker (``SCM_RIGHTS``:
 file descriptor). The parent counts what it handed to each worker; each worker publishes, in shared memory, how many of
 those it has closed, so the parent's count of a worker's open connections includes the ones still on their way. Under
 keep-alive clients with one request outstanding each (the usual load), open connections are the work a worker holds.
+
+Three more duties follow from the parent holding the only count of the whole server (issue 60):
+
+* **Backpressure, not drops.** At most :data:`HANDOFF_DEPTH` connections are on their way to a worker (handed over,
+  not yet taken by its event loop; each worker publishes how many it took). When every ready worker has that many (a
+  flood of connections that open and close), the parent waits, up to :data:`HANDOFF_WAIT` seconds, for one to take
+  more, and accepts nothing meanwhile: new connections wait in the kernel's listen queue, as they do for one process,
+  instead of being closed (before, a connect/close flood made the parent close legitimate new clients, 171 of 200 in
+  the issue's run, when a hand-off queue was full, and log a warning per connection). A connection no worker takes
+  within that wait is closed: counted (``st_prompts_dropped_connections_total{reason="handoff"}``) and logged at most
+  once per :data:`WARNING_INTERVAL` seconds. (A deep queue would not do: what waits in it counts as open, so a flood
+  would fill the connection cap.)
+* **``--max-connections`` is the server's.** Beyond it, the parent still hands the connection over, marked, and the
+  worker answers it 503 (OpenAI's error object, as one process does) instead of serving it.
+* **Rebalancing.** Keep-alive clients stay on the worker they were handed to: after a worker is killed, its clients
+  reconnect at once, all to the survivors (the replacement is not ready yet), and stayed there. So when one worker
+  holds at least two connections more than another, the parent asks it (shared memory) to close half the difference
+  after their next answer (``Connection: close``, :attr:`~st_prompts.serving.protocol.ConnectionGuard.shed`); those
+  clients reconnect and are handed to the worker holding fewer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import select
 import selectors
 import socket
 import threading
@@ -29,6 +50,17 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Balancer", "Receiver"]
 
+#: Connections on their way to one worker at most (the socket pair's default buffer holds about 270).
+HANDOFF_DEPTH = 64
+#: Seconds the parent waits for a worker to take a connection when every hand-off queue is full, before closing it.
+HANDOFF_WAIT = 5.0
+#: The fewest seconds between two warnings about connections closed because no worker took them.
+WARNING_INTERVAL = 10.0
+#: Seconds between two looks at whether one worker holds more connections than another.
+REBALANCE_INTERVAL = 0.5
+
+_SERVE, _REFUSE = b"c", b"r"  # what a hand-off carries beside the connection: serve it, or answer it 503
+
 
 class Balancer:
     """The parent's side: accepts on ``listener`` in a thread and hands connections to ready workers.
@@ -36,12 +68,27 @@ class Balancer:
     The supervisor calls :meth:`pair` before each fork (the child's end goes to the worker's :class:`Receiver`),
     :meth:`ready` when a worker says it is ready, :meth:`forget` when it is gone, :meth:`start` once the workers are
     forked and :meth:`stop` when the server stops (the listener itself is closed by the supervisor).
+
+    Args:
+        listener: the bound, listening socket.
+        count: the number of workers.
+        max_connections: connections open in the whole server; more are handed over marked, to be answered 503.
     """
 
-    def __init__(self, listener: socket.socket, count: int) -> None:
+    def __init__(self, listener: socket.socket, count: int, max_connections: int = 1000) -> None:
         self.listener = listener
+        self.max_connections = max_connections
         self.closed = RawArray("q", count)  # written by worker i only: connections it was handed and has closed
+        #: written by worker i only: connections it has made into connections of its event loop (or found closed)
+        self.taken = RawArray("q", count)
+        self.shed_asked = RawArray("q", count)  # written by the parent: keep-alive connections worker i is to close
+        self.shed_done = RawArray("q", count)  # written by worker i only: how many of those it has closed
         self.sent = [0] * count  # written by the parent only
+        #: connections closed because no worker took them within HANDOFF_WAIT (the parent's own metric)
+        self.unplaced = 0
+        self._unplaced_logged = 0
+        self._lead: tuple[int, int | None] = (0, None)  # the last look's lead, and which worker had it
+        self._warned = -float("inf")
         self._ends: dict[int, socket.socket] = {}
         self._ready: set[int] = set()
         self._lock = threading.Lock()
@@ -63,6 +110,9 @@ class Balancer:
             self._ends[index] = parent_end
             self.sent[index] = 0
             self.closed[index] = 0
+            self.taken[index] = 0
+            self.shed_asked[index] = 0
+            self.shed_done[index] = 0
         if old is not None:
             old.close()
         return child_end
@@ -100,13 +150,19 @@ class Balancer:
         except OSError:
             pass
 
+    def metrics_text(self) -> bytes:
+        """The parent's own samples, in Prometheus' text format (merged into ``/metrics`` with the workers')."""
+        return (b"# TYPE st_prompts_dropped_connections_total counter\n"
+                b'st_prompts_dropped_connections_total{reason="handoff"} %d\n' % self.unplaced)
+
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self.listener, selectors.EVENT_READ)
         selector.register(self._wake_read, selectors.EVENT_READ)
+        rebalanced = time.monotonic()
         try:
             while not self._stopped:
-                selector.select(timeout=0.5)
+                selector.select(timeout=REBALANCE_INTERVAL)
                 if self._stopped:
                     return
                 if not self._ready:  # connections wait in the listen queue until a worker is ready
@@ -124,32 +180,78 @@ class Balancer:
                             self._hand(connection)
                         finally:
                             connection.close()  # the worker holds its own copy now
+                if time.monotonic() - rebalanced >= REBALANCE_INTERVAL:
+                    rebalanced = time.monotonic()
+                    self._rebalance()
+                self._warn()
         finally:
             selector.close()
 
     def _hand(self, connection: socket.socket) -> None:
-        with self._lock:
-            order = sorted((self.sent[i] - self.closed[i], i) for i in self._ready)
-            ends = {i: self._ends[i] for _, i in order}
-        for _, index in order:
-            try:
-                socket.send_fds(ends[index], [b"c"], [connection.fileno()])
-            except OSError:  # its queue is full (a stuck worker) or it is gone: the next one
-                continue
+        """Give ``connection`` to the ready worker holding the fewest open connections that has fewer than
+        HANDOFF_DEPTH on their way (marked to be refused when the server holds ``max_connections``); when none has,
+        wait until one takes some."""
+        deadline = None
+        while not self._stopped:
             with self._lock:
-                if self._ends.get(index) is ends[index]:
-                    self.sent[index] += 1
-            return
-        logger.warning("no worker could take a connection: it is closed")
+                order = sorted((self.sent[i] - self.closed[i], i) for i in self._ready
+                               if self.sent[i] - self.taken[i] < HANDOFF_DEPTH)
+                ends = {i: self._ends[i] for _, i in order}
+                held = sum(self.sent[i] - self.closed[i] for i in self._ends)
+            mark = _REFUSE if held >= self.max_connections else _SERVE
+            for _, index in order:
+                try:
+                    socket.send_fds(ends[index], [mark], [connection.fileno()])
+                except OSError:  # its queue is full (EAGAIN) or it is gone: the next one
+                    continue
+                with self._lock:
+                    if self._ends.get(index) is ends[index]:
+                        self.sent[index] += 1
+                return
+            now = time.monotonic()
+            deadline = now + HANDOFF_WAIT if deadline is None else deadline
+            if now >= deadline:
+                break
+            # every worker has its fill on the way: wait until one takes some (the listen queue holds the next
+            # connections meanwhile); a stop wakes the wait
+            select.select([self._wake_read], [], [], min(0.005, deadline - now))
+        if not self._stopped:  # (a stopping server closes what it holds anyway)
+            self.unplaced += 1
+
+    def _warn(self) -> None:
+        """One warning at most every WARNING_INTERVAL seconds for the connections no worker took."""
+        if self.unplaced > self._unplaced_logged and time.monotonic() - self._warned >= WARNING_INTERVAL:
+            logger.warning("closed %d connection%s that no worker took within %g s (every worker's hand-off queue "
+                           "stayed full)", self.unplaced - self._unplaced_logged,
+                           "s" * (self.unplaced - self._unplaced_logged != 1), HANDOFF_WAIT)
+            self._unplaced_logged = self.unplaced
+            self._warned = time.monotonic()
+
+    def _rebalance(self) -> None:
+        """Ask the worker holding the most open connections to close half its lead over the one holding the fewest,
+        each after its next answer, when it led at the last look too (a flood of short connections makes brief
+        leads: they are no reason to move keep-alive clients); a lead of one is no imbalance."""
+        with self._lock:  # connections open in each worker's event loop (not those on their way)
+            held = sorted((self.taken[i] - self.closed[i], i) for i in self._ready)
+        lead, index = ((held[-1][0] - held[0][0]) // 2, held[-1][1]) if len(held) >= 2 else (0, None)
+        previous, self._lead = self._lead, (lead, index)
+        if lead >= 1 and previous[1] == index and previous[0] >= 1:
+            self.shed_asked[index] = self.shed_done[index] + min(lead, previous[0])
+        elif lead < 1:
+            for _, other in held:  # balanced: whatever was asked and not yet done is no longer wanted
+                self.shed_asked[other] = self.shed_done[other]
 
 
 class Receiver:
     """A worker's side: takes the connections the parent hands it into its event loop."""
 
-    def __init__(self, end: socket.socket, closed, index: int) -> None:
+    def __init__(self, end: socket.socket, closed, index: int, taken=None, shed_asked=None, shed_done=None) -> None:
         self.end = end
         self.closed = closed
+        self.taken = taken
         self.index = index
+        self.shed_asked = shed_asked
+        self.shed_done = shed_done
         self.received = 0
         self.pending = 0  # received, not yet made into a connection
         self.open = 0  # connections open in this worker (the guard's count)
@@ -183,14 +285,30 @@ class Receiver:
         self.open = open_connections
         self._publish()
 
+    def shed(self) -> bool:
+        """Whether to close this keep-alive connection after its answer (counted as done when ``True``): the parent
+        asks for it, and this worker still holds at least two connections more than another now (an ask made
+        before a lead went away, e.g. before a burst of new clients, is not carried out)."""
+        index = self.index
+        if self.shed_asked is None or self.shed_done[index] >= self.shed_asked[index]:
+            return False
+        held = [self.taken[i] - self.closed[i] for i in range(len(self.closed))]
+        mine = held.pop(index)
+        if not held or mine - min(held) < 2:
+            return False
+        self.shed_done[index] += 1
+        return True
+
     def _publish(self) -> None:
         self.closed[self.index] = max(0, self.received - self.pending - self.open)
+        if self.taken is not None:
+            self.taken[self.index] = self.received - self.pending
 
     def _take(self, factory) -> None:
         loop = self._loop
         while loop is not None:
             try:
-                _, fds, _, _ = socket.recv_fds(self.end, 16, 1)
+                mark, fds, _, _ = socket.recv_fds(self.end, 16, 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -199,13 +317,33 @@ class Receiver:
             for fd in fds:
                 self.received += 1
                 self.pending += 1
-                loop.create_task(self._connect(loop, factory, socket.socket(fileno=fd)))
+                loop.create_task(self._connect(loop, factory, socket.socket(fileno=fd), mark == _REFUSE))
+            self._publish()
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, factory, sock: socket.socket) -> None:
+    async def _connect(self, loop: asyncio.AbstractEventLoop, factory, sock: socket.socket, refuse: bool) -> None:
+        counted = []  # the connection leaves `pending` once: when the guard counts it, or when it fails
+
+        def made_now(connection_made: Callable, transport) -> None:
+            if not counted:
+                counted.append(True)
+                self.pending -= 1
+            connection_made(transport)  # the guard counts it open and publishes (on_count)
+
+        def protocol() -> asyncio.Protocol:
+            made = factory()
+            made.over_capacity = refuse  # the server holds --max-connections: answered 503 (the guard)
+            # leaving `pending` just before the guard counts the connection open (and publishes) keeps the published
+            # count exact at every moment; left after connect_accepted_socket returned, the connection counted twice
+            # (pending and open) meanwhile, the worker looked busier than it was, and the next connection of a burst
+            # could go to the other worker even when that one held more (7/9 instead of 8/8 after a replacement)
+            made.connection_made = functools.partial(made_now, made.connection_made)
+            return made
+
         try:
-            await loop.connect_accepted_socket(factory, sock)
+            await loop.connect_accepted_socket(protocol, sock)
         except OSError:  # the client went away meanwhile
             sock.close()
-        finally:
-            self.pending -= 1
+            if not counted:
+                counted.append(True)
+                self.pending -= 1
             self._publish()

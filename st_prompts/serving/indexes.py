@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from st_prompts.errors import StPromptsError
+from st_prompts.errors import StPromptsError, printable
 from st_prompts.serving.limits import RequestError, shorten
 from st_prompts.serving.model import DOCUMENT_ROLE, QUERY_ROLE, ServedModel
 
@@ -118,7 +118,7 @@ class IndexRegistry:
         if old is not None:
             self.served.release(old.route)
         logger.info("index %r: %d documents (%s, memory-mapped) from %s, queries %s", name, len(index),
-                    index.index_type, path, f"with the prompt set {task!r}" if task else "on the query side")
+                    index.index_type, printable(path), f"with the prompt set {task!r}" if task else "on the query side")
         return entry
 
     def reload(self, name: str) -> ServedIndex:

@@ -7,8 +7,12 @@ queued behind it),
 ``rows_total{task}`` (rows encoded per task), ``requests_total{endpoint,status}``, ``request_seconds{endpoint}``
 (latency histogram of answered requests), ``cancelled_requests_total`` (clients that went away before their answer),
 ``prompt_sets`` (sets served), ``dropped_connections_total{reason}`` (connections closed on a client: ``malformed``
-HTTP framing, ``header_timeout``, ``body_timeout``, ``send_timeout``, ``too_many_connections``, ``shutdown``) and
-``open_connections``; and the process collector's ``process_resident_memory_bytes`` and friends.
+HTTP framing, ``header_too_large`` (431), ``url_too_long`` (414), ``header_timeout``, ``body_timeout``,
+``send_timeout``, ``too_many_connections``, ``shutdown``; with workers also ``handoff``: no worker took it),
+``open_connections`` and ``rebalanced_connections_total`` (with workers: keep-alive connections closed after an answer
+so that their client reconnects to a worker holding fewer); and the process collector's
+``process_resident_memory_bytes`` and friends. Requests refused before they reach an endpoint (malformed HTTP, a head
+or URL too large) count in ``requests_total{endpoint="malformed"}`` with their status.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from prometheus_client import (
 
 from st_prompts.serving.batcher import BatchReport
 
-__all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "SAME_IN_EVERY_WORKER", "ServerMetrics"]
+
+#: Gauges that say what every worker of a server holds alike (``--workers N``): ``/metrics`` gives their largest value
+#: over the workers, not their sum (a bank of 3 sets served by 2 workers serves 3 sets, not 6).
+SAME_IN_EVERY_WORKER = frozenset({"st_prompts_prompt_sets"})
 
 _ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TASK_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
@@ -70,6 +78,8 @@ class ServerMetrics:
                                "malformed HTTP, a header, body or send timeout, too many connections, shutdown",
                                ["reason"], registry=r)
         self.connections = Gauge("st_prompts_open_connections", "HTTP connections open", registry=r)
+        self.rebalanced = Counter("st_prompts_rebalanced_connections", "Keep-alive connections closed after an answer "
+                                  "so that their client reconnects to a worker holding fewer (--workers)", registry=r)
 
     def observe_batch(self, report: BatchReport) -> None:
         """The batcher's observer: one forward pass."""

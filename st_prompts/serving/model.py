@@ -24,15 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from st_prompts.errors import StPromptsError
+from st_prompts.errors import StPromptsError, printable
+from st_prompts.prompts.names import BACKBONE_TASK, set_name_problem
 from st_prompts.serving.limits import RequestError, shorten
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "ServedModel"]
-
-#: Public name of the plain backbone of a prompted model (st_prompts' own task name for it).
-BACKBONE_TASK = "backbone"
 
 
 class _Role:
@@ -58,9 +56,11 @@ class ServedModel:
     Args:
         model: a loaded ``SentenceTransformer``.
         name: the public name of a model that is not a prompt bank (default ``"model"``).
+        quantization: how its backbone is stored, as ``st-prompts serve --quantize`` says it (``"none"``,
+            ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line.
     """
 
-    def __init__(self, model: Any, name: str | None = None) -> None:
+    def __init__(self, model: Any, name: str | None = None, quantization: str = "none") -> None:
         from st_prompts.modules import PromptedTransformer
 
         self.model = model
@@ -68,14 +68,18 @@ class ServedModel:
         self.encoder = first if isinstance(first, PromptedTransformer) else None
         self.is_bank = self.encoder is not None and self.encoder.prefix_encoder is None
         self.name = name or "model"
+        self.quantization = quantization or "none"
         self.dimension = int(model.get_embedding_dimension())
         self.max_seq_length = getattr(model, "max_seq_length", None)
         self._routes: dict[str, Any] = {}  # public name -> what encode() is given for it
+        #: internal set name -> the public name it was added under (``name@2`` -> ``name``): metrics labels
+        self._public: dict[str, str] = {}
         if self.encoder is not None:
             if not self.is_bank:
                 self._routes[self.name] = None  # the model's own prefix
             for set_name in self.encoder.prompt_set_names:
                 self._routes[set_name] = set_name
+                self._public[set_name] = set_name
             self._routes[BACKBONE_TASK] = BACKBONE_TASK
         else:
             self._routes[self.name] = None
@@ -99,7 +103,6 @@ class ServedModel:
         runs) and serve it; ``name`` defaults to the folder's name (``minilm`` for the packaged model);
         ``quantize="int8"``: its backbone in int8 (:mod:`st_prompts.quantization`)."""
         from st_prompts.loading import load_sentence_model
-
         from st_prompts.modules.chat_templates import guard_chat_templates
 
         # an encoder's chat template is dropped, a decoder's bounded in size (docs/trust.md: chat templates)
@@ -108,7 +111,7 @@ class ServedModel:
         model.eval()
         if name is None:
             name = os.path.basename(os.path.normpath(str(name_or_path))) or "model"
-        return cls(model, name)
+        return cls(model, name, quantization=quantize or "none")
 
     # ------------------------------------------------------------------ names
     def names(self) -> list[str]:
@@ -151,6 +154,14 @@ class ServedModel:
             self._pins[route] -= 1
             if self._pins[route] <= 0:
                 del self._pins[route]
+
+    def public_name(self, route: Any) -> str:
+        """The public task name of a route (an internal set name such as ``name@2``: the name it was added under;
+        ``None``: the model's own name), for a metrics label."""
+        if route is None:
+            return self.name
+        with self._routes_lock:
+            return self._public.get(route, str(route))
 
     def internal_sets(self) -> list[str]:
         """Every prompt set in the model, retired ones still draining included."""
@@ -242,10 +253,9 @@ class ServedModel:
         if self.encoder is None:
             raise RequestError(409, f"{self.name!r} is not a prompted model: prompt sets cannot be added to it.",
                                code="not_a_bank")
-        if not isinstance(name, str) or not name or "." in name or "@" in name or "/" in name or len(name) > 128 \
-                or name == BACKBONE_TASK or name.strip() != name:
-            raise RequestError(422, f"A prompt set needs a name of 1-128 characters without '.', '@', '/' or "
-                               f"surrounding spaces, not {BACKBONE_TASK!r}; got {shorten(name)}.", param="name")
+        problem = set_name_problem(name)  # the project's one grammar (st_prompts.prompts.names)
+        if problem is not None:
+            raise RequestError(422, problem[0].upper() + problem[1:] + ".", param="name", code="invalid_name")
         if not isinstance(source, str) or not source:
             raise RequestError(422, "'source' must be the path of a saved model folder or prompts-only checkpoint.",
                                param="source")
@@ -289,9 +299,10 @@ class ServedModel:
                     raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
             with self._routes_lock:
                 self._routes[name] = internal
+                self._public[internal] = name
                 self._routes[BACKBONE_TASK] = self._routes.pop(BACKBONE_TASK)  # keep the backbone last
         prefix = self.encoder.prompt_sets[internal]
-        logger.info("added the prompt set %r from %s", name, folder)
+        logger.info("added the prompt set %s from %s", printable(repr(name)), printable(folder))
         info = {"id": name, "prefix_length": int(prefix.prefix_length),
                 "parameters": int(sum(p.numel() for p in prefix.parameters()))}
         if with_data:
@@ -315,7 +326,7 @@ class ServedModel:
                 self._retired.add(route)
             with self._model_lock:
                 self._remove_retired()
-        logger.info("removed the prompt set %r", name)
+        logger.info("removed the prompt set %s", printable(repr(name)))
 
     def _set_problem(self, options: dict[str, Any], state: dict[str, Any]) -> str | None:
         """Why a prompt set read from a folder (its ``options`` and tensors) cannot join this bank, checked without
@@ -367,6 +378,8 @@ class ServedModel:
             self._retired.difference_update(free)
         for route in free:
             bank.remove_prompt_set(self.model, route)
+            with self._routes_lock:
+                self._public.pop(route, None)
 
     def _internal_name(self, name: str) -> str:
         """``name``, or ``name@N`` while a retired set of that name still drains."""

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with timeouts, a connection cap and OpenAI errors for malformed HTTP.
+"""uvicorn's httptools protocol with timeouts, bounds on a request's head, a connection cap and OpenAI errors for
+malformed HTTP.
 
 uvicorn times out only idle keep-alive connections: a client that sends part of its headers, or announces a body and
 never sends it, or never reads its answer, holds a connection (a file descriptor, and on SIGTERM the drain) for as
@@ -13,12 +14,27 @@ answer              while the client does not read its answer (the send buffer s
                     without progress (closed at once)
 ==================  =========================================================================================
 
+**The head of a request is bounded in bytes and fields.** Neither uvicorn nor httptools bounds it, and httptools
+gathers a header that arrives in pieces by concatenating bytes (a copy of all of it per piece): one client streaming an
+endless header value costs the event loop more with every piece, and stalled every other client of that process for
+the whole header timeout (issue 60: 1,635 answers in 15 s fell to 32 in 20 s). So at most ``max_header_bytes`` bytes
+of a request's line and headers are handed to the parser (more: 431, closed), at most ``max_headers`` header fields
+(more: 431) and a URL of at most ``max_url_bytes`` bytes (more: 414).
+
 A request whose headers are complete and whose body has arrived is the application's: it is not timed here (the
 server's drain timeout bounds it on SIGTERM). Beyond ``max_connections`` open connections a new one is answered 503
 and closed at once. Bytes that are not HTTP (a garbage request line, ``Content-Length: abc`` or ``-5``, a bad chunk)
-are answered 400 in OpenAI's error object instead of uvicorn's plain text. On shutdown a connection still sending its
-request is answered 503 and closed (an idle one is closed), so that no client holds the drain. Every connection the
-server closes on a client is counted (``ConnectionGuard.on_drop``: ``st_prompts_dropped_connections_total``).
+are answered 400 in OpenAI's error object instead of uvicorn's plain text; complete requests that came before them on
+the same connection (pipelined) are answered first, in order. On shutdown a connection still sending its request is
+answered 503 and closed (an idle one is closed), so that no client holds the drain. Every connection the server closes
+on a client is counted (``ConnectionGuard.on_drop``: ``st_prompts_dropped_connections_total``).
+
+**A refused connection lingers** (400, 408, 414, 431): after the answer the server half-closes it (the client reads
+the answer and then the end), drops what the client still sends (:data:`LINGER_BYTES` at most, then it reads nothing
+more) and closes it when the client does, or after :data:`LINGER_SECONDS`. Closing at once with unread data sends a
+reset, which can destroy the answer before the client reads it, and let a client that never stops sending (an endless
+header) start again at once: about 115 new connections a second at 10 MB/s, 0.1-0.2 cores of the server's CPU
+(measured with ``benchmarks/serving_attack.py``'s attacker alone); lingering, it waits out the linger between two.
 """
 
 from __future__ import annotations
@@ -37,12 +53,19 @@ from st_prompts.serving.limits import RequestError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConnectionGuard", "guarded_protocol"]
+__all__ = ["MAX_URL_BYTES", "ConnectionGuard", "guarded_protocol"]
+
+#: The longest URL any server may accept: httptools' URL parser keeps offsets in 16 bits (a longer one fails there).
+MAX_URL_BYTES = 65_535
+#: Seconds a refused connection stays open after its answer (see the module docstring), at most.
+LINGER_SECONDS = 2.0
+#: Bytes a refused connection may still send that are read and dropped; then nothing more is read.
+LINGER_BYTES = 1 << 20
 
 
 @dataclass
 class ConnectionGuard:
-    """The bounds of every connection (seconds) and what to call when one is closed on its client.
+    """The bounds of every connection (seconds, bytes, counts) and what to call on what happens to one.
 
     Attributes:
         header_timeout: a request's headers must be complete this long after its first byte.
@@ -50,18 +73,39 @@ class ConnectionGuard:
             of its answer for this long is dropped.
         idle_timeout: a connection without a request (new, or between keep-alive requests) is closed after this.
         max_connections: connections open at once; one more is answered 503 and closed.
+        max_header_bytes: bytes of a request's line and headers, from its first byte to the blank line that ends
+            them; more: 431.
+        max_headers: header fields of a request; more: 431.
+        max_url_bytes: bytes of a request's URL (at most :data:`MAX_URL_BYTES`); more: 414.
         on_drop: ``on_drop(reason)``, called on the event loop for each connection closed on a client.
-        on_malformed: called for each request refused as malformed HTTP (it is answered 400).
+        on_malformed: ``on_malformed(status)`` for each request refused before it reached the application (malformed
+            HTTP: 400; a head too large: 431; a URL too long: 414).
         on_count: ``on_count(open_connections)`` after each connection opens or closes.
+        shed: asked once per keep-alive request; ``True``: its answer closes the connection (``Connection: close``),
+            so that its client reconnects (the parent of workers moves clients off a worker holding more than its
+            share: :mod:`st_prompts.serving.balance`).
     """
 
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 1000
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_url_bytes: int = 32 * 1024
     on_drop: Callable[[str], None] | None = None
-    on_malformed: Callable[[], None] | None = None
+    on_malformed: Callable[[int], None] | None = None
     on_count: Callable[[int], None] | None = None
+    shed: Callable[[], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_header_bytes", "max_headers", "max_url_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_url_bytes > MAX_URL_BYTES:
+            raise ValueError(f"max_url_bytes must be at most {MAX_URL_BYTES:,} (httptools' URL parser), got "
+                             f"{self.max_url_bytes:,}")
 
     def dropped(self, reason: str) -> None:
         if self.on_drop is not None:
@@ -77,6 +121,24 @@ def error_response(status: int, message: str, code: str, default_headers: list[t
     return b"".join(head) + body
 
 
+class _Refusal(Exception):
+    """Raised by a parser callback to refuse the request: ``args`` are :meth:`GuardedProtocol._drop`'s."""
+
+
+def _answering(status: int, message: str, code: str) -> Callable[..., Any]:
+    """An ASGI application that answers ``status`` with OpenAI's error object and closes the connection: what runs,
+    in its turn, for a pipelined request refused while earlier ones are still being answered."""
+    body = orjson.dumps(RequestError(status, message, code=code).payload())
+
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's ``HttpToolsProtocol`` with the bounds of :class:`ConnectionGuard` (see the module docstring); the
     guard is the class attribute ``guard`` (:func:`guarded_protocol` makes the subclass)."""
@@ -88,6 +150,16 @@ class GuardedProtocol(HttpToolsProtocol):
         self._receive_timer = None  # the header or body deadline of the request being received
         self._send_timer = None  # the client does not read its answer
         self._phase = "idle"  # "headers", "body" (a request is being received) or "idle" (none is)
+        #: set before ``connection_made`` by the worker of a server whose parent counted too many connections open
+        self.over_capacity = False
+        self._begun = 0  # requests begun on this connection (tells a head that began within a piece of data)
+        self._head_bytes = 0  # bytes of the head being received, counted as they are handed to the parser
+        self._seen_head = 0  # bytes of its URL and complete header fields, as the parser's callbacks give them
+        self._fields = 0  # its header fields so far
+        self._refused = False  # a refusal is answered, or waits for earlier answers: nothing more is read
+        self._deferred: bytes | None = None  # that answer, sent once the earlier requests are answered
+        self._linger_timer = None  # closes a refused connection that the client does not close
+        self._dropped_bytes = 0  # what a refused connection sent since (read and dropped)
 
     # ------------------------------------------------------------------ the connection
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -95,7 +167,7 @@ class GuardedProtocol(HttpToolsProtocol):
         guard = self.guard
         if guard.on_count is not None:
             guard.on_count(len(self.connections))
-        if len(self.connections) > guard.max_connections:
+        if self.over_capacity or len(self.connections) > guard.max_connections:
             self._drop("too_many_connections", 503, f"The server has {guard.max_connections:,} connections open, "
                        "its limit; retry shortly.", "too_many_connections")
             return
@@ -105,42 +177,126 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_receive_timer()
         self._cancel_send_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
         if self.guard.on_count is not None:
             self.guard.on_count(len(self.connections))
 
     def data_received(self, data: bytes) -> None:
+        """Feed ``data`` to the parser; while a request's head is being received, no more than the bytes left of
+        ``max_header_bytes`` at a time (so that httptools never gathers more than that of one header)."""
         if self.parser is None:  # closed meanwhile
             return
+        if self._refused:  # refused: what follows is dropped, and not read at all beyond LINGER_BYTES
+            self._dropped_bytes += len(data)
+            if self._dropped_bytes > LINGER_BYTES and not self.transport.is_closing():
+                self.transport.pause_reading()
+            return
         self._unset_keepalive_if_required()
+        limit = self.guard.max_header_bytes
+        view = memoryview(data)
+        while view:
+            if self._phase in ("idle", "headers"):  # a head goes on, or one may begin at the first byte
+                room = max(1, limit - (self._head_bytes if self._phase == "headers" else 0))
+                piece, view = view[:room], view[room:]
+            else:
+                piece, view = view, view[:0]
+            phase, begun = self._phase, self._begun
+            if not self._feed(piece):
+                return
+            if self._phase != "headers":
+                continue
+            if self._begun == begun:  # the head went on through the whole piece
+                self._head_bytes += len(piece)
+            elif self._begun == begun + 1 and phase == "idle":  # it began with the piece (after CRLFs at most)
+                self._head_bytes = len(piece)
+            else:  # it began within the piece, after another request: what the parser's callbacks saw of it
+                self._head_bytes = self._seen_head
+            if self._head_bytes >= limit:  # at the limit and not complete: more than the limit
+                self._refuse_head(f"The request's line and headers exceed {limit:,} bytes.")
+                return
+
+    def _feed(self, piece: memoryview) -> bool:
+        """Feed the parser; ``False`` when the connection is refused or taken over (nothing more is fed)."""
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+            return False
         except httptools.HttpParserError as exc:  # callback errors (a URL that is not ASCII, ...) included
+            refusal = exc.__context__ if isinstance(exc.__context__, _Refusal) else None
+            if refusal is not None:
+                reason, status, message, code = refusal.args
+            else:  # what the parser said, or what it said of a callback's error (a URL it cannot parse)
+                cause = exc.__context__ if isinstance(exc.__context__, httptools.HttpParserError) else exc
+                reason, status, code = "malformed", 400, "invalid_http_request"
+                message = f"Malformed HTTP request: {(str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]}."
             if self.guard.on_malformed is not None:
-                self.guard.on_malformed()
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            self._drop("malformed", 400, f"Malformed HTTP request: {reason}.", "invalid_http_request")
+                self.guard.on_malformed(status)
+            self._drop(reason, status, message, code)
+            return False
+        return True
+
+    def _refuse_head(self, message: str) -> None:
+        if self.guard.on_malformed is not None:
+            self.guard.on_malformed(431)
+        self._drop("header_too_large", 431, message, "request_header_fields_too_large")
 
     # ------------------------------------------------------------------ request phases (parser callbacks)
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._begun += 1
+        self._head_bytes = self._seen_head = self._fields = 0
         self._phase = "headers"
         self._arm_receive(self.guard.header_timeout, "header_timeout", "headers")
 
+    def on_url(self, url: bytes) -> None:
+        limit = self.guard.max_url_bytes
+        if len(self.url) + len(url) > limit:
+            raise _Refusal("url_too_long", 414, f"The request's URL exceeds {limit:,} bytes.", "url_too_long")
+        self._seen_head += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        guard = self.guard
+        self._fields += 1
+        self._seen_head += len(name) + len(value) + 4  # ": " and CRLF
+        if self._fields > guard.max_headers:
+            raise _Refusal("header_too_large", 431, f"The request has more than {guard.max_headers:,} header "
+                           "fields.", "request_header_fields_too_large")
+        if self._seen_head > guard.max_header_bytes:
+            raise _Refusal("header_too_large", 431, f"The request's line and headers exceed "
+                           f"{guard.max_header_bytes:,} bytes.", "request_header_fields_too_large")
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # a URL httptools cannot parse raises here: malformed, before any body phase
         self._phase = "body"
         self._arm_receive(self.guard.body_timeout, "body_timeout", "body")
-        super().on_headers_complete()
+        cycle = self.cycle
+        if self.guard.shed is not None and cycle is not None and cycle.keep_alive and not self.pipeline \
+                and self.guard.shed():
+            cycle.keep_alive = False  # answered with "connection: close": its client reconnects (to another worker)
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
         self._cancel_receive_timer()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        if self._deferred is not None and not self.pipeline and cycle is not None and cycle.response_complete \
+                and not self.transport.is_closing():
+            self._unset_keepalive_if_required()  # super() armed it: the refusal closes the connection now
+            answer, self._deferred = self._deferred, None
+            self.transport.write(answer)
+            self._linger()
 
     # ------------------------------------------------------------------ the answer
     def pause_writing(self) -> None:
@@ -189,20 +345,59 @@ class GuardedProtocol(HttpToolsProtocol):
             self._send_timer = None
 
     def _drop(self, reason: str, status: int, message: str, code: str) -> None:
-        """Answer ``status`` with OpenAI's error object and close the connection; the answer is left out when the
-        request being received already has one (an early 413), or when an earlier request's answer is pending."""
+        """Refuse the request being received: answer ``status`` with OpenAI's error object and close the connection
+        (lingering, see the module docstring; at once when the server is full or stopping).
+
+        Requests of this connection that came before it (pipelined) and are not yet answered are answered first:
+        the refusal waits for them (nothing more is read meanwhile). The answer is left out when the refused request
+        already has one (an early 413)."""
         phase, self._phase = self._phase, "idle"
         self._cancel_receive_timer()
         self._unset_keepalive_if_required()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
             return
         self.guard.dropped(reason)
-        pending = self.cycle is not None and not self.cycle.response_complete  # an answer not yet complete
-        if (not self.cycle.response_started and not self.pipeline) if phase == "body" else not pending:
+        linger = reason not in ("too_many_connections", "shutdown")  # neither holds a slot nor the server's stop
+        cycle = self.cycle
+        if phase == "body" and cycle is not None:  # the refused request's headers were complete: it is self.cycle
+            if self.pipeline and self.pipeline[0][0] is cycle:  # queued behind earlier answers: refused in its turn
+                self._refused = True
+                cycle.keep_alive = False
+                self.pipeline[0] = (cycle, _answering(status, message, code))
+                return
+            if not cycle.response_started:
+                self.transport.write(error_response(status, message, code, self.server_state.default_headers))
+            # the application's request ends here: it sees its client gone (as a close would tell it) and writes
+            # nothing more, so nothing follows the refusal
+            cycle.keep_alive = False
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif cycle is not None and not cycle.response_complete:  # earlier requests still owe their answers
+            self._refused = True
+            self._deferred = error_response(status, message, code, self.server_state.default_headers)
+            return
+        else:
             self.transport.write(error_response(status, message, code, self.server_state.default_headers))
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False
-        self.transport.close()
+        if linger:
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """Half-close a refused connection after its answer and close it when the client does, or after
+        LINGER_SECONDS (see the module docstring)."""
+        self._refused = True
+        transport = self.transport
+        if transport.is_closing():
+            return
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()  # the end follows the answer once it is sent
+        except (OSError, RuntimeError):  # the client is gone already
+            transport.abort()
+            return
+        transport.resume_reading()  # what the client still sends is dropped, and its end closes the connection
+        self._linger_timer = self.loop.call_later(LINGER_SECONDS, transport.abort)
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedProtocol]:

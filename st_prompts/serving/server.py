@@ -14,6 +14,7 @@ bug reports).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from st_prompts.errors import ConfigurationError, StPromptsError
+from st_prompts.errors import ConfigurationError, StPromptsError, printable
 from st_prompts.serving.limits import RequestError, ServingLimits
 from st_prompts.serving.protocol import ConnectionGuard, guarded_protocol
 
@@ -52,6 +53,9 @@ class ServerOptions:
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 1000
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_url_bytes: int = 32 * 1024
     quantize: str = "none"
     workers: int = 1
 
@@ -105,6 +109,11 @@ def run_server(options: ServerOptions) -> int:
 
     threads = options.threads or max(1, (os.cpu_count() or 1) // workers)
     sock.listen(2048)  # connections queue from here; the workers accept them
+    # --max-queue-rows is the server's: rows queue in the workers, so each takes its share (--max-connections is
+    # counted by the parent, which holds the count of every worker: balance.Balancer)
+    total_rows = options.limits.max_queue_rows
+    options = dataclasses.replace(options, limits=dataclasses.replace(options.limits,
+                                                                      max_queue_rows=max(1, total_rows // workers)))
 
     from st_prompts.serving.changes import apply_change
 
@@ -118,9 +127,11 @@ def run_server(options: ServerOptions) -> int:
         # the parent accepts and hands the connections over (link.receiver): the worker has closed its listener
         return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
 
-    logger.info("forking %d workers, %d torch thread%s each", workers, threads, "s" * (threads != 1))
+    logger.info("forking %d workers, %d torch thread%s each; at most %d connections open in all, %d rows queued in "
+                "each (--max-queue-rows %d shared)", workers, threads, "s" * (threads != 1), options.max_connections,
+                options.limits.max_queue_rows, total_rows)
     supervisor = Supervisor(workers, start_worker, on_ready=ready, drain_timeout=options.drain_timeout,
-                            keep=[sock], balancer=Balancer(sock, workers))
+                            keep=[sock], balancer=Balancer(sock, workers, max_connections=options.max_connections))
     code = supervisor.run()
     sock.close()
     if code == 1:
@@ -140,8 +151,12 @@ def _load(options: ServerOptions):
                               quantize=options.quantize)
     names = served.names()
     kind = "a prompt bank" if served.is_bank else "a model"
-    logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1),
-                ", ".join(names[:6]) + (", ..." if len(names) > 6 else ""), time.perf_counter() - start)
+    if served.quantization != "none":
+        kind += f" ({served.quantization}: its backbone's linear layers)"
+    # names come from a folder or a request: printed escaped, so that none can break the line or act on a terminal
+    shown = ", ".join(printable(name) for name in names[:6]) + (", ..." if len(names) > 6 else "")
+    logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1), shown,
+                time.perf_counter() - start)
     registry = IndexRegistry(served)
     for name, path in options.indexes:
         try:
@@ -171,9 +186,11 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
     metrics = context.metrics
     guard = ConnectionGuard(header_timeout=options.header_timeout, body_timeout=options.body_timeout,
                             idle_timeout=options.idle_timeout, max_connections=options.max_connections,
+                            max_header_bytes=options.max_header_bytes, max_headers=options.max_headers,
+                            max_url_bytes=options.max_url_bytes,
                             on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
-                            on_malformed=lambda: metrics.observe_request("malformed", 400, 0.0),
-                            on_count=_counter(metrics, receiver))
+                            on_malformed=lambda status: metrics.observe_request("malformed", status, 0.0),
+                            on_count=_counter(metrics, receiver), shed=_shedder(metrics, receiver))
     config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",
                             server_header=False, timeout_graceful_shutdown=options.drain_timeout,
                             timeout_keep_alive=options.idle_timeout)
@@ -210,6 +227,20 @@ def _counter(metrics, receiver) -> Callable[[int], None]:
         receiver.on_count(open_connections)
 
     return count
+
+
+def _shedder(metrics, receiver) -> Callable[[], bool] | None:
+    """The guard's ``shed`` (a worker: whether the parent asks it to move one more keep-alive client), counted."""
+    if receiver is None:
+        return None
+
+    def shed() -> bool:
+        if receiver.shed():
+            metrics.rebalanced.inc()
+            return True
+        return False
+
+    return shed
 
 
 def _quiet_uvicorn() -> None:

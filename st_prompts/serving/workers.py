@@ -224,7 +224,8 @@ class Supervisor:
                     from st_prompts.serving.balance import Receiver
 
                     self.balancer.close_in_worker()
-                    receiver = Receiver(handoff, self.balancer.closed, index)
+                    receiver = Receiver(handoff, self.balancer.closed, index, self.balancer.taken,
+                                        self.balancer.shed_asked, self.balancer.shed_done)
                 code = self.start_worker(WorkerLink(index, up_child, down_child, receiver), list(self.journal))
             except KeyboardInterrupt:
                 code = 130
@@ -236,7 +237,7 @@ class Supervisor:
                 for stream in (sys.stdout, sys.stderr):
                     try:
                         stream.flush()
-                    except Exception:  # noqa: BLE001
+                    except Exception:  # noqa: BLE001, S110 - exiting: nothing is left to tell
                         pass
                 os._exit(code)
         up_child.close()
@@ -434,7 +435,7 @@ class Supervisor:
             status, value = self._command(worker, ("render",))
             if status == "ok":
                 texts.append((worker.index, value))
-        return merge_metrics(texts)
+        return merge_metrics(texts, self.balancer.metrics_text() if self.balancer is not None else None)
 
 
 def _shown(args: tuple) -> str:
@@ -455,17 +456,23 @@ def _label_log(index: int) -> None:
         handler.addFilter(prefix)
 
 
-def merge_metrics(texts: list[tuple[int, bytes]]) -> bytes:
-    """Sum the Prometheus text expositions of the workers (``(index, text)``): each ``st_prompts_*`` sample is the sum
-    over the workers (``_created`` samples: the earliest), every other family (the process collector's) keeps each
-    worker's samples under a ``worker`` label; one ``st_prompts_workers`` gauge says how many answered."""
+def merge_metrics(texts: list[tuple[int, bytes]], parent: bytes | None = None) -> bytes:
+    """Merge the Prometheus text expositions of the workers (``(index, text)``) and the parent's own samples
+    (``parent``): each ``st_prompts_*`` sample is the sum over them (``_created`` samples: the earliest), except the
+    gauges that describe what every worker holds alike (:data:`~st_prompts.serving.metrics.SAME_IN_EVERY_WORKER`, e.g.
+    the prompt sets served: 3, not 3 per worker), which take the largest; every other family (the process
+    collector's) keeps each worker's samples under a ``worker`` label; one ``st_prompts_workers`` gauge says how many
+    workers answered."""
     from prometheus_client.core import CollectorRegistry, Metric
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
+    from st_prompts.serving.metrics import SAME_IN_EVERY_WORKER
+
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, float]] = {}
-    for index, text in texts:
+    sources = list(texts) + ([(None, parent)] if parent else [])
+    for index, text in sources:
         for family in text_string_to_metric_families(text.decode("utf-8") if isinstance(text, bytes) else text):
             families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             samples = values.setdefault(family.name, {})
@@ -479,6 +486,8 @@ def merge_metrics(texts: list[tuple[int, bytes]]) -> bytes:
                     samples[key] = sample.value
                 elif sample.name.endswith("_created"):
                     samples[key] = min(samples[key], sample.value)
+                elif family.name in SAME_IN_EVERY_WORKER:
+                    samples[key] = max(samples[key], sample.value)
                 else:
                     samples[key] += sample.value
     workers = Metric("st_prompts_workers", "Worker processes whose metrics these are", "gauge")
