@@ -598,14 +598,14 @@ def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_pat
     served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0, dimension=32, normalize=False), "tiny")
     tokens = served.count_tokens([" ".join(["measure"] * 30)])[0]
 
-    def timed(texts, route):
+    def timed(texts, route, prompt_length=None):
         time.sleep(0.030 + 0.0005 * len(texts) * tokens)
         return np.zeros((len(texts), 32), dtype=np.float32)
 
-    served._encode = timed
+    served._pass = timed
     assert served.measure_pass_overhead(rows=8, repeats=2) == pytest.approx(60, abs=6)
     assert served.pass_overhead_tokens == pytest.approx(60, abs=6)
-    served._encode = lambda texts, route: time.sleep(0.01) or np.zeros((len(texts), 32), np.float32)
+    served._pass = lambda texts, route, prompt_length=None: time.sleep(0.01) or np.zeros((len(texts), 32), np.float32)
     assert served.measure_pass_overhead(rows=8, repeats=2) > 300  # a pass of 8 rows costs what one does: fill up
     logged = [line for line in setup["servers"]["A"].log().splitlines() if "a forward pass costs as much as" in line]
     assert len(logged) == 1 and float(logged[0].split("as much as ")[1].split()[0]) >= 0

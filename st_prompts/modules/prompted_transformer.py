@@ -13,7 +13,14 @@ import torch
 from sentence_transformers.base.modules.transformer import Transformer
 
 from st_prompts import utils
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError, first_line
+from st_prompts.errors import (
+    BackboneMismatchError,
+    ConfigurationError,
+    DataFormatError,
+    DataNotFoundError,
+    first_line,
+    shorten,
+)
 from st_prompts.hub import check_hub_model
 from st_prompts.modules import set_checks
 from st_prompts.modules.backbones import backbone_dropout, check_checkpointing, check_injection, inspect_backbone
@@ -419,14 +426,19 @@ class PromptedTransformer(Transformer):
                 raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
                                             f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
             spec, state, label = encoder.own_prefix_spec(), encoder.prefix_encoder.state_dict(), "the given model"
-        encoder = self.new_prompt_set(name, spec=spec, internal=internal)
-        expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
+        check_prefix_fits(self, spec.prefix_length, spec.prefix_gate, self.template_num_tokens)
+        with torch.device("meta"):  # the shapes the spec asks for, checked before anything is allocated for them
+            expected = {k: tuple(v.shape) for k, v in self._build_prefix(spec).state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
         if expected != found:
-            self.sets.remove(name)
             raise BackboneMismatchError(f"The prompt set in {label} does not fit this backbone's "
                                         f"{self.backbone_plan.layers} layers of {self.backbone_plan.kv_heads} heads of "
-                                        f"size {self.backbone_plan.head_dim} ({found} against {expected}).")
+                                        f"size {self.backbone_plan.head_dim} ({shorten(found, 160)} against "
+                                        f"{shorten(expected, 160)}).")
+        for key, tensor in state.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ConfigurationError(f"The prompt set in {label} holds NaN or infinite values ({key!r}).")
+        encoder = self.new_prompt_set(name, spec=spec, internal=internal)
         with torch.no_grad():
             encoder.load_state_dict({k: v.to(next(encoder.parameters()).device) for k, v in state.items()})
         return encoder

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from sentence_transformers.util import batch_to_device
-from tqdm.autonotebook import trange
+from tqdm.autonotebook import tqdm
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.prompts.features import PROMPT_TASK, PROMPT_TASKS
@@ -53,7 +53,8 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
                 = None, *, batch_size: int = 32, show_progress_bar: bool = False, prompt: str | None = None,
                 prompt_name: str | None = None, normalize_embeddings: bool = False, truncate_dim: int | None = None,
                 convert_to_tensor: bool = False, convert_to_numpy: bool = True, device: Any = None,
-                precision: str = "float32", output_value: str = "sentence_embedding") -> np.ndarray | torch.Tensor:
+                precision: str = "float32", output_value: str = "sentence_embedding",
+                prompt_length: int | None = None) -> np.ndarray | torch.Tensor:
     """Sentence embeddings of ``rows``, each encoded with its own task (prompt set) in shared forward passes.
 
     Args:
@@ -63,6 +64,8 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
         batch_size, show_progress_bar, prompt, prompt_name, normalize_embeddings, truncate_dim, convert_to_tensor,
         convert_to_numpy, device, precision: as ``model.encode`` (a prompt with texts only).
         output_value: ``"sentence_embedding"`` only (token embeddings need one task per call: ``model.encode``).
+        prompt_length: token ids that already start with a prompt of this many tokens (the server prepends a role's
+            prompt before it tokenises): a pooling that leaves the prompt out (``include_prompt=False``) skips them.
 
     Returns:
         ``(rows, dim)``, in the order of ``rows``: numpy, or a tensor with ``convert_to_tensor``.
@@ -77,8 +80,11 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
     ids = bool(rows) and _is_ids(rows[0])
     if any(_is_ids(row) != ids or (not ids and not isinstance(row, str)) for row in rows):
         raise ConfigurationError("rows must all be texts (str) or all token ids (lists of integers).")
-    if any(task is not None for task in tasks) and not hasattr(model[0], "resolve_task"):
-        raise ConfigurationError(f"tasks need a model with prompt sets; {type(model[0]).__name__} has none.")
+    # a model without prompt sets (sentence-transformers' Router) routes a whole batch: one task per batch
+    per_batch = not hasattr(model[0], "resolve_task")
+    if per_batch and ids and any(task is not None for task in tasks):
+        raise ConfigurationError(f"token ids with tasks need a model with prompt sets; {type(model[0]).__name__} "
+                                 "routes whole calls: give texts.")
     prompt = _prompt(model, prompt, prompt_name)
     if ids and prompt:
         raise ConfigurationError("a prompt goes with texts; token ids already hold what was tokenised.")
@@ -88,21 +94,30 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
     device = model.device
     model.eval()
     order = np.argsort([-(len(row)) for row in rows], kind="stable")
+    if per_batch:  # group the rows by task (longest first within each) so that no batch mixes two
+        first = {task: i for i, task in reversed(list(enumerate(tasks)))}
+        order = np.asarray(sorted(order, key=lambda i: first[tasks[i]]), dtype=np.int64)
     vectors: list[torch.Tensor] = []
     with torch.inference_mode():
-        for start in trange(0, len(rows), batch_size, desc="Batches", disable=not show_progress_bar):
-            batch = order[start:start + batch_size]
+        for batch in tqdm(_batches(order, tasks, batch_size, per_batch), desc="Batches",
+                          disable=not show_progress_bar):
             batch_tasks = [tasks[i] for i in batch]
+            routing: dict[str, Any] = {}
             if ids:
                 features = _id_features(model, [rows[i] for i in batch])
+            elif per_batch and batch_tasks[0] is not None:
+                routing = {"task": batch_tasks[0]}
+                features = model.preprocess([rows[i] for i in batch], prompt=prompt, **routing)
             else:
                 features = model.preprocess([rows[i] for i in batch], prompt=prompt)
-            if len(set(batch_tasks)) == 1:
+            if prompt_length is not None:
+                features["prompt_length"] = int(prompt_length)
+            if not per_batch and len(set(batch_tasks)) == 1:
                 if batch_tasks[0] is not None:
                     features[PROMPT_TASK] = batch_tasks[0]
-            else:
+            elif not per_batch:
                 features[PROMPT_TASKS] = batch_tasks
-            out = model(batch_to_device(features, device))["sentence_embedding"]
+            out = model(batch_to_device(features, device), **routing)["sentence_embedding"]
             if truncate_dim is not None:
                 out = out[:, :truncate_dim]
             if normalize_embeddings:
@@ -119,6 +134,21 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
     if convert_to_tensor:
         return result
     return result.float().numpy() if result.is_floating_point() else result.numpy()
+
+
+def _batches(order: np.ndarray, tasks: list[str | None], batch_size: int, per_batch: bool) -> list[np.ndarray]:
+    """``order`` cut into batches of ``batch_size`` rows (``per_batch``: also wherever the task changes)."""
+    if not per_batch:
+        return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and end - start < batch_size and tasks[order[end]] == tasks[order[start]]:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
 
 
 def _prompt(model: Any, prompt: str | None, prompt_name: str | None) -> str | None:

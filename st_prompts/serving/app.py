@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from st_prompts.errors import first_line, shorten
 from st_prompts.serving.batcher import DEFAULT_PASS_OVERHEAD_TOKENS, Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
 from st_prompts.serving.limits import (
@@ -46,10 +47,9 @@ from st_prompts.serving.limits import (
     ServingLimits,
     parse_embedding_request,
     parse_search_request,
-    shorten,
 )
 from st_prompts.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from st_prompts.serving.model import ServedModel, _Role
+from st_prompts.serving.model import Role, ServedModel
 from st_prompts.utils import release_free_memory
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class ServerContext:
         """The metrics label of a batcher task: a public task name."""
         if route is None:
             return self.served.name
-        if isinstance(route, _Role):
+        if isinstance(route, Role):
             return f"({route.name} side)"
         return self.served.public_name(route)  # "name@2" (added again while the old one drains) -> "name"
 
@@ -125,8 +125,11 @@ class ServerContext:
             return self.metrics.render()
         return self.link.ask(("metrics",), timeout=60.0)
 
-    async def count_tokens(self, texts: list[str]) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.count_tokens, texts)
+    async def tokenize(self, texts: list[str], route: Any) -> tuple[list[Any], list[int]]:
+        """The rows of ``texts`` for the batcher (token ids, made once) and their token counts (a thread of its own:
+        the loop goes on)."""
+        return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.tokenize, texts,
+                                                                route)
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
@@ -238,7 +241,7 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
                                            "request's answer; retry.", code="shutting_down",
                                            headers={"Retry-After": "5", "Connection": "close"}))
         except Exception as exc:  # a bug or a failed pass: one line to the client (and the log)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            first = first_line(exc, 300)
             logger.error("%s failed: %s: %s", name, type(exc).__name__, first, exc_info=_show_tracebacks())
             if name == "admin":  # an admin call carries a folder or a name: what fails with it is refused, not a 500
                 response = _error(RequestError(422, f"The admin request was refused: {first}",
@@ -272,8 +275,8 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
                                param="dimensions", code="dimensions_unsupported")
         route = served.acquire(parsed.model)  # the set this request uses, whatever changes meanwhile
         try:
-            tokens = await context.count_tokens(parsed.texts)
-            vectors = await _unless_gone(request, batcher.encode(parsed.texts, tokens, route))
+            rows, tokens = await context.tokenize(parsed.texts, route)
+            vectors = await _unless_gone(request, batcher.encode(rows, tokens, route))
         finally:
             served.release(route)
         if parsed.encoding_format == "base64":
@@ -290,8 +293,8 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         entry = context.indexes.get(parsed.index)  # this request searches the index as it is now
         served.pin(entry.route)
         try:
-            tokens = await context.count_tokens(parsed.queries)
-            vectors = await _unless_gone(request, batcher.encode(parsed.queries, tokens, entry.route))
+            rows, tokens = await context.tokenize(parsed.queries, entry.route)
+            vectors = await _unless_gone(request, batcher.encode(rows, tokens, entry.route))
         finally:
             served.release(entry.route)
         results = await asyncio.get_running_loop().run_in_executor(None, entry.search, vectors, parsed.k)

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from st_prompts.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PASS_OVERHEAD_TOKENS", "BatchReport", "Batcher", "BatcherClosed", "QueueFull", "split_passes"]
@@ -339,7 +341,7 @@ class Batcher:
     def _call_idle(self) -> None:
         try:
             self._on_idle()
-        except Exception:  # noqa: BLE001 - an observer must not stop the batcher
+        except Exception:
             logger.exception("the idle callback failed")
 
     def _start_pass(self, texts: list[str], tasks: list[Any]) -> Any:
@@ -383,8 +385,7 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - the requests of this pass fail; the server goes on
             failed = True
             if not isinstance(exc, BatcherClosed):
-                    logger.error("a forward pass of %d rows failed: %s", len(rows), str(exc).splitlines()[0] if str(exc)
-                             else type(exc).__name__)
+                logger.error("a forward pass of %d rows failed: %s", len(rows), first_line(exc))
             for request in {id(row.request): row.request for row in rows}.values():
                 if not request.future.done():
                     request.future.set_exception(exc)

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from st_prompts.errors import StPromptsError, printable
-from st_prompts.serving.limits import RequestError, shorten
+from st_prompts.errors import StPromptsError, first_line, printable, shorten
+from st_prompts.serving.limits import RequestError
 from st_prompts.serving.model import DOCUMENT_ROLE, QUERY_ROLE, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -133,5 +133,5 @@ class IndexRegistry:
         except RequestError:
             raise
         except StPromptsError as exc:
-            raise RequestError(422, f"Cannot reload the index {name!r}: {(str(exc).splitlines() or [''])[0]} "
+            raise RequestError(422, f"Cannot reload the index {name!r}: {first_line(exc)} "
                                "(the loaded one is still served).", code="index_reload_failed") from exc

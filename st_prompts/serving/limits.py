@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from st_prompts.errors import shorten
+
 __all__ = [
     "EmbeddingRequest",
     "RequestError",
@@ -18,26 +20,12 @@ __all__ = [
     "ServingLimits",
     "parse_embedding_request",
     "parse_search_request",
-    "shorten",
 ]
 
 #: The most characters of a client's own input an error message quotes (a 3 MB ``model`` name is not echoed back).
 QUOTE_CHARS = 200
 #: The longest error message a client gets (a message that quotes input is cut here at the latest).
 MESSAGE_CHARS = 1000
-
-
-def shorten(value: Any, limit: int = QUOTE_CHARS) -> str:
-    """``repr(value)`` for an error message, cut to about ``limit`` characters (``...`` and the full length after
-    a cut): what a refusal quotes of the client's input."""
-    if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}... ({len(value):,} characters)"
-    if isinstance(value, (bytes, bytearray)) and len(value) > limit:
-        return f"{bytes(value[:limit])!r}... ({len(value):,} bytes)"
-    if isinstance(value, (list, tuple, dict)) and len(value) > 20:
-        return f"{type(value).__name__} of {len(value):,} items"
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,23 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from st_prompts.errors import StPromptsError, printable
-from st_prompts.prompts.names import BACKBONE_TASK, set_name_problem
-from st_prompts.serving.limits import RequestError, shorten
+from st_prompts.errors import StPromptsError, first_line, printable, shorten
+from st_prompts.prompts.names import BACKBONE_TASK, internal_name, set_name_problem
+from st_prompts.serving.limits import RequestError
+
+if TYPE_CHECKING:
+    from st_prompts.modules.prompt_sets import PromptSetData
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "ServedModel"]
+__all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "Role", "ServedModel"]
 
 
-class _Role:
+class Role:
     """The query or document side of a model (``encode_query`` / ``encode_document``): what an index built without
     a task encodes with. Two instances exist, :data:`QUERY_ROLE` and :data:`DOCUMENT_ROLE`."""
 
@@ -46,8 +49,8 @@ class _Role:
         return f"<the {self.name} side>"
 
 
-QUERY_ROLE = _Role("query")
-DOCUMENT_ROLE = _Role("document")
+QUERY_ROLE = Role("query")
+DOCUMENT_ROLE = Role("document")
 
 
 class ServedModel:
@@ -92,9 +95,15 @@ class ServedModel:
         self._counter = self._token_counter()
         #: what a forward pass costs beyond its padded tokens, in tokens (:meth:`measure_pass_overhead`), once measured
         self.pass_overhead_tokens: float | None = None
+        from sentence_transformers.base.modules.router import Router
+
         prompts = getattr(model, "prompts", None) or {}
-        #: the model has a real query/document prompt: those rows take ``encode_query``/``encode_document`` apart
-        self._role_prompts = {role: bool(prompts.get(role.name)) for role in (QUERY_ROLE, DOCUMENT_ROLE)}
+        #: the query/document sides' prompts (put before each text of that side, as ``encode_query`` does)
+        self._prompts = {role.name: prompts[role.name] for role in (QUERY_ROLE, DOCUMENT_ROLE) if prompts.get(role.name)}
+        #: a side whose prompt a pooling leaves out: the prompt's length in tokens (those rows pass apart)
+        self._prompt_lengths = self._excluded_prompt_lengths()
+        self._routed = isinstance(first, Router)  # sentence-transformers' Router: a side is a route
+        self._ids_rows = self._ids_agree()
 
     @classmethod
     def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None,
@@ -167,16 +176,27 @@ class ServedModel:
         """Every prompt set in the model, retired ones still draining included."""
         return list(self.encoder.prompt_set_names) if self.encoder is not None else []
 
-    # ------------------------------------------------------------------ encoding (the batcher's worker thread)
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens the model reads of each text (special tokens included, truncated at ``max_seq_length``)."""
+    # ------------------------------------------------------------------ encoding
+    def tokenize(self, texts: Sequence[str], route: Any) -> tuple[list[Any], list[int]]:
+        """The rows of ``texts`` for :meth:`encode` under ``route`` and the tokens the model reads of each (special
+        tokens included, truncated at ``max_seq_length``): token ids made once here (a query/document side's prompt
+        put before each text first, as ``encode_query`` does), which the pass then uses as they are; texts where the
+        model tokenises otherwise (a template, a slow tokenizer, a Router), which the pass tokenises again."""
+        prompt = self._role_prompt(route)
+        if prompt:
+            texts = [prompt + text for text in texts]
         if self._counter is not None:
-            return [len(encoding.ids) for encoding in self._counter.encode_batch(list(texts))]
+            ids = [encoding.ids for encoding in self._counter.encode_batch(list(texts))]
+            return (ids if self._ids_rows else list(texts)), [len(row) for row in ids]
         tokenizer = self.model.tokenizer
         with self._model_lock:  # a slow tokenizer's settings are shared with the pass
             ids = tokenizer(list(texts), truncation=self.max_seq_length is not None,
                             max_length=self.max_seq_length)["input_ids"]
-        return [len(row) for row in ids]
+        return list(texts), [len(row) for row in ids]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens the model reads of each text (special tokens included, truncated at ``max_seq_length``)."""
+        return self.tokenize(texts, None)[1]
 
     def _token_counter(self):
         """A private copy of the fast tokenizer, set up once (calls on the shared one change its settings)."""
@@ -193,41 +213,76 @@ class ServedModel:
             counter.no_truncation()
         return counter
 
-    def encode(self, texts: list[str], tasks: list[Any]) -> np.ndarray:
-        """One forward pass over rows of any tasks (a prompted model routes each row to its set), as
-        ``model.encode(texts, task=...)`` computes it; float32 ``(rows, dim)``."""
+    def _ids_agree(self) -> bool:
+        """Whether the rows can be token ids: the first module tokenises texts plainly (no template, no chat
+        template, not a Router) and the private tokenizer gives exactly its ids, checked on sentences of several
+        kinds (short, long past ``max_seq_length``, accents, spaces)."""
+        from sentence_transformers.base.modules.transformer import Transformer
+
+        first = self.model[0]
+        if self._counter is None or not isinstance(first, Transformer) or getattr(first, "parsed_template", None):
+            return False
+        probes = ["warm up", "  Ångström façade, naïve — 42 %!", " ".join(["long"] * 2 * int(self.max_seq_length or 64))]
+        try:
+            with self._model_lock:
+                made = first.preprocess(probes)
+            ids, mask = made["input_ids"].tolist(), made["attention_mask"].tolist()
+        except Exception:  # noqa: BLE001 - a module that cannot tokenise alone: texts are kept, nothing is lost
+            return False
+        theirs = [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+        return theirs == [encoding.ids for encoding in self._counter.encode_batch(probes)]
+
+    def _excluded_prompt_lengths(self) -> dict[Role, int]:
+        """For each side with a prompt, its length in tokens if a pooling of the model leaves prompts out."""
+        if not any(getattr(module, "include_prompt", True) is False for module in self.model):
+            return {}
+        measure = getattr(self.model[0], "_get_prompt_length", None)  # sentence-transformers' own measure
+        lengths = {}
+        for role in (QUERY_ROLE, DOCUMENT_ROLE):
+            if role.name in self._prompts and measure is not None:
+                length = measure(self._prompts[role.name])
+                if length is not None:
+                    lengths[role] = int(length)
+        return lengths
+
+    def _role_prompt(self, route: Any) -> str:
+        """The prompt a query/document side puts before each text (``""``: none)."""
+        return self._prompts.get(route.name, "") if isinstance(route, Role) else ""
+
+    def _task(self, route: Any) -> str | None:
+        """What :func:`~st_prompts.modules.rows.encode_rows` is given for a route: a set's name, the backbone, a
+        side (a bank's query/document set; a Router's route) or ``None`` (the model's own)."""
+        if isinstance(route, Role):
+            return route.name if self.encoder is not None or self._routed else None
+        return route
+
+    def encode(self, rows: list[Any], routes: list[Any]) -> np.ndarray:
+        """One forward pass over rows of any routes, as ``model.encode(texts, task=...)`` computes them, through
+        :func:`~st_prompts.modules.rows.encode_rows` (a prompted model routes each row to its set); float32
+        ``(rows, dim)``. ``rows``: what :meth:`tokenize` made, or texts (tokenised here)."""
+        if rows and isinstance(rows[0], str):
+            made: list[Any] = []
+            for text, route in zip(rows, routes):
+                made.extend(self.tokenize([text], route)[0])
+            rows = made
         with self._model_lock:
             self._remove_retired()
-            tasks = [self._plain(task) for task in tasks]
-            mixable = self.encoder is not None
-            if len(set(tasks)) == 1 or not mixable or any(isinstance(t, _Role) for t in tasks):
-                return self._grouped(texts, tasks)
-            return self._encode(texts, list(tasks))
+            groups: dict[int | None, list[int]] = {}
+            for i, route in enumerate(routes):  # rows whose ids start with a prompt a pooling may leave out
+                groups.setdefault(self._prompt_lengths.get(route), []).append(i)
+            if len(groups) == 1:
+                (length, _), = groups.items()
+                return self._pass(rows, [self._task(route) for route in routes], length)
+            out = np.empty((len(rows), self.dimension), dtype=np.float32)
+            for length, positions in groups.items():
+                out[positions] = self._pass([rows[i] for i in positions],
+                                            [self._task(routes[i]) for i in positions], length)
+            return out
 
-    def _plain(self, task: Any) -> Any:
-        """A role row is an ordinary task row unless the model gives that role a prompt of its own."""
-        if isinstance(task, _Role) and not self._role_prompts[task] and self.encoder is not None:
-            return task.name  # the bank's query/document set, as encode_query/encode_document choose it
-        return task
+    def _pass(self, rows: list[Any], tasks: list[str | None], prompt_length: int | None = None) -> np.ndarray:
+        from st_prompts.modules.rows import encode_rows
 
-    def _grouped(self, texts: list[str], tasks: list[Any]) -> np.ndarray:
-        """One call per distinct task (a model that cannot mix tasks in a pass, or role rows with prompts)."""
-        out: np.ndarray | None = None
-        for task in dict.fromkeys(tasks):
-            positions = [i for i, t in enumerate(tasks) if t == task]
-            vectors = self._encode([texts[i] for i in positions], task)
-            if out is None:
-                out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
-            out[positions] = vectors
-        return out
-
-    def _encode(self, texts: list[str], task: Any) -> np.ndarray:
-        options = {"batch_size": max(1, len(texts)), "convert_to_numpy": True, "show_progress_bar": False}
-        if isinstance(task, _Role):
-            method = self.model.encode_query if task == QUERY_ROLE else self.model.encode_document
-            vectors = method(texts, **options)
-        else:
-            vectors = self.model.encode(texts, task=task, **options)
+        vectors = encode_rows(self.model, rows, tasks, batch_size=max(1, len(rows)), prompt_length=prompt_length)
         return np.asarray(vectors, dtype=np.float32)
 
     # ------------------------------------------------------------------ changes (a worker thread, not the loop)
@@ -236,11 +291,13 @@ class ServedModel:
         """Add the prompt set of the saved model folder or prompts-only checkpoint ``source`` under ``name``.
 
         The folder is first checked by the command line's trust rules (:func:`st_prompts.loading.untrusted_reason`:
-        a folder naming code is refused), its set is read once as data (JSON and safetensors only) and must record
-        the backbone fingerprint it was trained on, which must be this backbone's; then the bank takes that data (its
-        architecture and pooling checks). ``data``: a set another worker read already (what ``with_data`` returns
-        beside the answer: options, tensors as numpy arrays, fingerprint), added as it is, the folder not read again,
-        so that every worker of a server holds the same set whatever happens to the folder meanwhile.
+        a folder naming code is refused), its set is read once as data (JSON and safetensors only: its
+        :class:`~st_prompts.prompts.spec.PromptSetSpec`, tensors and fingerprint) and must record the backbone
+        fingerprint it was trained on; the bank then checks and adds that data (fingerprint, pooling, shapes against
+        the spec before anything is allocated, finite values). ``data``: a set another worker read already (what
+        ``with_data`` returns beside the answer: its options, tensors as numpy arrays and fingerprint, plain data a
+        parent process passes on without importing torch), added as it is, the folder not read again, so that every
+        worker of a server holds the same set whatever happens to the folder meanwhile.
 
         Raises:
             RequestError: 409 (not a prompted model, name taken), 422 (bad name, no such folder, refused folder,
@@ -263,40 +320,35 @@ class ServedModel:
             raise RequestError(422, f"'source' is not a usable path: {shorten(source)}.", param="source")
         folder = os.path.abspath(os.path.expanduser(source))
         if data is None and not os.path.isdir(folder):
-            raise RequestError(422, f"No folder at {source!r} (on the server).", param="source")
+            raise RequestError(422, f"No folder at {shorten(source)} (on the server).", param="source")
         with self._admin_lock:
             if self.has(name):
                 raise RequestError(409, f"The model already serves {name!r}; remove it first.", param="name",
                                    code="name_taken")
-            if data is None:
-                reason = untrusted_reason(folder) or _pickled_weights(folder)
-                if reason is not None:
-                    raise RequestError(422, f"Refused {source!r}: {reason}. Nothing of it was run.", param="source",
-                                       code="untrusted_source")
-                try:
-                    options, state, fingerprint = read_prompt_set(folder)
+            try:
+                if data is None:
+                    reason = untrusted_reason(folder) or _pickled_weights(folder)
+                    if reason is not None:
+                        raise RequestError(422, f"Refused {shorten(source)}: {reason}. Nothing of it was run.",
+                                           param="source", code="untrusted_source")
+                    data = read_prompt_set(folder)
                     bank.check_pooling(self.model, folder)
-                except StPromptsError as exc:
-                    raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
-            else:
-                import torch
-
-                options, arrays, fingerprint = data
-                state = {key: torch.from_numpy(value) for key, value in arrays.items()}
-            problem = self._set_problem(options, state)  # before anything is allocated for it
-            if problem is not None:
-                raise RequestError(422, f"Refused {source!r}: {problem}.", param="source", code="invalid_prompt_set")
-            if fingerprint is None:
-                raise RequestError(422, f"Refused {source!r}: it records no backbone fingerprint (no "
+                else:
+                    data = _from_plain(data)
+            except StPromptsError as exc:
+                raise RequestError(422, f"Cannot add {shorten(source)}: {first_line(exc)}", param="source") from exc
+            if data.fingerprint is None:
+                raise RequestError(422, f"Refused {shorten(source)}: it records no backbone fingerprint (no "
                                    "model.safetensors, no prompts-only fingerprint), so its backbone cannot be "
                                    "checked.", param="source", code="unknown_fingerprint")
             internal = self._internal_name(name)
             with self._model_lock:
                 self._remove_retired()
                 try:
-                    bank.add_prompt_set(self.model, internal, _SetData(options, state, fingerprint))
+                    bank.add_prompt_set(self.model, internal, data, internal=True)
                 except StPromptsError as exc:
-                    raise RequestError(422, f"Cannot add {source!r}: {_line(exc)}", param="source") from exc
+                    raise RequestError(422, f"Cannot add {shorten(source)}: {first_line(exc)}", param="source",
+                                       code="invalid_prompt_set") from exc
             with self._routes_lock:
                 self._routes[name] = internal
                 self._public[internal] = name
@@ -305,9 +357,7 @@ class ServedModel:
         logger.info("added the prompt set %s from %s", printable(repr(name)), printable(folder))
         info = {"id": name, "prefix_length": int(prefix.prefix_length),
                 "parameters": int(sum(p.numel() for p in prefix.parameters()))}
-        if with_data:
-            return info, (options, {key: value.detach().cpu().numpy() for key, value in state.items()}, fingerprint)
-        return info
+        return (info, _to_plain(data)) if with_data else info
 
     def remove_prompt_set(self, name: Any) -> None:
         """Stop serving the prompt set ``name``; it leaves the model once no request in flight uses it.
@@ -327,45 +377,6 @@ class ServedModel:
             with self._model_lock:
                 self._remove_retired()
         logger.info("removed the prompt set %s", printable(repr(name)))
-
-    def _set_problem(self, options: dict[str, Any], state: dict[str, Any]) -> str | None:
-        """Why a prompt set read from a folder (its ``options`` and tensors) cannot join this bank, checked without
-        allocating anything for it: option types and ranges, the prefix against the position table, the tensors'
-        shapes against those of a set built on torch's ``meta`` device (no memory), NaN or infinite values."""
-        import math
-
-        import torch
-
-        length = options.get("prefix_length")
-        limit = self.encoder.max_positions
-        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length < limit:
-            return f"prefix_length must be a whole number from 1 to {limit - 1} (the backbone's position table), " \
-                   f"got {shorten(length, 40)}"
-        hidden = options.get("prefix_hidden_size")
-        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or not 1 <= hidden <= 65536):
-            return f"prefix_hidden_size must be a whole number from 1 to 65536, got {shorten(hidden, 40)}"
-        dropout = options.get("prefix_dropout")
-        if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-                                    or not math.isfinite(dropout) or not 0 <= dropout < 1):
-            return f"prefix_dropout must be a number from 0 to below 1, got {shorten(dropout, 40)}"
-        for key in ("prefix_projection", "prefix_gate"):
-            if options.get(key) not in (None, True, False):
-                return f"{key} must be true or false, got {shorten(options.get(key), 40)}"
-        try:
-            with torch.device("meta"):
-                expected = self.encoder.build_prefix_encoder(length, bool(options.get("prefix_projection")), hidden,
-                                                             dropout, gate=bool(options.get("prefix_gate")))
-        except (StPromptsError, ValueError, TypeError, RuntimeError) as exc:
-            return f"its options do not fit this backbone ({_line(exc)})"
-        shapes = {k: tuple(v.shape) for k, v in expected.state_dict().items()}
-        found = {k: tuple(v.shape) for k, v in state.items()}
-        if shapes != found:
-            return f"its tensors ({shorten(found, 120)}) do not match its options on this backbone " \
-                   f"({shorten(shapes, 120)})"
-        for key, tensor in state.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                return f"its tensor {key!r} holds NaN or infinite values"
-        return None
 
     def _remove_retired(self) -> None:
         """Take retired sets that no request pins out of the model (holding the model lock)."""
@@ -387,14 +398,15 @@ class ServedModel:
         candidate = name
         while candidate in taken:
             self._generation[name] += 1
-            candidate = f"{name}@{self._generation[name] + 1}"
+            candidate = internal_name(name, self._generation[name] + 1)
         return candidate
 
     def warm_up(self) -> None:
         """Encode once per kind of pass (and compute the backbone fingerprint an addition checks against), so that
         the first requests do not pay for it."""
         with self._model_lock:
-            self._encode(["warm up"], next(iter(self._routes.values())))
+            route = next(iter(self._routes.values()))
+            self.encode(self.tokenize(["warm up"], route)[0], [route])
             if self.encoder is not None:
                 _ = self.encoder.fingerprint
 
@@ -410,13 +422,14 @@ class ServedModel:
         route = next(iter(self._routes.values()))
         with self._model_lock:
             text = " ".join(["measure"] * 30)
-            tokens = max(1, self.count_tokens([text])[0])
+            made, counts = self.tokenize([text], route)
+            tokens = max(1, counts[0])
 
             def fastest(count: int) -> float:
                 best = float("inf")
                 for _ in range(repeats):
                     start = time.perf_counter()
-                    self._encode([text] * count, route)
+                    self._pass(made * count, [self._task(route)] * count)
                     best = min(best, time.perf_counter() - start)
                 return best
 
@@ -427,25 +440,24 @@ class ServedModel:
         return overhead
 
 
-class _SetData:
-    """A prompt set read from a folder, in the shape a bank takes a prompted module in (``prefix_encoder``, its
-    options, ``prompt_state_dict``, ``fingerprint``), so that the bank's own checks and loading add it: the folder
-    is read once, and what was checked is what is added."""
+def _to_plain(data: PromptSetData) -> tuple[dict[str, Any], dict[str, np.ndarray], str | None]:
+    """A set read from a folder as plain data (options, numpy arrays, fingerprint): what a server's parent passes
+    from the worker that read it to the others without importing torch."""
+    from dataclasses import asdict
 
-    template = None
-    cls_prompt = False
-    prefix_encoder = True
+    return asdict(data.spec), {key: value.detach().cpu().numpy() for key, value in data.state.items()}, data.fingerprint
 
-    def __init__(self, options: dict[str, Any], state: dict[str, Any], fingerprint: str) -> None:
-        from st_prompts.modules.prompt_sets import SET_OPTIONS
 
-        for key in SET_OPTIONS:
-            setattr(self, key, options.get(key))
-        self._state = state
-        self.fingerprint = fingerprint
+def _from_plain(plain: tuple) -> PromptSetData:
+    """The set of :func:`_to_plain`'s data, its options checked again as a spec."""
+    import torch
 
-    def prompt_state_dict(self) -> dict[str, Any]:
-        return {f"prefix_encoder.{key}": value for key, value in self._state.items()}
+    from st_prompts.modules.prompt_sets import PromptSetData
+    from st_prompts.prompts.spec import PromptSetSpec
+
+    options, arrays, fingerprint = plain
+    return PromptSetData(PromptSetSpec.from_config(options, "the prompt set"),
+                         {key: torch.from_numpy(value) for key, value in arrays.items()}, fingerprint)
 
 
 #: Weight files that are Python pickles: a prompt set is read from safetensors only, and a folder that holds one of
@@ -469,7 +481,3 @@ def _some(names: dict[str, Any] | list[str], shown: int = 8) -> str:
     names = list(names)
     listed = ", ".join(repr(n) for n in names[:shown])
     return listed + (f", ... ({len(names) - shown} more)" if len(names) > shown else "")
-
-
-def _line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -49,6 +49,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from st_prompts.errors import first_line
 from st_prompts.serving.limits import RequestError
 
 logger = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class GuardedProtocol(HttpToolsProtocol):
             else:  # what the parser said, or what it said of a callback's error (a URL it cannot parse)
                 cause = exc.__context__ if isinstance(exc.__context__, httptools.HttpParserError) else exc
                 reason, status, code = "malformed", 400, "invalid_http_request"
-                message = f"Malformed HTTP request: {(str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]}."
+                message = f"Malformed HTTP request: {first_line(cause, 200)}."
             if self.guard.on_malformed is not None:
                 self.guard.on_malformed(status)
             self._drop(reason, status, message, code)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from st_prompts.errors import ConfigurationError, StPromptsError, printable
+from st_prompts.errors import ConfigurationError, StPromptsError, first_line, printable
 from st_prompts.serving.limits import RequestError, ServingLimits
 from st_prompts.serving.protocol import ConnectionGuard, guarded_protocol
 
@@ -123,7 +123,7 @@ def run_server(options: ServerOptions) -> int:
             try:
                 apply_change(served, registry, op, args)
             except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
-                logger.warning("could not replay %s: %s", op, (str(exc).splitlines() or [type(exc).__name__])[0])
+                logger.warning("could not replay %s: %s", op, first_line(exc))
         # the parent accepts and hands the connections over (link.receiver): the worker has closed its listener
         return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
 
@@ -259,7 +259,7 @@ class _OneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            first = first_line(exc, 300)
             record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + first if first else ''})"
             record.args = None
             record.exc_info = None

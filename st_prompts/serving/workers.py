@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import Any
 
+from st_prompts.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Supervisor", "WorkerLink", "merge_metrics"]
@@ -69,7 +71,7 @@ class RemoteError(Exception):
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
     """What crosses the pipe of an exception raised by a change (a ``RequestError`` keeps its status and code)."""
-    out = {"message": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500], "type": type(exc).__name__}
+    out = {"message": first_line(exc, 500), "type": type(exc).__name__}
     for name in ("status", "param", "code", "headers"):
         if hasattr(exc, name):
             out[name] = getattr(exc, name)
@@ -230,7 +232,7 @@ class Supervisor:
             except KeyboardInterrupt:
                 code = 130
             except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
-                logger.error("worker %d failed: %s", index, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+                logger.error("worker %d failed: %s", index, first_line(exc))
                 code = 2
             finally:
                 logging.shutdown()
