@@ -520,7 +520,7 @@ def report(args) -> None:
                 f"{row['identity_max_abs_diff']['mixed_vs_alone']:.1e} / "
                 f"{row['identity_max_abs_diff']['mixed_vs_grouped']:.1e} |")
     study = REPO / "benchmarks" / "results" / "multitask_study" / "study.md"
-    if study.exists():  # benchmarks/multitask_study.py --report-only writes it
+    if study.exists():  # the study's --report-only wrote it (archived: benchmarks/results/archived-probes.md)
         lines += ["", study.read_text().strip()]
     text = "\n".join(lines) + "\n"
     write_file_atomic(RESULTS.parent / "multitask.md" if RESULTS.name == "multitask" else RESULTS / "multitask.md", text)

@@ -315,7 +315,7 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
     backbone itself, so the kept set is never below the backbone on
     the evaluator's set; ``prefix_gate=False`` gives the ungated prefix of earlier versions.
     The defaults (gate on, ``learning_rate=0.1``) are the best on average over the four tasks of
-    ``benchmarks/multitask_study.py`` (docs/multitask.md): the gated set at 0.1 gained +3.30 / +4.08 / +0.03 / +1.11
+    the multitask study (docs/multitask.md): the gated set at 0.1 gained +3.30 / +4.08 / +0.03 / +1.11
     Spearman x100 over the earlier defaults (ungated, 1e-2) on sts / sick / nli / dcpcse selection sets, seed 42.
     An ungated set (``prefix_gate=False``) wants a smaller rate, 1e-2 to 3e-2: in ``benchmarks/multitask.py`` an
     ungated ``sts`` set at 1e-1 collapsed to 21.53 STS-B dev Spearman (CPU, before step 0 was evaluated).

@@ -78,7 +78,7 @@ def test_cpu_preset_stage1_rate_is_the_one_selected_away_from_the_cliff():
 
 def test_template_pooling_everywhere_but_the_packaged_minilm():
     """The paper's template [MASK] pooling is the default; only the CPU preset on the packaged MiniLM (no MLM head,
-    [MASK] state at chance in benchmarks/diffaug_probe.py) pools [CLS] without the template, and says so."""
+    [MASK] state at chance in benchmarks/results/diffaug_probe.md) pools [CLS] without the template, and says so."""
     assert methods.settings("diffaug", False, "paper").pooling == "mask"
     assert methods.settings("diffaug", True, "paper", backbone="minilm").pooling == "mask"
     for supervised in (False, True):

@@ -162,7 +162,7 @@ def _rows() -> list[Row]:
         # issue 39: the zero-initialised gate (a prefix that starts as the backbone) on the paper method, at the
         # official rate, three seeds; the official behaviour (no gate) stays the default
         # (dcpcse-unsup-gate and diffaug-semi-gate below are their main rows' settings since issue 51: kept, their
-        # runs shared with the main rows by key, for benchmarks/gate_rows.py's pairs; d2cse-unsup-gate is not, since
+        # runs shared with the main rows by key, for the gate pairs (gate_rows.py, archived: benchmarks/results/archived-probes.md); d2cse-unsup-gate is not, since
         # D2CSE's preset went back to the official prefix, and d2cse-unsup-ungated is now its main row's settings)
         *(Row(f"dcpcse-{s}-gate", f"DCPCSE {s}, prefix gate (starts as the backbone)", "dcpcse", sup,
               (("learning_rate", DCPCSE_LR[sup]), ("prefix_gate", True)), ablation=True, issue="39",

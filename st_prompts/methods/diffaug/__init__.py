@@ -13,7 +13,7 @@ What the official code (TianduoWang/DiffAug) does is the default here; each othe
   only, as in the official code ("for contrastive learning"): not in stage 1, not on the auxiliary NLI rows, not in
   STS-B dev selection and not at inference (``--inference-denoising`` keeps it there). ``--pooling cls`` (or
   ``mean``) drops the template and pools the last layer (the official ``apply_prompt=False``), for backbones whose
-  [MASK] state carries little (all-MiniLM-L6-v2 has no MLM head: ``benchmarks/diffaug_probe.py``).
+  [MASK] state carries little (all-MiniLM-L6-v2 has no MLM head: ``benchmarks/results/diffaug_probe.md``).
 * **The training-only MLP** (official ``--mlp_train``): ``Linear(H, H) + Tanh`` over the pooled output, applied to
   the classifier's features in stage 1 (frozen at its random initialisation: not in stage 1's optimiser) and to the
   contrastive and NLI features in stage 2 (trained); never applied at evaluation, never saved.

@@ -137,7 +137,7 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
         if backbone in (None, "minilm"):
             # A measured deviation from the paper, for this backbone only: all-MiniLM-L6-v2 has no MLM head, and its
             # template [MASK] state carries no NLI signal under dropout (a linear probe on stage-1 features is at
-            # chance, 51.3 %, against 71.5 % for [CLS]; benchmarks/diffaug_probe.py). With the template both
+            # chance, 51.3 %, against 71.5 % for [CLS]; benchmarks/results/diffaug_probe.md). With the template both
             # settings collapsed (run_all diffaug-*-template); [CLS] without the template (the official code's
             # apply_prompt=False) does not. --pooling mask restores the paper's pooling.
             values["pooling"] = "cls"
