@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from sentence_transformers import SentenceTransformer
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Method, TrainSettings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music"]
 
@@ -137,10 +140,58 @@ def test_no_prefix_gate_on_the_command_line_gives_the_official_prefix():
     assert args.prefix_gate is False
 
 
-def test_every_registered_method_names_its_paper_on_the_model_card():
-    """CONTRIBUTING: a new method joins the paper table of the model card (a card without it would cite nothing)."""
-    from st_prompts.modules.model_card import PAPERS
+def test_every_method_folder_is_registered_described_and_listed_in_the_docs():
+    """Adding a method is its folder, a recipe, a test and a docs page (CONTRIBUTING.md): the folder is found by its
+    config.py, which names the paper (cited by every model card it trains) and the line of the methods tables, and
+    README.md's and docs/index.md's tables are the registry's (python -m st_prompts.methods.catalog)."""
+    from st_prompts.methods import catalog
 
-    missing = [name for name in methods.names() if name not in PAPERS]
-    assert not missing, f"add {missing} to st_prompts.modules.model_card.PAPERS"
-    assert all(title and (url is None or url.startswith("https://")) for title, url in PAPERS.values())
+    package = Path(methods.__file__).parent
+    assert methods.names() == sorted(p.name for p in package.iterdir() if (p / "config.py").is_file())
+    for name in methods.names():
+        config = methods.config(name)
+        assert config.title and config.citation and config.paper and config.description, name
+        assert config.paper_url is None or config.paper_url.startswith("https://"), name
+        assert (ROOT / "docs" / "methods" / f"{name}.md").is_file(), name
+        assert list((ROOT / "recipes").glob(f"{name}*.py")), name
+    assert catalog.stale(ROOT) == [], "run python -m st_prompts.methods.catalog"
+
+
+def test_a_method_card_cites_its_paper(tiny_bert):
+    model = methods.build("diffaug", backbone=tiny_bert, scale="cpu")
+    card = model.model_card_data
+    assert (card.method_title, card.paper_url) == ("DiffAug", "https://arxiv.org/abs/2210.16536")
+    assert card.get_model_specific_metadata()["st_prompts"]["paper"].startswith("Differentiable Data Augmentation")
+    assert card.get_default_model_name().startswith("DiffAug on ")
+
+
+
+def test_contributing_walks_a_seventh_method_end_to_end(tiny_bert, data_dir, tmp_path, monkeypatch):
+    """CONTRIBUTING.md's code blocks, each headed by its path, are a whole method: built into a package here,
+    registered, its test block run (two training steps, save, reload), its recipe compiled."""
+    import re
+    import sys
+
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    blocks = {match.group(1): match.group(2) for match in
+              re.finditer(r"```python\n# ([\w/]+\.py)\n(.*?)```", text, flags=re.S)}
+    folder = "st_prompts/methods/anglecse/"
+    assert sorted(blocks) == sorted([folder + "__init__.py", folder + "config.py", folder + "method.py",
+                                     "recipes/anglecse.py", "tests/test_anglecse.py"])
+    package = tmp_path / "walkthrough" / "anglecse"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "config.py", "method.py"):
+        (package / name).write_text(blocks[folder + name], encoding="utf-8")
+    compile(blocks["recipes/anglecse.py"], "recipes/anglecse.py", "exec")
+    monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(package.parent)])
+    monkeypatch.setitem(methods._REGISTRY, "anglecse", "st_prompts.methods.anglecse")
+    for module in [m for m in sys.modules if m.startswith("st_prompts.methods.anglecse")]:
+        monkeypatch.delitem(sys.modules, module)
+    assert "anglecse" in methods.names() and methods.config("anglecse").title == "AnglE-prefix"
+    with pytest.raises(ConfigurationError, match="angle-scale"):
+        methods.settings("anglecse", supervised=True, scale="cpu", angle_scale=0.0)
+    namespace: dict = {}
+    exec(compile(blocks["tests/test_anglecse.py"], "tests/test_anglecse.py", "exec"), namespace)
+    namespace["test_only_the_prefix_trains_and_the_saved_model_encodes_the_same"](tiny_bert, data_dir, tmp_path)
+    for module in [m for m in sys.modules if m.startswith("st_prompts.methods.anglecse")]:
+        monkeypatch.delitem(sys.modules, module)

@@ -1,4 +1,4 @@
-"""The method registry: one folder per method in this package, registered below with one line each.
+"""The method registry: one folder per method in this package, found by its ``config.py``.
 
 Entry points::
 
@@ -11,14 +11,15 @@ Entry points::
 
 A method is a folder ``st_prompts/methods/<name>/`` with ``config.py`` (its settings and presets:
 ``CONFIG = MethodConfig(...)``, no torch import) and ``method.py`` (its model and stages: ``METHOD = Method(CONFIG,
-...)``). :func:`config` and :func:`names` import only ``config.py`` files, so the command line lists the methods and
-their options without torch; :func:`get` imports ``method.py``. Adding a method is a folder and one :func:`register`
-line here (see CONTRIBUTING.md).
+...)``), found by its ``config.py`` (nothing to register); a method living elsewhere joins with :func:`register`.
+:func:`config` and :func:`names` import only ``config.py`` files, so the command line lists the methods and their
+options without torch; :func:`get` imports ``method.py``. Adding a method: CONTRIBUTING.md.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from st_prompts.errors import ConfigurationError
@@ -47,12 +48,15 @@ def register(name: str, package: str) -> None:
     _REGISTRY[name] = package
 
 
-register("dcpcse", "st_prompts.methods.dcpcse")
-register("scpcse", "st_prompts.methods.scpcse")
-register("simcse", "st_prompts.methods.simcse")
-register("d2cse", "st_prompts.methods.d2cse")
-register("diffaug", "st_prompts.methods.diffaug")
-register("skicse", "st_prompts.methods.skicse")
+def _discover() -> None:
+    """Register every folder of this package that holds a ``config.py`` under the folder's name (finds files,
+    imports nothing)."""
+    for folder in sorted(Path(__file__).parent.iterdir()):
+        if (folder / "config.py").is_file() and (folder / "__init__.py").is_file():
+            register(folder.name, f"{__name__}.{folder.name}")
+
+
+_discover()
 
 
 def names() -> list[str]:

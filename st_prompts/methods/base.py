@@ -208,6 +208,11 @@ class MethodConfig:
             besides the batch size and evaluation interval every method gets there.
         last_stage_alone: settings under which the method's last stage runs by itself, its preparation kept short
             (``benchmarks/efficiency.py`` times that stage): e.g. DiffAug's stage 2 without stage 1.
+        title: the method's name as written (``"DiffAug"``); default the name in capitals.
+        citation: who and when, short (``"Wang & Lu 2022"``), for the methods table.
+        paper, paper_url: the paper's full title and link, cited by the model card of every model it trains.
+        description: one line for the methods table of the README and ``docs/index.md``
+            (:mod:`st_prompts.methods.catalog` writes both from the registry).
     """
 
     name: str
@@ -219,8 +224,15 @@ class MethodConfig:
     side_outputs: Callable[[TrainSettings], tuple[tuple[str, str], ...]] = lambda settings: ()
     quick: tuple[tuple[str, Any], ...] = ()
     last_stage_alone: tuple[tuple[str, Any], ...] = ()
+    title: str = ""
+    citation: str = ""
+    paper: str | None = None
+    paper_url: str | None = None
+    description: str = ""
 
     def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", self.name.upper())
         unknown = [s for s in self.supervision if s not in SUPERVISION]
         if unknown or not self.supervision or len(set(self.supervision) - {"supervised"}) > 1:
             raise ConfigurationError(f"supervision must name some of {', '.join(SUPERVISION)} (one setting without "

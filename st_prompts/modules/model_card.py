@@ -23,20 +23,6 @@ from st_prompts.sizes import prompt_set_size
 from st_prompts.storage import write_file_atomic
 
 #: The papers of the registered methods (method name -> (title, link)), for the card.
-PAPERS = {
-    "dcpcse": ("Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022)",
-               "https://arxiv.org/abs/2203.06875"),
-    "scpcse": ("Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022), its "
-               "shallow-prompt ablation", "https://arxiv.org/abs/2203.06875"),
-    "simcse": ("SimCSE: Simple Contrastive Learning of Sentence Embeddings (Gao et al., 2021)",
-               "https://arxiv.org/abs/2104.08821"),
-    "d2cse": ("D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings (Lee, 2022)",
-              "https://arxiv.org/abs/2304.08991"),
-    "diffaug": ("Differentiable Data Augmentation for Contrastive Sentence Representation Learning (Wang & Lu, 2022)",
-                "https://arxiv.org/abs/2210.16536"),
-    "skicse": ("SKICSE: Sentence Knowable Information Prompted by LLMs Improves Contrastive Sentence Embeddings",
-               None),
-}
 #: The hub id of the packaged MiniLM (what the ``minilm`` alias stands for).
 PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: Real STS-B dev pairs shown as widget and usage examples (sentences 1 and 2 of the first scored pairs).
@@ -110,12 +96,16 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
 
     Args (besides sentence-transformers' own):
         method: the st_prompts method that trained the model (``"dcpcse"``, ...).
+        method_title: its name as written (``"DiffAug"``); paper, paper_url: its paper (the method's ``CONFIG``).
         backbone: the backbone's name (a hub id where one is known).
         stsb_dev: the STS-B dev Spearman (x 100) of the selected checkpoint, if one was selected.
         prompts_only: the card of a prompts-only checkpoint.
     """
 
     method: str | None = None
+    method_title: str | None = None
+    paper: str | None = None
+    paper_url: str | None = None
     backbone: str | None = None
     stsb_dev: float | None = None
     prompts_only: bool = False
@@ -150,7 +140,7 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
         if bank is not None and not self.method:
             return f"Prompt bank on {self.backbone or backbone_card_name(bank.backbone_reference)}"
         if self.method:
-            return f"{self.method.upper() if self.method != 'diffaug' else 'DiffAug'} on {self.backbone or 'its backbone'}"
+            return f"{self.method_title or self.method.upper()} on {self.backbone or 'its backbone'}"
         return super().get_default_model_name()
 
     def backbone_frozen(self) -> bool:
@@ -176,7 +166,6 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
                                                        self.model_id or "path/to/this/bank")
         if self.method is None:
             return metadata
-        paper, url = PAPERS.get(self.method, (None, None))
         kind = "prompts-only checkpoint" if self.prompts_only else "model"
         metadata["st_prompts"] = {
             "summary": (f"This {kind} was trained with st_prompts ({self.method}). Load it with st_prompts installed; "
@@ -184,8 +173,8 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
                         "own classes, while `SentenceTransformer(..., trust_remote_code=True)` trusts every class the "
                         "folder names."),
             "method": self.method,
-            "paper": paper,
-            "paper_url": url,
+            "paper": self.paper,
+            "paper_url": self.paper_url,
             "backbone": self.backbone or "unknown",
             "frozen": self.backbone_frozen(),
             "trained": self.trained_share(),

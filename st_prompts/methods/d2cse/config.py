@@ -89,6 +89,12 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 CONFIG = MethodConfig(
     name="d2cse",
+    title="D2CSE",
+    citation="Lee 2022",
+    paper="D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings (Lee, 2022)",
+    paper_url="https://arxiv.org/abs/2304.08991",
+    description=("deep prompts, an optional [CLS] prompt and conditional replaced-token detection by the same "
+                 "frozen encoder"),
     summary="deep prompts + [CLS] prompt + conditional replaced-token detection by the same frozen encoder (Lee 2022)",
     settings_class=D2CSESettings,
     presets=presets,

@@ -68,6 +68,12 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 CONFIG = MethodConfig(
     name="dcpcse",
+    title="DCPCSE",
+    citation="Jiang & Wang 2022",
+    paper="Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022)",
+    paper_url="https://arxiv.org/abs/2203.06875",
+    description=("deep continuous prompts (per-layer key/value prefixes) on a frozen backbone, [CLS] pooling, "
+                 "SimCSE's InfoNCE, optional auxiliary MLM"),
     summary="deep continuous prompts on a frozen backbone (Jiang & Wang 2022)",
     settings_class=DCPCSESettings,
     presets=presets,

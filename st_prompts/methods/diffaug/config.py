@@ -158,6 +158,11 @@ def side_outputs(settings: DiffAugSettings) -> tuple[tuple[str, str], ...]:
 
 CONFIG = MethodConfig(
     name="diffaug",
+    title="DiffAug",
+    citation="Wang & Lu 2022",
+    paper="Differentiable Data Augmentation for Contrastive Sentence Representation Learning (Wang & Lu, 2022)",
+    paper_url="https://arxiv.org/abs/2210.16536",
+    description="two prefix views as a differentiable augmentation: prefix tuning on NLI, then joint tuning",
     summary="two prefixes as a differentiable augmentation, prefix tuning then joint tuning (Wang & Lu 2022)",
     settings_class=DiffAugSettings,
     presets=presets,

@@ -80,6 +80,11 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 CONFIG = MethodConfig(
     name="skicse",
+    title="SKICSE",
+    citation="SKICSE",
+    paper="SKICSE: Sentence Knowable Information Prompted by LLMs Improves Contrastive Sentence Embeddings",
+    paper_url=None,
+    description='LLM-generated "sentence knowable information" as an extra positive, full or prompted encoder',
     summary="LLM-generated sentence knowable information as an extra positive, full or prompted encoder (SKICSE)",
     settings_class=SKICSESettings,
     presets=presets,
