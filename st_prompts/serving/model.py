@@ -265,18 +265,18 @@ class ServedModel:
             for text, route in zip(rows, routes):
                 made.extend(self.tokenize([text], route)[0])
             rows = made
+        tasks = [self._task(route) for route in routes]
+        groups: dict[int | None, list[int]] = {}
+        for i, route in enumerate(routes):  # rows whose ids start with a prompt a pooling may leave out
+            groups.setdefault(self._prompt_lengths.get(route), []).append(i)
         with self._model_lock:
             self._remove_retired()
-            groups: dict[int | None, list[int]] = {}
-            for i, route in enumerate(routes):  # rows whose ids start with a prompt a pooling may leave out
-                groups.setdefault(self._prompt_lengths.get(route), []).append(i)
             if len(groups) == 1:
                 (length, _), = groups.items()
-                return self._pass(rows, [self._task(route) for route in routes], length)
+                return self._pass(rows, tasks, length)
             out = np.empty((len(rows), self.dimension), dtype=np.float32)
             for length, positions in groups.items():
-                out[positions] = self._pass([rows[i] for i in positions],
-                                            [self._task(routes[i]) for i in positions], length)
+                out[positions] = self._pass([rows[i] for i in positions], [tasks[i] for i in positions], length)
             return out
 
     def _pass(self, rows: list[Any], tasks: list[str | None], prompt_length: int | None = None) -> np.ndarray:
