@@ -9,6 +9,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
+from st_prompts.errors import ConfigurationError
 from st_prompts.methods import config as method_config
 from st_prompts.methods.base import TrainSettings
 from st_prompts.modules import MaskTokenPooling
@@ -41,9 +42,13 @@ def assemble(settings: TrainSettings, encoder, pooling_mode: str = "cls"):
         config = encoder.auto_model.config
         modules.append(mlp_head_module(dimension, getattr(config, "initializer_range", 0.02)))
     backbone = backbone_card_name(settings.backbone)
-    described = method_config(settings.method)  # its title and paper, for the model card
-    card = PromptsModelCardData(method=settings.method, method_title=described.title, paper=described.paper,
-                                paper_url=described.paper_url, backbone=backbone)
+    try:
+        described = method_config(settings.method)  # its title and paper, for the model card
+    except ConfigurationError:  # a Method built in code and never registered: its card names no paper
+        described = None
+    card = PromptsModelCardData(method=settings.method, method_title=getattr(described, "title", None),
+                                paper=getattr(described, "paper", None), paper_url=getattr(described, "paper_url", None),
+                                backbone=backbone)
     if "/" in backbone and not os.path.exists(settings.backbone):
         card.base_model = backbone  # a hub id: the card links to it
     return SentenceTransformer(modules=modules, model_card_data=card)
