@@ -31,8 +31,6 @@ from st_prompts.storage import contained_path
 
 #: sentence-transformers' task names of ``encode_query`` / ``encode_document``.
 QUERY, DOCUMENT = "query", "document"
-#: Options a prompt set is built from (saved in the module config).
-SET_OPTIONS = SAVED_FIELDS
 #: The internal name of a model's own prefix (outside the set-name grammar: no user's set can take it).
 OWN = "@own"
 #: The fields of a prompt set's record (:meth:`PromptSets.record`) and their kinds.
@@ -242,12 +240,6 @@ class PromptSets(torch.nn.Module):
             tensors = encoder.state_dict() if keep_projection else encoder.stored_state_dict()
             state.update({self.file_prefix(name) + key: value for key, value in tensors.items()})
         return state
-
-    def expected_state(self) -> dict[str, tuple[int, ...]]:
-        """The file keys and shapes :meth:`load_state` expects (as :meth:`stored_state` with the MLPs kept writes
-        them, the form a set of a saved folder has before it loads)."""
-        return {self.file_prefix(name) + key: tuple(value.shape) for name, encoder in self.prefixes.items()
-                for key, value in encoder.state_dict().items()}
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         """Load tensors read from a saved folder (file keys) into the sets."""

@@ -486,13 +486,6 @@ class PromptedTransformer(Transformer):
             cached = self._fingerprint = backbone_fingerprint(self.auto_model)
         return cached
 
-    def build_prefix_encoder(self, prefix_length: int, projection: bool = False, hidden_size: int | None = None,
-                             dropout: float | None = None, shared_dropout: bool = False,
-                             init_std: float | None = None, gate: bool = False) -> PrefixEncoder:
-        """A deep prefix shaped for this backbone (see :meth:`_build_prefix`), from its options."""
-        return self._build_prefix(PromptSetSpec(prefix_length, bool(projection), hidden_size, dropout, bool(gate),
-                                                init_std), shared_dropout)
-
     def _build_prefix(self, spec: PromptSetSpec, shared_dropout: bool = False) -> PrefixEncoder:
         """A deep prefix for ``spec`` shaped for this backbone (its prefix layers, key/value heads and head size),
         initialised as the official code does (default std: :attr:`initial_prefix_std`)."""
