@@ -712,44 +712,6 @@ def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- non-finite numbers
-def _float_options():
-    """``(argv prefix, flag)`` of every float option of every command: each method's settings and the others."""
-    import dataclasses as dc
-
-    from st_prompts import methods
-    from st_prompts.commands.train import _field_type
-    from st_prompts.methods.base import cli_fields
-
-    out = []
-    for name in methods.names():
-        for f in cli_fields(methods.config(name).settings_class):
-            if _field_type(f).__name__ == "finite_float":
-                out.append((["train", name], "--" + f.name.replace("_", "-")))
-    assert any(flag == "--temperature" for _, flag in out) and dc
-    out += [(["bank", "train", "b", "s", "--data", "d.csv"], "--learning-rate"),
-            (["bank", "train", "b", "s", "--data", "d.csv"], "--epochs"),
-            (["index", "build", "minilm", "c.txt", "out"], "--target-recall"),
-            (["index", "calibrate", "out"], "--target-recall"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--temperature"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--top-p"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--repetition-penalty"),
-            (["plot", "align-uniform", "minilm"], "--positive-threshold"), (["demo"], "--lr")]
-    return out
-
-
-@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e999"])
-def test_every_float_option_refuses_non_finite_numbers_in_one_line(value, capsys):
-    from st_prompts.cli import build_parser
-
-    parser = build_parser()
-    for prefix, flag in _float_options():
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args(prefix + [f"{flag}={value}"])
-        assert exc.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "not a finite number" in err[0] and flag in err[0], (prefix, flag, err)
-
-
 @pytest.mark.parametrize("option", ["learning_rate", "temperature", "warmup_ratio", "prefix_init_std", "mlm_weight"])
 def test_method_settings_refuse_non_finite_numbers(option):
     from st_prompts import methods
