@@ -254,9 +254,12 @@ def save_plain(path, backbone: str, pooling: str = "mean", **kwargs) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- errors in one line
-def one_error_line(err: str, alone: bool = False) -> str:
-    """The error line of a command's stderr ``err``, asserted: no traceback, exactly one ``: error:`` line, the last
-    non-blank one and under 2,000 characters (``alone``: and no other line at all)."""
+def one_error_line(err, alone: bool = False) -> str:
+    """The error line of a command's stderr ``err`` (a text, or pytest's ``capsys``: what it captured since last read),
+    asserted: no traceback, exactly one ``: error:`` line, the last non-blank one and under 2,000 characters
+    (``alone``: and no other line at all)."""
+    if hasattr(err, "readouterr"):
+        err = err.readouterr().err
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if ": error:" in line]
