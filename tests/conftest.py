@@ -247,6 +247,21 @@ def prompted_model(path, pooling: str = "mean", randomise: bool = False, **kwarg
     return st_model(randomise_prompts(encoder, None) if randomise else encoder, pooling)
 
 
+def random_bank(path, pooling: str = "mean", **sets):
+    """``st_model`` of a bank on the backbone ``path`` with the prompt ``sets`` (name -> a prefix length, or the
+    set's options), seed 0, every prompt parameter drawn from N(0, 1): trained-looking sets that move every row."""
+    from st_prompts import PromptedTransformer
+
+    torch.manual_seed(0)
+    options = {name: value if isinstance(value, dict) else {"prefix_length": value} for name, value in sets.items()}
+    encoder = PromptedTransformer(str(path), prefix_length=None, prompt_sets=options)
+    with torch.no_grad():
+        for prefix in encoder.prompt_sets.values():
+            for parameter in prefix.parameters():
+                parameter.normal_()
+    return st_model(encoder, pooling)
+
+
 def save_plain(path, backbone: str, pooling: str = "mean", **kwargs) -> Path:
     """Save an ordinary sentence-transformers model (``Transformer(backbone)`` + pooling) to ``path``; return it."""
     st_model(backbone, pooling, **kwargs).save(str(path))
