@@ -175,6 +175,22 @@ def _detach_cli_log_handler():
     cli.reset_output()
 
 
+@pytest.fixture(scope="session")
+def cached_gguf():
+    """SmolLM2's GGUF file read once per process instead of three times per load (config, tokenizer, weights), and
+    gguf's tensor-name map built once instead of once per tensor: a load of ``smollm2`` takes ~22 s instead of ~45 s
+    (2026-11-28, one thread). Only the parsing of the file is cached (read-only); what st_prompts and transformers do
+    with it is unchanged."""
+    import functools
+
+    import gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield
+
+
 # ---------------------------------------------------------------------------------------------- a tiny causal LM
 LLM_WORDS = ("the a man dog cat plays runs sits park music is on in and of it what you know about sentence answer "
              "objectively make sure your answers are no more than four sentences contain important information . , "

@@ -18,7 +18,7 @@ SENTENCES = ["A man is playing a guitar.", "The cat sleeps on the warm windowsil
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(cached_gguf):
     torch.manual_seed(0)
     encoder = PromptedTransformer("smollm2", prefix_length=4, max_seq_length=32, prefix_init_std=0.5)
     return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="lasttoken")],
@@ -58,7 +58,7 @@ def test_a_row_alone_equals_the_row_in_a_padded_batch_with_either_padding_side(s
         tokenizer.padding_side = "right"
 
 
-def test_full_and_prompts_only_checkpoints_reload_identically(smollm2, tmp_path):
+def test_full_and_prompts_only_checkpoints_reload_identically(smollm2, cached_gguf, tmp_path):
     expected = encode(smollm2, SENTENCES)
     smollm2.save(str(tmp_path / "full"))  # the de-quantised GGUF weights as an ordinary checkpoint
     save_prompts_only(smollm2, str(tmp_path / "prompts"))

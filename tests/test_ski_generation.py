@@ -209,7 +209,7 @@ def test_help_defaults_match_the_generation_settings():
     assert all(defaults[k] == v for k, v in HELP_DEFAULTS.items())
 
 
-def test_real_smollm2_generates_non_empty_ski():
+def test_real_smollm2_generates_non_empty_ski(cached_gguf):
     from st_prompts.methods.skicse.generation import load_llm
 
     torch.set_num_threads(1)
