@@ -326,6 +326,18 @@ def one_line_message(error) -> str:
     return message
 
 
+def http_error(response, status: int | tuple[int, ...] | None = None) -> str:
+    """The message of a server's error answer, asserted: the ``status`` (one of them; None: any 4xx), an OpenAI error
+    object, a message of one line under 1,000 characters without a traceback."""
+    statuses = (status,) if isinstance(status, int) else status or tuple(range(400, 500))
+    assert response.status_code in statuses, (response.status_code, response.text[:500])
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    message = error["message"]
+    assert message and "\n" not in message and "Traceback" not in message and len(message) <= 1000, message[:2000]
+    return message
+
+
 # ---------------------------------------------------------------------------------------------- an independent path
 def transformers_cache(model: torch.nn.Module, values) -> dict:
     """The keyword argument under which ``model`` (a transformers encoder) takes a key/value cache, holding the prefix
