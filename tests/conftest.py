@@ -175,6 +175,169 @@ def _detach_cli_log_handler():
     cli.reset_output()
 
 
+@pytest.fixture(scope="session")
+def cached_gguf():
+    """SmolLM2's GGUF file read once per process instead of three times per load (config, tokenizer, weights), and
+    gguf's tensor-name map built once instead of once per tensor: a load of ``smollm2`` takes ~22 s instead of ~45 s
+    (2026-11-28, one thread). Only the parsing of the file is cached (read-only); what st_prompts and transformers do
+    with it is unchanged."""
+    import functools
+
+    import gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- a tiny causal LM
+LLM_WORDS = ("the a man dog cat plays runs sits park music is on in and of it what you know about sentence answer "
+             "objectively make sure your answers are no more than four sentences contain important information . , "
+             "1 2 ) : \" user assistant system").split()
+LLM_SPECIAL = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<unk>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    """A randomly initialised tiny LLaMA and a word-level tokenizer with a chat template (no hub)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(LLM_SPECIAL + LLM_WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
+                                        eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_path(tiny_llm, tmp_path_factory) -> str:
+    """:func:`tiny_llm` saved to a folder (what ``--llm PATH`` reads)."""
+    path = tmp_path_factory.mktemp("tiny-llm")
+    model, tokenizer = tiny_llm
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- models
+def st_model(encoder, pooling: str | list = "mean", **kwargs):
+    """A CPU ``SentenceTransformer`` of ``encoder`` (a module; or a backbone path, read by a plain ``Transformer``
+    with ``kwargs``) and a ``Pooling`` of its dimension (``pooling``: a mode, or a pooling module)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    if isinstance(encoder, (str, Path)):
+        encoder = Transformer(str(encoder), **kwargs)
+    if isinstance(pooling, (str, list)):
+        pooling = Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)
+    return SentenceTransformer(modules=[encoder, pooling], device="cpu")
+
+
+def randomise_prompts(encoder, seed: int | None = 0):
+    """``encoder`` with every prompt parameter drawn from N(0, 1) (``seed``: torch's seed first): trained-looking
+    prompts that move every output clearly. Returns ``encoder``."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in encoder.prompt_parameters():
+            parameter.normal_()
+    return encoder
+
+
+def prompted_model(path, pooling: str = "mean", randomise: bool = False, **kwargs):
+    """``st_model`` of a ``PromptedTransformer(path, **kwargs)`` (seed 0), its prompts random if ``randomise``."""
+    from st_prompts import PromptedTransformer
+
+    torch.manual_seed(0)
+    encoder = PromptedTransformer(str(path), **kwargs)
+    return st_model(randomise_prompts(encoder, None) if randomise else encoder, pooling)
+
+
+def random_bank(path, pooling: str = "mean", **sets):
+    """``st_model`` of a bank on the backbone ``path`` with the prompt ``sets`` (name -> a prefix length, or the
+    set's options), seed 0, every prompt parameter drawn from N(0, 1): trained-looking sets that move every row."""
+    from st_prompts import PromptedTransformer
+
+    torch.manual_seed(0)
+    options = {name: value if isinstance(value, dict) else {"prefix_length": value} for name, value in sets.items()}
+    encoder = PromptedTransformer(str(path), prefix_length=None, prompt_sets=options)
+    with torch.no_grad():
+        for prefix in encoder.prompt_sets.values():
+            for parameter in prefix.parameters():
+                parameter.normal_()
+    return st_model(encoder, pooling)
+
+
+def save_plain(path, backbone: str, pooling: str = "mean", **kwargs) -> Path:
+    """Save an ordinary sentence-transformers model (``Transformer(backbone)`` + pooling) to ``path``; return it."""
+    st_model(backbone, pooling, **kwargs).save(str(path))
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------- errors in one line
+def one_error_line(err, alone: bool = False) -> str:
+    """The error line of a command's stderr ``err`` (a text, or pytest's ``capsys``: what it captured since last read),
+    asserted: no traceback, exactly one ``: error:`` line, the last non-blank one and under 2,000 characters
+    (``alone``: and no other line at all)."""
+    if hasattr(err, "readouterr"):
+        err = err.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if ": error:" in line]
+    assert len(errors) == 1 and lines[-1] == errors[0] and len(errors[0]) < 2000, err[-3000:]
+    assert not alone or len(lines) == 1, err[-3000:]
+    return errors[0]
+
+
+def run_cli(argv: list[str]) -> int:
+    """``st_prompts.cli.main(argv)``'s exit status, returned or raised (argparse exits at parse time)."""
+    from st_prompts.cli import main
+
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as exc:
+        return exc.code
+
+
+def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
+    """Run the command line ``argv`` in process; assert it exits with ``status`` and prints one error line
+    (:func:`one_error_line`), and return that line."""
+    capsys.readouterr()
+    code = run_cli(argv)
+    captured = capsys.readouterr()
+    assert code == status, (argv, code, captured.err[-3000:])
+    return one_error_line(captured.err, alone)
+
+
+def one_line_message(error) -> str:
+    """The message of an exception (or ``pytest.raises``' info), asserted to be one line without a traceback."""
+    message = str(getattr(error, "value", error))
+    assert message and "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+def http_error(response, status: int | tuple[int, ...] | None = None) -> str:
+    """The message of a server's error answer, asserted: the ``status`` (one of them; None: any 4xx), an OpenAI error
+    object, a message of one line under 1,000 characters without a traceback."""
+    statuses = (status,) if isinstance(status, int) else status or tuple(range(400, 500))
+    assert response.status_code in statuses, (response.status_code, response.text[:500])
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    message = error["message"]
+    assert message and "\n" not in message and "Traceback" not in message and len(message) <= 1000, message[:2000]
+    return message
+
+
 # ---------------------------------------------------------------------------------------------- an independent path
 def transformers_cache(model: torch.nn.Module, values) -> dict:
     """The keyword argument under which ``model`` (a transformers encoder) takes a key/value cache, holding the prefix

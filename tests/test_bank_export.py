@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import cli_error
 
 from st_prompts import bank, cli
 from st_prompts.errors import ConfigurationError
@@ -67,11 +68,8 @@ def test_bank_export_command(tiny_bert, tmp_path, capsys):
     torch.testing.assert_close(encode(load_sentence_model(out)), expected["q"], atol=1e-6, rtol=0)
 
     def one_line_error(args: list[str], match: str) -> None:
-        capsys.readouterr()
-        assert cli.main(args) == 2
-        err = capsys.readouterr().err.strip()  # (after any loading progress bar)
-        last = err.splitlines()[-1]
-        assert last.startswith("st-prompts bank: error:") and match in last and "Traceback" not in err, err
+        line = cli_error(args, capsys)  # (after any loading progress bar)
+        assert line.startswith("st-prompts bank: error:") and match in line, line
 
     one_line_error(["bank", "export", bank_folder, "p", out], "--overwrite")  # exists: never replaced silently
     torch.testing.assert_close(encode(load_sentence_model(out)), expected["q"], atol=1e-6, rtol=0)

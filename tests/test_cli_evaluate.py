@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_error_line
 
 from st_prompts.cli import main
 from st_prompts.commands.evaluate import METRIC_GROUPS
-from st_prompts.storage import write_json_atomic
 from st_prompts.data.senteval import STS_TASKS, load_sts
+from st_prompts.storage import write_json_atomic
 
 FIXTURE = Path(__file__).parent / "fixtures" / "senteval"
 TABLE_LABELS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
@@ -92,11 +93,10 @@ def test_evaluate_task_subset(tmp_path, capsys, static_model_dir):
 
 def _error_line(capsys) -> str:
     captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("st-prompts evaluate: error: ")
     assert captured.out == ""
-    return lines[0]
+    line = one_error_line(captured.err, alone=True)
+    assert line.startswith("st-prompts evaluate: error: "), line
+    return line
 
 
 def test_missing_senteval_dir_is_one_line_exit_2(tmp_path, capsys):

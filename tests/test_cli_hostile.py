@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_error_line
 from safetensors.torch import save_file
 
 from st_prompts import cli
@@ -29,7 +30,11 @@ from st_prompts.cli import build_parser, main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "senteval"
 #: Values every numeric option refuses at parse time.
+#: (The one place of the suite's hostile numbers on the command line: every numeric option of every command.)
 HOSTILE_NUMBERS = ("nan", "inf", "-inf", "1e30", "9" * 60, "", "abc", "1e999")
+NON_FINITE = ("nan", "inf", "-inf", "1e999")
+#: Values a few options refuse besides: a zero count of hits, a search breadth of 2**40.
+EXTRA = {"-k": ("0", "1" + "0" * 40), "--ef-search": (str(2**40),), "--rerank": ("-1",)}
 #: Options whose range includes -5 (a negative threshold is meaningful).
 NEGATIVE_OK = {"--kappa-threshold"}
 
@@ -62,17 +67,6 @@ NUMERIC = _numeric_options()
 PARSER = build_parser()
 
 
-def _one_error_line(err: str) -> str:
-    """The single error line of ``err`` (asserted: no traceback, exactly one ``error:`` line, and it is the last)."""
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    errors = [line for line in lines if ": error:" in line]
-    assert len(errors) == 1, err
-    assert lines[-1] == errors[0], err
-    assert len(errors[0]) < 2000, err
-    return errors[0]
-
-
 def _run(argv: list[str], capsys, expected: bool = True) -> tuple[int, str]:
     """``main(argv)`` in process: the exit status (argparse's ``SystemExit`` included) and the error line.
     ``expected``: the error is one st_prompts raises on purpose (exit status 2), not the catch-all's (1)."""
@@ -82,7 +76,7 @@ def _run(argv: list[str], capsys, expected: bool = True) -> tuple[int, str]:
         status = exc.code
     err = capsys.readouterr().err
     assert status not in (0, None), f"{argv} succeeded"
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert not expected or (status == 2 and ": error: unexpected " not in line), line
     return status, line
 
@@ -101,14 +95,17 @@ def test_numeric_options_of_our_commands_are_range_checked_helpers():
     assert bare == []
 
 
-@pytest.mark.parametrize("path,option", [(p, o) for p, o, _ in NUMERIC],
-                         ids=[f"{' '.join(p)} {o}" for p, o, _ in NUMERIC])
-def test_every_numeric_option_refuses_hostile_numbers_in_one_line(path, option, capsys, monkeypatch):
+@pytest.mark.parametrize("path,option,action", NUMERIC, ids=[f"{' '.join(p)} {o}" for p, o, _ in NUMERIC])
+def test_every_numeric_option_refuses_hostile_numbers_in_one_line(path, option, action, capsys, monkeypatch):
+    """Each value is refused at parse time, in one line naming the option; a float option says that the number is not
+    finite (nan, inf, -inf, 1e999)."""
     monkeypatch.setattr(cli, "build_parser", lambda: PARSER)  # one parser for the walk: parsing does not change it
+    is_float = isinstance(action.type("5"), float)
     accepted = []
-    for value in HOSTILE_NUMBERS + (() if option in NEGATIVE_OK else ("-5",)):
+    for value in HOSTILE_NUMBERS + (() if option in NEGATIVE_OK else ("-5",)) + EXTRA.get(option, ()):
         status, line = _run([*path, f"{option}={value}"], capsys)
-        if status != 2 or not line.startswith(f"st-prompts {' '.join(path)}: error: argument {option}"):
+        if (status != 2 or not line.startswith(f"st-prompts {' '.join(path)}: error: argument {option}")
+                or (is_float and value in NON_FINITE and "not a finite number" not in line)):
             accepted.append((value, line))
     assert accepted == []
 
@@ -446,7 +443,7 @@ def test_an_unexpected_exception_is_one_line_with_what_to_do(monkeypatch, capsys
     monkeypatch.delenv("ST_PROMPTS_TRACEBACK", raising=False)
     _with_runner(monkeypatch, _explode)
     assert main(["demo"]) == 1
-    line = _one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err)
     assert line.startswith("st-prompts demo: error: unexpected RuntimeError in test_cli_hostile.py:")
     assert "kaboom \\x1b[31mred" in line and "second line" not in line and "x" * 400 not in line
     assert "ST_PROMPTS_TRACEBACK=1" in line and "--traceback" in line and "report it" in line
@@ -486,7 +483,7 @@ def test_the_real_entry_point_turns_an_unexpected_exception_into_one_line(tmp_pa
     quiet = subprocess.run([script, "bank", "list", str(tmp_path)], env=env, capture_output=True, text=True,
                            timeout=120)
     assert quiet.returncode == 1, quiet.stderr
-    line = _one_error_line(quiet.stderr)
+    line = one_error_line(quiet.stderr)
     assert line.startswith("st-prompts bank: error: unexpected KeyError") and "'planted'" in line
     loud = subprocess.run([script, "bank", "list", str(tmp_path)], env={**env, "ST_PROMPTS_TRACEBACK": "1"},
                           capture_output=True, text=True, timeout=120)

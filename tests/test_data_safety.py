@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SENTENCES, one_error_line, run_cli, save_plain
 
 from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, DataFormatError
@@ -24,35 +25,11 @@ from st_prompts.search import SemanticIndex
 from st_prompts.storage import MANIFEST_FILE, replace_folder
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music",
-             "a woman plays piano", "the big red car", "green tree and blue water", "the sad dog sits"]
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    (tmp_path / "data" / "train").mkdir(parents=True)
-    (tmp_path / "data" / "train" / "wiki_sentences.txt").write_text("\n".join(SENTENCES) + "\n")
-    shutil.copytree(FIXTURES / "senteval", tmp_path / "data" / "senteval")
-    return tmp_path / "data"
 
 
 def train_argv(tiny_bert, data_dir, output, *extra):
     return ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "1",
             "--batch-size", "4", "--eval-steps", "1", "--output", str(output), "--no-progress", *extra]
-
-
-def cli(argv) -> int:
-    """``main(argv)``'s exit status, whether returned or raised by argparse (a usage error exits at parse time)."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and ": error: " in err[-1] and "Traceback" not in "\n".join(err), err
-    return err[-1]
 
 
 # ---------------------------------------------------------------------------------------------- train --output
@@ -62,7 +39,7 @@ def test_train_output_never_replaces_a_folder_it_did_not_write(tiny_bert, data_d
     (thesis / "thesis.tex").write_text("years of work")
     (thesis / "src" / "main.py").write_text("print(1)")
     assert main(train_argv(tiny_bert, data_dir, thesis)) == 2
-    assert "not a model saved by st-prompts" in one_line_error(capsys)
+    assert "not a model saved by st-prompts" in one_error_line(capsys)
     assert main(train_argv(tiny_bert, data_dir, thesis, "--overwrite")) == 2  # --overwrite does not change that
     assert (thesis / "thesis.tex").read_text() == "years of work" and (thesis / "src" / "main.py").exists()
 
@@ -75,7 +52,7 @@ def test_train_output_refuses_the_current_folder_and_its_parents(tiny_bert, data
     (work / "notes.txt").write_text("mine")
     monkeypatch.chdir(work)
     assert main(train_argv(tiny_bert, data_dir, output, "--overwrite")) == 2
-    assert "current folder or one of its parents" in one_line_error(capsys)
+    assert "current folder or one of its parents" in one_error_line(capsys)
     assert (work / "notes.txt").read_text() == "mine"
 
 
@@ -86,13 +63,13 @@ def test_an_st_prompts_model_is_replaced_only_with_overwrite(tiny_bert, data_dir
     assert "model.safetensors" in manifest["files"] and "train_result.json" in manifest["files"]
     first = (out / "train_result.json").read_text()
     assert main(train_argv(tiny_bert, data_dir, out)) == 2
-    assert "--overwrite" in one_line_error(capsys)
+    assert "--overwrite" in one_error_line(capsys)
     assert main(train_argv(tiny_bert, data_dir, out, "--overwrite", "--seed", "7")) == 0
     assert (out / "train_result.json").read_text() != first
     # A file the user put into the model folder makes it theirs: even --overwrite refuses, and the file stays.
     (out / "my-notes.md").write_text("notes")
     assert main(train_argv(tiny_bert, data_dir, out, "--overwrite")) == 2
-    assert "my-notes.md" in one_line_error(capsys)
+    assert "my-notes.md" in one_error_line(capsys)
     assert (out / "my-notes.md").read_text() == "notes"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model")] == []  # no lock file stays behind
 
@@ -281,7 +258,7 @@ def test_index_build_overwrite_never_deletes_other_files(tmp_path, capsys):
     (project / "meta.json").write_text("{}")
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(project), "--overwrite", "--no-progress"]) == 2
-    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    assert "not a semantic index saved by st-prompts" in one_error_line(capsys)
     assert (project / "README.md").read_text() == "my project" and (project / "src").is_dir()
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
     with pytest.raises(ConfigurationError, match="not a semantic index saved by st-prompts"):
@@ -300,14 +277,14 @@ def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypa
     a_file.write_text("not a folder")
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(a_file), "--overwrite"]) == 2
-    assert "not a folder" in one_line_error(capsys)
+    assert "not a folder" in one_error_line(capsys)
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
     SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(tmp_path / "idx")
     for argv in (["-k", "0"], ["-k", "-3"]):
-        assert cli(["index", "search", str(tmp_path / "idx"), "q", *argv]) == 2
-        assert "-k" in one_line_error(capsys)
+        assert run_cli(["index", "search", str(tmp_path / "idx"), "q", *argv]) == 2
+        assert "-k" in one_error_line(capsys)
     assert main(["index", "search", str(tmp_path / "idx"), "   "]) == 2
-    assert "empty" in one_line_error(capsys)
+    assert "empty" in one_error_line(capsys)
 
 
 def test_blank_queries_are_refused(tmp_path):
@@ -343,10 +320,11 @@ def test_a_stale_copy_cannot_overwrite_a_newer_save(tmp_path):
     assert "from the first" in SemanticIndex.load(tmp_path / "idx").texts
 
 
-def test_two_concurrent_index_adds_keep_both(tmp_path):
+def test_two_concurrent_index_adds_keep_both(tiny_bert, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"document number {i} about topic {i % 3}" for i in range(12)) + "\n")
-    assert main(["index", "build", "minilm", str(corpus), str(tmp_path / "idx"), "--no-progress"]) == 0
+    model = save_plain(tmp_path / "model", tiny_bert)  # (each process loads the index's model)
+    assert main(["index", "build", str(model), str(corpus), str(tmp_path / "idx"), "--no-progress"]) == 0
     (tmp_path / "a.txt").write_text("alpha one\nalpha two\n")
     (tmp_path / "b.txt").write_text("beta one\nbeta two\nbeta three\n")
     env = {**os.environ, "TQDM_DISABLE": "1"}
@@ -405,7 +383,7 @@ def test_a_truncated_index_file_is_a_one_line_error(name, tmp_path, capsys, mini
         commands.append(["index", "search", str(tmp_path / "idx"), "q"])
     for argv in commands:
         assert main(argv) == 2, (name, argv)
-        one_line_error(capsys)
+        one_error_line(capsys)
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "soft_prompts.safetensors"])
@@ -421,7 +399,7 @@ def test_a_truncated_weight_file_is_a_one_line_error(name, tiny_bert, tmp_path, 
     argv = ["evaluate", str(tmp_path / "m"), "--tasks", "STSBenchmark", "--senteval-dir", str(FIXTURES / "senteval"),
             "--no-progress"]
     assert main(argv) == 2
-    assert "damaged" in one_line_error(capsys)
+    assert "damaged" in one_error_line(capsys)
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -443,8 +421,8 @@ def test_an_nli_row_with_an_unquoted_comma_is_refused_with_its_line(tmp_path):
 def test_nonsense_counts_are_refused_with_one_line(extra, words, tiny_bert, data_dir, tmp_path, capsys):
     argv = train_argv(tiny_bert, data_dir, tmp_path / "m")
     argv[argv.index("--max-steps"):argv.index("--max-steps") + 2] = []
-    assert cli(argv + extra) == 2
-    assert words in one_line_error(capsys).replace("-", "_")  # "--max-steps" at parse time, "max_steps" later
+    assert run_cli(argv + extra) == 2
+    assert words in one_error_line(capsys).replace("-", "_")  # "--max-steps" at parse time, "max_steps" later
     assert not (tmp_path / "m").exists()
 
 
@@ -503,7 +481,7 @@ def test_index_build_overwrite_keeps_a_users_meta_json_and_docs_jsonl(tmp_path, 
     before = snapshot(folder)
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
-    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    assert "not a semantic index saved by st-prompts" in one_error_line(capsys)
     vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
     with pytest.raises(ConfigurationError, match=MANIFEST_FILE):
         SemanticIndex.from_embeddings(vectors, [f"d{i}" for i in range(10)]).save(folder, overwrite=True)
@@ -511,7 +489,7 @@ def test_index_build_overwrite_keeps_a_users_meta_json_and_docs_jsonl(tmp_path, 
     (folder / "meta.json").unlink()  # docs.jsonl alone
     before = snapshot(folder)
     assert main(["index", "build", "minilm", str(corpus), str(folder), "--overwrite", "--no-progress"]) == 2
-    assert "not a semantic index saved by st-prompts" in one_line_error(capsys)
+    assert "not a semantic index saved by st-prompts" in one_error_line(capsys)
     assert snapshot(folder) == before
 
 
@@ -538,7 +516,7 @@ def test_an_index_without_the_proof_loads_updates_and_gets_it_but_build_overwrit
     before = snapshot(legacy)
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(legacy), "--overwrite", "--no-progress"]) == 2
-    line = one_line_error(capsys)
+    line = one_error_line(capsys)
     assert "no st_prompts_save.json" in line and "index add" in line and "delete it yourself" in line
     with pytest.raises(ConfigurationError, match="proof"):
         SemanticIndex.from_embeddings(vectors, [f"x{i}" for i in range(12)]).save(legacy)
@@ -612,9 +590,9 @@ def test_index_build_overwrite_and_updates_refuse_anything_the_manifest_does_not
     before, elsewhere = snapshot(index), snapshot(outside)
     corpus = FIXTURES / "search" / "corpus.txt"
     assert main(["index", "build", "minilm", str(corpus), str(index), "--overwrite", "--no-progress"]) == 2
-    assert shown in one_line_error(capsys)
+    assert shown in one_error_line(capsys)
     assert main(["index", "remove", str(index), "1"]) == 2  # an update replaces the folder too: refused alike
-    assert shown in one_line_error(capsys)
+    assert shown in one_error_line(capsys)
     assert snapshot(index) == before and snapshot(outside) == elsewhere
 
 
@@ -650,7 +628,7 @@ def test_train_overwrite_refuses_anything_the_manifest_does_not_list(addition, t
 
     monkeypatch.setattr(pipeline, "train", no_training)
     assert main(train_argv(tiny_bert, data, folder, "--overwrite")) == 2
-    line = one_line_error(capsys)
+    line = one_error_line(capsys)
     assert shown in line and "did not write" in line
     with pytest.raises(ConfigurationError, match="did not write"):
         train_and_save("dcpcse", backbone=tiny_bert, data_dir=str(data), output=str(folder), overwrite=True,
@@ -696,7 +674,7 @@ def test_vectors_file_of_meta_json_stays_inside_the_index(name, tmp_path, capsys
         SemanticIndex.load(index)
     for argv in (["index", "info", str(index)], ["index", "search", str(index), "q", "--mmap"]):
         assert main(argv) == 2
-        assert "outside" in one_line_error(capsys) or "out of its folder" in capsys.readouterr().err
+        assert "outside" in one_error_line(capsys) or "out of its folder" in capsys.readouterr().err
 
 
 def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
@@ -712,44 +690,6 @@ def test_module_paths_of_a_prompt_set_source_stay_inside_its_folder(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- non-finite numbers
-def _float_options():
-    """``(argv prefix, flag)`` of every float option of every command: each method's settings and the others."""
-    import dataclasses as dc
-
-    from st_prompts import methods
-    from st_prompts.commands.train import _field_type
-    from st_prompts.methods.base import cli_fields
-
-    out = []
-    for name in methods.names():
-        for f in cli_fields(methods.config(name).settings_class):
-            if _field_type(f).__name__ == "finite_float":
-                out.append((["train", name], "--" + f.name.replace("_", "-")))
-    assert any(flag == "--temperature" for _, flag in out) and dc
-    out += [(["bank", "train", "b", "s", "--data", "d.csv"], "--learning-rate"),
-            (["bank", "train", "b", "s", "--data", "d.csv"], "--epochs"),
-            (["index", "build", "minilm", "c.txt", "out"], "--target-recall"),
-            (["index", "calibrate", "out"], "--target-recall"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--temperature"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--top-p"),
-            (["ski", "generate", "--llm", "x", "--input", "i", "--output", "o"], "--repetition-penalty"),
-            (["plot", "align-uniform", "minilm"], "--positive-threshold"), (["demo"], "--lr")]
-    return out
-
-
-@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e999"])
-def test_every_float_option_refuses_non_finite_numbers_in_one_line(value, capsys):
-    from st_prompts.cli import build_parser
-
-    parser = build_parser()
-    for prefix, flag in _float_options():
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args(prefix + [f"{flag}={value}"])
-        assert exc.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "not a finite number" in err[0] and flag in err[0], (prefix, flag, err)
-
-
 @pytest.mark.parametrize("option", ["learning_rate", "temperature", "warmup_ratio", "prefix_init_std", "mlm_weight"])
 def test_method_settings_refuse_non_finite_numbers(option):
     from st_prompts import methods
@@ -781,8 +721,8 @@ def test_a_diverged_training_is_not_saved(trained_model, tiny_bert, tmp_path, ca
 
     model, data = trained_model
     out = tmp_path / "m"
-    assert cli(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
-    assert "at most 10" in one_line_error(capsys)
+    assert run_cli(train_argv(tiny_bert, data, out, "--learning-rate", "1e30")) == 2
+    assert "at most 10" in one_error_line(capsys)
     assert not out.exists()
     settings = dict(backbone=tiny_bert, data_dir=str(data), output=str(out), max_steps=1, batch_size=4, eval_steps=1,
                     show_progress_bar=False, learning_rate=1e30, prefix_gate=False)
@@ -852,8 +792,8 @@ def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, ca
     bank = tmp_path / "bank"
     argv = ["bank", "train", str(bank), "sts", "--data", str(data), "--max-steps", "2", "--batch-size", "4",
             "--prefix-length", "2", "--no-progress", "--backbone", tiny_bert]
-    assert cli(argv + ["--learning-rate", "1e38"]) == 2  # refused when parsed (at most 10)
-    assert "at most 10" in one_line_error(capsys)
+    assert run_cli(argv + ["--learning-rate", "1e38"]) == 2  # refused when parsed (at most 10)
+    assert "at most 10" in one_error_line(capsys)
     assert not bank.exists()
     model = create_bank(tiny_bert)
     import torch
@@ -868,7 +808,7 @@ def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, ca
 
     monkeypatch.setattr(st_prompts.bank, "train_prompt_set", blown_up)
     assert main(argv + ["--learning-rate", "1e-2"]) == 2
-    assert "training diverged" in one_line_error(capsys)
+    assert "training diverged" in one_error_line(capsys)
     assert not bank.exists()
     monkeypatch.undo()
 
@@ -1007,14 +947,14 @@ def test_bank_train_with_a_file_that_is_not_utf8_is_one_line(tiny_bert, tmp_path
             read_task_file(path)
         for argv in (["--data", str(path)], ["--data", str(good), "--dev", str(path)]):
             assert main(["bank", "train", str(tmp_path / "bank"), "sts", *argv, "--backbone", tiny_bert]) == 2
-            assert f"{name}, line 2: not UTF-8" in one_line_error(capsys)
+            assert f"{name}, line 2: not UTF-8" in one_error_line(capsys)
     assert not (tmp_path / "bank").exists()
 
 
 def test_other_readers_refuse_files_that_are_not_utf8_in_one_line(tiny_bert, data_dir, tmp_path, capsys):
     (data_dir / "train" / "wiki_sentences.txt").write_bytes(b"a fine line\ncaf\xe9 au lait\n")
     assert main(train_argv(tiny_bert, data_dir, tmp_path / "m")) == 2
-    assert "wiki_sentences.txt, line 2: not UTF-8" in one_line_error(capsys)
+    assert "wiki_sentences.txt, line 2: not UTF-8" in one_error_line(capsys)
     texts = {"corpus.txt": b"one\ncaf\xe9\n", "corpus.csv": b"text\ncaf\xe9\n",
              "corpus.jsonl": b'{"text": "fine"}\n{"text": "caf\xe9"}\n'}
     vectors = np.random.default_rng(0).standard_normal((10, 384)).astype(np.float32)
@@ -1028,7 +968,7 @@ def test_other_readers_refuse_files_that_are_not_utf8_in_one_line(tiny_bert, dat
             if argv[0] == "ski" and name != "corpus.txt":
                 continue
             assert main(argv) == 2, argv
-            line = one_line_error(capsys)
+            line = one_error_line(capsys)
             assert f"{name}, line 2: not UTF-8" in line, (argv, line)
     assert not (tmp_path / "new").exists() and not (tmp_path / "ski.jsonl").exists()
 
@@ -1036,9 +976,9 @@ def test_other_readers_refuse_files_that_are_not_utf8_in_one_line(tiny_bert, dat
 def test_an_output_below_a_file_is_one_line(tiny_bert, data_dir, tmp_path, capsys):
     (tmp_path / "a-file").write_text("mine")
     assert main(train_argv(tiny_bert, data_dir, tmp_path / "a-file" / "model")) == 2
-    assert "is a file, not a folder" in one_line_error(capsys)
+    assert "is a file, not a folder" in one_error_line(capsys)
     assert main(["bank", "create", str(tmp_path / "a-file" / "sub" / "bank"), "--backbone", tiny_bert]) == 2
-    assert "is a file, not a folder" in one_line_error(capsys)
+    assert "is a file, not a folder" in one_error_line(capsys)
     assert (tmp_path / "a-file").read_text() == "mine"
 
 
@@ -1054,7 +994,7 @@ def test_control_characters_of_user_text_never_reach_the_terminal(minilm, tmp_pa
 
     missing = tmp_path / f"{ESCAPE}corpus\u202e.txt"
     assert main(["index", "build", "minilm", str(missing), str(tmp_path / "out")]) == 2
-    line = one_line_error(capsys)
+    line = one_error_line(capsys)
     assert "\x1b" not in line and "\u202e" not in line and "\\x1b[2J\\x1b[31mcorpus\\u202e.txt" in line
     with pytest.raises(SystemExit):  # argparse's own errors too
         main(["index", "build", "minilm", "c.txt", "out", "--index-type", f"flat{ESCAPE}"])

@@ -1,6 +1,6 @@
 """Hostile and damaged search indexes through the ``st-prompts index`` commands: every value of ``meta.json`` out of
 range or of the wrong type, records that are not what the code reads, IVF labels outside the corpus, damaged
-``docs.jsonl`` / offsets / probe files, numbers out of range on the command line, a model whose ``max_seq_length``
+``docs.jsonl`` / offsets / probe files, a model whose ``max_seq_length``
 exceeds its position table, a failing chat template, random corruption, and a 1 MB document. Each ends in exactly one
 ``st-prompts index...: error:`` line (exit 2), never a traceback; a 1 MB document is never printed whole.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
+from conftest import cli_error, run_cli
 
-from st_prompts.cli import main
 from st_prompts.errors import DataFormatError
 from st_prompts.search import SemanticIndex
 
@@ -183,46 +183,26 @@ COMMANDS = {
     "search": lambda idx: ["index", "search", str(idx), "cat", "-k", "2"],
     "search --mmap": lambda idx: ["index", "search", str(idx), "cat", "-k", "2", "--mmap"],
 }
-#: Numbers out of range on the command line (argparse refuses them before anything is read).
-CLI_CASES = {
-    "-k 1e30": ["-k", "1e30"], "-k 0": ["-k", "0"], "-k 10**40": ["-k", "1" + "0" * 40],
-    "--nprobe nan": ["--nprobe", "nan"], "--nprobe -5": ["--nprobe", "-5"],
-    "--ef-search 2**40": ["--ef-search", str(2**40)], "--rerank -1": ["--rerank", "-1"],
-}
-CASES = ([pytest.param("file", name, command, id=f"{name} / {command}") for name in FILE_CASES for command in COMMANDS
-          if command in ONLY.get(name, COMMANDS) and (command != "search --mmap" or name in MMAP_CASES)]
-         + [pytest.param("cli", name, "search", id=f"search {name}") for name in CLI_CASES])  # fmt: skip
+#: (Hostile numbers on the command line of the index commands: test_cli_hostile's walk of every numeric option.)
+CASES = [pytest.param(name, command, id=f"{name} / {command}") for name in FILE_CASES for command in COMMANDS
+         if command in ONLY.get(name, COMMANDS) and (command != "search --mmap" or name in MMAP_CASES)]
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and ONE_LINE_ERROR.match(lines[0]) and "Traceback" not in err, err[:2000]
-    return lines[0]
+def error_line(argv: list, capsys) -> str:
+    """The one line (and nothing else) of a command refused with exit status 2, in the index commands' form."""
+    line = cli_error(argv, capsys, alone=True)
+    assert ONE_LINE_ERROR.match(line), line
+    return line
 
 
-def run(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:  # argparse's usage errors
-        return exc.code
-
-
-@pytest.mark.parametrize("kind,name,command", CASES)
-def test_a_hostile_index_or_number_is_one_line_and_exit_2(kind, name, command, base_index, tmp_path, capsys):
+@pytest.mark.parametrize("name,command", CASES)
+def test_a_hostile_index_is_one_line_and_exit_2(name, command, base_index, tmp_path, capsys):
     folder = tmp_path / "idx"
     shutil.copytree(base_index, folder)
-    if kind == "file":
-        edit, named = FILE_CASES[name]
-        edit(folder)
-        argv = COMMANDS[command](folder)
-    else:
-        named, argv = CLI_CASES[name][0], ["index", "search", str(folder), "cat", *CLI_CASES[name]]
-    assert run(argv) == 2
-    line = one_error_line(capsys)
-    assert named in line and len(line) < 700
-    if kind == "file":
-        assert str(folder) in line  # the message names the index's file
+    edit, named = FILE_CASES[name]
+    edit(folder)
+    line = error_line(COMMANDS[command](folder), capsys)
+    assert named in line and len(line) < 700 and str(folder) in line  # the message names the index's file
 
 
 def test_a_randomly_corrupted_ivf_index_is_detected_though_faiss_reads_it(base_index, tmp_path, capsys,
@@ -244,32 +224,29 @@ def test_a_randomly_corrupted_ivf_index_is_detected_though_faiss_reads_it(base_i
     for mmap in (False, True):
         with pytest.raises(DataFormatError, match=r"index\.faiss is damaged: its SHA-256 differs"):
             SemanticIndex.load(folder, mmap=mmap)
-    assert run(["index", "search", str(folder), "cat"]) == 2
-    assert "SHA-256" in one_error_line(capsys)
+    assert "SHA-256" in error_line(["index", "search", str(folder), "cat"], capsys)
     # A memory-mapped load hashes files up to MMAP_HASH_LIMIT only; 'index info --verify' hashes every file.
     monkeypatch.setattr("st_prompts.search.store.MMAP_HASH_LIMIT", 1000)
     assert len(SemanticIndex.load(folder, mmap=True)) == 201
-    assert run(["index", "info", str(folder)]) == 0
+    assert run_cli(["index", "info", str(folder)]) == 0
     capsys.readouterr()
-    assert run(["index", "info", str(folder), "--verify"]) == 2
-    assert "files.index.faiss.sha256" in one_error_line(capsys)
+    assert "files.index.faiss.sha256" in error_line(["index", "info", str(folder), "--verify"], capsys)
 
 
 def test_a_1mb_document_is_never_printed_whole(base_index, capsys):
     for extra in ([], ["--json"], ["--mmap"]):
-        assert run(["index", "search", str(base_index), "cat cat cat", "-k", "3", *extra]) == 0
+        assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "3", *extra]) == 0
         out = capsys.readouterr().out
         assert "cat cat cat" in out and len(out) < 3000, len(out)
-    assert run(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json"]) == 0
+    assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json"]) == 0
     hit = json.loads(capsys.readouterr().out)[0]["hits"][0]
     assert hit["text_chars"] == len(HUGE) and len(hit["text"]) == 200
-    assert run(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json", "--full-text"]) == 0
+    assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json", "--full-text"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["hits"][0]["text"] == HUGE
     # A 1 MB query or id on the command line is quoted short too.
-    assert run(["index", "search", str(base_index), "dog " * 250_000, "-k", "1"]) == 0
+    assert run_cli(["index", "search", str(base_index), "dog " * 250_000, "-k", "1"]) == 0
     assert len(capsys.readouterr().out) < 1000
-    assert run(["index", "search", str(base_index), "q", "--task", "x" * 1_000_000]) == 2
-    assert len(one_error_line(capsys)) < 500
+    assert len(error_line(["index", "search", str(base_index), "q", "--task", "x" * 1_000_000], capsys)) < 500
 
 
 def test_index_build_refuses_a_length_beyond_the_position_table_and_a_failing_chat_template(
@@ -280,8 +257,7 @@ def test_index_build_refuses_a_length_beyond_the_position_table_and_a_failing_ch
     shutil.copytree(minilm_path, long)
     config = json.loads((long / "sentence_bert_config.json").read_text())
     (long / "sentence_bert_config.json").write_text(json.dumps({**config, "max_seq_length": 100_000}))
-    assert run(["index", "build", str(long), str(corpus), str(tmp_path / "a"), "--no-progress"]) == 2
-    line = one_error_line(capsys)
+    line = error_line(["index", "build", str(long), str(corpus), str(tmp_path / "a"), "--no-progress"], capsys)
     assert "max_seq_length 100000" in line and "position table holds 512" in line
     assert not (tmp_path / "a").exists()
 
@@ -290,8 +266,7 @@ def test_index_build_refuses_a_length_beyond_the_position_table_and_a_failing_ch
     settings = json.loads((decoder / "tokenizer_config.json").read_text())
     settings["chat_template"] = "{{ raise_exception('" + "x" * 5000 + "') }}"
     (decoder / "tokenizer_config.json").write_text(json.dumps(settings))
-    assert run(["index", "build", str(decoder), str(corpus), str(tmp_path / "b"), "--no-progress"]) == 2
-    line = one_error_line(capsys)
+    line = error_line(["index", "build", str(decoder), str(corpus), str(tmp_path / "b"), "--no-progress"], capsys)
     assert "chat template" in line and len(line) < 700
 
 
@@ -335,8 +310,7 @@ def test_a_format_3_meta_json_that_does_not_record_every_file_is_refused(change,
     (folder / "meta.json").write_text(json.dumps(meta))
     for argv in (["index", "info", str(folder), "--verify"], ["index", "info", str(folder)],
                  ["index", "search", str(folder), "a query", "--model", "minilm"]):
-        assert run(argv) == 2
-        line = one_error_line(capsys)
+        line = error_line(argv, capsys)
         assert ("records no files" if change == "no files" else "records no size or SHA-256 for docs.jsonl") in line
 
 
@@ -344,11 +318,11 @@ def test_index_info_verify_says_what_it_verified_and_when_nothing_was(base_index
     folder = tmp_path / "idx"
     shutil.copytree(base_index, folder)
     capsys.readouterr()
-    assert run(["index", "info", str(folder), "--verify"]) == 0
+    assert run_cli(["index", "info", str(folder), "--verify"]) == 0
     assert "Verified:   size and SHA-256 of 4 files (docs.jsonl" in capsys.readouterr().out
     meta = json.loads((folder / "meta.json").read_text())  # an index of format 2 (before the records)
     del meta["files"]
     meta["format_version"] = 2
     (folder / "meta.json").write_text(json.dumps(meta))
-    assert run(["index", "info", str(folder), "--verify"]) == 0
+    assert run_cli(["index", "info", str(folder), "--verify"]) == 0
     assert "Verified:   nothing: this index (format 2) was written before st-prompts recorded" in capsys.readouterr().out

@@ -18,10 +18,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from conftest import one_error_line, st_model
 
 SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 CORPUS = Path(__file__).parent / "fixtures" / "search" / "real_queries.txt"
@@ -80,12 +80,14 @@ def __getattr__(name):
 '''
 
 DRIVER = '''
-import json, sys
+import json, os, sys
 from st_prompts.cli import main
 from st_prompts.errors import StPromptsError
 from st_prompts.loading import load_sentence_model
 for case in json.loads(sys.argv[1]):
-    if case[0] == "load":
+    if case[0] == "log":  # where the stand-in records the calls from here on
+        os.environ["KERNELS_LOG"] = case[1]
+    elif case[0] == "load":
         try:
             load_sentence_model(case[1])
             print("LOADED", case[1])
@@ -99,6 +101,25 @@ for case in json.loads(sys.argv[1]):
             print("CONTROL", type(exc).__name__)
     else:
         print("EXIT", main(case), case[0])
+'''
+
+
+#: Runs ``st_prompts.cli.main`` on each argv of a JSON list in one fresh process and prints, per call, a JSON line of
+#: its exit status, its stderr and its seconds (the hub settings are read from the environment at import).
+SILENT_DRIVER = '''
+import io, json, sys, time
+from st_prompts import cli
+for argv in json.loads(sys.argv[1]):
+    err, real, start = io.StringIO(), sys.stderr, time.monotonic()
+    sys.stderr = err
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    finally:
+        sys.stderr = real
+        cli.reset_output()
+    print(json.dumps({"status": status, "err": err.getvalue(), "took": time.monotonic() - start}), flush=True)
 '''
 
 
@@ -139,13 +160,9 @@ def _plant(config: Path, value) -> None:
 
 
 def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
     site = stand_in_kernels(tmp_path)
     clean = tmp_path / "clean"
-    SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
-                        device="cpu").save(str(clean))
+    st_model(tiny_bert, max_seq_length=32).save(str(clean))
     planted = {}
     for value in (EVIL_KERNEL, "flash_attention_2", {"": "sdpa", "text_config": EVIL_KERNEL}):
         folder = Path(shutil.copytree(clean, tmp_path / f"planted-{len(planted)}"))
@@ -161,14 +178,7 @@ def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
         if "model_type" in json.loads(config.read_text()):
             _plant(config, EVIL_KERNEL)
 
-    # The control: transformers itself asks the stand-in for the planted repository.
-    control_log = tmp_path / "control.log"
-    out = _run([["transformers", str(backbone)]], site, control_log)
-    assert "CONTROL" in out
-    asked = [c for c in _requests(control_log) if c["call"] == "get_kernel"]
-    assert asked and "someone-else/evil-kernel" in json.dumps(asked[0]), asked
-
-    log = tmp_path / "kernels.log"
+    log, control_log = tmp_path / "kernels.log", tmp_path / "control.log"
     senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
     folder = planted[json.dumps(EVIL_KERNEL)]
     cases = [["load", str(f)] for f in planted.values()] + [
@@ -177,8 +187,13 @@ def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
         ["train", "simcse", "--backbone", str(backbone), "--max-steps", "1", "--output", str(tmp_path / "out"),
          "--no-progress"],
         ["bank", "list", str(bank)],
+        # the control, last in the same process: transformers itself asks the stand-in for the planted repository
+        ["log", str(control_log)], ["transformers", str(backbone)],
     ]
     out = _run(cases, site, log)
+    assert "CONTROL" in out
+    asked = [c for c in _requests(control_log) if c["call"] == "get_kernel"]
+    assert asked and "someone-else/evil-kernel" in json.dumps(asked[0]), asked
     assert out.count("REFUSED") == len(planted) and "LOADED" not in out, out
     assert out.count("EXIT 2") == 4, out
     assert _requests(log) == [], _requests(log)
@@ -224,24 +239,20 @@ def silent_hub():
 
 
 def test_a_hub_that_never_answers_fails_in_seconds(tiny_bert, tmp_path, silent_hub):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
     adapter = tmp_path / "adapter"
-    SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
-                        device="cpu").save(str(adapter))
+    st_model(tiny_bert, max_seq_length=32).save(str(adapter))
     (adapter / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "base_model_name_or_path": "st-prompts-tests/uncached-base", "r": 8,
         "target_modules": ["query"]}))
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT=silent_hub, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"))
     senteval = ["--metrics", "sts", "--tasks", "STSBenchmark", "--senteval-dir", str(SENTEVAL), "--no-progress"]
-    for model in (str(adapter), "st-prompts-tests/uncached-model"):
-        start = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "evaluate", model, *senteval],
-                                capture_output=True, text=True, env=env, timeout=300)
-        took = time.monotonic() - start
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-        assert ": error: " in lines[-1] and "cannot be reached" in lines[-1], lines[-3:]
-        assert took < 90, f"{model}: {took:.0f} s"  # the probe waits 5 s; the rest is starting Python and torch
+    models = [str(adapter), "st-prompts-tests/uncached-model"]
+    result = subprocess.run([sys.executable, "-c", SILENT_DRIVER, json.dumps([["evaluate", m, *senteval] for m in models])],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for model, line in zip(models, result.stdout.strip().splitlines(), strict=True):
+        answer = json.loads(line)
+        assert answer["status"] == 2, answer
+        assert "cannot be reached" in one_error_line(answer["err"]), answer
+        assert answer["took"] < 90, f"{model}: {answer['took']:.0f} s"  # the probe waits 5 s; the rest is loading torch

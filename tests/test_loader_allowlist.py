@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli_error, prompted_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,28 +79,17 @@ def st_model(tmp_path_factory, tiny_bert) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prompted_model(tmp_path_factory, tiny_bert) -> Path:
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer
-
+def prompted_saved(tmp_path_factory, tiny_bert) -> Path:
     path = tmp_path_factory.mktemp("prompted") / "model"
-    SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
-                        device="cpu").save(str(path))
+    prompted_model(tiny_bert, "cls", prefix_length=2).save(str(path))
     return path
 
 
 def _one_line_refusal(argv: list[str], capsys, marker: Path, words: tuple[str, ...] = ()) -> str:
-    capsys.readouterr()
-    code = main(argv)
-    lines = capsys.readouterr().err.strip().splitlines()
-    errors = [line for line in lines if ": error: " in line]
-    assert code == 2, (argv, lines)
-    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in "\n".join(lines), lines
-    assert all(word in errors[0] for word in words), errors[0]
+    error = cli_error(argv, capsys)
+    assert all(word in error for word in words), error
     assert not marker.exists(), f"{argv[:2]} ran the folder's code"
-    return errors[0]
+    return error
 
 
 # ---------------------------------------------------------------------------------------------- the reported case
@@ -160,8 +150,8 @@ def test_a_pickle_without_safetensors_is_refused_even_without_options(st_model, 
     assert not marker.exists()
 
 
-def test_a_prompted_model_with_model_args_and_only_a_pickle(prompted_model, tmp_path, capsys):
-    folder = Path(shutil.copytree(prompted_model, tmp_path / "prompted"))
+def test_a_prompted_model_with_model_args_and_only_a_pickle(prompted_saved, tmp_path, capsys):
+    folder = Path(shutil.copytree(prompted_saved, tmp_path / "prompted"))
     marker = tmp_path / "marker"
     plant(folder, marker)
     edit_json(folder / "sentence_bert_config.json", lambda c: {**c, "model_args": {"weights_only": False}})

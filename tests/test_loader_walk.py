@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_error, save_plain, st_model
 
-from st_prompts.cli import main
 from st_prompts.errors import StPromptsError, UntrustedCodeError
 from st_prompts.loading import load_sentence_model, untrusted_reason
 
@@ -35,11 +35,8 @@ def routed_model(tiny_bert: str, path: Path) -> Path:
     sentence-transformers' own docs show: one embedder for queries, another for documents)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.router import Router
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    query = SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "cls")], device="cpu")
-    document = SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
-                                   device="cpu")
+    query, document = st_model(tiny_bert, "cls", max_seq_length=32), st_model(tiny_bert, max_seq_length=32)
     router = Router.for_query_document(query_modules=[query], document_modules=[document])
     SentenceTransformer(modules=[router], device="cpu").save(str(path))
     return path
@@ -52,13 +49,7 @@ def routed(tmp_path_factory, tiny_bert) -> Path:
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory, tiny_bert) -> Path:
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    path = tmp_path_factory.mktemp("plain") / "model"
-    SentenceTransformer(modules=[Transformer(tiny_bert, max_seq_length=32), Pooling(32, "mean")],
-                        device="cpu").save(str(path))
-    return path
+    return save_plain(tmp_path_factory.mktemp("plain") / "model", tiny_bert, max_seq_length=32)
 
 
 def _refused(folder: Path, *words: str) -> str:
@@ -68,16 +59,6 @@ def _refused(folder: Path, *words: str) -> str:
     assert "\n" not in message and all(word in message for word in words), message
     assert "install" not in message.replace("--trust-remote-code", ""), message  # never "pip install ..."
     return message
-
-
-def _cli_one_line(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    code = main(argv)
-    lines = capsys.readouterr().err.strip().splitlines()
-    errors = [line for line in lines if ": error: " in line]
-    assert code == 2 and len(errors) == 1 and lines[-1] == errors[0], lines
-    assert "Traceback" not in "\n".join(lines)
-    return errors[0]
 
 
 def _evaluate(folder: Path) -> list[str]:
@@ -117,7 +98,7 @@ def test_a_router_nested_model_is_checked_at_every_depth(routed, tmp_path, capsy
             path = folder / "document_0_SentenceTransformer" / "config.json"
     edit_json(path, change)
     _refused(folder, *words)
-    assert all(word in _cli_one_line(_evaluate(folder), capsys) for word in words)
+    assert all(word in cli_error(_evaluate(folder), capsys) for word in words)
 
 
 def test_a_route_of_a_route_is_walked_too(routed, tmp_path):
@@ -235,7 +216,7 @@ def test_weights_from_outside_the_folder_are_refused(sharded, tmp_path, capsys, 
             k: (f"weights/{shard}" if v == shard else v) for k, v in c["weight_map"].items()}})
         words = ("weights", "link", "outside the model folder")
     _refused(folder, *words)
-    _cli_one_line(_evaluate(folder), capsys)
+    cli_error(_evaluate(folder), capsys)
 
 
 def test_a_linked_tokenizer_file_in_a_module_folder_is_refused(plain, tmp_path):
@@ -280,7 +261,7 @@ def test_a_hub_cache_snapshot_may_link_to_its_blobs(plain, tmp_path):
 def test_a_malformed_modules_json_is_one_line(plain, tmp_path, capsys, modules):
     folder = Path(shutil.copytree(plain, tmp_path / "model"))
     (folder / "modules.json").write_text(json.dumps(modules))
-    assert "modules.json" in _cli_one_line(_evaluate(folder), capsys)
+    assert "modules.json" in cli_error(_evaluate(folder), capsys)
 
 
 @pytest.mark.parametrize("config", [
@@ -291,7 +272,7 @@ def test_a_malformed_modules_json_is_one_line(plain, tmp_path, capsys, modules):
 def test_a_malformed_pooling_config_is_one_line(plain, tmp_path, capsys, config):
     folder = Path(shutil.copytree(plain, tmp_path / "model"))
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
-    _cli_one_line(_evaluate(folder), capsys)
+    cli_error(_evaluate(folder), capsys)
     with pytest.raises(StPromptsError) as info:
         load_sentence_model(str(folder))
     assert "\n" not in str(info.value)

@@ -6,28 +6,17 @@ import json
 
 import pytest
 import torch
+from conftest import make_tiny_backbone, random_bank
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.losses import CoSENTLoss, MultipleNegativesRankingLoss
 from sentence_transformers.sentence_transformer.modules import Pooling
 
-from conftest import make_tiny_backbone
 from st_prompts import PromptedTransformer, bank, save_prompts_only
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 
 TEXTS = ["the man plays guitar .", "a dog runs in the park with a red car and a big tree near the water", "the cat",
          "this is happy music", "a woman sits on the mat in the house", "blue", "the big dog and the small cat play"]
-
-
-def bank_on(path: str, pooling: str = "mean", **sets) -> SentenceTransformer:
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=None, prompt_sets={name: {"prefix_length": n}
-                                                                         for name, n in sets.items()})
-    with torch.no_grad():
-        for prefix in encoder.prompt_sets.values():
-            prefix.embedding.weight.normal_()  # trained-looking prefixes: every row's output moves clearly
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)],
-                               device="cpu")
 
 
 def encode(model, texts, **kwargs):
@@ -39,7 +28,7 @@ def test_each_row_gets_its_own_set_through_length_sorting(tiny_backbones, model_
     """One encode call, rows of several lengths and tasks (sets of 3 and 9 positions, the plain backbone, the
     default), batches smaller than the input: every row equals its single-task embedding."""
     pooling = "lasttoken" if model_type == "llama" else "mean"
-    model = bank_on(tiny_backbones(model_type), pooling, short=3, long=9)
+    model = random_bank(tiny_backbones(model_type), pooling, short=3, long=9)
     tasks = ["short", "long", "backbone", None, "long", "short", "long"]
     mixed = encode(model, TEXTS, task=tasks, batch_size=3)
     assert not torch.allclose(encode(model, TEXTS[:1], task="short")[0], encode(model, TEXTS[:1], task="long")[0],
@@ -68,7 +57,7 @@ def test_no_task_is_the_plain_backbone_of_a_bank_and_the_shipped_model_for_minil
 
 
 def test_save_load_and_prompts_only_give_identical_embeddings(tiny_bert, tmp_path):
-    model = bank_on(tiny_bert, short=3, long=9)
+    model = random_bank(tiny_bert, short=3, long=9)
     model[0].query_task, model[0].document_task = "short", "long"
     tasks = ["short", "long", "backbone", "long", "short", None, "long"]
     expected = encode(model, TEXTS, task=tasks)
@@ -82,7 +71,7 @@ def test_save_load_and_prompts_only_give_identical_embeddings(tiny_bert, tmp_pat
 
 def test_an_empty_bank_saves_and_reloads_as_a_bank(tiny_bert, tmp_path):
     """A bank created without any set yet (``st-prompts bank create``) reloads as a bank that sets can join."""
-    model = bank_on(tiny_bert)
+    model = random_bank(tiny_bert)
     expected = encode(model, TEXTS)
     model.save(str(tmp_path / "empty"))
     loaded = SentenceTransformer(str(tmp_path / "empty"), trust_remote_code=True, device="cpu")
@@ -92,7 +81,7 @@ def test_an_empty_bank_saves_and_reloads_as_a_bank(tiny_bert, tmp_path):
 
 
 def test_encode_query_and_encode_document_use_their_sets(tiny_bert):
-    model = bank_on(tiny_bert, q=3, d=5)
+    model = random_bank(tiny_bert, q=3, d=5)
     plain = encode(model, TEXTS)
     assert torch.allclose(model.encode_query(TEXTS, convert_to_tensor=True), plain)  # no roles: the default
     model[0].query_task, model[0].document_task = "q", "d"
@@ -103,7 +92,7 @@ def test_encode_query_and_encode_document_use_their_sets(tiny_bert):
 
 
 def test_a_set_trained_while_others_exist_leaves_them_and_the_backbone_bit_identical(tiny_bert):
-    model = bank_on(tiny_bert, kept=4)
+    model = random_bank(tiny_bert, kept=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     data = Dataset.from_dict({"sentence1": TEXTS[:4] * 4, "sentence2": TEXTS[3:7] * 4, "score": [0.9, 0.1, 0.5, 0.3] * 4})
     result = bank.train_prompt_set(model, "new", data, CoSENTLoss(model), batch_size=4, max_steps=3,
@@ -123,7 +112,7 @@ def test_a_set_trained_while_others_exist_leaves_them_and_the_backbone_bit_ident
 
 
 def test_any_sentence_transformers_loss_trains_a_set(tiny_bert):
-    model = bank_on(tiny_bert)
+    model = random_bank(tiny_bert)
     triplets = Dataset.from_dict({"anchor": TEXTS[:4], "positive": TEXTS[1:5], "negative": TEXTS[3:7]})
     start = encode(model, TEXTS, task="backbone")
     bank.train_prompt_set(model, "nli", triplets, MultipleNegativesRankingLoss(model), batch_size=4, max_steps=2,
@@ -137,7 +126,7 @@ def test_a_set_for_other_weights_or_another_shape_is_refused(tiny_bert, tiny_bac
     save_prompts_only_model = SentenceTransformer(modules=[PromptedTransformer(other, prefix_length=4),
                                                            Pooling(32, pooling_mode="mean")], device="cpu")
     save_prompts_only(save_prompts_only_model, str(tmp_path / "other-prompts"))
-    model = bank_on(tiny_bert)
+    model = random_bank(tiny_bert)
     with pytest.raises(BackboneMismatchError, match="other backbone weights"):
         bank.add_prompt_set(model, "x", str(tmp_path / "other-prompts"))
     with pytest.raises(BackboneMismatchError, match="other backbone weights"):
@@ -160,7 +149,7 @@ def test_a_set_from_a_folder_of_the_same_backbone_joins_and_encodes_as_it_did(ti
     expected = encode(source, TEXTS)
     save_prompts_only(source, str(tmp_path / "prompts"))
     source.save(str(tmp_path / "full"))
-    model = bank_on(tiny_bert, other=3)
+    model = random_bank(tiny_bert, other=3)
     bank.add_prompt_set(model, "from-prompts", str(tmp_path / "prompts"))
     bank.add_prompt_set(model, "from-full", str(tmp_path / "full"))
     bank.add_prompt_set(model, "from-model", source)
@@ -177,7 +166,7 @@ def test_a_set_from_a_folder_of_the_same_backbone_joins_and_encodes_as_it_did(ti
 
 
 def test_clear_one_line_errors(tiny_bert):
-    model = bank_on(tiny_bert, a=3)
+    model = random_bank(tiny_bert, a=3)
     with pytest.raises(ConfigurationError, match="Unknown task 'b'.*prompt sets: a"):
         encode(model, TEXTS, task="b")
     with pytest.raises(ConfigurationError, match="one task per row"):

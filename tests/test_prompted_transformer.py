@@ -46,27 +46,6 @@ def test_matches_peft_prefix_tuning(tiny_bert):
     assert (theirs - ours).abs().max().item() <= 1e-5
 
 
-def test_prefix_changes_output_and_frozen_backbone_has_no_gradient(tiny_bert):
-    encoder = PromptedTransformer(tiny_bert, prefix_length=4)
-    plain = Transformer(tiny_bert)
-    encoder.eval(), plain.eval()
-    features = encoder.preprocess(SENTENCES)
-    with torch.no_grad():
-        prompted = encoder(dict(features))["token_embeddings"]
-        reference = plain(dict(features))["token_embeddings"]
-    assert (prompted - reference).abs().max() > 1e-2
-
-    encoder.train()
-    out = encoder(dict(features))["token_embeddings"]
-    out.pow(2).mean().backward()
-    prompt_params = {id(p) for p in encoder.prompt_parameters()}
-    for name, p in encoder.named_parameters():
-        if id(p) in prompt_params:
-            assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0, name
-        else:
-            assert not p.requires_grad and p.grad is None, name
-
-
 def test_only_prompt_parameters_reach_the_optimizer(tiny_bert, tmp_path):
     from datasets import Dataset
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -101,19 +80,6 @@ def test_dropout_makes_views_differ_only_in_training(tiny_bert):
         a = model(dict(features))["sentence_embedding"]
         b = model(dict(features))["sentence_embedding"]
     assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta", "electra"])
-def test_supported_architectures_carry_the_prefix(tiny_backbones, model_type):
-    path = tiny_backbones(model_type)
-    encoder = PromptedTransformer(path, prefix_length=3).eval()
-    plain = Transformer(path).eval()
-    features = encoder.preprocess(SENTENCES)
-    with torch.no_grad():
-        prompted = encoder(dict(features))["token_embeddings"]
-        reference = plain(dict(features))["token_embeddings"]
-    assert prompted.shape == reference.shape
-    assert (prompted - reference).abs().max() > 1e-2
 
 
 def test_probe_catches_a_backbone_that_ignores_the_prompts(tiny_bert, monkeypatch):
@@ -363,32 +329,6 @@ def test_draw_keep_mask_is_bernoulli_with_the_stated_probability():
     assert zero == 0.0 and not none.any()
     with pytest.raises(ConfigurationError, match="dropout probability"):
         draw_keep_mask((3,), 1.5)
-
-
-def test_gradient_checkpointing_keeps_the_prefix(tiny_bert):
-    """A checkpointed layer recomputed in the backward pass reads the same prefix (it comes with the attention call,
-    not from a stateful cache): checkpointing gives the same outputs and prompt gradients as without, and the prompts
-    still act."""
-
-    def run(checkpointing: bool):
-        torch.manual_seed(0)
-        encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_dropout=0.0)
-        encoder.auto_model.config.hidden_dropout_prob = 0.0
-        for module in encoder.auto_model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        if checkpointing:
-            encoder.auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        encoder.train()
-        features = encoder.tokenize(["the man plays guitar", "a dog"])
-        out = encoder(dict(features))["token_embeddings"]
-        out.sum().backward()
-        return out.detach(), encoder.prefix_encoder.embedding.weight.grad.clone()
-
-    plain_out, plain_grad = run(False)
-    ckpt_out, ckpt_grad = run(True)
-    assert torch.allclose(plain_out, ckpt_out, atol=1e-6)
-    assert torch.allclose(plain_grad, ckpt_grad, atol=1e-6) and plain_grad.abs().sum() > 0
 
 
 def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import random_bank
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
@@ -25,16 +26,8 @@ CORPUS_TXT = Path(__file__).parent / "fixtures" / "search" / "corpus.txt"
 
 def two_set_bank(path: str) -> SentenceTransformer:
     """A bank with a gated set (gate opened, with a prefix MLP) and an ungated set, trained-looking weights."""
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=None, prompt_sets={
-        "gated": {"prefix_length": 4, "prefix_gate": True, "prefix_projection": True, "prefix_hidden_size": 16},
-        "plain": {"prefix_length": 6}})
-    with torch.no_grad():
-        for prefix in encoder.prompt_sets.values():
-            for parameter in prefix.parameters():
-                parameter.normal_()
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="mean")],
-                               device="cpu")
+    return random_bank(path, gated={"prefix_length": 4, "prefix_gate": True, "prefix_projection": True,
+                                    "prefix_hidden_size": 16}, plain=6)
 
 
 def encode(model, texts, **kwargs) -> torch.Tensor:

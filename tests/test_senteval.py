@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import one_line_message
 
 from st_prompts.data import senteval
 from st_prompts.data.senteval import STS_TASKS, STSPairs, check_senteval_dir, load_sts, load_sts_from_hub
@@ -125,17 +126,11 @@ def test_check_only_needs_the_requested_tasks(tmp_path):
 # ----------------------------------------------------------------------------------------------------- bad input
 
 
-def _one_line(exc: pytest.ExceptionInfo) -> str:
-    message = str(exc.value)
-    assert "\n" not in message
-    return message
-
-
 def test_missing_dir(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(DataNotFoundError) as exc:
         check_senteval_dir(missing)
-    message = _one_line(exc)
+    message = one_line_message(exc)
     assert str(missing) in message and "does not exist" in message and "STS.input" in message  # names the layout
     with pytest.raises(DataNotFoundError, match="nowhere"):
         load_sts(missing, "STS12")
@@ -148,7 +143,7 @@ def test_missing_files_are_all_named_in_one_error(tree):
     (tree / "STS/STSBenchmark/sts-test.csv").unlink()
     with pytest.raises(DataNotFoundError) as exc:
         check_senteval_dir(tree)
-    message = _one_line(exc)
+    message = one_line_message(exc)
     assert "STS/STS13-en-test/STS.gs.OnWN.txt" in message
     assert "STS/STSBenchmark/sts-test.csv" in message
     with pytest.raises(DataNotFoundError, match="STS.gs.OnWN.txt"):
@@ -181,7 +176,7 @@ def test_malformed_files(tree, relpath, content, task, expected):
     for call in (lambda: load_sts(tree, task), lambda: check_senteval_dir(tree)):
         with pytest.raises(DataFormatError, match=expected) as exc:
             call()
-        assert str(path) in _one_line(exc)
+        assert str(path) in one_line_message(exc)
 
 
 # ----------------------------------------------------------------------------------------------------------- hub
@@ -221,7 +216,7 @@ def test_load_sts_from_hub_errors_are_one_line(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake.load_dataset)
     with pytest.raises(DataNotFoundError, match="mteb/sts12-sts .*no network") as exc:
         load_sts_from_hub("STS12")
-    _one_line(exc)
+    one_line_message(exc)
     monkeypatch.setattr(datasets, "load_dataset", _FakeDatasets({"text": ["a"]}).load_dataset)
     with pytest.raises(DataFormatError, match="sentence1"):
         load_sts_from_hub("STS12")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import random_bank
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Router
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -20,20 +21,8 @@ TEXTS = ["the man plays guitar .", "a dog runs in the park with a red car and a 
          "this is happy music", " ".join(["long"] * 200), "blue"]
 
 
-def bank(path: str) -> SentenceTransformer:
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=None, prompt_sets={"a": {"prefix_length": 4},
-                                                                          "b": {"prefix_length": 6}})
-    with torch.no_grad():
-        for prefix in encoder.prompt_sets.values():
-            for parameter in prefix.parameters():
-                parameter.normal_()
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="mean")],
-                               device="cpu")
-
-
 def test_a_mixed_request_is_token_ids_and_every_row_is_as_encode_gives_it(tiny_bert):
-    served = ServedModel(bank(tiny_bert), "bank")
+    served = ServedModel(random_bank(tiny_bert, a=4, b=6), "bank")
     rows, tokens = served.tokenize(TEXTS, "a")
     assert served._ids_rows and all(isinstance(row, list) for row in rows)
     assert tokens == [len(row) for row in rows] and max(tokens) == served.max_seq_length  # truncated as the model does

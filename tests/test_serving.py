@@ -29,7 +29,7 @@ import numpy as np
 import openai
 import pytest
 import torch
-from conftest import WORDS, make_tiny_backbone
+from conftest import WORDS, http_error, make_tiny_backbone
 from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
@@ -199,15 +199,6 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
-def assert_one_line_error(response, status: int | tuple[int, ...]):
-    statuses = status if isinstance(status, tuple) else (status,)
-    assert response.status_code in statuses, (response.status_code, response.text)
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"] and "\n" not in error["message"] and "Traceback" not in error["message"]
-    return error["message"]
-
-
 def wait_for(condition, timeout: float = 10.0, step: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -277,16 +268,16 @@ def test_bad_input_gets_one_line_4xx_and_the_server_keeps_serving(setup):
         (["not", "an", "object"], 400, "JSON object"),
     ]
     for body, status, fragment in cases:
-        message = assert_one_line_error(post(base, "/v1/embeddings", body), status)
+        message = http_error(post(base, "/v1/embeddings", body), status)
         assert fragment in message, (body if len(json.dumps(body)) < 200 else fragment, message)
-    assert "not valid JSON" in assert_one_line_error(post(base, "/v1/embeddings", None, raw=b'{"model": "sts", '), 400)
+    assert "not valid JSON" in http_error(post(base, "/v1/embeddings", None, raw=b'{"model": "sts", '), 400)
     wrong_type = post(base, "/v1/embeddings", None, raw=b'{"model":"sts","input":"x"}',
                       headers={"Content-Type": "text/plain"})
-    assert "application/json" in assert_one_line_error(wrong_type, 415)
+    assert "application/json" in http_error(wrong_type, 415)
     too_big = post(base, "/v1/embeddings", None, raw=b"[" + b"1," * 3_000_000 + b"1]")
-    assert "limit" in assert_one_line_error(too_big, 413)
-    assert "No route" in assert_one_line_error(get(base, "/v2/nothing"), 404)
-    assert assert_one_line_error(get(base, "/v1/embeddings"), 405)
+    assert "limit" in http_error(too_big, 413)
+    assert "No route" in http_error(get(base, "/v2/nothing"), 404)
+    assert http_error(get(base, "/v1/embeddings"), 405)
     ok = post(base, "/v1/embeddings", {"model": "sts", "input": "still serving", "dimensions": 384})
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 384
 
@@ -306,10 +297,9 @@ def test_search_encodes_queries_with_the_index_task_and_finds_what_the_library_f
         assert [h["text"] for h in hits["hits"]] == [w.text for w in want]
     one = post(base, "/search", {"query": queries[0], "index": "docs", "k": 100}).json()["data"]
     assert len(one) == 1 and len(one[0]["hits"]) == 100
-    assert "from 1 to 100" in assert_one_line_error(post(base, "/search", {"query": "q", "index": "docs", "k": 101}),
-                                                    422)
-    assert_one_line_error(post(base, "/search", {"query": "q", "index": "nope"}), 404)
-    assert_one_line_error(post(base, "/search", {"query": "q", "index": "docs", "k": 0}), 422)
+    assert "from 1 to 100" in http_error(post(base, "/search", {"query": "q", "index": "docs", "k": 101}), 422)
+    http_error(post(base, "/search", {"query": "q", "index": "nope"}), 404)
+    http_error(post(base, "/search", {"query": "q", "index": "docs", "k": 0}), 422)
 
 
 # ----------------------------------------------------------------------------------------------------------- admin
@@ -369,8 +359,8 @@ def test_admin_adds_and_removes_sets_from_folders_and_refuses_hostile_ones(setup
     save_prompts_only(source, str(tmp_path / "prompts"))
     expected = source.encode(TEXTS)
 
-    assert_one_line_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token=None), 401)
-    assert_one_line_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token="wrong"), 401)
+    http_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token=None), 401)
+    http_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token="wrong"), 401)
     for name, folder in (("from-full", tmp_path / "full"), ("from-prompts", tmp_path / "prompts")):
         added = admin(base, "POST", "/admin/prompt-sets", {"name": name, "source": str(folder)})
         assert added.status_code == 201, added.text
@@ -380,25 +370,25 @@ def test_admin_adds_and_removes_sets_from_folders_and_refuses_hostile_ones(setup
     names = [m["id"] for m in get(base, "/v1/models").json()["data"]]
     assert names == ["sts", "nli", "para", "from-full", "from-prompts", "backbone"]
     taken = admin(base, "POST", "/admin/prompt-sets", {"name": "sts", "source": str(tmp_path / "full")})
-    assert "already serves" in assert_one_line_error(taken, 409)
+    assert "already serves" in http_error(taken, 409)
 
     marker = tmp_path / "marker"
     for label, folder in hostile_folders(tmp_path, tmp_path / "full", tmp_path / "prompts", marker).items():
         refused = admin(base, "POST", "/admin/prompt-sets", {"name": label, "source": str(folder)})
-        message = assert_one_line_error(refused, 422)
+        message = http_error(refused, 422)
         assert "Refused" in message, (label, message)
         assert not marker.exists(), label
     other = prefixed_model(setup["tiny_backbone"], 4, seed=1, dimension=32, normalize=False)
     other.save(str(tmp_path / "other-backbone"))
     mismatch = admin(base, "POST", "/admin/prompt-sets", {"name": "other", "source": str(tmp_path / "other-backbone")})
-    assert assert_one_line_error(mismatch, 422)
+    assert http_error(mismatch, 422)
     missing = admin(base, "POST", "/admin/prompt-sets", {"name": "hub", "source": "someone/some-model"})
-    assert "No folder" in assert_one_line_error(missing, 422)
+    assert "No folder" in http_error(missing, 422)
 
     assert admin(base, "DELETE", "/admin/prompt-sets/from-full").status_code == 200
-    assert_one_line_error(post(base, "/v1/embeddings", {"model": "from-full", "input": "x"}), 404)
-    assert_one_line_error(admin(base, "DELETE", "/admin/prompt-sets/from-full"), 404)
-    assert_one_line_error(admin(base, "DELETE", "/admin/prompt-sets/backbone"), 409)
+    http_error(post(base, "/v1/embeddings", {"model": "from-full", "input": "x"}), 404)
+    http_error(admin(base, "DELETE", "/admin/prompt-sets/from-full"), 404)
+    http_error(admin(base, "DELETE", "/admin/prompt-sets/backbone"), 409)
     assert not marker.exists()
     still = post(base, "/v1/embeddings", {"model": "from-prompts", "input": TEXTS}).json()["data"]
     assert np.abs(np.array([d["embedding"] for d in still]) - expected).max() < 1e-5
@@ -419,7 +409,7 @@ def test_an_index_reloads_after_index_add(setup):
     assert reloaded.json()["documents"] == 201
     hit = post(base, "/search", {"query": new, "index": "docs", "k": 1}).json()["data"][0]["hits"][0]
     assert hit["id"] == added and hit["text"] == new and hit["score"] > 0.99
-    assert_one_line_error(admin(base, "POST", "/admin/indexes/nope/reload"), 404)
+    http_error(admin(base, "POST", "/admin/indexes/nope/reload"), 404)
 
 
 def test_without_a_token_the_admin_endpoint_does_not_exist(setup):
@@ -427,7 +417,7 @@ def test_without_a_token_the_admin_endpoint_does_not_exist(setup):
     assert get(base, "/health").json()["admin"] is False
     for method, path in (("POST", "/admin/prompt-sets"), ("DELETE", "/admin/prompt-sets/a"),
                          ("POST", "/admin/indexes/docs/reload")):
-        assert_one_line_error(admin(base, method, path, {"name": "x", "source": "y"}), 404)
+        http_error(admin(base, method, path, {"name": "x", "source": "y"}), 404)
 
 
 # ---------------------------------------------------------------------------------------------------- under load
@@ -501,7 +491,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_nothing_hangs(setup):
     for response in responses:
         if response.status_code == 503:
             assert int(response.headers["Retry-After"]) >= 1
-            assert "busy" in assert_one_line_error(response, 503)
+            assert "busy" in http_error(response, 503)
         else:
             assert len(response.json()["data"]) == 8
     assert post(base, "/v1/embeddings", {"model": "a", "input": "after the storm"}).status_code == 200

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_backbone
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import http_error, make_tiny_backbone
 from safetensors.torch import load_file, save_file
 from test_serving import Server as ServingServer
-from test_serving import prefixed_model, tiny_bank
+from test_serving import metrics, prefixed_model, tiny_bank
 
 from st_prompts import save_prompts_only
 
@@ -114,27 +113,8 @@ def error_of(raw: bytes) -> tuple[int, dict]:
     return status, error
 
 
-def metrics(server: Server) -> dict[str, float]:
-    out = {}
-    with httpx.Client(timeout=60) as client:
-        text = client.get(server.url + "/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
-
-
 def open_fds(server: Server) -> int:
     return len(os.listdir(f"/proc/{server.process.pid}/fd"))
-
-
-def one_line_4xx(response) -> str:
-    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"] and "\n" not in error["message"] and len(error["message"]) <= 1000
-    return error["message"]
 
 
 HALF_HEADER = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Ty"
@@ -162,7 +142,7 @@ def test_a_stalled_client_is_dropped_within_the_timeout(servers, sent, expected)
 
 def test_stalled_connections_do_not_pile_up(servers):
     server = servers["S"]
-    before = metrics(server)
+    before = metrics(server.url)
     baseline = open_fds(server)
     sockets = [connect(server, HALF_HEADER[:20 + i % 20]) for i in range(30)]
     try:
@@ -175,7 +155,7 @@ def test_stalled_connections_do_not_pile_up(servers):
     assert max(closed_after) < TIMEOUT + SLACK
     time.sleep(0.3)
     assert open_fds(server) <= baseline + 2
-    after = metrics(server)
+    after = metrics(server.url)
     key = "st_prompts_dropped_connections_total{reason=header_timeout}"
     assert after[key] - before.get(key, 0) == 30
 
@@ -213,7 +193,7 @@ def test_connections_beyond_the_cap_are_answered_503(servers):
 def test_malformed_http_gets_an_openai_error_object_and_is_counted(servers, request_bytes):
     server = servers["S"]
     key = "st_prompts_requests_total{endpoint=malformed,status=400}"
-    before = metrics(server).get(key, 0)
+    before = metrics(server.url).get(key, 0)
     sock = connect(server, request_bytes)
     try:
         seconds, answer = read_until_closed(sock, 10)
@@ -222,7 +202,7 @@ def test_malformed_http_gets_an_openai_error_object_and_is_counted(servers, requ
     assert seconds < 10
     status, error = error_of(answer)
     assert status == 400 and error["code"] == "invalid_http_request" and error["message"].startswith("Malformed")
-    assert metrics(server)[key] == before + 1
+    assert metrics(server.url)[key] == before + 1
 
 
 # ---------------------------------------------------------------------------------------------------------- the head
@@ -244,7 +224,7 @@ def test_an_endless_header_value_is_refused_431_at_the_head_limit(servers):
     value stalled the event loop for the whole header timeout (issue 60). The head is cut at its limit instead."""
     server = servers["S"]
     key = "st_prompts_dropped_connections_total{reason=header_too_large}"
-    before = metrics(server).get(key, 0)
+    before = metrics(server.url).get(key, 0)
     sock = connect(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
     sent, chunk = 0, b"v" * 16384
     try:
@@ -261,7 +241,7 @@ def test_an_endless_header_value_is_refused_431_at_the_head_limit(servers):
     status, error = error_of(answer)
     assert status == 431 and error["code"] == "request_header_fields_too_large", error
     assert f"{HEAD_LIMIT:,} bytes" in error["message"]
-    assert metrics(server)[key] == before + 1
+    assert metrics(server.url)[key] == before + 1
 
 
 def test_the_head_is_bounded_in_bytes_and_fields_and_the_url_in_bytes(servers):
@@ -340,11 +320,11 @@ def test_errors_quote_a_few_hundred_characters_of_the_input(servers):
     with httpx.Client(timeout=120) as client:
         huge = client.post(base + "/v1/embeddings", json={"model": "m" * 3_000_000, "input": "hello"})
         assert huge.status_code == 404 and len(huge.content) < 1500
-        assert "3,000,000 characters" in one_line_4xx(huge)
+        assert "3,000,000 characters" in http_error(huge)
         odd = client.post(base + "/v1/embeddings", json={"model": "a", "input": "x", "encoding_format": "e" * 100_000})
-        assert odd.status_code == 422 and len(one_line_4xx(odd)) < 500
+        assert odd.status_code == 422 and len(http_error(odd)) < 500
         route = client.get(base + "/" + "p" * 20_000)
-        assert route.status_code == 404 and len(one_line_4xx(route)) < 500
+        assert route.status_code == 404 and len(http_error(route)) < 500
 
 
 # ---------------------------------------------------------------------------------------------------------- admin
@@ -394,13 +374,13 @@ def test_the_admin_endpoint_answers_4xx_never_500(servers, tmp_path):
     with httpx.Client(timeout=120) as client:
         names = client.get(base + "/v1/models").json()
         for body in bodies:
-            message = one_line_4xx(client.post(base + "/admin/prompt-sets", content=body, headers=headers))
+            message = http_error(client.post(base + "/admin/prompt-sets", content=body, headers=headers))
             assert len(message) < 1000
         for label in ("huge prefix_length", "NaN prompts", "shapes that do not match"):
             response = client.post(base + "/admin/prompt-sets", headers=headers,
                                    json={"name": "x", "source": folders[label]})
-            assert response.status_code == 422 and one_line_4xx(response), label
-        assert one_line_4xx(client.delete(base + "/admin/prompt-sets/" + "z" * 5000, headers=headers))
+            assert response.status_code == 422 and http_error(response), label
+        assert http_error(client.delete(base + "/admin/prompt-sets/" + "z" * 5000, headers=headers))
         assert client.get(base + "/v1/models").json() == names  # nothing was added
         added = client.post(base + "/admin/prompt-sets", headers=headers, json={"name": "good", "source": str(good)})
         assert added.status_code == 201, added.text  # the folder the bad ones were made from is fine
@@ -422,7 +402,7 @@ def test_the_admin_endpoint_takes_only_names_of_the_one_grammar(servers, tmp_pat
         for name in ("a\nb", "x@1", "backbone", "-x", "caf\u00e9", "t" * 65, "a b", "\x1b[31mred", "x.y"):
             response = client.post(base + "/admin/prompt-sets", headers=headers,
                                    json={"name": name, "source": str(tmp_path / "good")})
-            assert SET_NAME_RULE in one_line_4xx(response) and response.status_code == 422, (name, response.text)
+            assert SET_NAME_RULE in http_error(response) and response.status_code == 422, (name, response.text)
             assert response.json()["error"]["param"] == "name"
         assert client.get(base + "/v1/models").json() == names
     assert "\x1b" not in servers["S"].log()
@@ -493,7 +473,7 @@ def test_sigterm_is_bounded_by_the_drain_timeout_and_health_says_draining(server
     thread = threading.Thread(target=queued_request, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
-    while metrics(server)["st_prompts_queue_rows"] != 2 and time.monotonic() < deadline:
+    while metrics(server.url)["st_prompts_queue_rows"] != 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     start = time.monotonic()
     server.process.send_signal(signal.SIGTERM)

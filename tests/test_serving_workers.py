@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import make_tiny_backbone
-from test_serving import Server, assert_one_line_error, get, metrics, post, prefixed_model, tiny_bank, wait_for
+from conftest import http_error, make_tiny_backbone
+from test_serving import Server, get, metrics, post, prefixed_model, tiny_bank, wait_for
 
 from st_prompts import save_prompts_only
 from st_prompts.loading import load_sentence_model
@@ -103,10 +103,10 @@ def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_th
     for got in encode_many(base, "added", TEXTS, 24):  # any worker, at once after the answer
         assert np.abs(got - expected).max() < 1e-5
     # refused by the first worker's checks: no worker has it
-    assert "already serves" in assert_one_line_error(
+    assert "already serves" in http_error(
         post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "prompts")}, headers=HEADERS), 409)
-    assert_one_line_error(post(base, "/admin/prompt-sets", {"name": "nowhere", "source": str(tmp_path / "no")},
-                               headers=HEADERS), 422)
+    http_error(post(base, "/admin/prompt-sets", {"name": "nowhere", "source": str(tmp_path / "no")},
+                    headers=HEADERS), 422)
     names = [m["id"] for m in get(base, "/v1/models").json()["data"]]
     assert "added" in names and "nowhere" not in names
     after = metrics(base)
@@ -121,7 +121,7 @@ def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_th
     with httpx.Client(timeout=60) as client:
         assert client.delete(base + "/admin/prompt-sets/added", headers=HEADERS).status_code == 200
     for _ in range(12):
-        assert_one_line_error(post(base, "/v1/embeddings", {"model": "added", "input": "x"}), 404)
+        http_error(post(base, "/v1/embeddings", {"model": "added", "input": "x"}), 404)
 
 
 def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before_as_they_were_read(served, tmp_path):

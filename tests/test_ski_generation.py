@@ -1,5 +1,6 @@
 """SKI generation: the resumable cache (counted with a tiny random causal LM), refusal to mix settings, retry of
-degenerate answers, per-row determinism, the smollm2 alias, and the real SmolLM2 generating non-empty SKI."""
+degenerate answers, per-row determinism, the smollm2 alias, and the real SmolLM2 generating non-empty SKI (the one
+SmolLM2 generation of the suite: two sentences, 16 tokens)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from st_prompts.methods.skicse.generation import (
     PAPER_PROMPT,
@@ -25,29 +24,7 @@ from st_prompts.methods.skicse.generation import (
 )
 from st_prompts.errors import ConfigurationError, DataNotFoundError, SKICacheMismatchError
 
-WORDS = ("the a man dog cat plays runs sits park music is on in and of it what you know about sentence answer "
-         "objectively make sure your answers are no more than four sentences contain important information . , "
-         "1 2 ) : \" user assistant system").split()
-SPECIAL = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<unk>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 SENTENCES = ["the man plays", "a dog runs", "the cat sits", "music is on", "the dog sits"]
-
-
-@pytest.fixture(scope="module")
-def tiny_llm():
-    """A randomly initialised tiny LLaMA and a word-level tokenizer with a chat template (no hub)."""
-    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
-                                        eos_token="</s>", unk_token="<unk>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return LlamaForCausalLM(config).eval(), tokenizer
 
 
 def make_generator(tiny_llm, **settings):
@@ -232,13 +209,13 @@ def test_help_defaults_match_the_generation_settings():
     assert all(defaults[k] == v for k, v in HELP_DEFAULTS.items())
 
 
-def test_real_smollm2_generates_non_empty_ski():
+def test_real_smollm2_generates_non_empty_ski(cached_gguf):
     from st_prompts.methods.skicse.generation import load_llm
 
     torch.set_num_threads(1)
     model, tokenizer, label = load_llm("smollm2")
-    generator = SKIGenerator(model, tokenizer, label, settings=GenerationSettings(max_new_tokens=24))
-    sentences = ["A man is playing a guitar.", "The Eiffel Tower is in Paris.", "Two dogs run in the snow."]
+    generator = SKIGenerator(model, tokenizer, label, settings=GenerationSettings(max_new_tokens=16))
+    sentences = ["A man is playing a guitar.", "Two dogs run in the snow."]
     answers = generator.generate(sentences)
-    assert len(answers) == 3
+    assert len(answers) == 2
     assert all(isinstance(a, str) and len(a.split()) >= 3 for a in answers), answers

