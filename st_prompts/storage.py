@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -315,10 +315,8 @@ def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator
             entry[2] -= 1
             if entry[2] == 0:
                 fd, entry[1] = entry[1], None
-                try:
+                with suppress(OSError):
                     os.unlink(path)  # still ours: unlinked before it is unlocked (see above)
-                except OSError:
-                    pass
                 os.close(fd)
     finally:
         entry[0].release()

@@ -155,7 +155,7 @@ class IndexConstruction:
         else:
             embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
                                       progress=show_progress_bar, task=task)  # fmt: skip
-        index = assemble_index(
+        return assemble_index(
             cls,
             embeddings,
             corpus.ids,
@@ -169,7 +169,6 @@ class IndexConstruction:
             calibration_queries=calibration_queries,
             info={"id_source": corpus.id_source, "source": corpus.source, "documents_over_length": longer},
         )
-        return index
 
     @classmethod
     def from_file(

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import faiss
 import numpy as np
@@ -69,9 +69,6 @@ from st_prompts.storage import (
     replace_folder,
     write_manifest,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    import faiss
 
 logger = logging.getLogger(__name__)
 

@@ -163,7 +163,6 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-
             self._identity = {"kind": "masked-lm", "name": portable_backbone_reference(self.name),
                               "weights": backbone_fingerprint(self.model)}
         return self._identity
@@ -267,7 +266,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-
             self._identity = {
                 "kind": BACKBONE_GENERATOR,
                 "backbone": backbone_fingerprint(self.backbone),
