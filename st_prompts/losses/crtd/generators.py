@@ -223,7 +223,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         self._candidates: torch.Tensor | None = None  # token ids the head may predict (None: every real token)
 
     def _build_head(self) -> nn.Module:
-
         mlm_logger = logging.getLogger("st_prompts.losses.mlm")
         level = mlm_logger.level
         mlm_logger.setLevel(logging.ERROR)  # its messages speak of the auxiliary MLM loss; we report our own
@@ -272,13 +271,8 @@ class BackboneMLMGenerator(MaskedLMGenerator):
                 "head_from_checkpoint": bool(self.head.from_checkpoint),
                 "training_sentences": rows_digest(rows),
                 "steps": self.steps_for(len(self.split(rows)[0])),
-                "batch_size": self.batch_size,
-                "learning_rate": self.learning_rate,
-                "masking_ratio": self.masking_ratio,
-                "seed": self.seed,
-                "heldout_share": self.heldout_share,
-                "max_heldout": self.max_heldout,
-                "corpus_vocabulary": self.corpus_vocabulary,
+                **{key: getattr(self, key) for key in ("batch_size", "learning_rate", "masking_ratio", "seed",
+                                                        "heldout_share", "max_heldout", "corpus_vocabulary")},
             }
         return self._identity
 
