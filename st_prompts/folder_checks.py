@@ -67,7 +67,6 @@ class _Missing(Exception):
     """The file is known not to exist (as opposed to: it could not be read)."""
 
 
-
 def is_local(model: str) -> bool:
     return os.path.isdir(model) or os.path.exists(model) or model.startswith((".", "/", "~"))
 

@@ -72,7 +72,6 @@ def is_cached(repo_id: str) -> bool:
     return False
 
 
-
 def _unreachable_reason(repo_id: str) -> str | None:
     """Why the hub cannot be reached (one request, :data:`PROBE_TIMEOUT`, no retries), or ``None``. Any HTTP answer,
     even an error status, means that it can: loading then says what the answer was."""

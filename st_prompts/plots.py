@@ -99,9 +99,7 @@ def pair_cosine_similarities(
     """
     if len(sentences1) != len(sentences2):
         raise DataFormatError(f"sentences1 and sentences2 differ in length: {len(sentences1)} vs {len(sentences2)}")
-    index: dict[str, int] = {}
-    for s in (*sentences1, *sentences2):
-        index.setdefault(s, len(index))
+    index = {s: i for i, s in enumerate(dict.fromkeys((*sentences1, *sentences2)))}
     from st_prompts.modules.lengths import full_length
 
     with full_length(model):  # sentences whole, as the STS protocol encodes them

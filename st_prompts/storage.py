@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +109,8 @@ def _fsync(path: str | os.PathLike) -> None:
     except OSError:  # pragma: no cover - e.g. a folder on a platform that cannot open one
         return
     try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
+        with suppress(OSError):  # pragma: no cover
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -315,10 +314,8 @@ def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator
             entry[2] -= 1
             if entry[2] == 0:
                 fd, entry[1] = entry[1], None
-                try:
+                with suppress(OSError):
                     os.unlink(path)  # still ours: unlinked before it is unlocked (see above)
-                except OSError:
-                    pass
                 os.close(fd)
     finally:
         entry[0].release()
@@ -403,7 +400,7 @@ def replace_folder(
         ``destination`` as an absolute path.
     """
     destination = check_destination(destination)
-    with folder_lock(destination) if lock else _nothing():
+    with folder_lock(destination) if lock else nullcontext():
         check_replaceable(destination, ownership, overwrite, what, overwrite_hint)
         remove_leftovers(destination, ownership)
         parent = destination.parent
@@ -422,11 +419,6 @@ def replace_folder(
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return destination
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: bool, what: str, hint: str) -> None:

@@ -258,17 +258,8 @@ def run_build(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     if not args.corpus.exists():
         raise DataNotFoundError(f"corpus file not found: {args.corpus}")
-    params = {
-        "nlist": args.nlist,
-        "nprobe": args.nprobe,
-        "m": args.m,
-        "ef_construction": args.ef_construction,
-        "ef_search": args.ef_search,
-        "pq_m": args.pq_m,
-        "opq": args.opq,
-        "rerank": args.rerank,
-    }
-    params = {key: value for key, value in params.items() if value is not None}
+    params = {key: getattr(args, key) for key in ("nlist", "nprobe", "m", "ef_construction", "ef_search", "pq_m", "opq",
+                                                  "rerank") if getattr(args, key) is not None}
     if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
         raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
     target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
@@ -337,10 +328,7 @@ def run_search(args: argparse.Namespace) -> int:
                                         f"not {clip(repr(args.task), 80)}")
         if args.nprobe is not None or args.ef_search is not None or args.rerank is not None:
             index.set_search_params(nprobe=args.nprobe, ef_search=args.ef_search, rerank=args.rerank)
-        if args.model is not None:
-            index.set_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
-        elif index.model_identity is not None:
-            index.use_recorded_model(device=args.device, trust_remote_code=args.trust_remote_code)
+        _load_model_for(index, args)
         results = index.search(args.queries, k=args.k)
     print_results(args, results)
     return 0

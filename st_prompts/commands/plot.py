@@ -156,11 +156,6 @@ def _load_models(args: argparse.Namespace, labels: list[str]) -> Iterator[tuple[
         yield f"{label} ({pooling_label(model)})", model
 
 
-def _progress(args: argparse.Namespace) -> bool:
-    """``show_progress_bar`` for encoding: on a terminal only, never with ``--no-progress``."""
-    return show_progress(args)
-
-
 def run_similarity(args: argparse.Namespace) -> int:
     """Run ``st-prompts plot similarity``."""
     from st_prompts.plots import plot_similarity_by_score
@@ -170,7 +165,7 @@ def run_similarity(args: argparse.Namespace) -> int:
     models = dict(_load_models(args, labels))
     path = plot_similarity_by_score(
         models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title, batch_size=args.batch_size,
-        show_progress_bar=_progress(args),
+        show_progress_bar=show_progress(args),
     )
     print(f"wrote {path}")
     return 0
@@ -189,7 +184,7 @@ def run_align_uniform(args: argparse.Namespace) -> int:
         pairs.scores,
         positive_threshold=args.positive_threshold,
         batch_size=args.batch_size,
-        show_progress_bar=_progress(args),
+        show_progress_bar=show_progress(args),
         write_csv=False,
     )
     points = {}

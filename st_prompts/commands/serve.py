@@ -11,6 +11,7 @@ extra (``pip install -e ".[serve]"``). Models load as every command loads them: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from st_prompts.commands._numbers import finite_float, int_range, positive_float, positive_int
@@ -139,22 +140,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the optional extra is missing
         raise ConfigurationError(f"st-prompts serve needs the serve extra ({exc.name} is missing): "
                                  "pip install -e \".[serve]\"") from exc
+
+    def given(options_class) -> dict:  # the command line's value of each field it has an option for
+        return {f.name: getattr(args, f.name) for f in dataclasses.fields(options_class) if hasattr(args, f.name)}
+
     try:
-        limits = ServingLimits(max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
-                               max_body_bytes=args.max_body_bytes, max_queue_rows=args.max_queue_rows,
-                               max_wait_ms=args.max_wait_ms, max_batch_tokens=args.max_batch_tokens,
-                               max_batch_rows=args.max_batch_rows, max_k=args.max_k,
-                               pass_overhead_tokens=args.pass_overhead_tokens)
+        limits = ServingLimits(**given(ServingLimits))
     except ValueError as exc:
         raise ConfigurationError(f"--{str(exc).replace('_', '-')}") from exc
-    options = ServerOptions(model=args.model, indexes=_indexes(args.index), host=args.host, port=args.port,
-                            model_name=args.model_name, device=args.device, limits=limits,
-                            admin_token=_admin_token(args.admin_token_file), drain_timeout=args.drain_timeout,
-                            threads=args.threads)
-    options.header_timeout, options.body_timeout = args.header_timeout, args.body_timeout
-    options.idle_timeout, options.max_connections = args.idle_timeout, args.max_connections
-    options.max_header_bytes, options.max_headers = args.max_header_bytes, args.max_headers
-    options.max_url_bytes = args.max_url_bytes
-    options.quantize = args.quantize
-    options.workers = args.workers
+    options = ServerOptions(**given(ServerOptions), indexes=_indexes(args.index), limits=limits,
+                            admin_token=_admin_token(args.admin_token_file))
     return run_server(options)

@@ -36,15 +36,7 @@ STS_SUBSETS = {
 }
 
 #: Short names used in tables (as in the SimCSE paper).
-TASK_LABELS = {
-    "STS12": "STS12",
-    "STS13": "STS13",
-    "STS14": "STS14",
-    "STS15": "STS15",
-    "STS16": "STS16",
-    "STSBenchmark": "STS-B",
-    "SICKRelatedness": "SICK-R",
-}
+TASK_LABELS = {**{task: task for task in STS_SUBSETS}, "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
 SPLITS = ("train", "dev", "test")
 _SPLIT_ALIASES = {"validation": "dev", "trial": "dev"}
@@ -208,47 +200,20 @@ def _load_sts_year(root: Path, task: str) -> STSPairs:
     return STSPairs(s1, s2, scores, subsets)
 
 
-def _load_stsb(path: Path) -> STSPairs:
-    # SentEval: text = line.strip().split("\t"); score = text[4]; sentences = text[5], text[6]
+def _scored_rows(path: Path, lines: list[str], start: int, columns: tuple[int, int, int], expected: str) -> STSPairs:
+    """The pairs of ``lines`` (numbered from ``start``, blank ones skipped): the fields ``columns`` (sentence 1,
+    sentence 2, score) of each tab-separated line; a line too short for them is refused as ``expected``."""
+    width = max(columns) + 1
     s1, s2, scores = [], [], []
-    for lineno, line in enumerate(_read_lines(path), start=1):
-        if not line.strip():
-            continue
-        fields = line.strip().split("\t")
-        if len(fields) < 7:
-            raise DataFormatError(
-                f"{path}:{lineno}: expected at least 7 tab-separated columns "
-                f"(genre, file, year, id, score, sentence1, sentence2), found {len(fields)}"
-            )
-        scores.append(_parse_score(fields[4], path, lineno))
-        s1.append(_tokens(fields[5]))
-        s2.append(_tokens(fields[6]))
-    return STSPairs(s1, s2, scores, ["all"] * len(scores))
-
-
-def _load_sick(path: Path) -> STSPairs:
-    lines = _read_lines(path)
-    if not lines:
-        raise DataFormatError(f"{path}: empty file (expected a header row and data rows)")
-    header = [h.strip() for h in lines[0].strip().split("\t")]
-    needed = ("sentence_A", "sentence_B", "relatedness_score")
-    if any(col not in header for col in needed):
-        raise DataFormatError(f"{path}:1: header must contain the columns {', '.join(needed)}; found {header}")
-    ia, ib, iscore = (header.index(col) for col in needed)
-    width = max(ia, ib, iscore) + 1
-    s1, s2, scores = [], [], []
-    for lineno, line in enumerate(lines[1:], start=2):
+    for lineno, line in enumerate(lines, start=start):
         if not line.strip():
             continue
         fields = line.strip().split("\t")
         if len(fields) < width:
-            raise DataFormatError(
-                f"{path}:{lineno}: expected {len(header)} tab-separated columns ({', '.join(header)}), "
-                f"found {len(fields)}"
-            )
-        scores.append(_parse_score(fields[iscore], path, lineno))
-        s1.append(_tokens(fields[ia]))
-        s2.append(_tokens(fields[ib]))
+            raise DataFormatError(f"{path}:{lineno}: expected {expected}, found {len(fields)}")
+        scores.append(_parse_score(fields[columns[2]], path, lineno))
+        s1.append(_tokens(fields[columns[0]]))
+        s2.append(_tokens(fields[columns[1]]))
     return STSPairs(s1, s2, scores, ["all"] * len(scores))
 
 
@@ -256,13 +221,25 @@ def read_stsb_file(path) -> STSPairs:
     """One STS Benchmark file as SentEval distributes it (``sts-train.csv``, ``sts-dev.csv``, ``sts-test.csv``):
     headerless, tab-separated, genre, file, year, id, score (0-5), sentence 1, sentence 2, and on some lines the
     sources after them. Read as :func:`load_sts` reads it (the same checks and messages)."""
-    return _load_stsb(Path(path))
+    # SentEval: text = line.strip().split("\t"); score = text[4]; sentences = text[5], text[6]
+    path = Path(path)
+    return _scored_rows(path, _read_lines(path), 1, (5, 6, 4), "at least 7 tab-separated columns (genre, file, year, "
+                        "id, score, sentence1, sentence2)")
 
 
 def read_sick_file(path) -> STSPairs:
     """One SICK file as SentEval distributes it (``SICK_train.txt``, ...): tab-separated with a header naming
     ``sentence_A``, ``sentence_B`` and ``relatedness_score`` (1-5). Read as :func:`load_sts` reads it."""
-    return _load_sick(Path(path))
+    path = Path(path)
+    lines = _read_lines(path)
+    if not lines:
+        raise DataFormatError(f"{path}: empty file (expected a header row and data rows)")
+    header = [h.strip() for h in lines[0].strip().split("\t")]
+    needed = ("sentence_A", "sentence_B", "relatedness_score")
+    if any(col not in header for col in needed):
+        raise DataFormatError(f"{path}:1: header must contain the columns {', '.join(needed)}; found {header}")
+    columns = tuple(header.index(col) for col in needed)
+    return _scored_rows(path, lines[1:], 2, columns, f"{len(header)} tab-separated columns ({', '.join(header)})")
 
 
 def _layout_hint(root: Path) -> str:
@@ -324,9 +301,9 @@ def load_sts(senteval_dir, task: str, split: str = "test") -> STSPairs:
     if task in STS_SUBSETS:
         pairs = _load_sts_year(root, task)
     elif task == "STSBenchmark":
-        pairs = _load_stsb(root / _task_files(task, split)[0])
+        pairs = read_stsb_file(root / _task_files(task, split)[0])
     else:
-        pairs = _load_sick(root / _task_files(task, split)[0])
+        pairs = read_sick_file(root / _task_files(task, split)[0])
     if len(pairs) == 0:
         raise DataFormatError(f"{task} {split} in {root} has no scored pairs")
     return pairs
@@ -353,15 +330,8 @@ def check_senteval_dir(senteval_dir, tasks=STS_TASKS, split: str = "test") -> Pa
 
 
 #: Hugging Face datasets used by :func:`load_sts_from_hub` (all with columns sentence1, sentence2, score).
-HUB_DATASETS = {
-    "STS12": "mteb/sts12-sts",
-    "STS13": "mteb/sts13-sts",
-    "STS14": "mteb/sts14-sts",
-    "STS15": "mteb/sts15-sts",
-    "STS16": "mteb/sts16-sts",
-    "STSBenchmark": "sentence-transformers/stsb",
-    "SICKRelatedness": "mteb/sickr-sts",
-}
+HUB_DATASETS = {**{task: f"mteb/{task.lower()}-sts" for task in STS_SUBSETS},
+                "STSBenchmark": "sentence-transformers/stsb", "SICKRelatedness": "mteb/sickr-sts"}
 _HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
 

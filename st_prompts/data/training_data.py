@@ -104,13 +104,8 @@ def unsupervised_dataset(sentences: list[str]) -> Dataset:
 
 def supervised_dataset(triplets: list[tuple[str, str, str]]) -> Dataset:
     """Supervised SimCSE triplets: (premise, entailment as positive, contradiction as hard negative)."""
-    return Dataset.from_dict(
-        {
-            "anchor": [t[0] for t in triplets],
-            "positive": [t[1] for t in triplets],
-            "negative": [t[2] for t in triplets],
-        }
-    )
+    columns = ("anchor", "positive", "negative")
+    return Dataset.from_dict({name: [t[i] for t in triplets] for i, name in enumerate(columns)})
 
 
 def bundled_data_dir() -> Path:

@@ -143,11 +143,8 @@ class AlignmentUniformityEvaluator(PairsEvaluator):
         self.greater_is_better = False
         self.primary_metric = main_metric
 
-        index: dict[str, int] = {}
-        for s1, s2 in zip(sentences1, sentences2):
-            index.setdefault(s1, len(index))
-            index.setdefault(s2, len(index))
-        self.sentences = list(index)
+        self.sentences = list(dict.fromkeys(s for pair in zip(sentences1, sentences2) for s in pair))
+        index = {s: i for i, s in enumerate(self.sentences)}
         positives = [(index[s1], index[s2]) for s1, s2, sc in zip(sentences1, sentences2, scores)
                      if float(sc) >= self.positive_threshold]
         if not positives:

@@ -93,13 +93,11 @@ def build_retrieval_queries(
             f"sentences1, sentences2 and scores must have the same length, got "
             f"{len(sentences1)}, {len(sentences2)} and {len(scores)}"
         )
-    pool: dict[str, None] = {}  # insertion-ordered set
+    pool = list(dict.fromkeys(s for pair in zip(sentences1, sentences2) for s in pair))  # distinct, in order
     queries: list[str] = []
     answers: list[str] = []
     num_relevant = num_identical = 0
     for s1, s2, score in zip(sentences1, sentences2, scores):
-        pool.setdefault(s1)
-        pool.setdefault(s2)
         if float(score) != relevant_score:
             continue
         num_relevant += 1
@@ -111,7 +109,7 @@ def build_retrieval_queries(
         if bidirectional:
             queries.append(s2)
             answers.append(s1)
-    return RetrievalQueries(queries, answers, list(pool), num_relevant, num_identical)
+    return RetrievalQueries(queries, answers, pool, num_relevant, num_identical)
 
 
 class STSRetrievalEvaluator(PairsEvaluator):

@@ -89,9 +89,7 @@ class MLMHead(nn.Module):
 
     def __init__(self, encoder, source: str | None = None) -> None:
         super().__init__()
-        source = source or encoder.backbone_name_or_path
-
-        source = resolve_model_name(source)
+        source = resolve_model_name(source or encoder.backbone_name_or_path)
         config = encoder.auto_model.config
         try:
             mlm_config = AutoConfig.from_pretrained(source)
@@ -106,7 +104,6 @@ class MLMHead(nn.Module):
         self.head.to_empty(device=encoder.auto_model.get_input_embeddings().weight.device)
         tied = dict(getattr(skeleton, "_tied_weights_keys", None) or {})
         decoder_key = next((k for k, v in tied.items() if v.endswith("word_embeddings.weight")), None)
-        self._forward_order = self.head_names
         del skeleton
 
         state = _checkpoint_tensors(source, tuple(f"{name}." for name in self.head_names),
@@ -159,7 +156,7 @@ class MLMHead(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = hidden_states
-        for name in self._forward_order:
+        for name in self.head_names:
             out = self.head[name](out)
         return out
 

@@ -168,9 +168,10 @@ class PrefixInjection:
         self._applications[id(module)] = count + 1
         return layers[count % len(layers)]
 
-    def inject(self, module, query, key, value, attention_mask, backend: str, kwargs: dict):
-        """``(keys, values, mask)`` with the prefix in front, for ``module``'s attention call."""
-        layer = self.layer(module)
+    def inject(self, module, query, key, value, attention_mask, backend: str, kwargs: dict, layer: int | None = None):
+        """``(keys, values, mask)`` with the prefix in front, for ``module``'s attention call (``layer``: its prefix
+        layer, when :meth:`layer` was already asked for this call)."""
+        layer = self.layer(module) if layer is None else layer
         batch = key.shape[0]
         keys = self._concat(2 * layer, key, batch)
         values = self._concat(2 * layer + 1, value, batch)
@@ -181,16 +182,10 @@ class PrefixInjection:
         """The attention of a pass with a gated prefix: the text's own attention (with the ungated rows' prefix in
         their softmax, when sets of both kinds share the pass), plus each gated row's ``tanh(g) · softmax(q K_p) V_p``
         (see the module docstring)."""
-        if self.all_gated:
-            layer = self.layer(module)
-            output, weights = function(module, query, key, value, attention_mask, **kwargs)
-        else:
-            layer = self.layer(module)
-            batch = key.shape[0]
-            keys = self._concat(2 * layer, key, batch)
-            values = self._concat(2 * layer + 1, value, batch)
-            mask = self._mask(module, query, key.shape[2], attention_mask, backend, kwargs.get("is_causal"))
-            output, weights = function(module, query, keys, values, mask, **kwargs)
+        layer = self.layer(module)
+        if not self.all_gated:
+            key, value, attention_mask = self.inject(module, query, key, value, attention_mask, backend, kwargs, layer)
+        output, weights = function(module, query, key, value, attention_mask, **kwargs)
         term = self._gated_term(layer, module, query, kwargs)
         return output + term.to(output.dtype), weights
 

@@ -167,10 +167,8 @@ def tokenize_with_template(tokenizer, template: ParsedTemplate, soft: bool, text
         rows.append([cls_id, *template.left_ids, *ids, *template.right_ids, sep_id])
         if soft:
             slots.append([-1, *left_slots, *([-1] * len(ids)), *right_slots, -1])
-        if template.mask_in_left:
-            mask_index.append(1 + template.mask_offset)
-        else:
-            mask_index.append(1 + len(template.left_ids) + len(ids) + template.mask_offset)
+        before = 0 if template.mask_in_left else len(template.left_ids) + len(ids)  # tokens before the mask's part
+        mask_index.append(1 + before + template.mask_offset)
     length = max(len(r) for r in rows) if rows else 0
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = {

@@ -86,21 +86,5 @@ _LAZY = {
     "SemanticIndex": "st_prompts.search.index",
 }
 
-__all__ = [
-    "DEFAULT_EF_CONSTRUCTION",
-    "DEFAULT_EF_SEARCH",
-    "DEFAULT_HNSW_M",
-    "DEFAULT_NPROBE",
-    "DEFAULT_PQ_M",
-    "DEFAULT_RERANK",
-    "DEFAULT_TARGET_RECALL",
-    "FINGERPRINT_MIN_COSINE",
-    "INDEX_TYPES",
-    "PROBE_SENTENCES",
-    "ChunkedEncoding",
-    "ModelIdentity",
-    "SearchHit",
-    "SemanticIndex",
-    "encode_in_chunks",
-]
+__all__ = sorted(_LAZY)
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

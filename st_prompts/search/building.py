@@ -13,8 +13,7 @@ from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFor
 from st_prompts.search.calibration import resolve_target
 from st_prompts.search.chunked import DEFAULT_CHUNK_SIZE, encode_in_chunks
 from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corpus, read_corpus_file
-from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.encoding import documents_over_limit, encode_texts, l2_normalize, truncation_message
+from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
 from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
 from st_prompts.search.identity import ModelIdentity
 
@@ -143,10 +142,7 @@ class IndexConstruction:
         target = resolve_target(index_type, target_recall, index_params, calibration_queries)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
-        longer, limit = documents_over_limit(model, corpus.texts)
-        message = truncation_message(longer, len(corpus.texts), limit)
-        if message:
-            warn_at_caller(message)
+        longer = warn_over_length(model, corpus.texts)
         if encode_cache_dir is not None or (processes is not None and processes > 1):
             embeddings = encode_in_chunks(
                 model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
@@ -155,7 +151,7 @@ class IndexConstruction:
         else:
             embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
                                       progress=show_progress_bar, task=task)  # fmt: skip
-        index = assemble_index(
+        return assemble_index(
             cls,
             embeddings,
             corpus.ids,
@@ -169,7 +165,6 @@ class IndexConstruction:
             calibration_queries=calibration_queries,
             info={"id_source": corpus.id_source, "source": corpus.source, "documents_over_length": longer},
         )
-        return index
 
     @classmethod
     def from_file(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+#: Documents per cached chunk of :func:`encode_in_chunks` (one ``.npy`` file each).
 DEFAULT_CHUNK_SIZE = 10_000
 _MANIFEST = "manifest.json"
 _CACHE_FORMAT = "st-prompts-encoding-cache"
@@ -75,11 +76,6 @@ def _check_manifest(cache_dir: Path, expected: dict[str, Any]) -> None:
         return
     cache_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, expected)
-
-
-def _save_chunk(path: Path, embeddings: np.ndarray) -> None:
-    """Write one chunk atomically (temporary name, then rename): a chunk file that exists is always complete."""
-    write_file_atomic(path, lambda handle: np.save(handle, embeddings))
 
 
 def _load_chunk(path: Path, rows: int, dimension: int | None) -> np.ndarray | None:
@@ -187,8 +183,8 @@ def encode_in_chunks(
                     with _threads_per_worker(processes):
                         own_pool = model.start_multi_process_pool(["cpu"] * processes)
                 array = _encode_chunk(model, chunk, kind=kind, batch_size=batch_size, pool=pool or own_pool, task=task)
-                if path is not None:
-                    _save_chunk(path, array)
+                if path is not None:  # atomically: a chunk file that exists is always complete
+                    write_file_atomic(path, lambda handle: np.save(handle, array))
                 encoded += 1
             parts.append(array)
             bar.update(len(chunk))

@@ -171,13 +171,9 @@ def _load_dataset_file(path: Path) -> Any:
         raise DataFormatError(f"corpus must be a dataset file, got a directory: {path}")
     if path.suffix.lower() != ".parquet":
         check_utf8(path)  # datasets would log errors and fail with a traceback (JSON lines) or several lines (CSV)
-    loader = {
-        "json": datasets.Dataset.from_json,
-        "csv": datasets.Dataset.from_csv,
-        "parquet": datasets.Dataset.from_parquet,
-    }
+    loader = getattr(datasets.Dataset, f"from_{DATASET_SUFFIXES[path.suffix.lower()]}")  # from_json, from_csv, ...
     try:
-        return loader[DATASET_SUFFIXES[path.suffix.lower()]](str(path))
+        return loader(str(path))
     except Exception as exc:  # datasets raises many different errors for a malformed file
         raise DataFormatError(f"cannot read {path} as a dataset: {shorten(str(exc), 300)}") from exc
 

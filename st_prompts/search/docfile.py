@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ class LazyDocs:
         return parse_record(line, self.path, f"row {row}")
 
 
-class _LazyColumn:
+class _LazyColumn(Sequence):
     """A read-only sequence of one field of :class:`LazyDocs` (``ids`` or ``texts``)."""
 
     def __init__(self, docs: LazyDocs, field: int) -> None:
@@ -95,7 +96,3 @@ class _LazyColumn:
         if isinstance(row, slice):
             return [self[i] for i in range(*row.indices(len(self)))]
         return self._docs.record(int(row))[self._field]
-
-    def __iter__(self):
-        for row in range(len(self)):
-            yield self[row]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, first_line
+from st_prompts.search._warnings import warn_at_caller
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -103,16 +104,12 @@ def documents_over_limit(model: SentenceTransformer, texts: Sequence[str], batch
     return longer, limit
 
 
-def truncation_message(longer: int, total: int, limit: int | None) -> str | None:
-    """One line saying how many documents were cut to the model's limit, or ``None`` when none was."""
-    if not longer or limit is None:
-        return None
-    return (f"{longer} of {total} documents are longer than the model encodes ({limit} tokens): each is indexed by "
-            f"its first {limit} tokens; split long documents into passages to index all of their text")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Large corpora: chunked, resumable, optionally multi-process encoding
-# ---------------------------------------------------------------------------------------------------------------------
-
-#: Documents per cached chunk of :func:`encode_in_chunks` (one ``.npy`` file each).
+def warn_over_length(model: SentenceTransformer, texts: Sequence[str]) -> int:
+    """Warn, in one line attributed to the caller, how many of ``texts`` are cut to the model's limit
+    (:func:`documents_over_limit`); return that count."""
+    longer, limit = documents_over_limit(model, texts)
+    if longer and limit is not None:
+        warn_at_caller(f"{longer} of {len(texts)} documents are longer than the model encodes ({limit} tokens): each "
+                       f"is indexed by its first {limit} tokens; split long documents into passages to index all of "
+                       "their text")
+    return longer

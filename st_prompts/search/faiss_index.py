@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import faiss
 import numpy as np
@@ -40,9 +40,6 @@ from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.search.checks import MAX_COUNT, MAX_EF, MAX_HNSW_M
-
-if TYPE_CHECKING:  # pragma: no cover
-    import faiss
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +201,6 @@ def build_faiss_index(
 ) -> faiss.Index:
     """Create, train (IVF / IVF-PQ, seeded) and fill an inner-product FAISS index with ``embeddings`` (already
     normalised)."""
-
     n, dim = embeddings.shape
     index = faiss.index_factory(dim, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
     if index_type in ("ivf", "ivfpq"):
@@ -239,7 +235,6 @@ def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, 
     chunk = n if index_type == "flat" else 10_000
     starts = range(0, n, max(1, chunk))
     if progress and len(starts) > 1:
-
         starts = tqdm(starts, desc=f"Adding to {index_type} index", unit="chunk")
     for start in starts:
         index.add(np.ascontiguousarray(embeddings[start : start + chunk], dtype=np.float32))
@@ -250,7 +245,6 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
     """Remove the given row positions from ``index`` so that the remaining rows keep their order and are numbered
     ``0 .. n-1`` again (row ``i`` of the index stays document ``i`` of the caller's lists); return the index (a new
     one for HNSW, which FAISS cannot delete from: its graph is rebuilt from ``exact_vectors()`` without the rows)."""
-
     rows = np.unique(np.asarray(rows, dtype=np.int64))
     if index_type == "flat":
         index.remove_ids(faiss.IDSelectorBatch(rows))  # IndexFlat compacts, keeping the order
@@ -259,8 +253,7 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
         keep = np.ones(index.ntotal, dtype=bool)
         keep[rows] = False
         vectors = exact_vectors()[keep]
-        rebuilt = build_faiss_index(np.ascontiguousarray(vectors, dtype=np.float32), "hnsw", params, progress=False)
-        return rebuilt
+        return build_faiss_index(np.ascontiguousarray(vectors, dtype=np.float32), "hnsw", params, progress=False)
     ivf = faiss.extract_index_ivf(index)
     removed = ivf.remove_ids(faiss.IDSelectorBatch(rows))
     if removed != len(rows):  # pragma: no cover - would mean the lists and the caller's rows disagree
@@ -279,7 +272,6 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
 def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     """Squared distance of each (normalised) vector to its nearest IVF centroid, in the space the lists live in
     (after the OPQ rotation, if any)."""
-
     ivf = faiss.extract_index_ivf(index)
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     outer = faiss.downcast_index(index)

@@ -64,7 +64,6 @@ def model_name(model: SentenceTransformer) -> str:
     if name is None:
         return type(model).__name__
     try:
-
         if os.path.realpath(name) == os.path.realpath(packaged_minilm_path()):
             return "minilm"
     except Exception:  # pragma: no cover - packaged model absent

@@ -121,10 +121,8 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
             self.vectors,
         )  # fmt: skip
-        expected = None
         updating = self._saved_as is not None and self._saved_as[0] == os.path.realpath(directory)
-        if updating:
-            expected = self._saved_as[1]
+        expected = self._saved_as[1] if updating else None
         target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected,
                                          updating=updating)
         self._saved_as = (os.path.realpath(target), save_id)

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import faiss
 import numpy as np
@@ -69,9 +69,6 @@ from st_prompts.storage import (
     replace_folder,
     write_manifest,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    import faiss
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +402,6 @@ def _mmap_flags(index_type: str | None) -> int:
     """FAISS read flags that map an index's bulk data instead of reading it (checked with faiss 1.15):
     ``IO_FLAG_MMAP`` maps the inverted lists of IVF / IVF-PQ (``OnDiskInvertedLists``); flat codes (also an HNSW
     graph's flat storage) need ``IO_FLAG_MMAP_IFC`` instead (``IO_FLAG_MMAP`` alone reads them into RAM)."""
-
     if index_type in ("ivf", "ivfpq"):
         return faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
     return faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY

@@ -11,7 +11,7 @@ import numpy as np
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, shorten
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.corpus import prepare_corpus
-from st_prompts.search.encoding import documents_over_limit, encode_texts, l2_normalize, truncation_message
+from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
 from st_prompts.search.faiss_index import (
     DRIFT_WARN_RATIO,
     add_vectors,
@@ -69,10 +69,7 @@ class IndexUpdates:
             if self.model is None:
                 self.use_recorded_model()
             task = self.model_identity.task if self.model_identity is not None else None
-            longer, limit = documents_over_limit(self.model, documents)
-            message = truncation_message(longer, len(documents), limit)
-            if message:
-                warn_at_caller(message)
+            warn_over_length(self.model, documents)
             vectors = encode_texts(self.model, documents, kind="document", batch_size=batch_size,
                                    progress=show_progress_bar, task=task)  # fmt: skip
         else:

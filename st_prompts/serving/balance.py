@@ -36,6 +36,7 @@ Three more duties follow from the parent holding the only count of the whole ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import select
@@ -145,10 +146,8 @@ class Balancer:
     def stop(self) -> None:
         """Stop accepting (safe in a signal handler: it does not wait for the thread)."""
         self._stopped = True
-        try:
+        with contextlib.suppress(OSError):
             self._wake_write.send(b"x")
-        except OSError:
-            pass
 
     def metrics_text(self) -> bytes:
         """The parent's own samples, in Prometheus' text format (merged into ``/metrics`` with the workers')."""

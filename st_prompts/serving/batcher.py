@@ -92,17 +92,14 @@ class _Request:
         self.queued = rows  # rows still in the queue (not yet taken into a pass)
 
 
+@dataclass(slots=True, eq=False)
 class _Row:
-    __slots__ = ("arrival", "position", "request", "task", "text", "tokens")
-
-    def __init__(self, request: _Request, position: int, text: str, task: Hashable, tokens: int,
-                 arrival: float) -> None:
-        self.request = request
-        self.position = position
-        self.text = text
-        self.task = task
-        self.tokens = tokens
-        self.arrival = arrival
+    request: _Request
+    position: int
+    text: str
+    task: Hashable
+    tokens: int
+    arrival: float
 
 
 class Batcher:

@@ -73,9 +73,6 @@ class IndexRegistry:
                                code="index_not_found")
         return entry
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [entry.describe() for entry in self._indexes.values()]
-
     def load(self, name: str, path: str) -> ServedIndex:
         """Load (or reload) the index ``name`` from ``path``, memory-mapped, and check it against the served model.
 
@@ -97,8 +94,7 @@ class IndexRegistry:
             if not self.served.has(task):
                 raise RequestError(422, f"The index at {path} was encoded with the prompt set {task!r}, which this "
                                    "model does not serve.", code="task_not_served")
-            route = self.served.acquire(task)
-            probe_route = route
+            route = probe_route = self.served.acquire(task)
         else:
             route = QUERY_ROLE
             self.served.pin(route)

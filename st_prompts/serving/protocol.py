@@ -176,11 +176,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(guard.idle_timeout, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_receive_timer()
-        self._cancel_send_timer()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        for timer in ("_receive_timer", "_send_timer", "_linger_timer"):
+            self._cancel(timer)
         super().connection_lost(exc)
         if self.guard.on_count is not None:
             self.guard.on_count(len(self.connections))
@@ -286,7 +283,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
-        self._cancel_receive_timer()
+        self._cancel("_receive_timer")
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -302,11 +299,11 @@ class GuardedProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------------ the answer
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._cancel_send_timer()
+        self._cancel("_send_timer")
         self._send_timer = self.loop.call_later(self.guard.body_timeout, self._send_timed_out)
 
     def resume_writing(self) -> None:
-        self._cancel_send_timer()
+        self._cancel("_send_timer")
         super().resume_writing()
 
     def _send_timed_out(self) -> None:
@@ -327,7 +324,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ helpers
     def _arm_receive(self, seconds: float, reason: str, what: str) -> None:
-        self._cancel_receive_timer()
+        self._cancel("_receive_timer")
         self._receive_timer = self.loop.call_later(seconds, self._receive_timed_out, reason, what, seconds)
 
     def _receive_timed_out(self, reason: str, what: str, seconds: float) -> None:
@@ -335,15 +332,12 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._phase != "idle":
             self._drop(reason, 408, f"The request's {what} did not arrive within {seconds:g} s.", "request_timeout")
 
-    def _cancel_receive_timer(self) -> None:
-        if self._receive_timer is not None:
-            self._receive_timer.cancel()
-            self._receive_timer = None
-
-    def _cancel_send_timer(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+    def _cancel(self, timer: str) -> None:
+        """Cancel the timer held in the attribute ``timer`` (``"_receive_timer"``, ...), if one is armed."""
+        handle = getattr(self, timer)
+        if handle is not None:
+            handle.cancel()
+            setattr(self, timer, None)
 
     def _drop(self, reason: str, status: int, message: str, code: str) -> None:
         """Refuse the request being received: answer ``status`` with OpenAI's error object and close the connection
@@ -353,7 +347,7 @@ class GuardedProtocol(HttpToolsProtocol):
         the refusal waits for them (nothing more is read meanwhile). The answer is left out when the refused request
         already has one (an early 413)."""
         phase, self._phase = self._phase, "idle"
-        self._cancel_receive_timer()
+        self._cancel("_receive_timer")
         self._unset_keepalive_if_required()
         if self.transport.is_closing() or self._refused:
             return

@@ -184,11 +184,8 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
     receiver = getattr(link, "receiver", None)
     app = create_app(context, on_ready=ready)
     metrics = context.metrics
-    guard = ConnectionGuard(header_timeout=options.header_timeout, body_timeout=options.body_timeout,
-                            idle_timeout=options.idle_timeout, max_connections=options.max_connections,
-                            max_header_bytes=options.max_header_bytes, max_headers=options.max_headers,
-                            max_url_bytes=options.max_url_bytes,
-                            on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
+    bounds = {f.name: getattr(options, f.name) for f in dataclasses.fields(ConnectionGuard) if hasattr(options, f.name)}
+    guard = ConnectionGuard(**bounds, on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
                             on_malformed=lambda status: metrics.observe_request("malformed", status, 0.0),
                             on_count=_counter(metrics, receiver), shed=_shedder(metrics, receiver))
     config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",

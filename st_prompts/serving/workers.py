@@ -122,10 +122,8 @@ class WorkerLink:
     def tell(self, message: tuple) -> None:
         """Send ``message`` without waiting for an answer (e.g. ``("ready",)``)."""
         with self._lock:
-            try:
+            with contextlib.suppress(OSError):
                 self._up.send((0, *message))
-            except OSError:
-                pass
 
     def listen(self, apply: Callable[[str, tuple], Any], render: Callable[[], bytes]) -> threading.Thread:
         """Answer the parent's commands in a daemon thread: ``("apply", op, args)`` runs ``apply(op, args)``;
@@ -280,18 +278,14 @@ class Supervisor:
             if self.balancer is not None:
                 self.balancer.stop()
             for item in self.keep:  # the listening socket: once every worker has closed it, no one connects
-                try:
+                with contextlib.suppress(OSError):
                     item.close()
-                except OSError:
-                    pass
             logger.info("%s: draining %d workers", self.stopping, len(self.workers))
 
     def _signal_workers(self, sig: int) -> None:
         for worker in list(self.workers.values()):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def _stop_all(self, reason: str) -> None:
         if self.failed is None:
@@ -376,10 +370,8 @@ class Supervisor:
             answer = ("ok", self._metrics())
         else:
             answer = ("error", {"message": f"unknown request {kind!r}"})
-        try:
+        with contextlib.suppress(OSError):
             worker.up.send((sequence, *answer))
-        except OSError:
-            pass
 
     def _command(self, worker: _Worker, message: tuple) -> tuple[str, Any]:
         try:
@@ -390,10 +382,8 @@ class Supervisor:
             return "error", {"message": f"worker {worker.index} is gone"}
         # stuck: its late answer would be read as the next command's, so it goes (and is replaced, the changes replayed)
         logger.error("worker %d did not answer within %g s: it is stopped", worker.index, APPLY_TIMEOUT)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return "error", {"message": f"worker {worker.index} did not answer within {APPLY_TIMEOUT:g} s"}
 
     def _change(self, asking: _Worker, op: str, args: tuple) -> tuple[str, Any]:
@@ -415,10 +405,8 @@ class Supervisor:
             if other != "ok":  # the workers hold the same state: this is a failure of that worker, not the change
                 logger.error("worker %d could not apply %s %s: %s; it is replaced", worker.index, op,
                              _shown(args), problem.get("message"))
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signal.SIGTERM)  # its replacement replays the journal
-                except ProcessLookupError:
-                    pass
         return status, value
 
     def _record(self, op: str, args: tuple) -> None:

@@ -23,7 +23,6 @@ class SyncLossParametersCallback(TrainerCallback):
         self.parameters = [p for p in loss.parameters() if p.requires_grad and id(p) not in model_parameters]
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-
         if not self.parameters or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         # One flat buffer (and a has-gradient flag per parameter) so that every process makes the same two calls.

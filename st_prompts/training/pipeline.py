@@ -92,7 +92,6 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
     if prompts_only:
         save_model_folder(prompts_path, lambda path: save_prompts_only(model, str(path)), overwrite=overwrite,
                           kind=PROMPTS_KIND)
-    if prompts_only:
         logger.info(f"Saved the prompts-only checkpoint to {prompts_path}.")
 
 

@@ -163,7 +163,6 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-
             self._identity = {"kind": "masked-lm", "name": portable_backbone_reference(self.name),
                               "weights": backbone_fingerprint(self.model)}
         return self._identity
@@ -224,7 +223,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         self._candidates: torch.Tensor | None = None  # token ids the head may predict (None: every real token)
 
     def _build_head(self) -> nn.Module:
-
         mlm_logger = logging.getLogger("st_prompts.losses.mlm")
         level = mlm_logger.level
         mlm_logger.setLevel(logging.ERROR)  # its messages speak of the auxiliary MLM loss; we report our own
@@ -267,20 +265,14 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
-
             self._identity = {
                 "kind": BACKBONE_GENERATOR,
                 "backbone": backbone_fingerprint(self.backbone),
                 "head_from_checkpoint": bool(self.head.from_checkpoint),
                 "training_sentences": rows_digest(rows),
                 "steps": self.steps_for(len(self.split(rows)[0])),
-                "batch_size": self.batch_size,
-                "learning_rate": self.learning_rate,
-                "masking_ratio": self.masking_ratio,
-                "seed": self.seed,
-                "heldout_share": self.heldout_share,
-                "max_heldout": self.max_heldout,
-                "corpus_vocabulary": self.corpus_vocabulary,
+                **{key: getattr(self, key) for key in ("batch_size", "learning_rate", "masking_ratio", "seed",
+                                                        "heldout_share", "max_heldout", "corpus_vocabulary")},
             }
         return self._identity
 
