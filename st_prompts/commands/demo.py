@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="two tasks' prompt sets on one frozen MiniLM, served in one mixed batch (a few minutes on two CPU cores)",
+        help="two tasks' prompt sets on one frozen MiniLM, served in one mixed batch (about 2 minutes on two CPU cores)",
         description="Trains two prompt sets on the packaged all-MiniLM-L6-v2 (frozen, its own mean pooling) with "
         "bundled data: 'sts' (CoSENT on 640 STS-B train pairs: the model's own task) and 'contradiction' (multiple "
         "negatives ranking on 1,000 SNLI triplets, the contradiction as the positive: a task the model was not tuned "
