@@ -64,6 +64,8 @@ class ServedModel:
     """
 
     def __init__(self, model: Any, name: str | None = None, quantization: str = "none") -> None:
+        from sentence_transformers.base.modules.router import Router
+
         from st_prompts.modules import PromptedTransformer
 
         self.model = model
@@ -95,8 +97,6 @@ class ServedModel:
         self._counter = self._token_counter()
         #: what a forward pass costs beyond its padded tokens, in tokens (:meth:`measure_pass_overhead`), once measured
         self.pass_overhead_tokens: float | None = None
-        from sentence_transformers.base.modules.router import Router
-
         prompts = getattr(model, "prompts", None) or {}
         #: the query/document sides' prompts (put before each text of that side, as ``encode_query`` does)
         self._prompts = {role.name: prompts[role.name] for role in (QUERY_ROLE, DOCUMENT_ROLE) if prompts.get(role.name)}
@@ -260,10 +260,12 @@ class ServedModel:
         """One forward pass over rows of any routes, as ``model.encode(texts, task=...)`` computes them, through
         :func:`~st_prompts.modules.rows.encode_rows` (a prompted model routes each row to its set); float32
         ``(rows, dim)``. ``rows``: what :meth:`tokenize` made, or texts (tokenised here)."""
-        if rows and isinstance(rows[0], str):
-            made: list[Any] = []
-            for text, route in zip(rows, routes):
-                made.extend(self.tokenize([text], route)[0])
+        if rows and isinstance(rows[0], str):  # texts: tokenised once per route, as a request's are
+            made: list[Any] = list(rows)
+            for route in dict.fromkeys(routes):
+                positions = [i for i, r in enumerate(routes) if r == route]
+                for i, row in zip(positions, self.tokenize([rows[i] for i in positions], route)[0]):
+                    made[i] = row
             rows = made
         tasks = [self._task(route) for route in routes]
         groups: dict[int | None, list[int]] = {}
