@@ -426,7 +426,10 @@ class PromptedTransformer(Transformer):
                 raise BackboneMismatchError("The prompt set was trained on other backbone weights (fingerprint "
                                             f"{encoder.fingerprint}, this backbone {self.fingerprint}).")
             spec, state, label = encoder.own_prefix_spec(), encoder.prefix_encoder.state_dict(), "the given model"
-        with torch.device("meta"):  # the shapes the spec asks for, checked before anything is allocated for them
+        # the backbone's room first (the clearer refusal of a too-long prefix), then the shapes the spec asks for, on
+        # torch's meta device: both before anything is allocated for the set
+        check_prefix_fits(self, spec.prefix_length, spec.prefix_gate, self.template_num_tokens)
+        with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in self._build_prefix(spec).state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
         if expected != found:
