@@ -34,7 +34,14 @@ from sentence_transformers.base.modules.router import Router
 from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
-from st_prompts.errors import DataFormatError, DataNotFoundError, StPromptsError, UntrustedCodeError, first_line
+from st_prompts.errors import (
+    ConfigurationError,
+    DataFormatError,
+    DataNotFoundError,
+    StPromptsError,
+    UntrustedCodeError,
+    first_line,
+)
 from st_prompts.folder_checks import (
     TRUSTED_MODULE_PREFIXES,
     UnreadableFile,
@@ -53,7 +60,7 @@ from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRUSTED_MODULE_PREFIXES", "backbone_reason", "load_sentence_model", "pooling_label",
+__all__ = ["TRUSTED_MODULE_PREFIXES", "backbone_reason", "check_device", "load_sentence_model", "pooling_label",
            "require_safe_backbone", "safe_loading", "should_trust_remote_code", "untrusted_reason"]
 
 #: ``SentenceTransformer`` keyword arguments :func:`load_sentence_model` passes on when it assembles a model itself.
@@ -81,6 +88,7 @@ def load_sentence_model(
     *,
     device: str | None = None,
     quantize: str | None = None,
+    dtype: Any = None,
     **kwargs: Any,
 ) -> SentenceTransformer:
     """Load ``name_or_path`` (``minilm`` = the packaged all-MiniLM-L6-v2) as a ``SentenceTransformer``, running no
@@ -94,20 +102,32 @@ def load_sentence_model(
         device: device to put the model on (default: sentence-transformers' choice; the CPU with ``quantize``).
         quantize: ``"int8"``: the backbone's linear layers in int8 for CPU inference, prompt sets unchanged
             (:func:`st_prompts.quantization.quantize_model`); ``None``/``"none"`` (default): as saved.
+        dtype: ``"bfloat16"``/``"float16"``: every module cast to that type for inference, saves refused
+            (:func:`st_prompts.precision.apply_dtype`; a CPU without instructions for it is warned about);
+            ``None``/``"float32"`` (default): float32. Not with ``quantize="int8"``.
         **kwargs: further ``SentenceTransformer`` arguments (``cache_folder``, ``revision``, ``model_kwargs``, ...).
 
     Raises:
         DataNotFoundError: the model cannot be found or read.
         DataFormatError: one of its weight files is damaged.
         UntrustedCodeError: it names code that ships with it, and ``trust_remote_code`` is not ``True``.
-        ConfigurationError: an unknown ``quantize``, or one the model or device cannot take.
+        ConfigurationError: an unknown ``quantize`` or ``dtype``, one the model or device cannot take, or both.
     """
+    from st_prompts.precision import apply_dtype, check_dtype
+
+    dtype = check_dtype(dtype)  # before anything loads
+    check_device(device)
     if quantize not in (None, "none"):
         from st_prompts.quantization import check_mode, quantize_model
 
-        check_mode(quantize)  # before anything loads
+        check_mode(quantize)
+        if dtype != "float32":
+            raise ConfigurationError(f"dtype {dtype} and quantize {quantize} do not combine: int8 runs the backbone's "
+                                     "linear layers with float32 activations on the CPU; choose one")
         model = load_sentence_model(name_or_path, trust_remote_code, device=device or "cpu", **kwargs)
         return quantize_model(model, quantize)
+    if dtype != "float32":
+        return apply_dtype(load_sentence_model(name_or_path, trust_remote_code, device=device, **kwargs), dtype)
     model = os.path.expanduser(resolve_model_name(name_or_path))
     if is_local(model) and not os.path.isdir(model):
         hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
@@ -146,6 +166,29 @@ def load_sentence_model(
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a loader raises reaches the user as one line
         raise _load_error(name_or_path, exc) from exc
+
+
+def check_device(device: str | None) -> None:
+    """Refuse, in one line, a ``device`` that torch does not know or this machine does not have (``cuda:3`` on a
+    two-GPU machine, any ``cuda`` without one), instead of the loader's assertion halfway through. Creates no CUDA
+    context (``torch.cuda.device_count`` asks NVML where it can).
+
+    Raises:
+        ConfigurationError: such a device.
+    """
+    if device is None:
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigurationError(f"{device!r} is not a device ({first_line(exc)})") from exc
+    if parsed.type in ("cuda", "mps", "xpu"):
+        backend = getattr(torch, parsed.type)
+        count = backend.device_count() if backend.is_available() or parsed.type == "cuda" else 0
+        if (parsed.index or 0) >= count:
+            raise ConfigurationError(f"{device!r} is not here (this machine has {count} {parsed.type} device(s))")
 
 
 def _load_error(name_or_path: str, exc: BaseException) -> StPromptsError:

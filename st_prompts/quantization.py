@@ -13,8 +13,9 @@ prefix keys/values still reach every layer's attention per row through :mod:`st_
 attention function receives fp32 queries, keys and values, computed by int8 projections).
 
 How :class:`Int8Linear` computes (dynamic quantization, **per token**): the weights are int8 per output channel
-(symmetric, quantized once); each input row (a token) is mapped from its own minimum and maximum onto 7 bits
-(0..127) when the layer runs; the integer product is fbgemm's kernel (torch's
+(symmetric, quantized once); each input row (a token) is mapped from its own minimum and maximum onto 8 bits
+(0..255) on a CPU with VNNI, 7 bits (0..127) without (:func:`st_prompts.precision.int8_input_bits`), when the layer
+runs; the integer product is fbgemm's kernel (torch's
 ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, the one behind
 ``torch.ao.quantization.quantize_dynamic``), and the row's scale and offset are applied to its output in fp32.
 No scale is shared between rows, so each int8 layer is exactly row-independent (its output for a row does not depend
@@ -25,8 +26,9 @@ linear layers run on the whole batch; a causal decoder runs each pass as groups 
 length instead (:func:`exact_rows_forward`, slower: every matrix product runs once per group). Either way a row's
 vector is exactly the same alone and in any batch. torch.ao's ``quantize_dynamic`` and
 ONNX Runtime's dynamic quantization share one activation scale per tensor (the whole batch), so their rows change
-with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits, not 8: without
-AVX512-VNNI, fbgemm's u8 x s8 pairs would saturate 16 bits (torch's own ``reduce_range``).
+with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits without VNNI:
+fbgemm's AVX2 kernel sums pairs of u8 x s8 products in 16 bits, which 8-bit inputs could saturate (torch's own
+``reduce_range``); VNNI accumulates them in 32 bits.
 
 A quantized model is for inference: its fp32 backbone weights are gone (the point is the memory and the speed), so
 saving it is refused in one line rather than writing int8 weights where fp32 ones were expected.
@@ -48,8 +50,6 @@ __all__ = ["QUANTIZE_MODES", "Int8Linear", "is_quantized", "quantization_mode", 
 QUANTIZE_MODES = ("none", "int8")
 #: Attribute on the model and on each quantized module: the mode it is quantized to.
 MODE_ATTRIBUTE = "st_prompts_quantization"
-#: Quantized input levels of a row (7 bits: 0..127, from the row's minimum to its maximum).
-_LEVELS = 127.0
 #: The ``SentenceTransformer`` methods that write weights, refused on a quantized model.
 _SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
 
@@ -63,18 +63,22 @@ class Int8Linear(torch.nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, packed: Any, bias: torch.Tensor | None,
-                 weight_sums: torch.Tensor) -> None:
+                 weight_sums: torch.Tensor, input_bits: int = 7) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        #: Each input row is mapped from its minimum to its maximum onto ``2**input_bits - 1`` levels.
+        self.input_bits = input_bits
+        self._levels = float((1 << input_bits) - 1)
         self._packed = packed
         self.register_buffer("bias", bias, persistent=True)
         #: Each output's sum of its (dequantized int8) weights: what a row's offset adds to that output.
         self.register_buffer("weight_sums", weight_sums, persistent=False)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
-        """The int8 version of ``linear`` (its weights quantized symmetrically per output channel)."""
+    def from_linear(cls, linear: torch.nn.Linear, input_bits: int | None = None) -> Int8Linear:
+        """The int8 version of ``linear`` (its weights quantized symmetrically per output channel); its inputs in
+        ``input_bits`` (7 or 8; default: what this CPU sums without saturating, ``precision.int8_input_bits``)."""
         weight = linear.weight.detach().to(device="cpu", dtype=torch.float32)
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         zero = torch.zeros(weight.shape[0], dtype=torch.long)
@@ -84,14 +88,18 @@ class Int8Linear(torch.nn.Module):
             packed = torch.ops.quantized.linear_prepack(qweight, None)
             weight_sums = qweight.dequantize().sum(dim=1)
         bias = None if linear.bias is None else linear.bias.detach().to(device="cpu", dtype=torch.float32).clone()
-        return cls(linear.in_features, linear.out_features, packed, bias, weight_sums)
+        if input_bits is None:
+            from st_prompts.precision import int8_input_bits
+
+            input_bits = int8_input_bits()
+        return cls(linear.in_features, linear.out_features, packed, bias, weight_sums, input_bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         low = x.amin(dim=-1, keepdim=True)
-        step = (x.amax(dim=-1, keepdim=True) - low).clamp_(min=1e-12) / _LEVELS
-        # each row mapped onto 0..127 (7 bits); fbgemm computes W q with the weights' per-channel scales
+        step = (x.amax(dim=-1, keepdim=True) - low).clamp_(min=1e-12) / self._levels
+        # each row mapped onto 0..levels; fbgemm computes W q with the weights' per-channel scales
         y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             (x - low).div_(step).contiguous(), 1.0, 0, self._packed)
         # W x = step * W q + low * (W 1): the row's scale and offset back, and the bias
@@ -100,7 +108,7 @@ class Int8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                "weights=int8 per channel, inputs=7-bit per token")
+                f"weights=int8 per channel, inputs={self.input_bits}-bit per token")
 
 
 def quantization_mode(model: Any) -> str:

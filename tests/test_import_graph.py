@@ -112,7 +112,7 @@ def test_st_prompts_has_no_import_circle():
 
 #: The package's layers, bottom up: a module imports only from its own layer or below (no arrow back up).
 LAYERS = (
-    ("st_prompts", "errors", "aliases", "hub", "utils", "unpickling", "trust", "storage", "sizes"),
+    ("st_prompts", "errors", "aliases", "hub", "utils", "unpickling", "trust", "storage", "sizes", "precision"),
     ("prompts", "folder_checks", "quantization"),
     ("modules", "loading"),
     ("data", "evaluation", "losses", "plots", "search"),

@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from st_prompts.commands._numbers import positive_int
-from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
+from st_prompts.commands.options import (
+    add_dtype_argument,
+    add_no_progress_argument,
+    add_trust_remote_code_argument,
+    show_progress,
+)
 from st_prompts.data.senteval import STS_TASKS, TASK_LABELS, normalize_task
 from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
 from st_prompts.utils import resolve_model_name
@@ -226,6 +231,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=positive_int(1 << 20), default=64,
                         help="encoding batch size (default: 64)")
     parser.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    add_dtype_argument(parser)
     add_trust_remote_code_argument(parser)
     parser.add_argument(
         "--json", type=Path, default=None, metavar="OUT",
@@ -263,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, float]] = {}
     pooling: dict[str, str] = {}
     for name in models:
-        model = guard_chat_templates(load_sentence_model(name, args.trust_remote_code, device=args.device))
+        model = guard_chat_templates(load_sentence_model(name, args.trust_remote_code, device=args.device,
+                                                         dtype=args.dtype))
         pooling[name] = pooling_label(model)
         metrics: dict[str, float] = {}
         for evaluator in evaluators.values():

@@ -38,6 +38,7 @@ from st_prompts.commands._numbers import finite_float as _bounded_float
 from st_prompts.commands._numbers import non_negative_int, positive_int
 from st_prompts.commands.index_output import calibration_line, clip, print_info, print_results
 from st_prompts.commands.options import (
+    add_dtype_argument,
     add_no_progress_argument,
     add_trust_remote_code_argument,
     show_progress,
@@ -118,6 +119,7 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--quantize", choices=("none", "int8"), default="none",
                        help="int8: encode with the backbone's linear layers in int8 on the CPU (docs/serving.md); "
                        "default none")
+    add_dtype_argument(build)
     build.add_argument("--task", default=None, help="a prompt set of a bank (st-prompts bank) that encodes the "
                        "documents and, when searching, the queries (default: the model's document and query sets)")
     add_trust_remote_code_argument(build)
@@ -271,7 +273,7 @@ def run_build(args: argparse.Namespace) -> int:
         encoding["chunk_size"] = args.chunk_size
     with _warnings_as_messages():
         model = guard_chat_templates(load_sentence_model(args.model, args.trust_remote_code, device=args.device,
-                                                         quantize=args.quantize))
+                                                         quantize=args.quantize, dtype=args.dtype))
         check_encode_length(model, clip(args.model, 100))  # before any document is encoded
         index = SemanticIndex.from_file(
             model,

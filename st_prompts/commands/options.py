@@ -28,6 +28,14 @@ def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` (``args.dtype``): the precision a model runs in (:mod:`st_prompts.precision`)."""
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="precision of every module at inference (default float32). bfloat16/float16 halve the "
+                        "memory and run several times faster on a GPU; on a CPU without AVX512-BF16/AMX they are "
+                        "emulated and slower (a warning says so). Not with --quantize int8 (docs/serving.md)")
+
+
 def add_no_progress_argument(parser: argparse.ArgumentParser) -> None:
     """``--no-progress`` (``args.no_progress``): hide progress bars."""
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -391,7 +391,9 @@ class PromptedTransformer(Transformer):
         encoder = self._build_prefix(spec)
         if not _room_checked_by_caller:
             self._check_room(encoder.position_length)
-        return self.sets.add(name, encoder.to(next(self.auto_model.parameters()).device), spec, internal)
+        # on the backbone's device, and in its dtype where it was cast to half precision (precision.apply_dtype)
+        weights = next(self.auto_model.parameters())
+        return self.sets.add(name, encoder.to(device=weights.device, dtype=weights.dtype), spec, internal)
 
     def add_prompt_set(self, name: str, source: str | os.PathLike | PromptSetData | Any, *,
                        internal: bool = False) -> PrefixEncoder:

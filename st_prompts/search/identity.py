@@ -105,6 +105,9 @@ class ModelIdentity:
     #: ``"int8"`` when the documents were encoded by a quantized model (:mod:`st_prompts.quantization`), whose
     #: queries then come from the same; ``None``: fp32.
     quantize: str | None = None
+    #: ``"bfloat16"``/``"float16"`` when the documents were encoded in half precision (:mod:`st_prompts.precision`),
+    #: whose queries then come from the same; ``None``: float32.
+    dtype: str | None = None
 
     @classmethod
     def of(cls, model: SentenceTransformer, name: str | None = None, task: str | None = None) -> ModelIdentity:
@@ -121,6 +124,7 @@ class ModelIdentity:
             task=task,
             max_seq_length=_max_seq_length(model),
             quantize=getattr(model, "st_prompts_quantization", None),
+            dtype=getattr(model, "st_prompts_dtype", None),
         )
 
     @classmethod
@@ -135,6 +139,7 @@ class ModelIdentity:
             task=info.get("task"),
             max_seq_length=info.get("max_seq_length") if isinstance(info.get("max_seq_length"), int) else None,
             quantize="int8" if info.get("quantize") == "int8" else None,
+            dtype=info["dtype"] if info.get("dtype") in ("bfloat16", "float16") else None,
         )
 
     @staticmethod
@@ -156,6 +161,7 @@ class ModelIdentity:
             **({"task": self.task} if self.task is not None else {}),
             **({"max_seq_length": self.max_seq_length} if self.max_seq_length is not None else {}),
             **({"quantize": self.quantize} if self.quantize is not None else {}),
+            **({"dtype": self.dtype} if self.dtype is not None else {}),
         }
 
     def loadable_name(self) -> str:

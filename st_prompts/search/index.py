@@ -205,8 +205,10 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             from st_prompts.modules.chat_templates import guard_chat_templates
 
             name = str(model)
-            quantize = self.model_identity.quantize if self.model_identity is not None else None  # as the documents
-            model = guard_chat_templates(load_sentence_model(name, trust_remote_code, device=device, quantize=quantize))
+            identity = self.model_identity  # queries encoded as the documents were: quantized, or in their dtype
+            model = guard_chat_templates(load_sentence_model(
+                name, trust_remote_code, device=device, quantize=identity.quantize if identity else None,
+                dtype=identity.dtype if identity else None))
             check_encode_length(model, name if len(name) <= 100 else name[:99] + "…")
         if self.model_identity is not None:
             self.model_identity.check_compatible(ModelIdentity.of(model, task=self.model_identity.task))

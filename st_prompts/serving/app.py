@@ -40,6 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from st_prompts.errors import first_line, shorten
+from st_prompts.precision import cpu_summary
 from st_prompts.serving.batcher import DEFAULT_PASS_OVERHEAD_TOKENS, Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
 from st_prompts.serving.limits import (
@@ -302,19 +303,20 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         return _json({"object": "list", "index": entry.name, "data": data, "usage": _usage(tokens)})
 
     async def models(request: Request) -> Response:
-        data = [_model_card(name, context.started, served.quantization) for name in served.names()]
+        data = [_model_card(name, context.started, served) for name in served.names()]
         return _json({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
         if not served.has(name):
             raise served.unknown(name)
-        return _json(_model_card(name, context.started, served.quantization))
+        return _json(_model_card(name, context.started, served))
 
     async def health(request: Request) -> Response:
         draining = context.draining or batcher.closing
         payload = {"status": "draining" if draining else "ok", "model": served.name, "tasks": len(served.names()),
-                   "quantization": served.quantization, "indexes": context.indexes.names(),
+                   "quantization": served.quantization, "dtype": served.dtype, "device": served.device,
+                   "cpu": cpu_summary(), "indexes": context.indexes.names(),
                    "queue_rows": batcher.queued_rows, "admin": context.admin_token is not None}
         return _json(payload, 503 if draining else 200)
 
@@ -401,7 +403,8 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
-def _model_card(name: str, created: int, quantization: str = "none") -> dict[str, Any]:
-    """OpenAI's model object, and how the backbone is stored (``quantization``: ``"none"`` or ``"int8"``; OpenAI
-    clients ignore fields they do not know)."""
-    return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts", "quantization": quantization}
+def _model_card(name: str, created: int, served: Any) -> dict[str, Any]:
+    """OpenAI's model object, and how the model is stored (``quantization``: ``"none"`` or ``"int8"``; ``dtype``:
+    ``"float32"``, ``"bfloat16"`` or ``"float16"``; OpenAI clients ignore fields they do not know)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts",
+            "quantization": served.quantization, "dtype": served.dtype}

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import StPromptsError, first_line, printable, shorten
+from st_prompts.precision import dtype_name
 from st_prompts.prompts.names import BACKBONE_TASK, internal_name, set_name_problem
 from st_prompts.serving.limits import RequestError
 
@@ -60,7 +61,8 @@ class ServedModel:
         model: a loaded ``SentenceTransformer``.
         name: the public name of a model that is not a prompt bank (default ``"model"``).
         quantization: how its backbone is stored, as ``st-prompts serve --quantize`` says it (``"none"``,
-            ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line.
+            ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line, as is the dtype it was
+            loaded in (``dtype``, from :func:`st_prompts.precision.dtype_name`).
     """
 
     def __init__(self, model: Any, name: str | None = None, quantization: str = "none") -> None:
@@ -74,6 +76,8 @@ class ServedModel:
         self.is_bank = self.encoder is not None and self.encoder.prefix_encoder is None
         self.name = name or "model"
         self.quantization = quantization or "none"
+        self.dtype = dtype_name(model)
+        self.device = str(getattr(model, "device", "cpu"))
         self.dimension = int(model.get_embedding_dimension())
         self.max_seq_length = getattr(model, "max_seq_length", None)
         self._routes: dict[str, Any] = {}  # public name -> what encode() is given for it
@@ -107,16 +111,17 @@ class ServedModel:
 
     @classmethod
     def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None,
-             quantize: str | None = None) -> ServedModel:
+             quantize: str | None = None, dtype: str | None = None) -> ServedModel:
         """Load ``name_or_path`` with :func:`st_prompts.loading.load_sentence_model` (no code that ships with it
         runs) and serve it; ``name`` defaults to the folder's name (``minilm`` for the packaged model);
-        ``quantize="int8"``: its backbone in int8 (:mod:`st_prompts.quantization`)."""
+        ``quantize="int8"``: its backbone in int8 (:mod:`st_prompts.quantization`); ``dtype``: every module in that
+        type (:mod:`st_prompts.precision`)."""
         from st_prompts.loading import load_sentence_model
         from st_prompts.modules.chat_templates import guard_chat_templates
 
         # an encoder's chat template is dropped, a decoder's bounded in size (docs/trust.md: chat templates)
         model = guard_chat_templates(load_sentence_model(name_or_path, trust_remote_code=False, device=device,
-                                                         quantize=quantize))
+                                                         quantize=quantize, dtype=dtype))
         model.eval()
         if name is None:
             name = os.path.basename(os.path.normpath(str(name_or_path))) or "model"

@@ -1,0 +1,154 @@
+"""Half precision at inference, and what the CPU's own instructions allow.
+
+::
+
+    from st_prompts.loading import load_sentence_model
+    model = load_sentence_model("runs/my-bank", dtype="bfloat16", device="cuda")   # --dtype bfloat16
+
+``dtype="bfloat16"`` / ``"float16"`` casts every module of a loaded model (the backbone, the prompt sets and their
+gates, pooling, ``Dense``) to that type: one dtype through the whole pass, half the memory, and the GPU's
+tensor cores. It is for inference: like an int8 model, a half-precision model refuses ``save``/``save_pretrained``
+(its fp32 weights are not kept, and a bank's prompt sets are checked against the fp32 backbone's fingerprint, which is
+taken before the cast). Train in float32 (``SentenceTransformerTrainingArguments(bf16=True)`` keeps fp32 master
+weights under autocast) and load the saved model in half precision.
+
+**Per-row identity in half precision.** A row's vector does not depend on its neighbours in float32 beyond ~1e-6
+(``tests/test_served_rows.py``). In half precision the matrix products of a padded batch round differently from the
+row alone, so identity holds within :data:`ROW_TOLERANCE` of the row's norm (measured on MiniLM with a bank of two
+sets: 5e-4 (bf16) and 3e-4 (fp16) of the norm, a row alone against the same row in a mixed batch;
+``tests/test_precision.py``).
+
+**int8 and half precision do not combine.** ``quantize="int8"`` runs the backbone's linear layers on fbgemm with fp32
+activations on the CPU; a ``dtype`` other than float32 beside it is refused in one line.
+
+**The CPU.** bfloat16 and float16 are fast on a CPU only with the instructions for them (AVX512-BF16 or AMX for
+bf16, AVX512-FP16 or AMX-FP16 for fp16); elsewhere torch emulates them. Measured on an AMD EPYC with AVX2 only (one
+thread, MiniLM, 300 STS-B dev sentences): float32 83-109 sentences/s, bfloat16 8-17, float16 16-18, i.e. 5-10x
+slower. A half dtype on such a CPU is therefore stated in one warning line when the model loads (never silently
+slow). int8's inputs use 8 bits (0..255) on a CPU with VNNI (AVX512-VNNI or AVX-VNNI, whose u8 x s8 products
+accumulate in 32 bits) and 7 bits (0..127) without, where fbgemm's AVX2 kernel sums pairs of products in 16 bits that
+8-bit inputs could saturate (torch's own ``reduce_range``): :func:`int8_input_bits`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+import torch
+
+from st_prompts.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DTYPES", "ROW_TOLERANCE", "apply_dtype", "check_dtype", "cpu_flags", "cpu_summary", "dtype_name",
+           "half_is_native", "int8_input_bits"]
+
+#: The values of ``dtype=`` / ``--dtype``, and their torch types.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The largest difference, relative to the row's norm, between a row encoded alone and in a mixed batch.
+ROW_TOLERANCE = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 2e-3}
+#: Attribute on a model cast by :func:`apply_dtype`: the name of its dtype.
+DTYPE_ATTRIBUTE = "st_prompts_dtype"
+#: The CPU flags (``/proc/cpuinfo``) that run each half type natively.
+_NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: The ``SentenceTransformer`` methods that write weights, refused on a model cast to half precision.
+_SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
+
+
+def check_dtype(dtype: Any) -> str:
+    """``dtype`` (a name of :data:`DTYPES`, a ``torch.dtype``, or ``None`` for float32) as a name of :data:`DTYPES`.
+
+    Raises:
+        ConfigurationError: anything else, in one line.
+    """
+    if dtype is None:
+        return "float32"
+    if isinstance(dtype, torch.dtype):
+        for name, value in DTYPES.items():
+            if value == dtype:
+                return name
+    elif isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return dtype.removeprefix("torch.")
+    raise ConfigurationError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def dtype_name(model: Any) -> str:
+    """The dtype :func:`apply_dtype` cast ``model`` to (``"float32"`` for a model it did not cast)."""
+    return getattr(model, DTYPE_ATTRIBUTE, "float32")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags, as ``/proc/cpuinfo`` names them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def half_is_native(dtype: str, flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU (``flags``: :func:`cpu_flags`) runs ``dtype`` natively (float32 always)."""
+    flags = cpu_flags() if flags is None else flags
+    return dtype == "float32" or any(flag in flags for flag in _NATIVE_FLAGS[dtype])
+
+
+def int8_input_bits(flags: frozenset[str] | None = None) -> int:
+    """The bits an int8 layer maps each input row onto: 8 with VNNI, 7 without (see the module docstring)."""
+    flags = cpu_flags() if flags is None else flags
+    return 8 if any(flag in flags for flag in _VNNI_FLAGS) else 7
+
+
+def cpu_summary(flags: frozenset[str] | None = None) -> str:
+    """One phrase for a start-up line and ``/health``: the CPU's vector instructions that matter here, and what
+    st_prompts does with them, e.g. ``"AVX2, no VNNI, no AVX512-BF16: int8 inputs 7-bit, bf16 emulated"``."""
+    flags = cpu_flags() if flags is None else flags
+    widest = next((name for flag, name in (("avx512f", "AVX512"), ("avx2", "AVX2"), ("sse4_2", "SSE4.2"))
+                   if flag in flags), "no AVX")
+    parts = [widest, "VNNI" if int8_input_bits(flags) == 8 else "no VNNI",
+             "AVX512-BF16/AMX" if half_is_native("bfloat16", flags) else "no AVX512-BF16"]
+    bf16 = "bf16 native" if half_is_native("bfloat16", flags) else "bf16 emulated"
+    return f"{', '.join(parts)}: int8 inputs {int8_input_bits(flags)}-bit, {bf16}"
+
+
+def apply_dtype(model: Any, dtype: Any) -> Any:
+    """Cast ``model`` (a ``SentenceTransformer``) to ``dtype`` for inference, in place, and return it (float32:
+    unchanged). Takes each prompted backbone's fingerprint first, puts the model in eval mode, refuses its saves, and
+    warns in one line on a CPU that emulates ``dtype``.
+
+    Raises:
+        ConfigurationError: an unknown ``dtype``; a model quantized to int8.
+    """
+    name = check_dtype(dtype)
+    if name == "float32" or dtype_name(model) == name:
+        return model
+    if getattr(model, "st_prompts_quantization", "none") != "none":  # quantization.MODE_ATTRIBUTE (imports this)
+        raise ConfigurationError(f"dtype {name} and quantize int8 do not combine: int8 runs the backbone's linear "
+                                 "layers with float32 activations on the CPU; choose one")
+    for module in model.modules():
+        if hasattr(module, "fingerprint") and hasattr(module, "freeze_backbone"):
+            _ = module.fingerprint  # of the fp32 weights, cached: a set added later is checked against it
+            module.freeze_backbone = True  # inference only; keeps the cached fingerprint
+    model.to(DTYPES[name])
+    model.eval()
+    setattr(model, DTYPE_ATTRIBUTE, name)
+    for method in _SAVE_METHODS:
+        if hasattr(model, method):
+            setattr(model, method, functools.partial(_refuse_save, method, name))
+    device = getattr(model, "device", torch.device("cpu"))
+    if torch.device(device).type == "cpu" and not half_is_native(name):
+        logger.warning("%s on this CPU (%s) is emulated: about 5-10x slower than float32 here (docs/serving.md: "
+                       "precision)", name, re.sub(r":.*", "", cpu_summary()))
+    return model
+
+
+def _refuse_save(method: str, name: str, *args: Any, **kwargs: Any) -> None:
+    raise ConfigurationError(f"{method}() refused: this model was loaded in {name} for inference and its float32 "
+                             "weights are not kept; save the model loaded without dtype")
