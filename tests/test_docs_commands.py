@@ -64,6 +64,7 @@ HUB_MODELS = {"roberta-base", "bert-base-uncased", "sentence-transformers/all-mp
 
 _SHIPPED = "the install's own commands: .ci/run runs them in a fresh clone"
 _SERVER = "starts a server that runs until it is stopped (tests/test_serving*.py start it)"
+_GPU = "needs a CUDA device (benchmarks/gpu.py runs on a lent one; tests/test_precision.py runs --dtype on the CPU)"
 _CALLS_SERVER = "an HTTP call to a running server"
 _BUNDLED = "trains on the bundled data: minutes (the --data-dir runs beside it run here on the small layout)"
 _BENCHMARK = "a benchmark: hours (parsed with its own parser)"
@@ -106,6 +107,9 @@ NOT_RUN = {
     "st-prompts serve minilm": _SERVER,
     "st-prompts serve my-bank --index docs=docs.index &": _SERVER,
     "st-prompts serve my-bank --quantize int8": _SERVER,
+    "st-prompts serve my-bank --dtype bfloat16 --device cuda": _SERVER,
+    "st-prompts serve my-bank --devices cuda:0,cuda:1 --dtype bfloat16": _SERVER,
+    "st-prompts evaluate my-bank --dtype float16 --device cuda": _GPU,
     "st-prompts serve my-bank --index docs=docs.index --port 9000": _SERVER,
     "ST_PROMPTS_ADMIN_TOKEN=... st-prompts serve my-bank": _SERVER,
     "curl http://127.0.0.1:8000/v1/embeddings -H \"Content-Type: application/json\" -d '{\"model\": \"sts\", "

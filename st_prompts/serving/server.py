@@ -57,7 +57,12 @@ class ServerOptions:
     max_headers: int = 100
     max_url_bytes: int = 32 * 1024
     quantize: str = "none"
+    dtype: str = "float32"
     workers: int = 1
+    #: one started worker per device (``--devices cuda:0,cuda:1``); the parent loads nothing
+    devices: tuple[str, ...] = ()
+    #: the command line's ``-v`` count, for the logging of started workers
+    verbose: int = 0
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -78,17 +83,18 @@ def run_server(options: ServerOptions) -> int:
     returns 130); with ``options.workers > 1`` in forked worker processes (:mod:`st_prompts.serving.workers`)."""
     import torch
 
-    workers = int(options.workers)
-    if workers > 1:
+    devices = check_devices(options)  # each started, loading the model on its device: the parent loads nothing
+    workers = len(devices) or int(options.workers)
+    if workers > 1 and not devices:
         if options.device not in (None, "cpu"):
             raise ConfigurationError(f"--workers {workers} serves on the CPU only (a forked process cannot use "
-                                     f"{options.device!r}); leave out --device or use one worker")
+                                     f"{options.device!r}); use --devices to start one worker per device")
         # one thread until the fork: a parent that ran OpenMP on several threads leaves its forked workers hanging
         torch.set_num_threads(1)
-    elif options.threads is not None:
+    elif options.threads is not None and not devices:
         torch.set_num_threads(options.threads)
     sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
-    served, registry = _load(options)
+    served, registry = _load(options) if not devices else (None, None)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
@@ -99,7 +105,7 @@ def run_server(options: ServerOptions) -> int:
         if host not in ("127.0.0.1", "::1", "localhost"):
             logger.info("note: %s is reachable from other machines", url)
 
-    if workers <= 1:
+    if not devices and workers <= 1:
         try:
             return _serve(options, sock, served, registry, ready)
         finally:
@@ -115,23 +121,20 @@ def run_server(options: ServerOptions) -> int:
     options = dataclasses.replace(options, limits=dataclasses.replace(options.limits,
                                                                       max_queue_rows=max(1, total_rows // workers)))
 
-    from st_prompts.serving.changes import apply_change
-
     def start_worker(link, journal) -> int:
         torch.set_num_threads(threads)
-        for op, args in journal:  # a replacement worker: the changes made since the server started
-            try:
-                apply_change(served, registry, op, args)
-            except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
-                logger.warning("could not replay %s: %s", op, first_line(exc))
+        _replay(served, registry, journal)
         # the parent accepts and hands the connections over (link.receiver): the worker has closed its listener
         return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
 
-    logger.info("forking %d workers, %d torch thread%s each; at most %d connections open in all, %d rows queued in "
-                "each (--max-queue-rows %d shared)", workers, threads, "s" * (threads != 1), options.max_connections,
-                options.limits.max_queue_rows, total_rows)
-    supervisor = Supervisor(workers, start_worker, on_ready=ready, drain_timeout=options.drain_timeout,
-                            keep=[sock], balancer=Balancer(sock, workers, max_connections=options.max_connections))
+    logger.info("%s %d workers%s, %d torch thread%s each; at most %d connections open in all, %d rows queued in "
+                "each (--max-queue-rows %d shared)", "starting" if devices else "forking", workers,
+                f" (on {', '.join(devices)}, each loading the model)" if devices else "", threads,
+                "s" * (threads != 1), options.max_connections, options.limits.max_queue_rows, total_rows)
+    spawn = (run_device_worker, (options, devices, threads)) if devices else None
+    supervisor = Supervisor(workers, None if devices else start_worker, on_ready=ready,
+                            drain_timeout=options.drain_timeout, keep=[sock],
+                            balancer=Balancer(sock, workers, max_connections=options.max_connections), spawn=spawn)
     code = supervisor.run()
     sock.close()
     if code == 1:
@@ -140,19 +143,69 @@ def run_server(options: ServerOptions) -> int:
     return code
 
 
+def check_devices(options: ServerOptions) -> list[str]:
+    """``options.devices`` checked (each a device this machine has: :func:`~st_prompts.loading.check_device`; not
+    with ``--device`` or ``--workers``), without initialising CUDA in this process (a started worker does)."""
+    from st_prompts.loading import check_device
+
+    devices = list(options.devices)
+    if not devices:
+        return devices
+    if options.device is not None or int(options.workers) != 1:
+        raise ConfigurationError("--devices starts one worker per device: leave out --device and --workers")
+    for device in devices:
+        try:
+            check_device(device)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"--devices: {exc}") from exc
+    return devices
+
+
+def run_device_worker(link, journal, options: ServerOptions, devices: list[str], threads: int) -> int:
+    """A started worker of ``--devices`` (:class:`~st_prompts.serving.workers.Supervisor`'s ``spawn``): its logging
+    as the command line's, then the model loaded on its device, the changes made since the server started replayed,
+    and the connections its parent hands over served."""
+    import torch
+
+    from st_prompts.cli import configure_output
+    from st_prompts.serving.workers import label_log
+
+    configure_output(options.verbose, progress=False)
+    label_log(link.index)
+    torch.set_num_threads(threads)
+    served, registry = _load(dataclasses.replace(options, device=devices[link.index], devices=()))
+    _replay(served, registry, journal)
+    return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
+
+
+def _replay(served, registry, journal: list[tuple[str, tuple]]) -> None:
+    """Apply the changes made since the server started (a worker that replaces one, or a started worker)."""
+    from st_prompts.serving.changes import apply_change
+
+    for op, args in journal:
+        try:
+            apply_change(served, registry, op, args)
+        except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
+            logger.warning("could not replay %s: %s", op, first_line(exc))
+
+
 def _load(options: ServerOptions):
     """The served model and its indexes (before any fork)."""
+    from st_prompts.precision import cpu_summary
     from st_prompts.serving.indexes import IndexRegistry
     from st_prompts.serving.model import ServedModel
 
     start = time.perf_counter()
     logger.info("loading %s ...", options.model)
     served = ServedModel.load(options.model, device=options.device, name=options.model_name,
-                              quantize=options.quantize)
+                              quantize=options.quantize, dtype=options.dtype)
     names = served.names()
     kind = "a prompt bank" if served.is_bank else "a model"
     if served.quantization != "none":
         kind += f" ({served.quantization}: its backbone's linear layers)"
+    kind += f" in {served.dtype} on {served.device}"
+    if served.device.startswith("cpu"):
+        kind += f" (CPU: {cpu_summary()})"
     # names come from a folder or a request: printed escaped, so that none can break the line or act on a terminal
     shown = ", ".join(printable(name) for name in names[:6]) + (", ..." if len(names) > 6 else "")
     logger.info("loaded %s serving %d task name%s (%s) in %.1f s", kind, len(names), "s" * (len(names) != 1), shown,

@@ -29,6 +29,13 @@ Why fork: torch's CPU weights are plain memory, so forking after the load shares
 one interpreter lock with the event loop, and ``multiprocessing``'s spawn would load the model N times. Torch uses
 one thread in the parent until the fork (a parent that ran OpenMP on several threads leaves its forked children
 hanging in their first parallel region), and each worker sets its own thread count after it.
+
+**Started workers, one per device** (``st-prompts serve --devices cuda:0,cuda:1``): a process that has used CUDA
+cannot fork a child that uses it, and each device needs its own copy of the weights anyway. So with ``spawn`` the
+parent loads nothing: each worker is *started* (``multiprocessing``'s spawn: a fresh interpreter), given its pipes,
+its hand-off socket and the balancer's counters, and runs ``spawn``'s function, which loads the model onto its
+device. Everything else (the balancer, changes reaching every worker, replacements, metrics) is the same; a
+replacement is started again and loads the model again.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from st_prompts.errors import first_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Supervisor", "WorkerLink", "merge_metrics"]
+__all__ = ["Supervisor", "WorkerLink", "label_log", "merge_metrics"]
 
 #: Seconds the parent waits for a worker to apply a change (a pass that runs holds the model for its duration).
 APPLY_TIMEOUT = 120.0
@@ -182,10 +189,12 @@ class Supervisor:
             connection to the worker holding the fewest (None: the workers accept on the shared socket).
     """
 
-    def __init__(self, count: int, start_worker: Callable[[WorkerLink, list[tuple[str, tuple]]], int],
+    def __init__(self, count: int, start_worker: Callable[[WorkerLink, list[tuple[str, tuple]]], int] | None,
                  on_ready: Callable[[], None] | None = None, drain_timeout: float = 30.0,
-                 keep: list[Any] | None = None, balancer: Any = None) -> None:
+                 keep: list[Any] | None = None, balancer: Any = None,
+                 spawn: tuple[Callable[..., int], tuple] | None = None) -> None:
         self.count = count
+        self.spawn = spawn
         self.balancer = balancer
         self.start_worker = start_worker
         self.on_ready = on_ready
@@ -206,6 +215,9 @@ class Supervisor:
         handoff = self.balancer.pair(index) if self.balancer is not None else None
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        if self.spawn is not None:
+            self._start(index, up_child, down_child, handoff, up_parent, down_parent)
+            return
         with self.balancer.fork_lock if self.balancer is not None else contextlib.nullcontext():
             pid = os.fork()  # not while the balancer holds an accepted connection (balance.Balancer.fork_lock)
         if pid == 0:  # the worker: never returns
@@ -218,7 +230,7 @@ class Supervisor:
                 for other in self.workers.values():
                     other.up.close()
                     other.down.close()
-                _label_log(index)
+                label_log(index)
                 receiver = None
                 if self.balancer is not None:
                     from st_prompts.serving.balance import Receiver
@@ -245,6 +257,24 @@ class Supervisor:
         if handoff is not None:
             handoff.close()
         self.workers[index] = _Worker(index, pid, up_parent, down_parent, time.monotonic())
+
+    def _start(self, index: int, up_child, down_child, handoff, up_parent, down_parent) -> None:
+        """Start (not fork) worker ``index``: a fresh interpreter running :func:`_started_worker`."""
+        import multiprocessing
+
+        shared = None
+        if self.balancer is not None:
+            shared = (self.balancer.closed, self.balancer.taken, self.balancer.shed_asked, self.balancer.shed_done)
+        target, args = self.spawn
+        process = multiprocessing.get_context("spawn").Process(
+            target=_started_worker, name=f"st-prompts-worker-{index}",
+            args=(index, up_child, down_child, handoff, shared, list(self.journal), target, args))
+        process.start()  # the pipes and the socket travel as duplicated file descriptors
+        up_child.close()
+        down_child.close()
+        if handoff is not None:
+            handoff.close()
+        self.workers[index] = _Worker(index, process.pid, up_parent, down_parent, time.monotonic())
 
     def run(self) -> int:
         """Start the workers and look after them until they have stopped; returns 0 (SIGTERM), 130 (Ctrl-C) or 1
@@ -428,11 +458,35 @@ class Supervisor:
         return merge_metrics(texts, self.balancer.metrics_text() if self.balancer is not None else None)
 
 
+def _started_worker(index: int, up: connection.Connection, down: connection.Connection, handoff: Any,
+                    shared: tuple | None, journal: list[tuple[str, tuple]], target: Callable[..., int],
+                    args: tuple) -> None:
+    """The body of a started worker (:meth:`Supervisor._start`): ``target(link, journal, *args)`` (which sets up its
+    logging, :func:`label_log` included), then exit with its status, as a forked worker does."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        receiver = None
+        if handoff is not None:
+            from st_prompts.serving.balance import Receiver
+
+            receiver = Receiver(handoff, shared[0], index, *shared[1:])
+        code = target(WorkerLink(index, up, down, receiver), journal, *args)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
+        logger.error("worker %d failed: %s", index, first_line(exc))
+        code = 2
+    # a started worker exits as multiprocessing's processes do (its finalizers run: the semaphores its libraries
+    # made are released, not reported leaked), unlike a forked one, which must not run its parent's
+    sys.exit(code)
+
+
 def _shown(args: tuple) -> str:
     return ", ".join(repr(a)[:80] for a in args)
 
 
-def _label_log(index: int) -> None:
+def label_log(index: int) -> None:
     """Prefix this worker's log lines with ``worker N:``."""
 
     class _Prefix(logging.Filter):
