@@ -53,8 +53,6 @@ PAPER_PROMPT = (
 SKI_TEMPLATE = 'Sentence: "{sentence}"\n' + PAPER_PROMPT
 #: Version of the cache format (the header's ``st_prompts_ski`` field).
 CACHE_VERSION = 1
-#: ``--llm`` aliases: name -> (distribution that ships the file, file name).
-LLM_ALIASES = utils.PACKAGED_GGUF_ALIASES
 
 
 @dataclass(frozen=True)
