@@ -158,7 +158,7 @@ class IndexCalibration:
 
         The parameter is ``nprobe`` for ``"ivf"`` and ``"ivfpq"`` (whose re-ranking depth ``rerank`` is doubled, up to
         4 times, when even visiting every list misses the target), ``ef_search`` for ``"hnsw"``. Recall is tie-aware
-        (see :mod:`st_prompts.search.faiss_index`).
+        (:func:`~st_prompts.search.calibration.tie_aware_recall`: duplicate documents are interchangeable).
 
         Args:
             target_recall: the recall@10 to reach, in (0, 1].
