@@ -93,13 +93,10 @@ class Batcher:
     Args:
         encode: ``encode(texts, tasks) -> array (rows, dim)``, called in the batcher's own worker thread, one pass at a
             time; ``tasks`` has one task per text (any hashable; ``None`` allowed).
-        max_wait_ms: the longest the oldest queued row waits for others before a pass starts.
         max_batch_tokens: bound on ``rows x longest row`` (padded tokens) of a pass; a single longer row runs alone.
-        max_batch_rows: bound on the rows of a pass.
-        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens (see the module
-            docstring): small (tens) on a CPU, where a pass costs about its tokens, so passes stay close in length;
-            large on a GPU, where a pass of many rows costs little more than one, so passes fill up.
-            :meth:`ServedModel.measure_pass_overhead` measures it for a model.
+        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens: small (tens) on a CPU,
+            so passes stay close in length; large on a GPU, so passes fill up
+            (:meth:`ServedModel.measure_pass_overhead` measures it).
         max_queue_rows: bound on the queued rows of all requests (:class:`QueueFull` beyond; a request alone in an
             empty queue is always admitted).
         on_batch: called on the event loop after every pass with a :class:`BatchReport` (e.g. metrics).

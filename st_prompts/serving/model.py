@@ -57,7 +57,6 @@ class ServedModel:
     """One model and the task names it serves (see the module docstring).
 
     Args:
-        model: a loaded ``SentenceTransformer``.
         name: the public name of a model that is not a prompt bank (default ``"model"``).
         quantization: how its backbone is stored, as ``st-prompts serve --quantize`` says it (``"none"``,
             ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line.
