@@ -264,9 +264,7 @@ def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -
     Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
     SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.
 
-    A new set is gated by default, as in :func:`train_prompt_set` (``prefix_gate=True``): it encodes exactly as the
-    backbone until it trains. ``prefix_gate=False`` gives
-    the ungated prefix, which changes the encoder before any training.
+    A new set is gated by default, as in :func:`train_prompt_set`: it encodes exactly as the backbone until it trains.
     """
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
@@ -312,15 +310,9 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
     With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs before the first step (step
     0: the set as it starts), every ``eval_steps`` (default: a tenth of the steps) and at the end, and the best weights
     are kept (in memory, no checkpoints). A new set is gated by default (``prefix_gate=True``): it starts as the
-    backbone itself, so the kept set is never below the backbone on
-    the evaluator's set; ``prefix_gate=False`` gives the ungated prefix of earlier versions.
-    The defaults (gate on, ``learning_rate=0.1``) are the best on average over the four tasks of
-    the multitask study (docs/multitask.md): the gated set at 0.1 gained +3.30 / +4.08 / +0.03 / +1.11
-    Spearman x100 over the earlier defaults (ungated, 1e-2) on sts / sick / nli / dcpcse selection sets, seed 42.
-    An ungated set (``prefix_gate=False``) wants a smaller rate, 1e-2 to 3e-2: in ``benchmarks/multitask.py`` an
-    ungated ``sts`` set at 1e-1 collapsed to 21.53 STS-B dev Spearman (CPU, before step 0 was evaluated).
-    ``loss`` is a loss object built on ``model`` (``CoSENTLoss(model)``, ``MultipleNegativesRankingLoss(model)``,
-    :class:`~st_prompts.losses.PromptContrastiveLoss`, ...).
+    backbone itself, so the kept set is never below the backbone on the evaluator's set. The defaults (gate on,
+    ``learning_rate=0.1``) are the best on average over the multitask study's four tasks (docs/multitask.md); an
+    ungated set wants 1e-2 to 3e-2 (at 1e-1 an ungated ``sts`` set collapsed to 21.53 STS-B dev Spearman).
     """
     import time
 

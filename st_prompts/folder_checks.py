@@ -456,17 +456,10 @@ def untrusted_reason(name_or_path: str, **hub: Any) -> str | None:
     """Why loading ``name_or_path`` would run code that ships with the model, or hand a loader an option outside the
     allow-list (:mod:`st_prompts.trust`), or unpickle a weight file; ``None`` if it would not.
 
-    Reads, without loading anything: ``modules.json`` (every type must be a class of ``sentence_transformers.*`` or
-    ``st_prompts.*``, every path inside the model), each module's configuration (a ``Transformer``'s loader options
-    against the allow-list; the other modules' keys against their constructor; a ``Dense`` activation under
-    ``torch.nn``; a ``Router``'s routes like ``modules.json``, a route that is a whole model checked as one, at any
-    depth), every JSON file of every folder involved (no ``auto_map`` or ``custom_pipelines`` at any depth, no
-    foreign class name, no file outside the folder, no hub kernel, no quantizer, a known ``model_type``, shard indexes
-    inside the folder), every link (none out of the model folder), the weights (no pickle without safetensors), a
-    PEFT adapter's base model, and
-    the same of the backbone a prompts-only checkpoint refers to (``model_kwargs={"backbone_name_or_path": ...}``
-    included). A file that cannot be read counts as a reason. ``**hub``: ``cache_folder``, ``revision``, ``token``,
-    ``local_files_only`` (and ``model_kwargs``), as for ``SentenceTransformer``.
+    Reads, without loading anything, what the module docstring lists (the backbone of a prompts-only checkpoint
+    includes one given as ``model_kwargs={"backbone_name_or_path": ...}``). A file that cannot be read counts as a
+    reason. ``**hub``: ``cache_folder``, ``revision``, ``token``, ``local_files_only`` (and ``model_kwargs``), as for
+    ``SentenceTransformer``.
 
     Raises:
         DataNotFoundError: a hub model (or a backbone it refers to) is neither cached nor reachable in seconds.

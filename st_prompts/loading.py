@@ -8,18 +8,11 @@ Every ``st-prompts`` command that loads a model goes through :func:`load_sentenc
 Why not ``SentenceTransformer(path, trust_remote_code=True)``: sentence-transformers 6 wants that flag for any module
 class outside ``sentence_transformers.*`` (so for st_prompts' ``PromptedTransformer`` too), and the flag then also
 lets the model import any class its ``modules.json`` names, any ``Dense`` activation, and lets transformers run the
-``auto_map`` code of its configuration, its tokenizer or (for a prompts-only checkpoint) its backbone. Here:
-
-* **the decision comes first** (:func:`untrusted_reason`, in :mod:`st_prompts.folder_checks`, re-exported here):
-  every file a loader will read is checked before anything is loaded (``modules.json`` at every depth, each
-  module's configuration, every JSON file of every folder involved, shard indexes and symlinks, the weights, and the
-  backbone a prompts-only checkpoint refers to);
-* **nothing is granted**: the model is then loaded with ``trust_remote_code=False``. sentence-transformers loads its
-  own classes as usual; a model with st_prompts modules is assembled here from its modules (each loaded by its own
-  class with ``trust_remote_code=False``), so that sentence-transformers never needs the global flag;
-* a model that names code is refused with :class:`~st_prompts.errors.UntrustedCodeError`, one line naming what and
-  where, unless the user passed ``trust_remote_code=True`` (``--trust-remote-code``), which is handed to
-  sentence-transformers as is.
+``auto_map`` code of its configuration, its tokenizer or (for a prompts-only checkpoint) its backbone. Here every file
+a loader will read is checked first (:func:`untrusted_reason`, :mod:`st_prompts.folder_checks`); then nothing is
+granted: a model with st_prompts modules is assembled from its modules, each loaded with ``trust_remote_code=False``.
+A model that names code is refused with :class:`~st_prompts.errors.UntrustedCodeError` unless the user passed
+``trust_remote_code=True`` (``--trust-remote-code``), which is handed to sentence-transformers as is.
 """
 
 from __future__ import annotations
@@ -107,11 +100,8 @@ def load_sentence_model(
             ``None``/``"float32"`` (default): float32. Not with ``quantize="int8"``.
         **kwargs: further ``SentenceTransformer`` arguments (``cache_folder``, ``revision``, ``model_kwargs``, ...).
 
-    Raises:
-        DataNotFoundError: the model cannot be found or read.
-        DataFormatError: one of its weight files is damaged.
-        UntrustedCodeError: it names code that ships with it, and ``trust_remote_code`` is not ``True``.
-        ConfigurationError: an unknown ``quantize`` or ``dtype``, one the model or device cannot take, or both.
+    Raises DataNotFoundError, DataFormatError (a damaged weight file), UntrustedCodeError, ConfigurationError (an
+    unknown ``quantize`` or ``dtype``, both, or a device this machine lacks).
     """
     from st_prompts.precision import apply_dtype, check_dtype
 

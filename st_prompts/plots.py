@@ -93,10 +93,7 @@ def pair_cosine_similarities(
     batch_size: int = 64,
     show_progress_bar: bool | None = None,
 ) -> np.ndarray:
-    """Cosine similarity of ``model``'s embeddings of each pair (each distinct sentence is encoded once).
-
-    ``show_progress_bar``: show encoding progress (``None``: sentence-transformers' choice, by log level).
-    """
+    """Cosine similarity of ``model``'s embeddings of each pair (each distinct sentence is encoded once)."""
     if len(sentences1) != len(sentences2):
         raise DataFormatError(f"sentences1 and sentences2 differ in length: {len(sentences1)} vs {len(sentences2)}")
     index = {s: i for i, s in enumerate(dict.fromkeys((*sentences1, *sentences2)))}
@@ -138,15 +135,8 @@ def plot_similarity_by_score(
             are the legend; ``st-prompts plot`` puts each model's pooling in them, e.g. ``minilm (mean)``).
         pairs: the STS pairs (anything with ``sentences1``, ``sentences2`` and ``scores``, e.g.
             :class:`st_prompts.data.senteval.STSPairs`).
-        out_path: PNG file to write.
         buckets: ``(low, high)`` gold-score ranges, ``low <= score < high`` except the last, which includes ``high``.
-        dataset_label: named in the title (e.g. ``"STS-B dev"``).
-        title: replaces the default title.
-        batch_size: encoding batch size.
-        show_progress_bar: show encoding progress (``None``: sentence-transformers' choice, by log level).
-
-    Returns:
-        The path written.
+        dataset_label: named in the title (e.g. ``"STS-B dev"``); ``title`` replaces the default title.
     """
     _check_png_path(out_path)
     models = _named_models(model_or_models)
@@ -249,16 +239,10 @@ def plot_alignment_uniformity(
         points: ``{label: (alignment, uniformity)}``, e.g. from
             :class:`st_prompts.evaluation.alignment.AlignmentUniformityEvaluator` (``st-prompts plot`` puts each
             model's pooling in its label, e.g. ``minilm (mean)``).
-        out_path: PNG file to write.
-        title: replaces the default title.
-        dataset_label: named in the title (e.g. ``"STS-B dev"``).
         note: small print under the figure (how the points were computed); ``None`` for none.
 
     The x axis is uniformity and the y axis alignment; lower is better on both, so better models sit towards
     the lower left.
-
-    Returns:
-        The path written.
     """
     _check_png_path(out_path)
     if not points:

@@ -6,33 +6,16 @@
     model = load_sentence_model("runs/my-bank", quantize="int8")      # or quantize_model(model, "int8")
     model.encode(texts, task=["sts", "nli", None])                    # per-row prompt sets, as in fp32
 
-What changes: every ``torch.nn.Linear`` of each module's ``auto_model`` (the transformer backbone: attention
-projections, feed-forward layers) becomes an :class:`Int8Linear`. Nothing else does: the embeddings, the layer
-norms, the prompt sets (deep prefixes, their MLPs and gates), the pooling and any ``Dense`` module stay fp32, and the
-prefix keys/values still reach every layer's attention per row through :mod:`st_prompts.prompts.injection` (the
-attention function receives fp32 queries, keys and values, computed by int8 projections).
-
-How :class:`Int8Linear` computes (dynamic quantization, **per token**): the weights are int8 per output channel
-(symmetric, quantized once); each input row (a token) is mapped from its own minimum and maximum onto 8 bits
-(0..255) on a CPU with VNNI, 7 bits (0..127) without (:func:`st_prompts.precision.int8_input_bits`), when the layer
-runs; the integer product is fbgemm's kernel (torch's
-``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, the one behind
-``torch.ao.quantization.quantize_dynamic``), and the row's scale and offset are applied to its output in fp32.
-No scale is shared between rows, so each int8 layer is exactly row-independent (its output for a row does not depend
-on the other rows of the batch, nor on their padding); the fp32 attention between the layers differs by ~1e-7 with
-padding, which can flip a rounding, so a quantized encoder computes attention row by row
-(:mod:`st_prompts.prompts.row_exact`: each group of rows with the same positions on those positions alone) while its
-linear layers run on the whole batch; a causal decoder runs each pass as groups of rows of equal length and prefix
-length instead (:func:`exact_rows_forward`, slower: every matrix product runs once per group). Either way a row's
-vector is exactly the same alone and in any batch. torch.ao's ``quantize_dynamic`` and
-ONNX Runtime's dynamic quantization share one activation scale per tensor (the whole batch), so their rows change
-with their neighbours (benchmarks/int8.py measures both; why this engine: docs/serving.md). 7 bits without VNNI:
-fbgemm's AVX2 kernel sums pairs of u8 x s8 products in 16 bits, which 8-bit inputs could saturate (torch's own
-``reduce_range``); VNNI accumulates them in 32 bits.
-
-A quantized model is for inference: its fp32 backbone weights are gone (the point is the memory and the speed), so
-saving it is refused in one line rather than writing int8 weights where fp32 ones were expected.
-"""
+Every ``torch.nn.Linear`` of each module's ``auto_model`` becomes an :class:`Int8Linear`; embeddings, layer norms,
+prompt sets, pooling and ``Dense`` modules stay fp32. :class:`Int8Linear` quantizes its weights per output channel
+and each input row (token) from its own minimum and maximum onto 8 bits with VNNI, 7 without (fbgemm's AVX2 kernel
+would saturate 16-bit pair sums: torch's own ``reduce_range``; :func:`st_prompts.precision.int8_input_bits`), on the
+fbgemm kernel behind ``quantize_dynamic``. No scale is
+shared between rows, so a row's vector is exactly the same alone and in any batch, which ``quantize_dynamic`` and ONNX
+Runtime (one activation scale per tensor) do not give; since fp32 attention differs by ~1e-7 with padding, a quantized
+encoder computes attention row by row (:mod:`st_prompts.prompts.row_exact`) and a causal decoder runs groups of rows
+of equal length (:func:`exact_rows_forward`). Saving a quantized model is refused (its fp32 weights are gone).
+Measurements and why this engine: ``docs/serving.md``."""
 
 from __future__ import annotations
 

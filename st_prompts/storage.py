@@ -1,28 +1,15 @@
 """Writing files and folders without losing anything: atomic replacement, ownership checks, locks, the umask.
 
-Every file or folder st_prompts replaces goes through this module:
-
-* :func:`write_file_atomic` / :func:`write_json_atomic` write a file under a temporary name beside it and rename it into
-  place, so a reader (or a crash) sees the old file or the new one, never half of one.
-* :func:`replace_folder` writes a folder (a trained model, a search index) the same way. An existing folder is replaced
-  only when the caller's ownership check says st_prompts wrote it (and, unless ``overwrite``, not at all): a folder
-  holding anything else is refused with one line and never touched. The swap renames the old folder aside, renames the
-  new one in and then deletes the old one, so a kill at any point leaves one complete folder (the old or the new); the
-  next save of the same destination removes what an interrupted one left behind (hidden ``.NAME.st-prompts-tmp-*`` and
-  ``.NAME.st-prompts-old-*`` folders beside it), and only those it can tell it wrote.
-* Writers of one destination are serialised by a lock file beside it (:func:`folder_lock`), removed when the last
-  writer lets go.
-* Nothing is written inside a folder st_prompts saved (:func:`managed_ancestor`: a model, a bank, an index), whatever
-  symbolic links lead there, and a save replaces only a folder of its own kind (an exported prompt set never a bank).
-* What is written gets the permissions the user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600
-  files otherwise).
+Every file or folder st_prompts replaces goes through this module: files and folders are written under a temporary
+name and renamed into place (:func:`write_file_atomic`, :func:`replace_folder`), so a reader or a crash sees the old
+one or the new one, never half of one; writers of one destination take turns (:func:`folder_lock`); nothing is
+written inside a folder st_prompts saved (:func:`managed_ancestor`); and what is written gets the permissions the
+user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600 files otherwise).
 
 Trained models and search indexes carry a manifest (:data:`MANIFEST_FILE`) listing the files and folders st_prompts
-wrote, its proof of authorship: it is how a later ``--overwrite`` knows that replacing the folder deletes nothing else.
-Anything it does not list (a file, a folder, a symbolic link) makes the replacement refuse (:func:`manifest_problem`).
-A file name read from a file of a folder (a manifest, an index's ``meta.json``) must stay inside it
-(:func:`contained_path`).
-"""
+wrote, its proof of authorship: a later ``--overwrite`` replaces a folder only when it holds nothing the manifest does
+not list (:func:`manifest_problem`), and a file name read from a folder's files must stay inside it
+(:func:`contained_path`)."""
 
 from __future__ import annotations
 
@@ -116,15 +103,8 @@ def _fsync(path: str | os.PathLike) -> None:
 
 
 def write_file_atomic(path: str | os.PathLike, data: bytes | str | Callable[[Any], None]) -> Path:
-    """Write ``path`` atomically: into a temporary file beside it, flushed to disk, then renamed over it.
-
-    Args:
-        path: the file to write (its folder is created).
-        data: the bytes or text to write, or a function that writes into the binary file handle it is given.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-    """
+    """Write ``path`` atomically (its folder is created): into a temporary file beside it, flushed to disk, then
+    renamed over it. ``data``: bytes, text, or a function that writes into the binary file handle it is given."""
     path = Path(path)
     if path.is_dir():
         raise ConfigurationError(f"{path} is a folder; give a file name")
@@ -387,17 +367,9 @@ def replace_folder(
       old or the new folder complete (at ``destination``, or for the instant between the two renames under the
       set-aside name); the next call for the same destination removes the leftovers (:func:`remove_leftovers`).
 
-    Args:
-        destination: the folder to write.
-        write: fills the (empty, except for the staging marker) staging folder it is given.
-        ownership: ``folder -> None`` if st_prompts wrote ``folder`` and it holds nothing else, else the reason.
-        overwrite: whether an existing folder of st_prompts may be replaced.
-        what: what the folder holds, for messages (``"a model"``, ``"an index"``).
-        overwrite_hint: how the user allows the replacement (``"pass --overwrite to replace it"``).
-        lock: hold :func:`folder_lock` while writing (the caller may already hold it).
-
-    Returns:
-        ``destination`` as an absolute path.
+    ``write`` fills the staging folder it is given (empty but for the staging marker); ``what`` (``"a model"``) and
+    ``overwrite_hint`` (``"pass --overwrite to replace it"``) word the messages; ``lock``: hold :func:`folder_lock`
+    (the caller may already hold it). Returns ``destination`` as an absolute path.
     """
     destination = check_destination(destination)
     with folder_lock(destination) if lock else nullcontext():

@@ -1,33 +1,18 @@
 """What a model folder may ask of a loader: an allow-list, checked before anything of the folder is loaded.
 
-A saved sentence-transformers model hands options to the libraries that load it: a ``Transformer`` module's
-``sentence_bert_config.json`` carries ``model_kwargs`` / ``config_kwargs`` / ``processor_kwargs`` (and their older
-names ``model_args`` / ``config_args`` / ``tokenizer_args``) that sentence-transformers passes to transformers'
-``from_pretrained`` after stripping only ``trust_remote_code``, and other keys (``tokenizer_name_or_path``,
-``backend``, ``modality_config``) that choose what is loaded and which method is called. transformers honours
-``weights_only``, ``use_safetensors``, ``gguf_file``, ``revision``, ``subfolder``, ``code_revision``, ``from_tf``, ...
-there, and some of them unpickle a weight file (which can run any code). So here:
+A ``Transformer`` module's ``sentence_bert_config.json`` carries ``model_kwargs`` / ``config_kwargs`` /
+``processor_kwargs`` (and their older names) that sentence-transformers passes to transformers' ``from_pretrained``
+after stripping only ``trust_remote_code``; transformers honours options there that load other files or unpickle a
+weight file (which can run any code). So every loader option is checked against options known to be safe
+(:data:`MODEL_OPTIONS`, :data:`CONFIG_OPTIONS`, :data:`PROCESSOR_OPTIONS`, :data:`TRANSFORMER_KEYS`;
+:func:`transformer_config_reason`), the other modules' configurations against their constructor
+(:func:`module_config_reason`), the transformers files of every folder against code, outside files, hub kernels
+(:data:`KERNEL_KEYS`), quantizers and unknown architectures (:func:`hf_files_reason`); pickled weights are never
+unpickled without trust (:func:`pickle_reason`, :data:`SAFE_MODEL_KWARGS`, :func:`no_unpickling`), and a ``.gguf``
+backbone must be a GGUF file (:func:`gguf_reason`).
 
-* **every loader option is checked against a list of options known to be safe** (:data:`MODEL_OPTIONS`,
-  :data:`CONFIG_OPTIONS`, :data:`PROCESSOR_OPTIONS`, :data:`TRANSFORMER_KEYS`); anything else is refused in one line
-  naming the file and the key (:func:`transformer_config_reason`);
-* the other modules' configurations may only hold their own constructor's arguments, and a ``Dense`` activation must
-  be a class under ``torch.nn`` found without importing anything (:func:`module_config_reason`);
-* the transformers files of every folder a loader reads (``config.json``, the tokenizer and processor files, a PEFT
-  ``adapter_config.json``) may not point to code (``auto_map`` at any depth, ``custom_pipelines``, ``auto_mapping``,
-  a class name outside transformers), name files outside the folder (shard indexes too), name a hub kernel
-  (:data:`KERNEL_KEYS`: only :data:`ATTENTION` / :data:`EXPERTS`), ask for a quantizer, or name an architecture
-  transformers does not know (:func:`hf_files_reason`); a PEFT adapter's base model is checked the same way;
-* **pickled weight files are never unpickled** without trust: a folder whose weights exist only as a pickle
-  (``pytorch_model.bin``, ``*.pt``, ...) is refused (:func:`pickle_reason`), transformers is asked for safetensors
-  (:data:`SAFE_MODEL_KWARGS`), and while an untrusted model loads ``torch.load`` itself refuses
-  (:func:`no_unpickling`);
-* a ``.gguf`` backbone must be a GGUF file (:func:`gguf_reason`).
-
-Nothing here imports torch at module level; the checks read JSON and list folders. :mod:`st_prompts.folder_checks`
-applies them to a model and every folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is
-safe.
-"""
+Nothing here imports torch at module level. :mod:`st_prompts.folder_checks` applies the checks to a model and every
+folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is safe."""
 
 from __future__ import annotations
 

@@ -61,8 +61,7 @@ class STSPairs:
     """Scored sentence pairs of one STS task and split.
 
     Attributes:
-        sentences1: first sentence of each pair.
-        sentences2: second sentence of each pair.
+        sentences1, sentences2: the two sentences of each pair.
         scores: gold similarity (0-5 for STS12-16 and STS-B, 1-5 for SICK).
         subsets: subset name of each pair (e.g. ``"MSRpar"``), ``"all"`` for tasks without subsets.
     """
@@ -280,22 +279,11 @@ def _check_files(senteval_dir, tasks, split: str) -> tuple[Path, list[tuple[str,
 
 
 def load_sts(senteval_dir, task: str, split: str = "test") -> STSPairs:
-    """Read one STS task from a SentEval directory.
+    """Read one STS task from a SentEval directory (the folder holding ``STS/`` and ``SICK/``).
 
-    Args:
-        senteval_dir: the SentEval data directory (the folder holding ``STS/`` and ``SICK/``).
-        task: one of :data:`STS_TASKS` (case-insensitive; ``STSB`` and ``SICK-R`` are accepted too).
-        split: ``"test"`` (the only split of STS12-16), ``"dev"`` or ``"train"`` (STS-B and SICK-R;
-            SICK's dev split is ``SICK_trial.txt``).
-
-    Returns:
-        The scored pairs. For STS12-16 all of SentEval's subsets are concatenated in SentEval's order and
-        ``subsets`` names the subset of each pair; unscored pairs (blank gold line) are skipped.
-
-    Raises:
-        DataNotFoundError: if the directory or a file is missing.
-        DataFormatError: if a file is malformed (message names the file and line).
-        ConfigurationError: for an unknown task or split.
+    ``split``: ``"test"`` (the only split of STS12-16), ``"dev"`` or ``"train"`` (STS-B and SICK-R; SICK's dev split
+    is ``SICK_trial.txt``). For STS12-16 all of SentEval's subsets are concatenated in SentEval's order and ``subsets``
+    names the subset of each pair; unscored pairs (blank gold line) are skipped. Errors: see the module docstring.
     """
     root, [(task, split)] = _check_files(senteval_dir, [task], split)
     if task in STS_SUBSETS:
@@ -315,13 +303,7 @@ def check_senteval_dir(senteval_dir, tasks=STS_TASKS, split: str = "test") -> Pa
     All files of ``tasks`` must exist (every missing one is named in a single error) and parse (each file is read
     fully, so a malformed line is found now rather than after training).
 
-    Returns:
-        The directory as a :class:`~pathlib.Path`.
-
-    Raises:
-        DataNotFoundError: the directory or needed files are missing (message lists them and the expected layout).
-        DataFormatError: a file is malformed (wrong column count, non-numeric score, input/gold line counts differ).
-        ConfigurationError: unknown task or split.
+    A missing file's error lists them all and the expected layout. Returns the directory as a :class:`~pathlib.Path`.
     """
     root, plan = _check_files(senteval_dir, tasks, split)
     for task, sp in plan:
@@ -343,12 +325,7 @@ def load_sts_from_hub(task: str, split: str = "test") -> STSPairs:
     the 4,927 of the test split; ``sentence-transformers/stsb`` scores are scaled to 0-1), so numbers can differ
     slightly from those computed on a SentEval directory. Use a SentEval directory to compare with the papers.
 
-    Returns:
-        The pairs, with subset ``"all"`` for every pair.
-
-    Raises:
-        DataNotFoundError: if the dataset cannot be loaded (e.g. offline).
-        ConfigurationError: unknown task, or a split the hub dataset does not have.
+    Every pair has subset ``"all"``. A dataset that cannot be loaded (offline) is a DataNotFoundError.
     """
     task = normalize_task(task)
     split = _SPLIT_ALIASES.get(split, split)

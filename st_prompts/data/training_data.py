@@ -50,16 +50,9 @@ def read_sentences(path: str | Path, limit: int | None = None, seed: int = 42) -
 def read_csv_rows(path: str | Path, *headers: tuple[str, ...]) -> tuple[tuple[str, ...], list[list[str]]]:
     """Read a CSV file with Python's CSV reader (quoted fields may hold commas and line breaks).
 
-    Args:
-        path: the file.
-        *headers: the accepted headers (their first columns, lower-cased).
-
-    Returns:
-        ``(header, rows)``: which of ``headers`` the file has, and its rows (blank lines skipped).
-
-    Raises:
-        DataFormatError: another header, or a row whose number of fields differs from the header's (an unquoted
-            comma), naming its line.
+    Returns ``(header, rows)``: which of the accepted ``headers`` (their first columns, lower-cased) the file has, and
+    its rows (blank lines skipped). Another header, or a row with another number of fields (an unquoted comma), is a
+    DataFormatError naming its line.
     """
     with open(_existing(path), encoding="utf-8", newline="") as f:
         reader = csv.reader(f)
@@ -175,10 +168,7 @@ def read_nli_pairs(
     skipped, never mapped to a class; they are counted in the returned counter (and in the log).
 
     ``fraction`` samples that share of the labelled rows (triplets or pairs) with ``seed`` first; ``limit`` then keeps
-    at most that many rows.
-
-    Returns:
-        ``(pairs, skipped)``: the pairs and a ``Counter`` of skipped labels.
+    at most that many rows. Returns ``(pairs, skipped)``: the pairs and a ``Counter`` of skipped labels.
     """
     header, rows = read_csv_rows(path, _TRIPLET_HEADER, _PAIR_HEADER)
     rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)

@@ -45,11 +45,8 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
 def alignment_loss(x: Any, y: Any, alpha: float = 2.0, normalize: bool = True) -> float:
     """Mean ``||x_i - y_i||^alpha`` over the rows of ``x`` and ``y`` (positive pairs); lower is better.
 
-    Args:
-        x, y: embeddings of the two sides of each positive pair, shape ``(n, dim)``.
-        alpha: exponent (2 in SimCSE / D2CSE).
-        normalize: L2-normalise the rows first (the metric is defined on the unit sphere).
-    """
+    ``x``, ``y``: ``(n, dim)``, the two sides of each pair; ``alpha``: 2 in SimCSE / D2CSE; ``normalize``: L2-normalise
+    the rows first (the metric is defined on the unit sphere)."""
     x, y = _as_float64(x), _as_float64(y)
     if x.shape != y.shape or x.shape[0] == 0:
         raise DataFormatError(f"alignment needs two non-empty arrays of the same shape, got {x.shape} and {y.shape}")
@@ -63,12 +60,8 @@ def uniformity_loss(x: Any, t: float = 2.0, normalize: bool = True, chunk_size: 
 
     Computed by blocks of ``chunk_size`` rows: peak memory is ``chunk_size x n`` floats, not ``n x n``.
 
-    Args:
-        x: embeddings, shape ``(n, dim)`` with ``n >= 2`` (pass distinct sentences: duplicates add 0-distance pairs).
-        t: temperature (2 in SimCSE / D2CSE).
-        normalize: L2-normalise the rows first.
-        chunk_size: rows per block.
-    """
+    ``x``: ``(n, dim)`` with ``n >= 2`` (pass distinct sentences: duplicates add 0-distance pairs); ``t``: 2 in SimCSE /
+    D2CSE."""
     if chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be >= 1, got {chunk_size}")
     x = _as_float64(x)
@@ -107,7 +100,6 @@ class AlignmentUniformityEvaluator(PairsEvaluator):
         positive_threshold: pairs with gold score ``>=`` this are positives for alignment (4.0, on the 0-5 scale;
             for ``SICKRelatedness``, scored 1-5, the default keeps its meaning).
         main_metric: ``"alignment"`` or ``"uniformity"``, the primary metric.
-        chunk_size: rows per block in the uniformity computation.
         **options: ``name``, ``batch_size``, ``show_progress_bar`` and ``write_csv`` (a row per call in
             ``Alignment-Uniformity_evaluation_{name}_results.csv``), as for every
             :class:`~st_prompts.evaluation.pairs.PairsEvaluator`.

@@ -76,9 +76,7 @@ class STSSuiteEvaluator(BaseEvaluator):
         tasks: subset of :data:`~st_prompts.data.senteval.STS_TASKS`.
         source: ``"senteval"`` (read ``senteval_dir``) or ``"hub"``
             (:func:`~st_prompts.data.senteval.load_sts_from_hub`; numbers differ slightly from SentEval's files).
-        batch_size: encoding batch size.
-        show_progress_bar: show an encoding progress bar (``None``: when logging at INFO or DEBUG).
-        name: prefix of the metric names.
+        show_progress_bar: ``None``: when logging at INFO or DEBUG.
         similarity: ``"cosine"`` (the protocol), or ``"dot"``, ``"euclidean"``, ``"manhattan"``.
 
     Attributes:
@@ -200,14 +198,8 @@ def stsb_dev_evaluator(
     """STS-B dev, the model-selection evaluator used during training (primary metric ``f"{name}_spearman_cosine"``),
     encoding every sentence whole (:class:`FullLengthEmbeddingSimilarityEvaluator`).
 
-    Args:
-        senteval_dir: SentEval data directory (required when ``source="senteval"``).
-        batch_size: encoding batch size.
-        name: evaluator name (metric prefix).
-        source: ``"senteval"`` (``STS/STSBenchmark/sts-dev.csv``) or ``"hub"`` (``sentence-transformers/stsb``).
-
-    Raises:
-        DataNotFoundError / DataFormatError / ConfigurationError: for bad data or options.
+    ``source``: ``"senteval"`` (``STS/STSBenchmark/sts-dev.csv`` under ``senteval_dir``) or ``"hub"``
+    (``sentence-transformers/stsb``).
     """
     pairs = _load_pairs(senteval_dir, ["STSBenchmark"], "dev", source)["STSBenchmark"]
     return FullLengthEmbeddingSimilarityEvaluator(
@@ -237,10 +229,7 @@ def format_results_table(
         rows: ``(label, metric key)`` or ``(label, metric key, row scale)`` tuples to show; default: the STS rows
             (:func:`sts_table_rows` for ``name``) whose key appears in at least one model's results. A missing or
             NaN value is shown as ``-``.
-        name: metric prefix used for the default rows.
         scale: factor applied to values of rows without their own scale.
-        digits: decimals.
-        title: optional line(s) printed above the table.
     """
     if rows is None:
         rows = [r for r in sts_table_rows(name) if any(r[1] in res for res in results_by_model.values())]

@@ -53,17 +53,14 @@ class PromptContrastiveLoss(nn.Module):
 
     Args:
         model: a SentenceTransformer (the MLM term needs a :class:`~st_prompts.PromptedTransformer` first module).
-        scale: inverse temperature (20 → τ = 0.05).
         mlp: apply a training-only MLP over the sentence embedding (``True``: a new one, :func:`simcse_mlp`; or the
             module to apply, e.g. one shared with another loss).
         mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it).
         mlm_decay, mlm_decay_steps: the weight decays as ``mlm_decay ** (step / mlm_decay_steps)``.
-        mlm_probability: share of tokens masked for MLM.
         mlm_head_source: where to take the MLM head from (default: the encoder's ``backbone_name_or_path``).
         prefix_views: one prefix view per column (e.g. ``(0, 1, 1)``: the anchor attends to the first half of the
             prefix, the positive and the hard negative to the second half, as DiffAug does); ``None``: every column
-            attends to the whole prefix. See :func:`apply_prefix_views`.
-        num_views: how many views the prefix is cut into.
+            attends to the whole prefix (``num_views``: how many the prefix is cut into; :func:`apply_prefix_views`).
         template_denoising: subtract the template-only ``[MASK]`` state from this loss's embeddings (PromptBERT's
             template denoising, which DiffAug applies in its contrastive loss only), whatever the encoder's own
             ``template_denoising`` (what inference does). ``True``/``"exact"``: the template alone at the positions of

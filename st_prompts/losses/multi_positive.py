@@ -5,43 +5,18 @@ hold the candidates of the denominator (every row of every candidate column: in-
 
     ℓ_i = −s(a_i, p_i)/τ + log Σ_{c ∈ candidates} Σ_j exp(s(a_i, c_j)/τ)
 
-with cosine similarity ``s`` and τ = 0.05. When the positive column is one of the candidates this is the usual
-cross-entropy InfoNCE (``MultipleNegativesRankingLoss``); when it is not, the positive is left out of its own
-denominator (the printed Eq. 6 of SKICSE), which the class allows because the paper prints it.
+with cosine similarity ``s`` and τ = 0.05. When the positive column is not among the candidates, the positive is left
+out of its own denominator (the printed Eq. 6 of SKICSE), which the class allows because the paper prints it.
+Columns are addressed by name, never by position, and a batch with another number of columns is an error, so an extra
+column can never silently become a hard negative (as it would in ``MultipleNegativesRankingLoss``).
 
-Columns are addressed by name, never by position: the loss is built with the dataset's column names, and a batch with
-another number of columns is an error, so an extra column can never silently become a hard negative (as it would in
-``MultipleNegativesRankingLoss``). :func:`st_prompts.training.train` checks that the dataset's columns are exactly
-these names, in this order.
+SKICSE configurations: :func:`skicse_unsupervised_terms` (Eq. 1–3) and :func:`skicse_supervised_terms` (Eq. 4–7, with
+the ``printed`` and ``text`` readings of L1 and L2; why ``text`` is the default: ``docs/methods/skicse.md``).
 
-SKICSE configurations (:func:`skicse_unsupervised_terms`, :func:`skicse_supervised_terms`):
-
-* unsupervised (Eq. 1–3): ``(1−λ)·InfoNCE(x; x′) + λ·InfoNCE(x; x_ski)`` over columns ``(anchor, positive, ski)``,
-  ``positive`` = the sentence again (dropout makes x′), λ = 0.15;
-* supervised (Eq. 4–7): ``(1−λ1−λ2)·SupInfoNCE(x; x⁺, x⁻) + λ1·L1 + λ2·L2`` over ``(anchor, positive, negative,
-  ski)``, λ1 = 0.1, λ2 = 0.3, with two readings of L1 (Eq. 5) and L2 (Eq. 6):
-
-  ===========  ===================================================  ==========================================
-  reading      L1 (Eq. 5): anchor h_ski                             L2 (Eq. 6): anchor h
-  ===========  ===================================================  ==========================================
-  ``printed``  positive h⁻ (the contradiction), candidates h⁺, h⁻   positive h_ski, candidates h⁺, h⁻ (h_ski
-                                                                    not in its own denominator)
-  ``text``     positive h⁺ (the entailment), candidates h⁺, h⁻      positive h_ski, candidates h_ski, h⁻
-  (default)
-  ===========  ===================================================  ==========================================
-
-  The default is ``text``: the paper says x_ski is a *positive* example of x, so the SKI anchor must be pulled to the
-  entailment (which agrees with x) and pushed from the contradiction, not the reverse; and an InfoNCE term is a
-  softmax cross-entropy only when its positive is among its candidates. ``text``'s L2 is Eq. 4 with x_ski in the
-  place of x⁺, as Eq. 2 is Eq. 1 with x_ski in the place of x′; a row's own entailment is never its negative.
-
-Missing SKI: ``labels`` (the dataset's ``label`` column, which sentence-transformers passes to the loss) may hold a
-0/1 flag per row saying whether the ``presence_column`` (``ski``) holds a real text. A row without it leaves every
-term that uses that column as anchor or positive, its SKI is removed from every denominator, and the weights of the
-terms it keeps are scaled up so that they add up to the full weight: a row without SKI is trained with the plain
-SimCSE term alone (weight 1 in the SKICSE configurations). The number of such rows is counted in
-``missing_rows`` / ``rows``.
-"""
+Missing SKI: ``labels`` (the dataset's ``label`` column) may hold a 0/1 flag per row saying whether the
+``presence_column`` holds a real text. A row without it leaves every term that uses that column as anchor or positive,
+its SKI leaves every denominator, and the weights of its other terms are scaled up to the full weight (the plain SimCSE
+term alone in the SKICSE configurations); such rows are counted in ``missing_rows`` / ``rows``."""
 
 from __future__ import annotations
 

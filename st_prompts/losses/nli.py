@@ -24,11 +24,7 @@ class PrefixViewSoftmaxLoss(SoftmaxLoss):
     (``θ2``), labels entailment = 1 and contradiction = 0. The classifier lives in the loss: it trains but is not
     saved with the model.
 
-    Args:
-        model: a SentenceTransformer whose first module is a :class:`~st_prompts.PromptedTransformer` with a prefix.
-        num_labels: number of classes (DiffAug: 2).
-        prefix_views: the view of each column (default ``(0, 1)``); ``None`` attends to the whole prefix.
-        num_views: how many views the prefix is cut into.
+    ``prefix_views``: the view of each column (default ``(0, 1)``); ``None`` attends to the whole prefix.
     """
 
     def __init__(self, model, num_labels: int = 2, prefix_views: tuple[int, int] | None = (0, 1),
@@ -67,10 +63,7 @@ class NLITripletSoftmaxLoss(nn.Module):
     saved with the model. The labels the trainer passes are ignored: the columns say which row is which.
 
     Args:
-        model: a SentenceTransformer (with a prefix, for ``prefix_views``).
         prefix_views: the view of each of the three columns (default ``(0, 1, 1)``); ``None``: the whole prefix.
-        num_views: how many views the prefix is cut into.
-        mlp: a module applied to the sentence embeddings first (``None``: none).
         template_denoising: ask the encoder for template denoising of these columns (``None``: the encoder's
             setting; DiffAug's official code denoises neither in stage 1 nor in the auxiliary loss: ``False``).
         initializer_range: std of the classifier's initial weights (default: the backbone's, else 0.02).
@@ -131,12 +124,7 @@ class ColumnSplitLoss(nn.Module):
     the NLI cross-entropy over (premise, hypothesis, label) rows of the same batch. Returns a dict with the main
     loss's parts and ``"auxiliary"`` (already weighted), which the trainer logs separately and sums.
 
-    Args:
-        model: the SentenceTransformer (registered first, so parameter names start with ``model.``).
-        main: a loss over the first ``main_columns`` columns (labels not passed).
-        auxiliary: a loss over the remaining columns, given the labels.
-        main_columns: how many leading columns belong to ``main``.
-        weight: weight of the auxiliary loss.
+    ``model`` is registered first, so parameter names start with ``model.``; ``main`` is not passed the labels.
     """
 
     def __init__(self, model, main: nn.Module, auxiliary: nn.Module, main_columns: int, weight: float) -> None:

@@ -1,14 +1,9 @@
-"""What a method is: settings with paper/CPU presets, a model builder, and a list of training stages.
+"""What a method is: settings with paper/CPU presets, a model builder, and a list of training stages (the folder layout
+and the registry: :mod:`st_prompts.methods`).
 
-A method is a folder ``st_prompts/methods/<name>/``: ``config.py`` defines a :class:`TrainSettings` subclass with the
-method's options and ``CONFIG = MethodConfig(...)`` (no torch import); ``method.py`` defines the model builder and
-the stages and ``METHOD = Method(CONFIG, ...)``. Everything else (the CLI ``st-prompts train <name>``, the recipes,
-the benchmarks, model selection) reads the registry in :mod:`st_prompts.methods`, so adding a method never adds a
-branch to shared code.
-
-This module imports no torch: the command line lists the methods and their options from the ``config.py`` files
-alone.
-"""
+Everything else (the CLI ``st-prompts train <name>``, the recipes, the benchmarks, model selection) reads the
+registry, so adding a method never adds a branch to shared code. This module imports no torch: the command line lists
+the methods and their options from the ``config.py`` files alone."""
 
 from __future__ import annotations
 

@@ -110,11 +110,8 @@ def full_length(model: Any, length: int | None = None) -> Iterator[int | None]:
     """Encode without truncation below the model's limit inside the block (SentEval's protocol), then restore the
     model's ``max_seq_length``.
 
-    Args:
-        model: a ``SentenceTransformer`` (or its input module).
-        length: the length to encode at (default: :func:`encode_limit`).
-
-    Yields the length used (``None`` if the model has no length to set; then nothing changes).
+    ``length`` defaults to :func:`encode_limit`. Yields the length used (``None`` if the model has no length to set;
+    then nothing changes).
     """
     module = _input_module(model)
     limit = length if length is not None else encode_limit(module)

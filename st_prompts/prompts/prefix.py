@@ -1,11 +1,9 @@
 """Deep continuous prompts: trainable per-layer key/value prefixes (P-tuning v2 / prefix tuning, as in DCPCSE).
 
 The layout follows the official DCPCSE implementation (and PEFT's ``PrefixEncoder``): one row of ``2·L·H`` numbers per
-prefix position, viewed as ``(l, 2L, heads, head_dim)`` and split into a key and a value tensor per layer. We write
-this small module ourselves rather than wrapping the backbone in a PEFT model because sentence-transformers needs the
-backbone to stay a plain ``transformers`` model inside its ``Transformer`` module (tokenisation, saving, hub loading),
-and because DiffAug needs *views* of one prefix (its two halves), which PEFT does not offer. PEFT is used in the tests
-as the independent reference for the attention arithmetic.
+prefix position, viewed as ``(l, 2L, heads, head_dim)``. Not PEFT itself: sentence-transformers needs the backbone to
+stay a plain ``transformers`` model, and DiffAug needs *views* of one prefix, which PEFT does not offer (the tests use
+PEFT as the independent reference for the attention arithmetic).
 """
 
 from __future__ import annotations
@@ -23,26 +21,19 @@ class PrefixEncoder(nn.Module):
     """Trainable key/value prefixes for every self-attention layer of a backbone.
 
     Args:
-        prefix_length: number of prefix positions ``l`` (virtual tokens) prepended in every layer.
-        num_layers: number of transformer layers ``L`` of the backbone.
-        num_heads: attention heads per layer.
-        head_dim: size of one head (``hidden_size // num_heads``).
+        prefix_length, num_layers, num_heads, head_dim: ``l`` prefix positions in each of ``L`` layers, their heads.
         projection: reparameterise the prefix as ``Embedding(l, H) → Linear(H, P) → Tanh → Linear(P, 2·L·H)``
             (Li & Liang's reparameterisation, DCPCSE's ``--prefix_projection``); otherwise a plain ``Embedding(l, 2·L·H)``.
         projection_hidden_size: ``P`` above (DCPCSE: 512).
         dropout: dropout applied to the keys/values in training (DCPCSE: the backbone's hidden dropout probability).
         shared_dropout: draw one dropout mask per forward pass for the whole batch instead of one per example (DCPCSE
             draws one per example). Saves materialising the prefix once per row: ``2L·batch·l·H`` numbers per pass.
-        init_std: standard deviation of the normal initialisation of every ``Embedding`` and ``Linear`` weight (biases
-            zero). The official DCPCSE and DiffAug code build the prefix encoder inside the model before
-            transformers' ``init_weights()``, so it gets the backbone's ``initializer_range`` (0.02 for BERT):
-            :class:`~st_prompts.PromptedTransformer` passes that by default. ``None`` keeps torch's defaults
-            (``Embedding``: N(0, 1), a prefix 50 times larger).
-        gate: a learnable gate on the prefix's share of attention, one per layer and key/value head, initialised at
-            zero (LLaMA-Adapter's zero-initialised attention): the prefix is softmaxed on its own and its output added
-            to the text's, scaled by ``tanh(gate)``; the text's attention is the backbone's own. At zero the encoder
-            is exactly its backbone, and the prefix takes no positions from the text (see
-            :mod:`st_prompts.prompts.injection`).
+        init_std: std of the normal initialisation of every weight (biases zero). The official code builds the prefix
+            before transformers' ``init_weights()``, so it gets the backbone's ``initializer_range`` (0.02 for BERT),
+            the default of :class:`~st_prompts.PromptedTransformer`. ``None``: torch's defaults (N(0, 1), 50x larger).
+        gate: a zero-initialised gate per layer and key/value head (LLaMA-Adapter): the prefix is softmaxed on its
+            own and added through ``tanh(gate)``, takes no positions, and at zero the encoder is its backbone
+            (:mod:`st_prompts.prompts.injection`).
     """
 
     def __init__(
@@ -147,10 +138,8 @@ class PrefixEncoder(nn.Module):
 
     def values(self, batch_size: int) -> PrefixDraw:
         """The prefix keys/values for a batch, with this pass's dropout draw in training (see :class:`PrefixDraw`).
-
-        Giving the same draw to several passes (``features["prefix_values"]``) shares one dropout draw between them (as the official DCPCSE code does for a sentence's contrastive and MLM
-        passes, which reuse one ``past_key_values``).
-        """
+        Several passes given one draw (``features["prefix_values"]``) share its dropout, as the official DCPCSE code's
+        contrastive and MLM passes share one ``past_key_values``."""
         values = self.key_values()  # (l, 2L, heads, hd)
         values = values.permute(1, 2, 0, 3).unsqueeze(1)  # (2L, 1, heads, l, hd)
         gate = self.gate_values()
@@ -201,17 +190,8 @@ def draw_keep_mask(shape: Sequence[int], p: float, device: torch.device | str | 
     against 12 ms here, on two cores (``benchmarks/efficiency.py`` times both). No torch op draws Bernoulli numbers
     from fewer random bits, hence this function.
 
-    Args:
-        shape: shape of the mask.
-        p: drop probability in ``[0, 1]``.
-        device: device of the mask.
-        generator: a ``torch.Generator`` to draw from (default: torch's global one).
-
-    Returns:
-        ``(keep, keep_probability)``: a ``bool`` tensor of ``shape`` and the exact probability of ``True``.
-
-    Raises:
-        ConfigurationError: for ``p`` outside ``[0, 1]``.
+    Returns ``(keep, keep_probability)``: a ``bool`` tensor of ``shape`` and the exact probability of ``True``
+    (``generator``: default torch's global one). ``p`` outside ``[0, 1]`` is a ConfigurationError.
     """
     if not 0.0 <= p <= 1.0:
         raise ConfigurationError(f"dropout probability must be in [0, 1], got {p!r}.")
@@ -240,16 +220,9 @@ def prefix_view_mask(
     half). Pass the result as ``features["prefix_attention_mask"]``: positions are never shifted, so a row attending to
     view 1 has exactly the positions it has at inference, where all prefix positions are attended.
 
-    Args:
-        batch_size: number of rows.
-        prefix_length: the encoder's ``prefix_length``.
-        view: the view every row attends to (an ``int``), one view per row (a sequence or 1-D tensor of ``batch_size``
-            ints, so rows with different views share one forward pass), or ``None`` for all positions.
-        num_views: number of views the prefix is cut into.
-        device: device of the returned mask.
-
-    Returns:
-        A ``long`` tensor of shape ``(batch_size, prefix_length)``.
+    ``view``: the view every row attends to (an ``int``), one view per row (a sequence or 1-D tensor of ``batch_size``
+    ints, so rows with different views share one forward pass), or ``None`` for all positions. Returns a ``long``
+    tensor of shape ``(batch_size, prefix_length)``.
 
     Example::
 
@@ -311,7 +284,6 @@ class PrefixDraw:
     Attributes:
         prefix: ``(2L, 1, heads, l, head_dim)``, the prefix every row starts from (a graph node over the trainable
             parameters; with a shared dropout mask, already dropped out), or a dense ``(2L, batch, ...)`` tensor.
-        batch_size: rows of the pass.
         keep: with a dropout mask per example (training), the draw: a boolean ``(2L, batch, heads, l, head_dim)``
             mask; ``None`` otherwise.
         scale: ``1 / P(keep)`` as a 0-d tensor, with ``keep`` (``P(keep) = 1 - p`` up to ``2**-16``, see
@@ -356,11 +328,8 @@ class PrefixDraw:
 def prefix_concat(prefix: torch.Tensor, keep: torch.Tensor | None, scale: torch.Tensor | None,
                   states: torch.Tensor) -> torch.Tensor:
     """One layer's prefix keys (or values) in front of the sequence's: ``torch.cat([prefix, states], dim=-2)``, with
-    the per-example dropout draw ``keep`` (scaled by ``scale``) applied on the way when there is one.
-
-    prefix: ``(1 or batch, heads, l, head_dim)``; keep: ``None`` or ``(batch, heads, l, head_dim)`` bool; states:
-    ``(batch, heads, length, head_dim)``.
-    """
+    the per-example dropout draw ``keep`` (scaled by ``scale``) applied on the way when there is one (shapes: see
+    :class:`_DroppedPrefixCat`)."""
     if keep is None:
         return torch.cat([prefix.expand(states.shape[0], -1, -1, -1), states], dim=-2)
     return _DroppedPrefixCat.apply(prefix, keep, scale, states)

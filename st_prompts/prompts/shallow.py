@@ -95,10 +95,8 @@ def parse_template(template: str, tokenizer) -> ParsedTemplate:
 class ShallowPrompt(nn.Module):
     """Trainable vectors placed at given input positions (soft template tokens, a [CLS] prompt, ...).
 
-    Args:
-        init_vectors: initial values, shape ``(n, dim)`` (typically rows of the backbone's input embedding matrix);
-            copied into a new parameter.
-    """
+    ``init_vectors`` (``(n, dim)``, typically rows of the backbone's input embedding matrix) are copied into a new
+    parameter."""
 
     def __init__(self, init_vectors: torch.Tensor) -> None:
         super().__init__()
@@ -118,12 +116,8 @@ class ShallowPrompt(nn.Module):
         return self.embeddings.shape[0]
 
     def forward(self, inputs_embeds: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Replace the rows of ``inputs_embeds`` where ``slots >= 0`` by the trainable vector ``slots`` names.
-
-        Args:
-            inputs_embeds: ``(batch, seq, dim)``.
-            slots: ``(batch, seq)`` long tensor: index of the vector for each position, ``-1`` to keep the input row.
-        """
+        """Replace the rows of ``inputs_embeds`` (``(batch, seq, dim)``) where ``slots`` (``(batch, seq)``) is
+        ``>= 0`` by the trainable vector it names."""
         slots = slots.to(inputs_embeds.device)
         is_soft = (slots >= 0).unsqueeze(-1)
         soft = self.embeddings[slots.clamp(min=0)].to(inputs_embeds.dtype)
@@ -131,16 +125,8 @@ class ShallowPrompt(nn.Module):
 
 
 def place_vectors(inputs_embeds: torch.Tensor, vectors: torch.Tensor, position: int = 0) -> torch.Tensor:
-    """Replace the input row at ``position`` of every example by the matching row of ``vectors`` (gradient kept).
-
-    Args:
-        inputs_embeds: ``(batch, seq, dim)``.
-        vectors: ``(batch, dim)``, one vector per example (not detached: gradient flows into it).
-        position: which input position to replace (0 = the [CLS] / <s> row).
-
-    Raises:
-        ConfigurationError: if the shapes do not match.
-    """
+    """Replace the input row at ``position`` (0: the [CLS] / <s> row) of ``inputs_embeds`` (``(batch, seq, dim)``) by
+    the matching row of ``vectors`` (``(batch, dim)``, not detached: gradient flows into it)."""
     batch, _, dim = inputs_embeds.shape
     if vectors.dim() != 2 or vectors.shape != (batch, dim):
         raise ConfigurationError(

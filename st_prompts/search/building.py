@@ -107,11 +107,7 @@ class IndexConstruction:
                 ``id_column`` if given), or a validated :class:`~st_prompts.search.corpus.Corpus` (what
                 :meth:`from_file` reads). A bare string is rejected (use :meth:`from_file` for a file).
             ids: one unique ``str``/``int`` id per document (default: 0-based positions).
-            index_type: ``"flat"`` (exact), ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` (see
-                :mod:`st_prompts.search.faiss_index`).
-            batch_size: encoding batch size.
-            show_progress_bar: show progress bars while encoding and while adding to an approximate index.
-            text_column / id_column: columns to use when ``documents`` is a dataset.
+            index_type: ``"flat"`` (exact), ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` (:mod:`st_prompts.search.faiss_index`).
             model_name: the name to record for the model (default: derived from the model; ``minilm`` for the
                 packaged MiniLM). :meth:`search` on a loaded index reloads the model by this name when no model is
                 given, so prefer a hub id or an alias to a machine-specific path.
@@ -122,10 +118,8 @@ class IndexConstruction:
                 default parameter is used as is).
             calibration_queries: the queries to calibrate on: a list of query strings (encoded with
                 ``encode_query``) or an array of query embeddings. Default: perturbed held-out documents.
-            encode_cache_dir: encode in chunks of ``chunk_size`` documents and keep each finished chunk in this
-                directory, so that an interrupted build resumes instead of encoding everything again (see
-                :func:`~st_prompts.search.chunked.encode_in_chunks`).
-            chunk_size: documents per cached chunk.
+            encode_cache_dir: keep each finished chunk of ``chunk_size`` documents in this directory, so that an
+                interrupted build resumes (:func:`~st_prompts.search.chunked.encode_in_chunks`).
             processes: encode with sentence-transformers' multi-process pool of this many CPU workers.
             **index_params: ``nlist``/``nprobe`` for IVF; ``m``/``ef_construction``/``ef_search`` for HNSW;
                 ``nlist``/``nprobe``/``pq_m``/``opq``/``rerank`` for IVF-PQ.
@@ -184,13 +178,7 @@ class IndexConstruction:
         * anything else: a text file (``encoding``) with one document per line; lines are stripped, ids are 1-based
           line numbers, blank lines are skipped (keeping their numbers, so ``sed -n 'IDp' FILE`` prints a document).
 
-        ``**kw`` go to :meth:`build` (``index_type``, ``batch_size``, ``show_progress_bar``, ``model_name``,
-        ``target_recall``, ``calibration_queries``, ``encode_cache_dir``, ``processes``, index parameters).
-
-        Raises:
-            DataNotFoundError: the file does not exist.
-            DataFormatError: unreadable file, empty corpus, duplicate ids, missing column.
-            ConfigurationError: ``id_column`` for a text file, bad options.
+        ``**kw`` go to :meth:`build`. ``id_column`` for a text file is a ConfigurationError.
         """
         corpus = read_corpus_file(path, text_column=text_column, id_column=id_column, encoding=encoding)
         return cls.build(model, corpus, **kw)

@@ -158,20 +158,16 @@ class IndexCalibration:
 
         The parameter is ``nprobe`` for ``"ivf"`` and ``"ivfpq"`` (whose re-ranking depth ``rerank`` is doubled, up to
         4 times, when even visiting every list misses the target), ``ef_search`` for ``"hnsw"``. Recall is tie-aware
-        (see :mod:`st_prompts.search.faiss_index`).
+        (:func:`~st_prompts.search.calibration.tie_aware_recall`: duplicate documents are interchangeable).
 
         Args:
             target_recall: the recall@10 to reach, in (0, 1].
             queries: the query sample: a list of query strings (encoded with the index's model), or an array of query
-                embeddings. Default (``None``): ``sample_size`` documents drawn with ``seed`` and *perturbed* so that
-                they are not copies of indexed documents: each text keeps a random contiguous 60-80 % of its words
-                and loses about 10 % of those at random, then is encoded as a query; an index without a model
-                perturbs the document vectors instead (Gaussian noise, cosine ~0.8 to the original). The default sample
-                also holds ``sample_size`` blends of two documents and (with a model) ``sample_size`` real sentences
-                of another genre (SNLI captions shipped with the package); every group must reach the target, and the
-                parameter never goes below the former fixed defaults (``nprobe`` 64 or all lists, ``ef_search`` 128).
-            sample_size: number of default queries per group (at most the corpus size).
-            seed: seed of the default sample.
+                embeddings. Default (``None``): per group, ``sample_size`` documents drawn with ``seed`` and
+                *perturbed* (a random contiguous 60-80 % of the words, about 10 % of those dropped; without a model,
+                the vectors with Gaussian noise, cosine ~0.8), as many blends of two documents and (with a model) real
+                sentences of another genre (SNLI captions shipped with the package); every group must reach the
+                target, never below the former fixed defaults (``nprobe`` 64 or all lists, ``ef_search`` 128).
 
         Returns:
             the calibration record: ``target_recall``, ``k``, ``parameter``, ``value``, ``measured_recall``,

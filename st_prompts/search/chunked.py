@@ -36,11 +36,8 @@ _CACHE_FORMAT = "st-prompts-encoding-cache"
 class ChunkedEncoding:
     """What :func:`encode_in_chunks` did.
 
-    Attributes:
-        embeddings: the L2-normalised float32 embeddings, one row per text, in order.
-        chunks_total: number of chunks the corpus was cut into.
-        chunks_encoded: chunks encoded by this call.
-        chunks_reused: chunks read back from the cache (encoded by an earlier, possibly interrupted, call).
+    ``embeddings``: the L2-normalised float32 embeddings, one row per text, in order; ``chunks_reused``: chunks read
+    back from the cache (encoded by an earlier, possibly interrupted, call).
     """
 
     embeddings: np.ndarray
@@ -126,10 +123,7 @@ def encode_in_chunks(
     interrupted run resumes where it stopped instead of encoding everything again.
 
     Args:
-        model: the sentence-transformers model (``encode_{kind}`` is used, as in :func:`encode_texts`).
-        texts: the documents.
-        kind: ``"document"`` or ``"query"``.
-        batch_size: encoding batch size.
+        kind: ``"document"`` or ``"query"`` (``model.encode_{kind}`` is used, as in :func:`encode_texts`).
         chunk_size: documents per chunk (one ``chunk-NNNNNN-<digest>.npy`` file each in ``cache_dir``). A chunk file
             is named after the SHA-256 of its texts, so a changed corpus never reuses a stale chunk.
         cache_dir: where to keep the chunks (and a ``manifest.json`` recording the model fingerprint, ``kind`` and
@@ -141,14 +135,7 @@ def encode_in_chunks(
             ``if __name__ == "__main__":``.
         pool: an already started pool (``model.start_multi_process_pool(...)``, e.g. over several GPUs); it is used
             and left running. Overrides ``processes``.
-        progress: show a progress bar (documents; chunks read from the cache count as done at once).
         task: encode with this prompt set of a bank (``encode(task=...)``) instead of ``encode_{kind}``.
-
-    Returns:
-        a :class:`ChunkedEncoding` (the L2-normalised embeddings and how many chunks were encoded or reused).
-
-    Raises:
-        ConfigurationError: bad ``chunk_size``/``processes``, or a cache made with other settings.
     """
     texts = list(texts)
     check_encode_length(model)

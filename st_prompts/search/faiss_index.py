@@ -1,5 +1,5 @@
-"""The FAISS side of an index: index types, their parameters and defaults, the factory string, building, recall
-calibration, updates (add / remove) and drift checks.
+"""The FAISS side of an index: index types, their parameters and defaults, the factory string, building, updates
+(add / remove) and drift checks (recall calibration: :mod:`st_prompts.search.calibration`).
 
 Every index uses the inner-product metric on L2-normalised vectors, so scores are cosine similarities.
 
@@ -18,13 +18,6 @@ Every index uses the inner-product metric on L2-normalised vectors, so scores ar
   :data:`DEFAULT_RERANK`) are re-scored exactly against the original vectors, kept beside the index as a float16
   ``vectors.npy`` that is memory-mapped and read only for those candidates. In RAM: ``pq_m`` bytes of code + 8 bytes
   of id per vector (56 with the default ``pq_m=48``), the centroids and the OPQ matrix.
-
-**Calibration** (:func:`calibrate`). Instead of a fixed ``nprobe`` / ``ef_search``, an approximate index can be given
-a *target recall@k*: the search parameter is set to the smallest value whose recall@k against exact search, on a
-sample of queries, reaches the target — more precisely, whose one-sided 95 % lower confidence bound of the mean
-recall reaches it in every group (kind) of queries of the sample. Recall is counted tie-aware: a returned document
-counts as a hit when its exact cosine is at least the exact k-th best cosine (minus 1e-6), so duplicate documents are
-interchangeable.
 """
 
 from __future__ import annotations

@@ -108,14 +108,10 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         """Write the index to ``directory`` (``index.faiss``, ``docs.jsonl``, ``meta.json``, ``probe.npy``, and
         ``vectors.npy`` for an IVF-PQ index).
 
-        The files are written into a hidden folder next to the target, which is then renamed into place, so an
-        interrupted save never leaves a half-written index (see :mod:`st_prompts.search.store`). The folder gets a
-        manifest (``st_prompts_save.json``) listing every file written: the proof that st-prompts wrote it. An existing
-        index at ``directory`` is replaced (unless ``overwrite=False``) only if its manifest lists everything in it; a
-        folder holding anything else, or without the proof, is never touched (an index saved by an older st-prompts,
-        without the proof, is replaced only when saved back to the folder it was loaded from, e.g. by :meth:`update`).
-        Saving back to the folder this index was loaded from is refused if another process saved it meanwhile (its
-        update would be lost): use :meth:`update` to load, change and save under the index's lock.
+        Written atomically with a manifest (:mod:`st_prompts.search.store`); an existing index is replaced (unless
+        ``overwrite=False``) only if its manifest lists everything in it (an older index without one only when saved
+        back to the folder it was loaded from). Saving back is refused if another process saved the folder meanwhile
+        (its update would be lost): use :meth:`update` to load, change and save under the index's lock.
         """
         stored = StoredIndex(
             self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
@@ -153,15 +149,13 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         """Load an index saved by :meth:`save`.
 
         Args:
-            directory: the index directory.
             model: optional model (or model name, loaded with :func:`st_prompts.loading.load_sentence_model`) to
                 encode queries with. It is checked against the index's recorded model identity (dimension and probe
                 fingerprint). Without it, the recorded model is loaded (and checked) at the first text search.
             mmap: memory-map the index instead of reading it into RAM: the FAISS index is read with
-                ``faiss.IO_FLAG_MMAP`` (IVF / IVF-PQ inverted lists and flat codes stay on disk and are paged in by
-                the OS as searches touch them), the re-ranking vectors with ``numpy.load(mmap_mode="r")``, and the
-                documents are read from ``docs.jsonl`` only for the hits. An index larger than RAM can so still be
-                searched. The loaded index is read-only (:meth:`add` / :meth:`remove` raise).
+                ``faiss.IO_FLAG_MMAP``, the re-ranking vectors with ``numpy.load(mmap_mode="r")``, and documents are
+                read from ``docs.jsonl`` only for the hits, so an index larger than RAM can be searched (read-only:
+                :meth:`add` / :meth:`remove` raise).
 
         Raises:
             DataNotFoundError: the directory does not exist.

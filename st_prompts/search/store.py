@@ -6,19 +6,10 @@ index reads only the documents it returns), ``meta.json`` (format, model identit
 calibration, ...), ``probe.npy`` (the model's probe-sentence embeddings; absent for an index built from bare
 embeddings) and, for an IVF-PQ index, ``vectors.npy`` (the normalised vectors in float16, for exact re-ranking).
 
-Safety (see :mod:`st_prompts.storage`):
-
-* the files are written into a hidden folder beside the target, which is then renamed into place, so an interrupted
-  save never leaves a half-written index, and the next save removes what an interrupted one left;
-* a save writes a manifest (``st_prompts_save.json``, the proof that st-prompts wrote the folder, listing every file);
-  an existing folder is replaced only if its manifest lists everything in it (:func:`index_folder_problem`; an index
-  saved before the proof existed is replaced by an update of that index, which adds the proof);
-* a file name ``meta.json`` gives (``vectors.file``) must stay inside the folder;
-* writers of one index take turns (a lock file beside it), and every save gets a new ``save_id`` in ``meta.json``, so
-  that an update made on a stale copy is refused (:class:`~st_prompts.search.SemanticIndex`);
-* readers need no lock: :func:`load_index_dir` reads every file and checks that the folder it read is still the
-  one at the path (same inode, same ``save_id``); if a save replaced it meanwhile, it reads again.
-"""
+Saves are atomic, carry a manifest and replace only a folder it fully lists (:mod:`st_prompts.storage`,
+:func:`save_index_dir`); writers take turns under a lock, and every save gets a new ``save_id`` so that an update made
+on a stale copy is refused. Readers need no lock: :func:`load_index_dir` reads again if a save replaced the folder
+meanwhile."""
 
 from __future__ import annotations
 

@@ -1,37 +1,17 @@
 """Connections spread over forked workers by how many each holds open (``st-prompts serve --workers N``).
 
-Forked workers that all accept on one shared listening socket do not share the connections evenly: asyncio accepts
-every connection waiting when its loop wakes, so a burst of clients lands mostly on whichever worker woke first.
-Measured with two workers and 16 keep-alive clients connecting at once, five tries: 8/8, 3/13, 5/11, 8/8, 7/9; a
-worker holding 13 of 16 clients is the bottleneck while the other idles (the benchmark's rounds at concurrency 16 were
-bimodal: 69-76 against 120-131 sentences/s). The kernel's ``SO_REUSEPORT`` hashing is no better (binomial, blind to
-load), and asyncio has no way to accept one connection at a time or to pause accepting.
+Workers accepting on one shared socket do not share connections evenly: asyncio accepts every waiting connection when
+its loop wakes, so a burst lands mostly on one worker (two workers, 16 clients: 8/8, 3/13, 5/11, 8/8, 7/9; the
+benchmark's rounds were bimodal, 69-76 against 120-131 sentences/s), and ``SO_REUSEPORT`` hashing is blind to load.
+So the parent accepts and hands each connection (``SCM_RIGHTS`` over a socket pair per worker) to the ready worker
+holding the fewest open connections; workers publish in shared memory how many they closed and took.
 
-So with workers the parent accepts (it serves no request) and hands each connection to the ready worker holding the
-fewest open connections, over a datagram socket pair per worker (``SCM_RIGHTS``: the worker receives the connection's
-file descriptor). The parent counts what it handed to each worker; each worker publishes, in shared memory, how many of
-those it has closed, so the parent's count of a worker's open connections includes the ones still on their way. Under
-keep-alive clients with one request outstanding each (the usual load), open connections are the work a worker holds.
-
-Three more duties follow from the parent holding the only count of the whole server (issue 60):
-
-* **Backpressure, not drops.** At most :data:`HANDOFF_DEPTH` connections are on their way to a worker (handed over,
-  not yet taken by its event loop; each worker publishes how many it took). When every ready worker has that many (a
-  flood of connections that open and close), the parent waits, up to :data:`HANDOFF_WAIT` seconds, for one to take
-  more, and accepts nothing meanwhile: new connections wait in the kernel's listen queue, as they do for one process,
-  instead of being closed (before, a connect/close flood made the parent close legitimate new clients, 171 of 200 in
-  the issue's run, when a hand-off queue was full, and log a warning per connection). A connection no worker takes
-  within that wait is closed: counted (``st_prompts_dropped_connections_total{reason="handoff"}``) and logged at most
-  once per :data:`WARNING_INTERVAL` seconds. (A deep queue would not do: what waits in it counts as open, so a flood
-  would fill the connection cap.)
-* **``--max-connections`` is the server's.** Beyond it, the parent still hands the connection over, marked, and the
-  worker answers it 503 (OpenAI's error object, as one process does) instead of serving it.
-* **Rebalancing.** Keep-alive clients stay on the worker they were handed to: after a worker is killed, its clients
-  reconnect at once, all to the survivors (the replacement is not ready yet), and stayed there. So when one worker
-  holds at least two connections more than another, the parent asks it (shared memory) to close half the difference
-  after their next answer (``Connection: close``, :attr:`~st_prompts.serving.protocol.ConnectionGuard.shed`); those
-  clients reconnect and are handed to the worker holding fewer.
-"""
+The parent also holds the only count of the whole server (issue 60): at most :data:`HANDOFF_DEPTH` connections are on
+their way to a worker, beyond which it waits up to :data:`HANDOFF_WAIT` seconds and accepts nothing (new connections
+wait in the kernel's listen queue instead of being closed; a deep queue would count as open and fill the cap);
+``--max-connections`` is the server's (the worker answers the excess 503); and a worker holding two connections more
+than another is asked to close half the difference after their next answer, so that clients that all reconnected to
+the survivors of a killed worker spread again. Details and measurements: ``docs/serving.md`` (Workers)."""
 
 from __future__ import annotations
 

@@ -8,27 +8,12 @@ one worker thread, so the event loop keeps accepting requests while a pass runs)
     vectors = await batcher.encode(["a text", "another"], tokens=[4, 3], tasks="sts")   # rows in request order
     await batcher.close()                                                                # drains what is queued
 
-How a forward pass is formed, each time the worker is free:
-
-* **Waiting**: the oldest queued row waits at most ``max_wait_ms`` for others to join, less when enough rows are
-  queued to fill a pass (``max_batch_tokens`` tokens or ``max_batch_rows`` rows); rows that queued while the previous
-  pass ran do not wait at all. While a pass runs, a second full pass is formed and queued behind it, so that the
-  worker thread goes from one to the next without waiting for the event loop (at most two passes are handed over).
-* **Choosing rows**: the oldest ``4 x max_batch_rows`` queued rows are sorted by length and split into the passes
-  that cost least in all, a pass costing its padded tokens (``rows x longest row``) plus ``pass_overhead_tokens``
-  (what a forward pass costs beyond its tokens: reading the weights, the Python around it); each pass holds rows
-  adjacent in length, within ``max_batch_tokens`` padded tokens (a longer row runs alone) and ``max_batch_rows``
-  rows. The pass of that split that holds the oldest row runs next (so no row starves); the rest wait for the next
-  choice, which newcomers join. Later rows wait for the window to reach them, so that they cannot keep jumping
-  ahead of older rows of another length. Rows of any task share a pass: the ``encode`` function routes each row to
-  its task (a prompt bank's per-row prompt sets).
-* **Routing back**: row ``i`` of a request lands in row ``i`` of its result, whatever passes its rows took; the request
-  completes when its last row is encoded.
-* **Bounds and failures**: a request that would take the queue past ``max_queue_rows`` raises :class:`QueueFull` (with
-  a retry estimate) instead of growing the queue; a request whose awaiting task is cancelled (a client that
-  disconnected) leaves the queue at once, and a pass already running for it is simply not delivered; an exception in
-  ``encode`` fails the requests of that pass only; :meth:`close` refuses new requests and finishes the queued ones.
-"""
+The oldest row waits at most ``max_wait_ms`` (while a pass runs, the next full one is formed and queued behind it).
+The oldest ``4 x max_batch_rows`` rows are sorted by length and split into the passes that cost least in all (padded
+tokens plus ``pass_overhead_tokens`` a pass); the pass holding the oldest row runs next, so no row starves, and rows of
+any task share a pass. Row ``i`` of a request lands in row ``i`` of its result. A request that would take the queue
+past ``max_queue_rows`` raises :class:`QueueFull`; a cancelled request leaves the queue at once; an exception in
+``encode`` fails the requests of that pass only. Details and measurements: ``docs/serving.md`` (Batching)."""
 
 from __future__ import annotations
 
@@ -108,13 +93,10 @@ class Batcher:
     Args:
         encode: ``encode(texts, tasks) -> array (rows, dim)``, called in the batcher's own worker thread, one pass at a
             time; ``tasks`` has one task per text (any hashable; ``None`` allowed).
-        max_wait_ms: the longest the oldest queued row waits for others before a pass starts.
         max_batch_tokens: bound on ``rows x longest row`` (padded tokens) of a pass; a single longer row runs alone.
-        max_batch_rows: bound on the rows of a pass.
-        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens (see the module
-            docstring): small (tens) on a CPU, where a pass costs about its tokens, so passes stay close in length;
-            large on a GPU, where a pass of many rows costs little more than one, so passes fill up.
-            :meth:`ServedModel.measure_pass_overhead` measures it for a model.
+        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens: small (tens) on a CPU,
+            so passes stay close in length; large on a GPU, so passes fill up
+            (:meth:`ServedModel.measure_pass_overhead` measures it).
         max_queue_rows: bound on the queued rows of all requests (:class:`QueueFull` beyond; a request alone in an
             empty queue is always admitted).
         on_batch: called on the event loop after every pass with a :class:`BatchReport` (e.g. metrics).

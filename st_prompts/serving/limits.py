@@ -22,8 +22,6 @@ __all__ = [
     "parse_search_request",
 ]
 
-#: The most characters of a client's own input an error message quotes (a 3 MB ``model`` name is not echoed back).
-QUOTE_CHARS = 200
 #: The longest error message a client gets (a message that quotes input is cut here at the latest).
 MESSAGE_CHARS = 1000
 

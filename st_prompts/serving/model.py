@@ -58,7 +58,6 @@ class ServedModel:
     """One model and the task names it serves (see the module docstring).
 
     Args:
-        model: a loaded ``SentenceTransformer``.
         name: the public name of a model that is not a prompt bank (default ``"model"``).
         quantization: how its backbone is stored, as ``st-prompts serve --quantize`` says it (``"none"``,
             ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line, as is the dtype it was
@@ -297,14 +296,11 @@ class ServedModel:
                        with_data: bool = False) -> dict[str, Any] | tuple[dict[str, Any], tuple]:
         """Add the prompt set of the saved model folder or prompts-only checkpoint ``source`` under ``name``.
 
-        The folder is first checked by the command line's trust rules (:func:`st_prompts.loading.untrusted_reason`:
-        a folder naming code is refused), its set is read once as data (JSON and safetensors only: its
-        :class:`~st_prompts.prompts.spec.PromptSetSpec`, tensors and fingerprint) and must record the backbone
-        fingerprint it was trained on; the bank then checks and adds that data (fingerprint, pooling, shapes against
-        the spec before anything is allocated, finite values). ``data``: a set another worker read already (what
-        ``with_data`` returns beside the answer: its options, tensors as numpy arrays and fingerprint, plain data a
-        parent process passes on without importing torch), added as it is, the folder not read again, so that every
-        worker of a server holds the same set whatever happens to the folder meanwhile.
+        The folder is checked by the trust rules (:func:`st_prompts.loading.untrusted_reason`), its set read once as
+        data (JSON and safetensors only) and must record the backbone fingerprint it was trained on; the bank then
+        checks and adds it. ``data``: a set another worker read already (what ``with_data`` returns: plain data a
+        parent process passes on without importing torch), added without reading the folder again, so that every
+        worker holds the same set whatever happens to the folder meanwhile.
 
         Raises:
             RequestError: 409 (not a prompted model, name taken), 422 (bad name, no such folder, refused folder,

@@ -1,41 +1,20 @@
 """uvicorn's httptools protocol with timeouts, bounds on a request's head, a connection cap and OpenAI errors for
 malformed HTTP.
 
-uvicorn times out only idle keep-alive connections: a client that sends part of its headers, or announces a body and
-never sends it, or never reads its answer, holds a connection (a file descriptor, and on SIGTERM the drain) for as
-long as it likes. :func:`guarded_protocol` returns a subclass of uvicorn's ``HttpToolsProtocol`` (given to
-``uvicorn.Config(http=...)``) that bounds every phase of a connection with a timer of the event loop:
+uvicorn times out only idle keep-alive connections, so a client that sends part of its headers, never sends its body
+or never reads its answer holds a connection as long as it likes. :func:`guarded_protocol` returns a subclass of
+uvicorn's ``HttpToolsProtocol`` (given to ``uvicorn.Config(http=...)``) that bounds every phase with an event-loop
+timer: idle (``idle_timeout``, closed), headers (``header_timeout``, 408), body (``body_timeout``, 408) and an unread
+answer (``body_timeout`` without progress, closed). A request whose body has arrived is the application's (the
+server's drain timeout bounds it).
 
-==================  =========================================================================================
-idle                from the connection's start, and between keep-alive requests: ``idle_timeout`` (closed)
-headers             from a request's first byte to its last header: ``header_timeout``, in all (408, closed)
-body                from the headers to the body's last byte: ``body_timeout``, in all (408, closed)
-answer              while the client does not read its answer (the send buffer stays full): ``body_timeout``
-                    without progress (closed at once)
-==================  =========================================================================================
-
-**The head of a request is bounded in bytes and fields.** Neither uvicorn nor httptools bounds it, and httptools
-gathers a header that arrives in pieces by concatenating bytes (a copy of all of it per piece): one client streaming an
-endless header value costs the event loop more with every piece, and stalled every other client of that process for
-the whole header timeout (issue 60: 1,635 answers in 15 s fell to 32 in 20 s). So at most ``max_header_bytes`` bytes
-of a request's line and headers are handed to the parser (more: 431, closed), at most ``max_headers`` header fields
-(more: 431) and a URL of at most ``max_url_bytes`` bytes (more: 414).
-
-A request whose headers are complete and whose body has arrived is the application's: it is not timed here (the
-server's drain timeout bounds it on SIGTERM). Beyond ``max_connections`` open connections a new one is answered 503
-and closed at once. Bytes that are not HTTP (a garbage request line, ``Content-Length: abc`` or ``-5``, a bad chunk)
-are answered 400 in OpenAI's error object instead of uvicorn's plain text; complete requests that came before them on
-the same connection (pipelined) are answered first, in order. On shutdown a connection still sending its request is
-answered 503 and closed (an idle one is closed), so that no client holds the drain. Every connection the server closes
-on a client is counted (``ConnectionGuard.on_drop``: ``st_prompts_dropped_connections_total``).
-
-**A refused connection lingers** (400, 408, 414, 431): after the answer the server half-closes it (the client reads
-the answer and then the end), drops what the client still sends (:data:`LINGER_BYTES` at most, then it reads nothing
-more) and closes it when the client does, or after :data:`LINGER_SECONDS`. Closing at once with unread data sends a
-reset, which can destroy the answer before the client reads it, and let a client that never stops sending (an endless
-header) start again at once: about 115 new connections a second at 10 MB/s, 0.1-0.2 cores of the server's CPU
-(measured with ``benchmarks/serving_attack.py``'s attacker alone); lingering, it waits out the linger between two.
-"""
+The head of a request is bounded in bytes (431), fields (431) and URL length (414) because httptools copies a header
+arriving in pieces each time: one client streaming an endless header stalled every other client of its process
+(issue 60: 1,635 answers in 15 s fell to 32 in 20 s). Bytes that are not HTTP get a 400 in OpenAI's error object
+after the pipelined requests before them. A refused connection lingers (:data:`LINGER_BYTES`,
+:data:`LINGER_SECONDS`): closing at once with unread data sends a reset that can destroy the answer and lets an
+endless-header client reconnect at once (about 115 connections a second, 0.1-0.2 cores, measured with
+``benchmarks/serving_attack.py``). Details and measurements: ``docs/serving.md``."""
 
 from __future__ import annotations
 

@@ -1,42 +1,23 @@
 """Several server processes over one copy of the weights: ``st-prompts serve --workers N``.
 
-One process cannot fill a machine's cores with forward passes of the sizes a server forms (its event loop, its batcher
-and the pass take turns, and torch's threads scale poorly on short batches), and N independent servers hold N copies
-of the model. So the parent process loads the model and the indexes once, binds the socket, and *forks* N workers:
-each runs its own event loop, batcher and forward thread, serves the connections the parent hands it (the parent
-accepts and gives each to the worker holding the fewest: :mod:`st_prompts.serving.balance`) and reads the weights the
-parent loaded, pages that no worker writes and that the kernel therefore keeps shared (copy-on-write; ``gc.freeze``
-first, so that no collection touches the parent's objects).
-``benchmarks/serving.py`` measures the memory this saves.
+One process cannot fill a machine's cores with forward passes of a server's sizes, and N servers hold N copies of the
+model. So the parent loads the model and the indexes once, binds the socket and *forks* N workers, each with its own
+event loop, batcher and forward thread, reading the parent's weights as copy-on-write pages (``gc.freeze`` first, so
+that no collection touches them; ``benchmarks/serving.py`` measures the memory saved). Threads would share one
+interpreter lock with the event loop, and ``multiprocessing``'s spawn would load the model N times. Torch runs one
+thread in the parent until the fork (a parent that ran OpenMP on several threads leaves its forked children hanging in
+their first parallel region).
 
-The parent serves no request. It
+The parent serves no request: it passes SIGTERM on and kills what outlives the drain; replaces a worker that dies
+(replaying the changes made since it started; one that dies before it is ready, or more than 5 replacements a minute,
+stop the server); carries admin changes to every worker in turn, one at a time (the first one's checks decide; an
+added set is read from its folder once and its tensors passed on, so every worker serves the same set); and answers
+``GET /metrics`` with every worker's sum. Details: ``docs/serving.md`` (Workers).
 
-* **stops the workers**: SIGTERM (or Ctrl-C) is passed on as SIGTERM; each worker drains as a single server does
-  (bounded by ``--drain-timeout``), and the parent waits for them, then a few seconds more, then kills what is left;
-* **replaces a worker that dies** (a fork of the parent, replaying the changes made since it started, so that it
-  serves the same sets); a worker that dies before it is ready, or more than 5 replacements in a minute, stop the
-  server instead of looping;
-* **carries admin changes to every worker**: a worker that is asked to add or remove a prompt set, or to reload an
-  index, sends the change to the parent, which applies it to each worker in turn (the first one's checks decide: a
-  refused change reaches no other) and answers once every worker has it, so that after a ``201`` every worker
-  serves the new set; changes are applied one at a time, in the order they reach the parent. An added set is read
-  from its folder once, by the first worker; the others, and replacements, add the tensors it read, so that every
-  worker serves the same set even if the folder changes meanwhile;
-* **merges the metrics**: ``GET /metrics`` on any worker asks the parent for every worker's metrics and answers their
-  sum (``st_prompts_*``; the process metrics per worker, labelled ``worker``).
-
-Why fork: torch's CPU weights are plain memory, so forking after the load shares them at no cost; threads would share
-one interpreter lock with the event loop, and ``multiprocessing``'s spawn would load the model N times. Torch uses
-one thread in the parent until the fork (a parent that ran OpenMP on several threads leaves its forked children
-hanging in their first parallel region), and each worker sets its own thread count after it.
-
-**Started workers, one per device** (``st-prompts serve --devices cuda:0,cuda:1``): a process that has used CUDA
-cannot fork a child that uses it, and each device needs its own copy of the weights anyway. So with ``spawn`` the
-parent loads nothing: each worker is *started* (``multiprocessing``'s spawn: a fresh interpreter), given its pipes,
-its hand-off socket and the balancer's counters, and runs ``spawn``'s function, which loads the model onto its
-device. Everything else (the balancer, changes reaching every worker, replacements, metrics) is the same; a
-replacement is started again and loads the model again.
-"""
+With ``spawn`` (``st-prompts serve --devices cuda:0,cuda:1``) the workers are *started*, not forked: a process that
+has used CUDA cannot fork a child that uses it, and each device needs its own weights anyway. The parent loads
+nothing; each worker (a fresh interpreter) gets its pipes, hand-off socket and the balancer's counters, and runs
+``spawn``'s function, which loads the model onto its device. The rest is the same; a replacement is started again."""
 
 from __future__ import annotations
 

@@ -5,10 +5,8 @@
     from st_prompts.training import train_and_save
     model, result, output = train_and_save("dcpcse", scale="cpu", data_dir="data", output="runs/dcpcse")
 
-Saving (:func:`save_run`) goes through :func:`st_prompts.storage.replace_folder`: a folder is written under a hidden
-name and renamed into place; an existing folder is replaced only if it is a model st-prompts saved (its
-``st_prompts_save.json`` lists every file in it) and ``overwrite`` is given. Destinations are checked before
-training starts, so a refusal costs nothing.
+Saving (:func:`save_run`) is atomic and replaces only a model st-prompts saved (:mod:`st_prompts.storage`).
+Destinations are checked before training starts, so a refusal costs nothing.
 """
 
 from __future__ import annotations
@@ -113,8 +111,6 @@ def train_and_save(
     """Train a registered method and save it: the path of ``st-prompts train``, the recipes and the benchmarks.
 
     Args:
-        method_name: a name of :func:`st_prompts.methods.names`.
-        supervised: NLI triplets with hard negatives (default: unsupervised).
         scale: ``"cpu"`` (packaged MiniLM, minutes) or ``"paper"`` (the paper's hyperparameters).
         data_dir: folder with ``train/wiki_sentences.txt``, ``train/nli_triplets.csv`` and ``senteval/``; default:
             the small data set bundled with st_prompts at ``scale="cpu"``, SimCSE's hub files at ``"paper"``.
@@ -122,19 +118,13 @@ def train_and_save(
         output: where to save (default: ``outputs/<method>-<sup|unsup>-<scale>``).
         prompts_only: also save a prompts-only checkpoint to ``OUTPUT-prompts``.
         limit: train on a random subset of this many examples.
-        overwrite: replace an existing model st-prompts saved at ``output`` (other folders are always refused).
-        show_progress_bar: show the trainer's progress bar.
         dev_limit: select the weights during training on this many STS-B dev pairs (evenly spaced over the set, so
             every genre is in it) instead of all 1,500, and evaluate the selected weights on the whole dev set once at
             the end (the reported ``best_metric``). Default ``None``: the papers' protocol, the whole dev set at every
             evaluation. For slow backbones (decoder LLMs on a CPU), where each evaluation takes minutes.
         **options: settings of the method (``backbone``, ``learning_rate``, ``prefix_length``, ...).
 
-    Returns:
-        ``(model, TrainResult, output)``.
-
-    Raises:
-        ConfigurationError: bad options, or a destination that may not be written (checked before training).
+    Returns ``(model, TrainResult, output)``.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigurationError(f"limit must be a positive number of examples, got {limit!r}")

@@ -94,10 +94,6 @@ class ReplacedTokenMasking:
     Each token that is not a special token ([CLS], [SEP], [PAD], [UNK], [MASK], ...) is selected with probability
     ``masking_ratio``; a selected token becomes the mask token (80%), a random non-special token (10%) or stays (10%).
 
-    Args:
-        tokenizer: the encoder's tokenizer (special ids, mask id, vocabulary size).
-        masking_ratio: selection probability per eligible token (D2CSE/DiffCSE: 0.3).
-        seed: seed of the per-row random draws.
     """
 
     def __init__(self, tokenizer, masking_ratio: float = 0.3, seed: int = 42) -> None:
@@ -169,9 +165,8 @@ def crtd_labels(original_ids: torch.Tensor, corrupted_ids: torch.Tensor, attenti
 class CorruptionCache:
     """Corrupted token ids keyed by the original token ids, with the identity they were made with.
 
-    Args:
-        identity: JSON-able description of how the corruption was made (generator, ratio, scheme, seed, tokenizer).
-        generator_report: what is known about the generator (e.g. the fallback's held-out masked-token accuracy).
+    ``identity``: how the corruption was made (generator, ratio, scheme, seed, tokenizer), JSON-able;
+    ``generator_report``: what is known about the generator (e.g. the fallback's held-out masked-token accuracy).
     """
 
     def __init__(self, identity: dict[str, Any], generator_report: dict[str, Any] | None = None) -> None:
@@ -349,12 +344,10 @@ def prepare_corruptions(
         generator: ``"backbone-mlm"`` (the frozen backbone with a masked-LM head trained briefly on ``sentences``),
             a Hugging Face masked LM sharing the encoder's vocabulary (name or path, e.g.
             ``"distilbert-base-uncased"``), or a :class:`~st_prompts.losses.crtd.generators.MaskedLMGenerator`.
-        masking_ratio: share of eligible tokens masked (0.3).
         seed: seed of the masking (and of the fallback generator's training).
         cache_dir: directory of cache files (default :func:`default_cache_dir`); the file name is the identity's digest.
         cache_file: an explicit cache file instead (refused if it was made with another identity).
         generator_options: options of the fallback generator (``steps``, ``batch_size``, ``learning_rate``, ...).
-        show_progress: progress bars for generator training and corruption.
 
     Returns:
         ``(cache, report)``: the report has the generator, its masked-token accuracy (held-out for the fallback),

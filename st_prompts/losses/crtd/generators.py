@@ -1,23 +1,15 @@
 """Generators for replaced-token corruption: masked language models whose argmax fills the masked positions.
 
-Two kinds, behind one small interface (:class:`MaskedLMGenerator`):
+:class:`HubMaskedLMGenerator` is any Hugging Face masked LM sharing the encoder's vocabulary (``distilbert-base-uncased``
+for BERT-uncased, the D2CSE and DiffCSE generator; ``distilroberta-base`` for RoBERTa): CRTD compares token ids
+position by position, so another vocabulary is refused (:class:`~st_prompts.errors.VocabularyMismatchError`).
+:class:`BackboneMLMGenerator` is the offline fallback (``generator="backbone-mlm"``): the frozen backbone with a
+briefly trained MLM head whose softmax runs over the training sentences' tokens only, which makes a CPU run affordable
+(16k of BERT's 30.5k wordpieces occur in 12k Wikipedia sentences, 6.7k in 5.9k NLI triplets). It is weaker than
+DistilBERT-MLM, which changes how often and how plausibly tokens get replaced: report it next to any result obtained
+with it.
 
-* :class:`HubMaskedLMGenerator` — any Hugging Face masked LM (``AutoModelForMaskedLM``) that shares the encoder's
-  vocabulary, e.g. ``distilbert-base-uncased`` for BERT-uncased backbones (the D2CSE and DiffCSE generator) or
-  ``distilroberta-base`` for RoBERTa. CRTD compares token ids position by position, so a generator whose tokenizer maps
-  tokens to other ids is refused (:class:`~st_prompts.errors.VocabularyMismatchError`).
-* :class:`BackboneMLMGenerator` — the offline fallback (``generator="backbone-mlm"``): the encoder's own frozen
-  backbone, without prompts, with a masked-LM head trained briefly on the training sentences (the same masking as the
-  corruption). The head is the checkpoint's MLM head where the backbone ships one (BERT, RoBERTa), else a fresh one
-  (the sentence-tuned all-MiniLM-L6-v2 has none); its vocabulary projection stays tied to the backbone's frozen word
-  embeddings, so only the head's transform and output bias train, and it predicts only tokens that occur in its
-  training sentences (the softmax over the corpus vocabulary is what makes a CPU run affordable: 16k of BERT's 30.5k
-  wordpieces occur in 12k Wikipedia sentences, 6.7k in 5.9k NLI triplets). A share of the sentences is held out to
-  measure its masked-token accuracy honestly. It is weaker than DistilBERT-MLM, which changes how often and how
-  plausibly tokens get replaced: report it next to any result obtained with it.
-
-Every generator predicts only real tokens (special tokens are never proposed) and runs without gradient.
-"""
+Every generator predicts only real tokens (special tokens are never proposed) and runs without gradient."""
 
 from __future__ import annotations
 
@@ -91,11 +83,8 @@ def _argmax_real_tokens(logits: torch.Tensor, special_ids: torch.Tensor, vocab_s
 class MaskedLMGenerator:
     """What the corruption needs from a generator.
 
-    Attributes:
-        name: shown in logs and reports.
-        tokenizer: the generator's tokenizer (its vocabulary must equal the encoder's).
-        device: where :meth:`predict` wants its inputs.
-    """
+    ``name`` is shown in logs and reports, ``tokenizer`` must have the encoder's vocabulary, and :meth:`predict` wants
+    its inputs on ``device``."""
     name: str = "generator"
     tokenizer: Any = None
     device: torch.device = torch.device("cpu")
@@ -190,11 +179,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         encoder: the :class:`~st_prompts.PromptedTransformer` being trained (its backbone and tokenizer are used).
         steps: head training steps; ``None`` (default): ``epochs`` passes over the training split, at most
             ``max_steps`` (2 epochs of 10.5k Wikipedia sentences at batch 64 is 330 → 300 steps; 256 sentences: 8).
-        epochs, max_steps: the automatic budget.
         batch_size, learning_rate: head training (AdamW, linear decay to 0).
-        masking_ratio, seed: as the corruption's.
-        heldout_share, max_heldout: sentences kept out of the head's training for the accuracy measurement.
-        corpus_vocabulary: predict only tokens of the training sentences (else the whole vocabulary).
     """
 
     def __init__(self, encoder, steps: int | None = None, batch_size: int = 64, learning_rate: float = 3e-3,

@@ -106,10 +106,7 @@ class CRTDLoss(nn.Module):
         generator: the corruption's generator: ``"backbone-mlm"`` (offline fallback), a Hugging Face masked LM sharing
             the encoder's vocabulary (e.g. ``"distilbert-base-uncased"``), or a
             :class:`~st_prompts.losses.crtd.generators.MaskedLMGenerator`.
-        masking_ratio: share of tokens masked for the generator (0.3).
-        seed: masking seed.
-        cache_dir / cache_file: where the corruption cache lives (see :func:`prepare_corruptions`).
-        generator_options: options of the fallback generator (``steps``, ``batch_size``, ``learning_rate``).
+        masking_ratio, seed, cache_dir, cache_file, generator_options: see :func:`prepare_corruptions`.
         corruptions: an existing :class:`~st_prompts.losses.crtd.corruption.CorruptionCache` (then :meth:`prepare` is not
             needed).
 

