@@ -83,3 +83,19 @@ def test_a_template_keeps_texts(tiny_bert):
     rows, tokens = served.tokenize(TEXTS, None)
     assert rows == TEXTS and len(tokens) == len(TEXTS)
     assert np.abs(served.encode(rows, [None] * len(rows)) - model.encode(TEXTS)).max() < 1e-5
+
+
+@pytest.mark.parametrize("rows_are", ["texts", "ids"])
+def test_prefetching_the_next_batch_gives_the_same_vectors(tiny_bert, rows_are):
+    """The accelerator path (next batch prepared on a second thread, outputs kept until the end), forced on the CPU:
+    the vectors are bit for bit those of the plain loop, in the rows' order, tensors too."""
+    model = random_bank(tiny_bert, a=4, b=6)
+    texts = TEXTS * 3
+    tasks = ["a", "b", None] * 6
+    rows = texts if rows_are == "texts" else ServedModel(model, "bank").tokenize(texts, "a")[0]
+    plain = encode_rows(model, rows, tasks, batch_size=4, prefetch=False)
+    fetched = encode_rows(model, rows, tasks, batch_size=4, prefetch=True)
+    assert np.array_equal(plain, fetched) and np.abs(plain).max() > 0
+    tensor = encode_rows(model, rows, tasks, batch_size=4, prefetch=True, convert_to_tensor=True)
+    assert torch.equal(tensor, torch.as_tensor(plain))
+    assert encode_rows(model, rows[:3], tasks[:3], batch_size=8, prefetch=True).shape == (3, plain.shape[1])

@@ -601,6 +601,35 @@ def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_pat
     assert len(logged) == 1 and float(logged[0].split("as much as ")[1].split()[0]) >= 0
 
 
+def test_an_accelerators_pass_size_is_the_fewest_rows_within_a_tenth_of_the_best_rate(setup):
+    """``measure_batch_rows`` (run at start on a GPU without --max-batch-rows): with passes of 10 ms + 1 ms a row the
+    rates flatten (762, 865, 927, 962, 981 rows/s), so 128 rows; with 20 ms + 0.1 ms a row they keep rising, so 512;
+    a candidate that runs out of device memory ends the search."""
+    import torch
+
+    from st_prompts.serving.model import ServedModel
+
+    served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0, dimension=32, normalize=False), "tiny")
+    assert (served.batch_rows, served.batch_tokens) == (64, 4096)  # a CPU's, unmeasured
+
+    def timed(fixed, per_row, out_of_memory_at=None):
+        def run(texts, route, prompt_length=None):
+            if out_of_memory_at is not None and len(texts) >= out_of_memory_at:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            time.sleep(fixed + per_row * len(texts))
+            return np.zeros((len(texts), 32), dtype=np.float32)
+        return run
+
+    served._pass = timed(0.010, 0.001)
+    assert served.measure_batch_rows(repeats=1) == 128 and served.batch_tokens == 128 * 256
+    served._pass = timed(0.020, 0.0001)
+    assert served.measure_batch_rows(repeats=1) == 512
+    served._pass = timed(0.020, 0.0001, out_of_memory_at=256)
+    assert served.measure_batch_rows(repeats=1) == 128
+    del served._pass  # the real passes run too, on the CPU
+    assert served.measure_batch_rows(candidates=(2, 4), repeats=1) in (2, 4)
+
+
 def test_the_command_module_imports_no_heavy_library():
     """``st-prompts --help`` stays fast: the serve command imports its server only in its runner (a bare package
     object stands in for ``st_prompts/__init__.py``, as in test_command_imports.py)."""

@@ -58,10 +58,12 @@ def add_parser(subparsers) -> None:
     batching = parser.add_argument_group("batching")
     batching.add_argument("--max-wait-ms", type=finite_float(0, 60_000), default=2.0,
                           help="the longest a row waits for others to share its forward pass (default 2)")
-    batching.add_argument("--max-batch-tokens", type=positive_int(1 << 24), default=4096,
-                          help="padded tokens (rows x longest row) per forward pass (default 4096)")
-    batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), default=64,
-                          help="rows per forward pass (default 64)")
+    batching.add_argument("--max-batch-tokens", type=positive_int(1 << 24), default=None,
+                          help="padded tokens (rows x longest row) per forward pass (default: 4096 on a CPU; on a GPU "
+                          "256 a row of --max-batch-rows)")
+    batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), default=None,
+                          help="rows per forward pass (default: 64 on a CPU; on a GPU the fewest rows within 10%% of "
+                          "the best rate, measured at start)")
     batching.add_argument("--pass-overhead-tokens", type=finite_float(0, 1e6), default=None,
                           help="what a forward pass costs beyond its padded tokens, in tokens: the batcher splits "
                           "queued rows by length into the passes that cost least (default: measured at start)")

@@ -15,6 +15,7 @@ survived its sorting but was a second path beside the server's own batching.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
                 prompt_name: str | None = None, normalize_embeddings: bool = False, truncate_dim: int | None = None,
                 convert_to_tensor: bool = False, convert_to_numpy: bool = True, device: Any = None,
                 precision: str = "float32", output_value: str = "sentence_embedding",
-                prompt_length: int | None = None) -> np.ndarray | torch.Tensor:
+                prompt_length: int | None = None, prefetch: bool | None = None) -> np.ndarray | torch.Tensor:
     """Sentence embeddings of ``rows``, each encoded with its own task (prompt set) in shared forward passes.
 
     Args:
@@ -66,6 +67,10 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
         output_value: ``"sentence_embedding"`` only (token embeddings need one task per call: ``model.encode``).
         prompt_length: token ids that already start with a prompt of this many tokens (the server prepends a role's
             prompt before it tokenises): a pooling that leaves the prompt out (``include_prompt=False``) skips them.
+        prefetch: keep an accelerator busy (default: on any device but the CPU): the next batch is tokenised and
+            padded on a second thread while this one runs, its tensors are copied from pinned host memory without
+            blocking, and the vectors stay on the device until the last batch (one copy back instead of a wait per
+            batch). The vectors are the same either way; on a CPU the thread would only take cores from the pass.
 
     Returns:
         ``(rows, dim)``, in the order of ``rows``: numpy, or a tensor with ``convert_to_tensor``.
@@ -97,32 +102,59 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
     if per_batch:  # group the rows by task (longest first within each) so that no batch mixes two
         first = {task: i for i, task in reversed(list(enumerate(tasks)))}
         order = np.asarray(sorted(order, key=lambda i: first[tasks[i]]), dtype=np.int64)
+    prefetch = device.type != "cpu" if prefetch is None else bool(prefetch)
+    pinned = prefetch and device.type == "cuda"
+
+    def prepare(batch: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A batch's features (tokenised, padded; pinned for a non-blocking copy) and the Router's routing."""
+        batch_tasks = [tasks[i] for i in batch]
+        routing: dict[str, Any] = {}
+        if ids:
+            features = _id_features(model, [rows[i] for i in batch])
+        elif per_batch and batch_tasks[0] is not None:
+            routing = {"task": batch_tasks[0]}
+            features = model.preprocess([rows[i] for i in batch], prompt=prompt, **routing)
+        else:
+            features = model.preprocess([rows[i] for i in batch], prompt=prompt)
+        if prompt_length is not None:
+            features["prompt_length"] = int(prompt_length)
+        if not per_batch and len(set(batch_tasks)) == 1:
+            if batch_tasks[0] is not None:
+                features[PROMPT_TASK] = batch_tasks[0]
+        elif not per_batch:
+            features[PROMPT_TASKS] = batch_tasks
+        if pinned:
+            features = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        return features, routing
+
+    batches = _batches(order, tasks, batch_size, per_batch)
     vectors: list[torch.Tensor] = []
-    with torch.inference_mode():
-        for batch in tqdm(_batches(order, tasks, batch_size, per_batch), desc="Batches",
-                          disable=not show_progress_bar):
-            batch_tasks = [tasks[i] for i in batch]
-            routing: dict[str, Any] = {}
-            if ids:
-                features = _id_features(model, [rows[i] for i in batch])
-            elif per_batch and batch_tasks[0] is not None:
-                routing = {"task": batch_tasks[0]}
-                features = model.preprocess([rows[i] for i in batch], prompt=prompt, **routing)
-            else:
-                features = model.preprocess([rows[i] for i in batch], prompt=prompt)
-            if prompt_length is not None:
-                features["prompt_length"] = int(prompt_length)
-            if not per_batch and len(set(batch_tasks)) == 1:
-                if batch_tasks[0] is not None:
-                    features[PROMPT_TASK] = batch_tasks[0]
-            elif not per_batch:
-                features[PROMPT_TASKS] = batch_tasks
-            out = model(batch_to_device(features, device), **routing)["sentence_embedding"]
-            if truncate_dim is not None:
-                out = out[:, :truncate_dim]
-            if normalize_embeddings:
-                out = torch.nn.functional.normalize(out, p=2, dim=1)
-            vectors.append(out.cpu() if convert_to_numpy or not convert_to_tensor else out)
+    # a second thread prepares batch i + 1 while batch i runs (torch releases the GIL in its kernels)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="st-prompts-prefetch") if prefetch and len(batches) > 1 else None
+    try:
+        upcoming = pool.submit(prepare, batches[0]) if pool is not None else None
+        with torch.inference_mode():
+            for position, batch in enumerate(tqdm(batches, desc="Batches", disable=not show_progress_bar)):
+                if upcoming is not None:
+                    features, routing = upcoming.result()
+                    upcoming = pool.submit(prepare, batches[position + 1]) if position + 1 < len(batches) else None
+                else:
+                    features, routing = prepare(batch)
+                features = {k: v.to(device, non_blocking=pinned) if isinstance(v, torch.Tensor) else v
+                            for k, v in features.items()} if prefetch else batch_to_device(features, device)
+                out = model(features, **routing)["sentence_embedding"]
+                if truncate_dim is not None:
+                    out = out[:, :truncate_dim]
+                if normalize_embeddings:
+                    out = torch.nn.functional.normalize(out, p=2, dim=1)
+                # on an accelerator the vectors stay there until the end: no wait for a copy after each batch
+                keep_here = prefetch or (convert_to_tensor and not convert_to_numpy)
+                vectors.append(out if keep_here else out.cpu())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if prefetch and (convert_to_numpy or not convert_to_tensor):
+        vectors = [torch.cat(vectors).cpu()] if vectors else vectors
     dimension = model.get_embedding_dimension() if not vectors else vectors[0].shape[1]
     stacked = torch.cat(vectors) if vectors else torch.empty(0, dimension or 0)
     result = torch.empty_like(stacked)

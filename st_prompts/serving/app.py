@@ -84,8 +84,11 @@ class ServerContext:
         # the option, else what the start measured (server.py), else the batcher's default
         overhead = next((v for v in (limits.pass_overhead_tokens, served.pass_overhead_tokens) if v is not None),
                         DEFAULT_PASS_OVERHEAD_TOKENS)
-        self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms, max_batch_tokens=limits.max_batch_tokens,
-                               max_batch_rows=limits.max_batch_rows, max_queue_rows=limits.max_queue_rows,
+        # likewise the pass's size: the options, else the device's (server.py measures an accelerator's)
+        self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms,
+                               max_batch_tokens=limits.max_batch_tokens or served.batch_tokens,
+                               max_batch_rows=limits.max_batch_rows or served.batch_rows,
+                               max_queue_rows=limits.max_queue_rows,
                                pass_overhead_tokens=overhead, on_batch=self.metrics.observe_batch,
                                on_idle=release_free_memory)
         self.count_executor: ThreadPoolExecutor | None = None

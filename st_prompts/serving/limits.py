@@ -37,8 +37,10 @@ class ServingLimits:
         max_queue_rows: rows waiting to be encoded, all requests together; a request that does not fit is answered
             503 with ``Retry-After`` (a request alone in an empty queue is always admitted).
         max_wait_ms: how long the first row of a batch waits for others to join it, at most.
-        max_batch_tokens: padded tokens (rows x longest row) of one forward pass.
-        max_batch_rows: rows of one forward pass.
+        max_batch_tokens: padded tokens (rows x longest row) of one forward pass; ``None``: the device's (4,096 on a
+            CPU; on an accelerator 256 a row of :attr:`max_batch_rows`).
+        max_batch_rows: rows of one forward pass; ``None``: the device's (64 on a CPU; on an accelerator measured
+            when the server starts: :meth:`st_prompts.serving.model.ServedModel.measure_batch_rows`).
         pass_overhead_tokens: what a forward pass costs beyond its padded tokens, in tokens: passes are split by
             length to cost least in all (:class:`st_prompts.serving.batcher.Batcher`); ``None``: measured when the
             server starts (:meth:`st_prompts.serving.model.ServedModel.measure_pass_overhead`).
@@ -51,8 +53,8 @@ class ServingLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     max_queue_rows: int = 4096
     max_wait_ms: float = 2.0
-    max_batch_tokens: int = 4096
-    max_batch_rows: int = 64
+    max_batch_tokens: int | None = None
+    max_batch_rows: int | None = None
     pass_overhead_tokens: float | None = None
     max_queries: int = 64
     max_k: int = 100
@@ -61,6 +63,8 @@ class ServingLimits:
         for name in ("max_inputs", "max_input_chars", "max_body_bytes", "max_queue_rows", "max_batch_tokens",
                      "max_batch_rows", "max_queries", "max_k"):
             value = getattr(self, name)
+            if value is None and name in ("max_batch_tokens", "max_batch_rows"):
+                continue  # the device's (see above)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.max_wait_ms, (int, float)) or not math.isfinite(self.max_wait_ms) \

@@ -34,7 +34,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "Role", "ServedModel"]
+__all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "Role", "ServedModel", "choose_batch_rows"]
+
+#: A CPU's rows and padded tokens a pass (``st-prompts serve``'s defaults there).
+CPU_BATCH_ROWS, CPU_BATCH_TOKENS = 64, 4096
+#: What :meth:`ServedModel.measure_batch_rows` tries on an accelerator, and the padded tokens it allows a row.
+BATCH_ROW_CANDIDATES = (32, 64, 128, 256, 512)
+BATCH_TOKENS_PER_ROW = 256
+#: The share of the best measured rate the fewest rows must reach.
+BATCH_RATE_SHARE = 0.9
 
 
 class Role:
@@ -77,6 +85,9 @@ class ServedModel:
         self.quantization = quantization or "none"
         self.dtype = dtype_name(model)
         self.device = str(getattr(model, "device", "cpu"))
+        #: rows and padded tokens of a pass unless the options say otherwise: a CPU's defaults (benchmarks/serving.py
+        #: measured them on MiniLM); an accelerator's are measured at start (:meth:`measure_batch_rows`)
+        self.batch_rows, self.batch_tokens = CPU_BATCH_ROWS, CPU_BATCH_TOKENS
         self.dimension = int(model.get_embedding_dimension())
         self.max_seq_length = getattr(model, "max_seq_length", None)
         self._routes: dict[str, Any] = {}  # public name -> what encode() is given for it
@@ -413,6 +424,34 @@ class ServedModel:
             if self.encoder is not None:
                 _ = self.encoder.fingerprint
 
+    def measure_batch_rows(self, candidates: Sequence[int] = BATCH_ROW_CANDIDATES, repeats: int = 3) -> int:
+        """Rows a pass for this device: passes of each of ``candidates`` rows of a 32-token text are timed (the
+        fastest of ``repeats``), and the fewest rows whose rate is within 10 % of the best is kept
+        (:func:`choose_batch_rows`); :attr:`batch_tokens` becomes 256 a row. A candidate that runs out of device
+        memory ends the search. Stored in :attr:`batch_rows` and returned. For an accelerator, whose passes cost
+        little more with more rows (issue 62: on an H200, 256 rows and 65,536 tokens a pass served 0.91-1.01x of
+        in-process at concurrency 64-256, the CPU's 64 and 4,096 0.61-0.64x); a CPU keeps its measured defaults."""
+        import torch
+
+        route = next(iter(self._routes.values()))
+        rates: dict[int, float] = {}
+        with self._model_lock:
+            made, _ = self.tokenize([" ".join(["measure"] * 30)], route)
+            task = self._task(route)
+            for rows in candidates:
+                try:
+                    best = float("inf")
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        self._pass(made * rows, [task] * rows)
+                        best = min(best, time.perf_counter() - start)
+                except torch.OutOfMemoryError:
+                    break
+                rates[rows] = rows / best
+        self.batch_rows = choose_batch_rows(rates) if rates else CPU_BATCH_ROWS
+        self.batch_tokens = BATCH_TOKENS_PER_ROW * self.batch_rows
+        return self.batch_rows
+
     def measure_pass_overhead(self, rows: int = 16, repeats: int = 3) -> float:
         """What one forward pass costs beyond its padded tokens, in tokens (the batcher's ``pass_overhead_tokens``),
         stored in :attr:`pass_overhead_tokens` and returned.
@@ -441,6 +480,13 @@ class ServedModel:
         overhead = 1e6 if per_token <= 0 else min(1e6, max(0.0, one / per_token - tokens))
         self.pass_overhead_tokens = overhead
         return overhead
+
+
+def choose_batch_rows(rates: dict[int, float], share: float = BATCH_RATE_SHARE) -> int:
+    """The fewest rows a pass whose rate (rows/s) is within ``share`` of the best measured (``rates``: rows -> rate):
+    larger passes would add latency for little throughput."""
+    best = max(rates.values())
+    return min(rows for rows, rate in rates.items() if rate >= share * best)
 
 
 def _to_plain(data: PromptSetData) -> tuple[dict[str, Any], dict[str, np.ndarray], str | None]:

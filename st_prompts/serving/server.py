@@ -227,6 +227,11 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
     from st_prompts.serving.app import ServerContext, create_app
 
     served.warm_up()
+    if options.limits.max_batch_rows is None and not served.device.startswith("cpu"):
+        rows = served.measure_batch_rows()
+        logger.info("passes of up to %d rows and %d padded tokens on %s (measured: the fewest rows within 10%% of the "
+                    "best rate; --max-batch-rows / --max-batch-tokens set them)", rows,
+                    options.limits.max_batch_tokens or served.batch_tokens, served.device)
     if options.limits.pass_overhead_tokens is None:
         overhead = served.measure_pass_overhead()
         logger.info("a forward pass costs as much as %.0f tokens beyond its own (measured; --pass-overhead-tokens "
