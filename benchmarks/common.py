@@ -50,6 +50,9 @@ def run_environment() -> dict:
 
     import torch
 
+    from st_prompts.precision import cpu_summary
+
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"versions": library_versions(), "device": gpu or f"CPU: {cpu_model()}",
+            "cpu_instructions": cpu_summary(),  # a goal tied to an instruction set is judged on a CPU that has it
             "cpus": os.cpu_count(), "platform": platform.platform(), "load_average": list(os.getloadavg())}

@@ -5,6 +5,7 @@ as the reference issue 50 measured, and the other engines where they are install
     python benchmarks/int8.py --data-dir ../shared/data                  # -> benchmarks/results/int8.{json,md}
     python benchmarks/int8.py --data-dir ../shared/data --rounds 7 --sentences 1000
     python benchmarks/int8.py --data-dir ../shared/data --part quality --models shipped  # one part (they merge)
+    python benchmarks/int8.py --data-dir ../shared/data --dtypes --out benchmarks/results/precision  # bf16, fp16 too
 
 Throughput: the first ``--sentences`` distinct STS-B dev sentences, ``model.encode(batch_size=32)``, one torch thread,
 ``--rounds`` interleaved rounds (every engine once per round, in turn) after a warm-up round; the median is reported.
@@ -191,13 +192,14 @@ def candidates(texts: list[str], rounds: int) -> dict[str, dict]:
 
 def markdown(record: dict) -> str:
     runs = record.get("runs", {})
-    lines = ["# int8 inference (benchmarks/int8.py)", "",
+    lines = ["# int8 and half-precision inference (benchmarks/int8.py)", "",
              "Every part ran on a **busy machine**: two cores shared with other work (its load average is given per "
              "part), so absolute rates are a fraction of an idle machine's; the engines of a part were timed in turn, "
              "round after round, so they shared the same conditions.", ""]
     for key, run in runs.items():
         env = run["environment"]
-        lines.append(f"- {key}: `{run['command']}`; {env['device']}, {env['cpus']} cores; load average "
+        flags = env.get("cpu_instructions", "flags not recorded")
+        lines.append(f"- {key}: `{run['command']}`; {env['device']} ({flags}), {env['cpus']} cores; load average "
                      f"{[round(x, 1) for x in run['load_at_start']]} at the start, "
                      f"{[round(x, 1) for x in env['load_average']]} at the end; "
                      + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v) + ".")
@@ -238,6 +240,8 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=150)
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "st_prompts_int8_bank")
     parser.add_argument("--candidates", action="store_true", help="also time ONNX Runtime, OpenVINO, torchao")
+    parser.add_argument("--dtypes", action="store_true", help="also bfloat16 and float16 (load_sentence_model(dtype=))")
+    parser.add_argument("--no-int8", action="store_true", help="leave out the int8 engines (with --dtypes)")
     parser.add_argument("--part", choices=("all", "quality", "throughput", "candidates", "report"), default="all",
                         help="run one part only (parts can run at once); its results replace that part in --out")
     parser.add_argument("--models", choices=("both", "shipped", "bank"), default="both",
@@ -266,6 +270,13 @@ def main() -> int:
             bank_path = trained_bank(args.data_dir, args.cache, args.train_steps)
             models["bank, gated set 'sts'"] = {"fp32": load_sentence_model(bank_path),
                                                "int8": load_sentence_model(bank_path, quantize="int8")}
+        for model_name, engines in models.items():
+            path = bank_path if "bank" in model_name else "minilm"
+            if args.no_int8:
+                engines.pop("int8", None)
+                engines.pop("torch.ao quantize_dynamic", None)
+            if args.dtypes:
+                engines.update({dtype: load_sentence_model(path, dtype=dtype) for dtype in ("bfloat16", "float16")})
     if args.part in ("all", "quality"):
         torch.set_num_threads(2)
         mixed = ["sts" if i % 2 else None for i in range(16)]
