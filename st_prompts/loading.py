@@ -53,8 +53,8 @@ from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRUSTED_MODULE_PREFIXES", "backbone_reason", "check_device", "load_sentence_model", "pooling_label",
-           "require_safe_backbone", "safe_loading", "should_trust_remote_code", "untrusted_reason"]
+__all__ = ["TRUSTED_MODULE_PREFIXES", "backbone_reason", "check_device", "check_loadable", "load_sentence_model",
+           "pooling_label", "require_safe_backbone", "safe_loading", "should_trust_remote_code", "untrusted_reason"]
 
 #: ``SentenceTransformer`` keyword arguments :func:`load_sentence_model` passes on when it assembles a model itself.
 _ASSEMBLY_KWARGS = ("cache_folder", "revision", "token", "local_files_only", "model_kwargs", "processor_kwargs",
@@ -118,14 +118,7 @@ def load_sentence_model(
         return quantize_model(model, quantize)
     if dtype != "float32":
         return apply_dtype(load_sentence_model(name_or_path, trust_remote_code, device=device, **kwargs), dtype)
-    model = os.path.expanduser(resolve_model_name(name_or_path))
-    if is_local(model) and not os.path.isdir(model):
-        hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
-        raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
-    if "local_files_only" not in kwargs and cached_and_unreachable(model):
-        kwargs["local_files_only"] = True  # cached, and the hub cannot be reached: no request would succeed
-    # trusted or not: st_prompts modules behind a Router would silently read the Router's task (see there)
-    routed = prompted_routes(model, **{k: v for k, v in kwargs.items() if k in _HUB_KEYS})
+    model, routed = _preflight(name_or_path, trust_remote_code, kwargs)
     if trust_remote_code is True:
         try:
             return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
@@ -133,17 +126,6 @@ def load_sentence_model(
             raise
         except Exception as exc:  # noqa: BLE001 - one line, whatever the trusted code raised
             raise _load_error(name_or_path, exc) from exc
-    try:
-        reason = untrusted_reason(model, **kwargs)
-    except StPromptsError:
-        raise  # e.g. a hub backbone it refers to, neither cached nor reachable: already one line
-    except OSError as exc:
-        raise DataNotFoundError(f"could not load model {name_or_path!r}: {first_line(exc)}") from exc
-    if reason is not None:
-        raise UntrustedCodeError(
-            f"refused to load model {name_or_path!r}: {reason}. Nothing of it was run; pass --trust-remote-code "
-            "(trust_remote_code=True in Python) only if you trust that code."
-        )
     # Safetensors only: transformers never falls back to a pickle (the caller's own model_kwargs win).
     kwargs["model_kwargs"] = {**trust.SAFE_MODEL_KWARGS, **(kwargs.get("model_kwargs") or {})}
     try:
@@ -156,6 +138,39 @@ def load_sentence_model(
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a loader raises reaches the user as one line
         raise _load_error(name_or_path, exc) from exc
+
+
+def check_loadable(name_or_path: str, trust_remote_code: bool | None = False, **kwargs: Any) -> None:
+    """What :func:`load_sentence_model` decides before it loads anything, without loading: the model exists, and
+    names no code unless ``trust_remote_code=True`` (``serve --devices`` asks this in the parent, before its
+    workers each load the model, so that a refusal is one line). Raises as :func:`load_sentence_model` does."""
+    _preflight(name_or_path, trust_remote_code, dict(kwargs))
+
+
+def _preflight(name_or_path: str, trust_remote_code: bool | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """The checks before a load (``kwargs`` completed in place): the resolved model and its prompted routes."""
+    model = os.path.expanduser(resolve_model_name(name_or_path))
+    if is_local(model) and not os.path.isdir(model):
+        hint = interrupted_save_hint(model) if not os.path.exists(model) else ""
+        raise DataNotFoundError(f"could not load model {name_or_path!r}: no such folder{hint}")
+    if "local_files_only" not in kwargs and cached_and_unreachable(model):
+        kwargs["local_files_only"] = True  # cached, and the hub cannot be reached: no request would succeed
+    # trusted or not: st_prompts modules behind a Router would silently read the Router's task (see there)
+    routed = prompted_routes(model, **{k: v for k, v in kwargs.items() if k in _HUB_KEYS})
+    if trust_remote_code is True:
+        return model, routed
+    try:
+        reason = untrusted_reason(model, **kwargs)
+    except StPromptsError:
+        raise  # e.g. a hub backbone it refers to, neither cached nor reachable: already one line
+    except OSError as exc:
+        raise DataNotFoundError(f"could not load model {name_or_path!r}: {first_line(exc)}") from exc
+    if reason is not None:
+        raise UntrustedCodeError(
+            f"refused to load model {name_or_path!r}: {reason}. Nothing of it was run; pass --trust-remote-code "
+            "(trust_remote_code=True in Python) only if you trust that code."
+        )
+    return model, routed
 
 
 def check_device(device: str | None) -> None:

@@ -1,5 +1,6 @@
-"""Half precision at inference and the CPU's own instructions (issue 62): ``load_sentence_model(dtype=...)``, ``--dtype``,
-per-row identity within a stated tolerance, int8's input bits by the CPU's flags (:mod:`st_prompts.precision`)."""
+"""Half precision at inference and the CPU's own instructions (issue 62): ``load_sentence_model(dtype=...)``,
+``--dtype``, per-row identity within a stated tolerance, int8's input bits by the CPU's flags
+(:mod:`st_prompts.precision`)."""
 
 from __future__ import annotations
 

@@ -96,3 +96,19 @@ def test_an_added_set_reaches_every_started_worker_and_a_killed_one_is_started_a
 ])
 def test_devices_that_cannot_be_served_are_refused_in_one_line(args, message, capsys, tmp_path):
     assert message in cli_error(["serve", str(tmp_path / "no-model"), *args, "--port", "0"], capsys)
+
+
+def test_a_model_that_names_code_is_refused_by_the_parent_in_one_line_before_any_worker_starts(tiny_bert, tmp_path,
+                                                                                               capsys):
+    import json
+
+    from conftest import save_plain
+
+    folder = save_plain(tmp_path / "carries-code", tiny_bert)
+    (folder / "evil.py").write_text("raise SystemExit('foreign code ran')\n", encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "evil.EvilModel"}}),
+                                        encoding="utf-8")
+    line = cli_error(["serve", str(folder), "--devices", "cpu,cpu", "--port", "0"], capsys)
+    assert "refused to load model" in line and "auto_map" in line
+

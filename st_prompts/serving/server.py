@@ -146,7 +146,7 @@ def run_server(options: ServerOptions) -> int:
 def check_devices(options: ServerOptions) -> list[str]:
     """``options.devices`` checked (each a device this machine has: :func:`~st_prompts.loading.check_device`; not
     with ``--device`` or ``--workers``), without initialising CUDA in this process (a started worker does)."""
-    from st_prompts.loading import check_device
+    from st_prompts.loading import check_device, check_loadable
 
     devices = list(options.devices)
     if not devices:
@@ -158,6 +158,7 @@ def check_devices(options: ServerOptions) -> list[str]:
             check_device(device)
         except ConfigurationError as exc:
             raise ConfigurationError(f"--devices: {exc}") from exc
+    check_loadable(options.model)  # a model that is missing or names code: one line here, not one per worker
     return devices
 
 
