@@ -8,8 +8,9 @@ ignored ``benchmarks/.wheels`` with the working tree), one command, about 4 minu
 
     bash benchmarks/gpu_wheels.sh install && PYTHONPATH=. python benchmarks/gpu.py --device cuda
 
-    python benchmarks/gpu.py --device cpu --smoke      # every row with tiny sizes (2-layer hidden-128 backbone, 256
-                                                       # sentences, concurrency 4): < 60 s on 2 cores, same checks
+    python benchmarks/gpu.py --device cpu --smoke      # every row with tiny sizes (2-layer hidden-128 backbone, 128
+                                                       # sentences, concurrency 4), the same checks: about a minute
+                                                       # on 2 loaded cores (bf16 is emulated there)
 
 Rows, in sentences/s (``--rounds`` interleaved rounds, the row order rotated each round; before each measurement the
 row runs untimed on its longest and its shortest batch: the warm-up; median, min and max of the rounds):
@@ -25,7 +26,8 @@ row runs untimed on its longest and its shortest batch: the warm-up; median, min
 4. ``st-fp32`` / ``st-bf16``: plain ``SentenceTransformer.encode`` of the backbone with mean pooling (the reference;
    bf16 cast the same way).
 5. ``serve``: ``python -m st_prompts.cli serve BANK --port 0 --device DEVICE [--dtype bfloat16]`` with its default
-   batching, one server per dtype (started one after the other: each measures its pass overhead at start), requests of
+   batching, one server per dtype (started one after the other once the in-process rows are measured: each measures
+   its pass overhead at start; ``--early-start``, the smoke's: both at once, beside the in-process rows), requests of
    ``--request-size`` (16) sentences with a random task each from a pool of ``--pool`` requests, by a closed-loop
    asyncio client (``benchmarks/serving.py``'s keep-alive HTTP/1.1 connection; uvloop where installed) at each
    ``--concurrency`` (16, 64, 256): ``--server-warmup`` s unmeasured, then a ``--server-seconds`` window; sentences
@@ -83,7 +85,7 @@ CHECK_ALL, CHECK_EVERY = 2000, 16
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda where there is one)")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, every row and check (CPU: < 60 s)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, every row and check (a minute on 2 cores)")
     parser.add_argument("--sentences", type=Path, default=DEFAULT_SENTENCES, help="one sentence a line")
     parser.add_argument("--count", type=int, default=24_000, help="sentences of the in-process rows")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -105,8 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-serve", action="store_true", help="skip the server rows")
     parser.add_argument("--threads", type=int, default=None, help="torch threads here and in the servers (default: "
                         "torch's choice; smoke: 1, as 2 servers and this process share the cores)")
-    parser.add_argument("--parallel-start", action="store_true", help="start the servers at once (default: one "
-                        "after the other, as each measures its pass overhead at start; smoke: at once)")
+    parser.add_argument("--early-start", action="store_true", help="start the servers at once, right after the bank "
+                        "is saved, while the in-process rows run (default: one after the other once those are "
+                        "measured, as each measures its pass overhead at start; smoke: early, its rates are no result)")
     parser.add_argument("--atol", type=float, default=1e-4, help="fp32: largest abs difference to the reference")
     parser.add_argument("--check-sample", type=int, default=512, help="rows of the per-task check of bank-mixed")
     parser.add_argument("--work", type=Path, default=None, help="backbone, bank and logs (default: a temp folder, "
@@ -115,9 +118,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=None, help="where gpu[-TAG].json/.md go")
     parser.add_argument("--tag", default=None, help="results name suffix")
     if "--smoke" in (argv if argv is not None else sys.argv[1:]):  # smoke defaults; explicit options still win
-        parser.set_defaults(count=256, rounds=2, layers=2, hidden=128, heads=2, intermediate=512, concurrency=[4],
-                            pool=24, server_warmup=0.5, server_seconds=1.5, check_sample=128, batch_size=64,
-                            max_seq_length=32, threads=1, parallel_start=True)
+        parser.set_defaults(count=128, rounds=2, layers=2, hidden=128, heads=2, intermediate=512, concurrency=[4],
+                            pool=12, request_size=8, server_warmup=0.5, server_seconds=1.5, check_sample=64,
+                            batch_size=32, max_seq_length=32, threads=1, early_start=True)
     return parser.parse_args(argv)
 
 
@@ -519,8 +522,14 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def start_server(args, device: str, bank_folder: Path, work: Path, dtype: str) -> Server:
+    return Server(bank_folder, device, dtype, work / f"serve-{dtype}.log", args.threads)
+
+
 def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: list[str], set_names: list[str],
-               work: Path) -> tuple[list[dict], dict]:
+               work: Path, servers: dict[str, Server]) -> tuple[list[dict], dict]:
+    """The server rows; ``servers``: those started early (``--early-start``), the others are started here one after
+    the other, and all are left running (the caller stops them)."""
     rng = random.Random(2)
     pool = [(rng.choice(set_names), [rng.choice(sentences) for _ in range(args.request_size)])
             for _ in range(args.pool)]
@@ -540,38 +549,33 @@ def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: lis
     except ImportError:
         runner = asyncio.run
         loop_name = "asyncio"
-    servers: dict[str, Server] = {}
     runs: dict[tuple[str, int], list[dict]] = {(d, c): [] for d in args.dtypes for c in args.concurrency}
     info = {"client_loop": loop_name, "pool_requests": len(pool), "request_size": args.request_size}
-    try:
-        started = time.monotonic()
-        for dtype in args.dtypes:  # by default one after the other: each measures its pass overhead at start
-            servers[dtype] = Server(bank_folder, device, dtype, work / f"serve-{dtype}.log", args.threads)
-            if not args.parallel_start:
-                servers[dtype].wait_ready(args.start_timeout)
-        for dtype, server in servers.items():
-            server.wait_ready(args.start_timeout)
-            print(f"server {dtype} ready in {server.ready_s:.1f} s on port {server.port}", flush=True)
-        info["start_s"] = time.monotonic() - started
-        info["parallel_start"] = args.parallel_start
-        info["servers"] = {d: {"command": " ".join(s.command), "ready_s": s.ready_s,
-                               "log": [line for line in s.lines if "listening" in line or "loaded" in line
-                                       or "pass costs" in line]} for d, s in servers.items()}
-        for round_index in range(args.rounds):
-            for c in args.concurrency:
-                shift = round_index % len(args.dtypes)
-                for dtype in args.dtypes[shift:] + args.dtypes[:shift]:
-                    run = runner(closed_loop(servers[dtype].port, bodies, c, args.server_warmup,
-                                             args.server_seconds, args.request_size, seed=round_index * 100 + c))
-                    run["check"] = check_served(run.pop("kept"), references[dtype], dtype, args.atol)
-                    runs[(dtype, c)].append(run)
-                    print(f"round {round_index + 1} serve {short(dtype)} c={c:>3}: {run['rate']:10.1f} sentences/s, "
-                          f"p50 {1000 * (percentile(run['latencies'], 0.5) or 0):6.1f} ms, client "
-                          f"{run['client_cores']:.2f} cores, checked {run['check']['checked']} "
-                          f"({run['check']['value']:.1e}), failures {run['failures'] or '-'}", flush=True)
-    finally:
-        for server in servers.values():
-            server.stop()
+    started = time.monotonic()
+    for dtype in args.dtypes:  # one after the other: each measures its pass overhead at start
+        if dtype not in servers:
+            servers[dtype] = start_server(args, device, bank_folder, work, dtype)
+            servers[dtype].wait_ready(args.start_timeout)
+    for dtype, server in servers.items():
+        server.wait_ready(args.start_timeout)
+        print(f"server {dtype} ready in {server.ready_s:.1f} s on port {server.port}", flush=True)
+    info["wait_for_start_s"] = time.monotonic() - started
+    info["early_start"] = args.early_start
+    info["servers"] = {d: {"command": " ".join(s.command), "ready_s": s.ready_s,
+                           "log": [line for line in s.lines if "listening" in line or "loaded" in line
+                                   or "pass costs" in line]} for d, s in servers.items()}
+    for round_index in range(args.rounds):
+        for c in args.concurrency:
+            shift = round_index % len(args.dtypes)
+            for dtype in args.dtypes[shift:] + args.dtypes[:shift]:
+                run = runner(closed_loop(servers[dtype].port, bodies, c, args.server_warmup,
+                                         args.server_seconds, args.request_size, seed=round_index * 100 + c))
+                run["check"] = check_served(run.pop("kept"), references[dtype], dtype, args.atol)
+                runs[(dtype, c)].append(run)
+                print(f"round {round_index + 1} serve {short(dtype)} c={c:>3}: {run['rate']:10.1f} sentences/s, "
+                      f"p50 {1000 * (percentile(run['latencies'], 0.5) or 0):6.1f} ms, client "
+                      f"{run['client_cores']:.2f} cores, checked {run['check']['checked']} "
+                      f"({run['check']['value']:.1e}), failures {run['failures'] or '-'}", flush=True)
     rows = []
     for (dtype, c), measured in runs.items():
         rates = [r["rate"] for r in measured]
@@ -674,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = args.tag or ("cpu" if not device.startswith("cuda") and not args.smoke else None)
     name = "gpu" + (f"-{tag}" if tag else "")
     out_dir = args.out_dir or (work if args.smoke else RESULTS)
+    servers: dict[str, Server] = {}
     try:
         backbone, bank_folder = work / "backbone", work / "bank"
         for folder in (backbone, bank_folder):
@@ -685,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(0)
         tasks = [rng.choice(set_names) for _ in sentences]
         phase("imports, backbone and bank built")
+        if args.early_start and not args.no_serve:
+            servers.update({dtype: start_server(args, device, bank_folder, work, dtype) for dtype in args.dtypes})
         rows, banks, tokens = make_rows(args, device, backbone, bank_folder, sentences, tasks)
         phase("models loaded, inputs tokenised")
         print(f"{len(sentences)} sentences ({distinct} distinct, {tokens / len(sentences):.1f} tokens each) on "
@@ -696,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
         phase("in-process checks")
         serve, serve_info = [], {}
         if not args.no_serve:
-            serve, serve_info = serve_rows(args, device, bank_folder, banks, sentences, set_names, work)
+            serve, serve_info = serve_rows(args, device, bank_folder, banks, sentences, set_names, work, servers)
+            for server in servers.values():
+                server.stop()
             for row in serve:
                 mixed = by_name[f"bank-mixed-{short(row['dtype'])}"]
                 row["ratio"] = row["median"] / statistics.median(mixed.rates)
@@ -727,9 +736,6 @@ def main(argv: list[str] | None = None) -> int:
                   "rows": [{"name": r.name, "what": r.what, "rates": r.rates, **summary(r.rates)} for r in rows],
                   "serve": serve, "serve_info": serve_info, "checks": checks, "info": info,
                   "checks_passed": all(c["ok"] for c in checks)}
-        for row in serve:
-            for key in ("latencies",):
-                row.pop(key, None)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
         (out_dir / f"{name}.md").write_text(markdown(record))
@@ -741,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     finally:
+        for server in servers.values():
+            server.stop()
         if args.work is None and not args.keep and not args.smoke:
             shutil.rmtree(work, ignore_errors=True)
         elif args.work is None and not args.keep:  # smoke: the results stay in the work folder, not the models

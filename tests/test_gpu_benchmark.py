@@ -38,7 +38,7 @@ def test_smoke_runs_every_row_and_checks_the_vectors(tmp_path):
     for row in rows.values():
         assert len(row["rates"]) == record["rounds"] and min(row["rates"]) > 0 and row["median"] > 0, row
     served = {(row["dtype"], row["concurrency"]): row for row in record["serve"]}
-    assert set(served) == {("float32", 4), ("bfloat16", 4)}
+    assert set(served) == {("float32", 4), ("bfloat16", 4)}  # the smoke's concurrency
     for row in served.values():
         assert row["median"] > 0 and row["ratio"] > 0 and not row["failures"], row
         assert row["check"]["ok"] and row["check"]["checked"] > 0 and not row["check"]["malformed"], row
