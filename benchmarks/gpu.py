@@ -30,8 +30,9 @@ row runs untimed on its longest and its shortest batch: the warm-up; median, min
    its pass overhead at start; ``--early-start``, the smoke's: both at once, beside the in-process rows), requests of
    ``--request-size`` (16) sentences with a random task each from a pool of ``--pool`` requests, by a closed-loop
    asyncio client (``benchmarks/serving.py``'s keep-alive HTTP/1.1 connection; uvloop where installed) at each
-   ``--concurrency`` (16, 64, 256): ``--server-warmup`` s unmeasured, then a ``--server-seconds`` window; sentences
-   answered in the window per second, and the ratio to ``bank-mixed`` of the same dtype. The client's own CPU time
+   ``--concurrency`` (16, 64, 256): a warm-up of ``--server-warmup`` s and until every client has had an answer, then
+   a window of ``--server-seconds`` or 4 median warm-up latencies, the longer (at most ``--server-max-seconds``);
+   sentences answered in the window per second, and the ratio to ``bank-mixed`` of the same dtype. The client's own CPU time
    is recorded (near one core: the client may be the bottleneck).
 
 Checks (a failed one fails the run, exit 1, after the results are written): fp32 vectors within ``--atol`` (1e-4)
@@ -72,6 +73,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, cpu_model, library_versions
 
 RESULTS = REPO / "benchmarks" / "results"
+#: Where ``gpu_wheels.sh install`` unpacks the server's wheels on a machine without pip (put first on the path here
+#: and in the servers).
+WHEEL_SITE = REPO / "benchmarks" / ".wheels" / "site"
+if WHEEL_SITE.is_dir():
+    sys.path.insert(0, str(WHEEL_SITE))
 DEFAULT_SENTENCES = REPO / "tests" / "fixtures" / "search" / "real_corpus.txt"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
@@ -101,8 +107,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--request-size", type=int, default=16, help="sentences per request")
     parser.add_argument("--pool", type=int, default=256, help="distinct requests (their vectors: the reference)")
-    parser.add_argument("--server-warmup", type=float, default=1.0, help="seconds before each measured window")
-    parser.add_argument("--server-seconds", type=float, default=3.0, help="each measured window")
+    parser.add_argument("--server-warmup", type=float, default=1.0, help="seconds before each measured window, at "
+                        "least (and until every client has had an answer)")
+    parser.add_argument("--server-seconds", type=float, default=3.0, help="each measured window, at least (4 median "
+                        "latencies of the warm-up where longer)")
+    parser.add_argument("--server-max-seconds", type=float, default=15.0, help="the longest a window (or a warm-up "
+                        "beyond --server-warmup) lasts")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to start")
     parser.add_argument("--no-serve", action="store_true", help="skip the server rows")
     parser.add_argument("--threads", type=int, default=None, help="torch threads here and in the servers (default: "
@@ -119,7 +129,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tag", default=None, help="results name suffix")
     if "--smoke" in (argv if argv is not None else sys.argv[1:]):  # smoke defaults; explicit options still win
         parser.set_defaults(count=128, rounds=2, layers=2, hidden=128, heads=2, intermediate=512, concurrency=[4],
-                            pool=12, request_size=8, server_warmup=0.5, server_seconds=1.5, check_sample=64,
+                            pool=12, request_size=8, server_warmup=0.5, server_seconds=1.5, server_max_seconds=5.0,
+                            check_sample=64,
                             batch_size=32, max_seq_length=32, threads=1, early_start=True)
     return parser.parse_args(argv)
 
@@ -400,7 +411,8 @@ class Server:
 
     def __init__(self, bank: Path, device: str, dtype: str, log: Path, threads: int | None) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(WHEEL_SITE) if WHEEL_SITE.is_dir() else None,
+                                                           os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "st_prompts.cli", "serve", str(bank), "--port", "0", "--device", device]
         if dtype != "float32":
             command += ["--dtype", dtype]
@@ -446,16 +458,18 @@ class Server:
 
 
 async def closed_loop(port: int, bodies: list[bytes], concurrency: int, warmup: float, seconds: float,
-                      request_size: int, seed: int) -> dict:
-    """``concurrency`` clients, each sending its next request when the last is answered; sentences answered in the
-    window after ``warmup``; then the requests in flight drain. Responses kept for checking: all up to
-    :data:`CHECK_ALL`, then one in :data:`CHECK_EVERY`."""
+                      longest: float, request_size: int, seed: int) -> dict:
+    """``concurrency`` clients, each sending its next request when the last is answered. The warm-up lasts ``warmup``
+    seconds and until every client has had an answer (``concurrency`` answers: the queue in its steady state); the
+    measured window then lasts ``seconds``, or 4 median warm-up latencies where that is longer (a window of a few
+    latencies would count a few bursts), at most ``longest``; sentences answered in it per second; then the requests
+    in flight drain. Responses kept for checking: all up to :data:`CHECK_ALL`, then one in :data:`CHECK_EVERY`."""
     from serving import Connection
 
     loop = asyncio.get_running_loop()
     start = loop.time()
-    window = (start + warmup, start + warmup + seconds)
-    answered, latencies, failures, kept, seen = [0], [], {}, [], [0]
+    window = [None, start + warmup + longest]  # [start, end]; the start is set when the warm-up ends
+    answered, latencies, warm, failures, kept, seen = [0], [], [], {}, [], [0]
     orders = [random.Random(seed * 1000 + w).sample(range(len(bodies)), len(bodies)) for w in range(concurrency)]
 
     async def client(index: int) -> None:
@@ -479,17 +493,23 @@ async def closed_loop(port: int, bodies: list[bytes], concurrency: int, warmup: 
             seen[0] += 1
             if seen[0] <= CHECK_ALL or seen[0] % CHECK_EVERY == 0:
                 kept.append((item, payload))
-            if window[0] <= done <= window[1]:
+            if window[0] is None:
+                warm.append(done - sent)
+                if done >= start + warmup and len(warm) >= concurrency:
+                    window[0] = done
+                    window[1] = done + min(longest, max(seconds, 4 * statistics.median(warm)))
+            elif done <= window[1]:
                 answered[0] += request_size
                 latencies.append(done - sent)
         connection.close()
 
     cpu0 = time.process_time()
-    await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(concurrency))), warmup + seconds + 300)
+    await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(concurrency))), warmup + longest + 300)
     wall = loop.time() - start
-    return {"sentences": answered[0], "seconds": seconds, "rate": answered[0] / seconds, "responses": seen[0],
-            "latencies": latencies, "failures": failures, "kept": kept,
-            "client_cores": (time.process_time() - cpu0) / wall}
+    length = window[1] - window[0] if window[0] is not None else 0.0
+    return {"sentences": answered[0], "seconds": length, "rate": answered[0] / length if length else 0.0,
+            "warmup_s": (window[0] or loop.time()) - start, "responses": seen[0], "latencies": latencies,
+            "failures": failures, "kept": kept, "client_cores": (time.process_time() - cpu0) / wall}
 
 
 def check_served(kept: list, reference: list[np.ndarray], dtype: str, atol: float) -> dict:
@@ -545,8 +565,8 @@ def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: lis
         import uvloop
 
         runner = uvloop.run
-        loop_name = "uvloop"
-    except ImportError:
+        loop_name = f"uvloop {_version('uvloop')}"
+    except (ImportError, AttributeError):  # uvloop.run: 0.18 on
         runner = asyncio.run
         loop_name = "asyncio"
     runs: dict[tuple[str, int], list[dict]] = {(d, c): [] for d in args.dtypes for c in args.concurrency}
@@ -568,13 +588,14 @@ def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: lis
         for c in args.concurrency:
             shift = round_index % len(args.dtypes)
             for dtype in args.dtypes[shift:] + args.dtypes[:shift]:
-                run = runner(closed_loop(servers[dtype].port, bodies, c, args.server_warmup,
-                                         args.server_seconds, args.request_size, seed=round_index * 100 + c))
+                run = runner(closed_loop(servers[dtype].port, bodies, c, args.server_warmup, args.server_seconds,
+                                         args.server_max_seconds, args.request_size, seed=round_index * 100 + c))
                 run["check"] = check_served(run.pop("kept"), references[dtype], dtype, args.atol)
                 runs[(dtype, c)].append(run)
                 print(f"round {round_index + 1} serve {short(dtype)} c={c:>3}: {run['rate']:10.1f} sentences/s, "
                       f"p50 {1000 * (percentile(run['latencies'], 0.5) or 0):6.1f} ms, client "
-                      f"{run['client_cores']:.2f} cores, checked {run['check']['checked']} "
+                      f"{run['client_cores']:.2f} cores, window {run['seconds']:.1f} s, "
+                      f"checked {run['check']['checked']} "
                       f"({run['check']['value']:.1e}), failures {run['failures'] or '-'}", flush=True)
     rows = []
     for (dtype, c), measured in runs.items():
@@ -586,14 +607,16 @@ def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: lis
                 failures[key] = failures.get(key, 0) + value
         checks = [r["check"] for r in measured]
         rows.append({"name": f"serve-{short(dtype)}-c{c}", "dtype": dtype, "concurrency": c,
-                     "rates": rates, **summary(rates), "p50_ms": 1000 * (percentile(latencies, 0.5) or 0),
+                     "rates": rates, **summary(rates), "windows_s": [r["seconds"] for r in measured],
+                     "warmups_s": [r["warmup_s"] for r in measured], "p50_ms": 1000 * (percentile(latencies, 0.5) or 0),
                      "p99_ms": 1000 * (percentile(latencies, 0.99) or 0), "responses": sum(r["responses"]
                                                                                            for r in measured),
                      "client_cores_max": max(r["client_cores"] for r in measured), "failures": failures,
                      "check": {"checked": sum(x["checked"] for x in checks),
                                "malformed": sum(x["malformed"] for x in checks),
                                "value": max(x["value"] for x in checks), "limit": checks[0]["limit"],
-                               "measure": checks[0]["measure"], "ok": all(x["ok"] for x in checks)}})
+                               "measure": checks[0]["measure"], "ok": all(x["ok"] for x in checks)
+                               and min(rates) > 0}})
     return rows, info
 
 
@@ -627,8 +650,9 @@ def markdown(record: dict) -> str:
                      f"{row['max']:,.0f} |")
     if record.get("serve"):
         lines += ["", (f"**`st-prompts serve`** (default batching; requests of {record['serve_info']['request_size']} "
-                  f"sentences, a random task each; {record['server_warmup']} s warm-up then a "
-                  f"{record['server_seconds']} s window per run; client: one {record['serve_info']['client_loop']} "
+                  f"sentences, a random task each; a warm-up of {record['server_warmup']} s and until every client "
+                  f"had an answer, then a window of {record['server_seconds']} s or 4 median warm-up latencies, the "
+                  f"longer, per run; client: one {record['serve_info']['client_loop']} "
                   "process). Ratio: to `bank-mixed` of the same dtype in process."), "",
                   ("| dtype | concurrency | sentences/s median | min | max | ratio | p50 ms | p99 ms | client cores | "
                    "checked | worst diff | ok |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/gpu_wheels.sh            # download into benchmarks/.wheels (CPython 3.12, manylinux x86_64)
 #   bash benchmarks/gpu_wheels.sh install    # on the device: install, without dependencies, each wheel whose
-#                                            # distribution is missing or older (the image's newer ones are kept)
+#                                            # distribution is missing or older (the image's newer ones are kept);
+#                                            # without pip, unpack them into .wheels/site (gpu.py puts it on the path)
 #
 # Not downloaded: datasets (and pyarrow, pandas, dill, multiprocess, xxhash): sentence-transformers 6 imports it only
 # where it is installed, and st_prompts imports it only to train, read data and build indexes, never on the path of
@@ -21,7 +22,13 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from packaging.version import Version
+try:
+    from packaging.version import Version
+except ImportError:  # a bare interpreter: the release numbers
+    import re
+
+    def Version(text):  # noqa: N802
+        return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:4])
 
 for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
     name, wanted = wheel.name.split("-")[:2]
@@ -35,10 +42,15 @@ for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
         print(wheel)
 PY
 )
-    if [[ -n "$missing" ]]; then
+    if [[ -n "$missing" ]] && "$python" -m pip --version > /dev/null 2>&1; then
         # shellcheck disable=SC2086  # one path per line, no spaces
         "$python" -m pip install --no-index --no-deps --quiet $missing
         echo "installed: $(echo $missing | xargs -n1 basename | tr '\n' ' ')"
+    elif [[ -n "$missing" ]]; then  # no pip: unpacked into .wheels/site, which benchmarks/gpu.py puts on the path
+        # shellcheck disable=SC2086
+        "$python" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+            "$wheels/site" $missing
+        echo "no pip: unpacked into $wheels/site (benchmarks/gpu.py adds it to the path): $(echo $missing | xargs -n1 basename | tr '\n' ' ')"
     else
         echo "nothing to install"
     fi
