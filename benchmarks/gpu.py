@@ -3,10 +3,12 @@ hidden 768, 12 heads, intermediate 3072; speed does not depend on the weights) a
 positions on it, from tokenisation alone up to ``st-prompts serve``, in fp32 and bf16, every output checked.
 
 On the device machine (its image has torch, transformers, sentence-transformers, aiohttp, uvloop, prometheus-client
-but not the server's starlette/uvicorn/httptools/orjson; first ``bash benchmarks/gpu_wheels.sh`` here, and carry the
-ignored ``benchmarks/.wheels`` with the working tree), one command, about 4 minutes on an H200::
+but not the server's starlette/uvicorn/httptools/orjson; first ``bash benchmarks/gpu_wheels.sh`` here, then carry the
+ignored ``benchmarks/.wheels`` with the working tree: the device tool's ``carry=["benchmarks/.wheels"]``), one
+command, estimated at 4-5 minutes on an H200 (not yet run on one: give it ``timeout_s=600``); the results come back
+from ``$OUT`` and are copied to ``benchmarks/results/`` here::
 
-    bash benchmarks/gpu_wheels.sh install && PYTHONPATH=. python benchmarks/gpu.py --device cuda
+    bash benchmarks/gpu_wheels.sh install && PYTHONPATH=. python benchmarks/gpu.py --device cuda --out-dir "${OUT:-benchmarks/results}"
 
     python benchmarks/gpu.py --device cpu --smoke      # every row with tiny sizes (2-layer hidden-128 backbone, 128
                                                        # sentences, concurrency 4), the same checks: about a minute

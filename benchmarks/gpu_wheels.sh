@@ -10,7 +10,8 @@
 #
 # Not downloaded: datasets (and pyarrow, pandas, dill, multiprocess, xxhash): sentence-transformers 6 imports it only
 # where it is installed, and st_prompts imports it only to train, read data and build indexes, never on the path of
-# `serve` or `encode` (checked with sentence-transformers 6.0.1 and those modules hidden); pyarrow alone is ~40 MB.
+# `serve BANK` or `encode`; nor do faiss, matplotlib or pandas (`gpu.py --smoke` passed with sentence-transformers 6.0.1,
+# the image's, and all of these hidden from it and its servers); pyarrow alone is ~40 MB.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 wheels="$here/.wheels"
