@@ -699,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         since[0] = now
 
     load_before = list(os.getloadavg())
+    gpu_before = gpu_info(device)  # nvidia-smi before: another process on the GPU shows here
     work = args.work or Path(tempfile.mkdtemp(prefix="st-prompts-gpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     tag = args.tag or ("cpu" if not device.startswith("cuda") and not args.smoke else None)
@@ -741,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
                                "ok": row["check"]["ok"] and not row["failures"]})
             phase("server references, starts, rounds and checks")
         environment = {"device": device, "device_name": (gpu_info(device) or {}).get("name")
-                       or f"CPU: {cpu_model()}", "gpu": gpu_info(device), "cpu": lscpu(), "cpus": os.cpu_count(),
+                       or f"CPU: {cpu_model()}", "gpu": gpu_info(device), "gpu_before": gpu_before, "cpu": lscpu(), "cpus": os.cpu_count(),
                        "platform": platform.platform(), "python": platform.python_version(),
                        "versions": {"st-prompts": _version("st-prompts"), **library_versions(),
                                     **{n: _version(n) for n in ("starlette", "uvicorn", "uvloop", "numpy")}},
