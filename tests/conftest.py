@@ -6,6 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # One torch thread in every test process and every process a test starts (set before torch is imported): the suite runs
@@ -282,6 +283,50 @@ def save_plain(path, backbone: str, pooling: str = "mean", **kwargs) -> Path:
     """Save an ordinary sentence-transformers model (``Transformer(backbone)`` + pooling) to ``path``; return it."""
     st_model(backbone, pooling, **kwargs).save(str(path))
     return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------- model stand-ins
+class LookupModel:
+    """A SentenceTransformer stand-in: each sentence maps to the fixed vector of ``table``; counts its calls."""
+
+    similarity_fn_name = "cosine"
+
+    def __init__(self, table):
+        self.table = table
+        self.calls = 0
+
+    def vectors(self, inputs) -> np.ndarray:
+        return np.stack([self.table[s] for s in inputs])
+
+    def encode(self, inputs, convert_to_tensor=False, **kwargs):
+        self.calls += 1
+        arr = self.vectors(inputs).astype(np.float32)
+        return torch.from_numpy(arr) if convert_to_tensor else arr
+
+    encode_query = encode
+    encode_document = encode
+
+
+class HashModel(LookupModel):
+    """A SentenceTransformer stand-in: a random vector per sentence, seeded by ``seed`` and the sentence."""
+
+    def __init__(self, seed: int = 7, dim: int = 8):
+        super().__init__({})
+        self.seed, self.dim = seed, dim
+
+    def vectors(self, inputs) -> np.ndarray:
+        return np.stack([np.random.default_rng([self.seed, *map(ord, s)]).normal(size=self.dim) for s in inputs])
+
+
+def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
+    """STS-B's three SentEval files under ``root/STS/STSBenchmark``, each holding ``rows`` of (score, a, b)."""
+    folder = Path(root) / "STS" / "STSBenchmark"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{fmt.format(score)}\t{a}\t{b}\n"
+                    for i, (score, a, b) in enumerate(rows))
+    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
+        (folder / name).write_text(lines, encoding="utf-8")
+    return folder
 
 
 # ---------------------------------------------------------------------------------------------- errors in one line
