@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -244,6 +245,17 @@ def st_model(encoder, pooling: str | list = "mean", **kwargs):
     return SentenceTransformer(modules=[encoder, pooling], device="cpu")
 
 
+def encode(model, texts, **kwargs) -> torch.Tensor:
+    """``model.encode(texts)`` as one tensor (``kwargs``: encode's options)."""
+    return model.encode(list(texts), convert_to_tensor=True, **kwargs)
+
+
+def edit_json(path, change) -> None:
+    """Rewrite the JSON file ``path`` with ``change(data)`` (or ``data``, changed in place, where it returns None)."""
+    data = json.loads(Path(path).read_text())
+    Path(path).write_text(json.dumps(change(data) or data))
+
+
 def randomise_prompts(encoder, seed: int | None = 0):
     """``encoder`` with every prompt parameter drawn from N(0, 1) (``seed``: torch's seed first): trained-looking
     prompts that move every output clearly. Returns ``encoder``."""
@@ -352,6 +364,13 @@ def run_cli(argv: list[str]) -> int:
         return main([str(a) for a in argv])
     except SystemExit as exc:
         return exc.code
+
+
+def cli_output(argv: list, capsys) -> tuple[int, str, str]:
+    """Run the command line ``argv`` in process: its exit status, stdout and stderr."""
+    code = run_cli(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
