@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_error_line
+from conftest import edit_json, one_error_line, save_plain
 from safetensors.torch import save_file
 
 from st_prompts import cli
@@ -281,9 +281,7 @@ def test_bank_add_of_nan_prompts_says_the_file_holds_non_finite_values(tiny_bank
 def test_a_bank_with_malformed_prompt_sets_is_refused_in_one_line(tiny_bank, tmp_path, capsys, prompt_sets):
     bank = _copy(tiny_bank, tmp_path, "bank")
     config_file = _prompted_config(bank)
-    config = json.loads(config_file.read_text())
-    config["prompt_sets"] = prompt_sets
-    config_file.write_text(json.dumps(config))
+    edit_json(config_file, lambda config: {**config, "prompt_sets": prompt_sets})
     status, line = _run(["bank", "list", str(bank)], capsys)
     assert status == 2 and "unexpected" not in line, line
 
@@ -345,17 +343,9 @@ HANG = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfo
 
 
 def test_an_encoder_with_a_hostile_chat_template_evaluates_without_rendering_it(tiny_bert, tmp_path, capsys):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    folder = tmp_path / "templated"
-    transformer = Transformer(tiny_bert)
-    model = SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")], device="cpu")
-    model.save(str(folder))
+    folder = save_plain(tmp_path / "templated", tiny_bert)
     for config_file in folder.rglob("tokenizer_config.json"):
-        config = json.loads(config_file.read_text())
-        config["chat_template"] = HANG
-        config_file.write_text(json.dumps(config))
+        edit_json(config_file, lambda config: {**config, "chat_template": HANG})
     start = time.perf_counter()
     status = main(["evaluate", str(folder), "--senteval-dir", str(FIXTURE), "--tasks", "STSBenchmark",
                    "--no-progress"])

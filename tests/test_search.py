@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import cli_output
+from conftest import cli_output, save_plain
 
 from st_prompts.errors import (
     BackboneMismatchError,
@@ -435,11 +435,7 @@ def test_cli_errors_are_one_line_messages(tmp_path, capsys):
 
 
 def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, corpus_index):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    foreign = tmp_path / "foreign-model"
-    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(foreign))
+    foreign = save_plain(tmp_path / "foreign-model", tiny_bert)
     modules = json.loads((foreign / "modules.json").read_text())
     modules[1]["type"] = "not_installed_pkg.Pooling"
     (foreign / "modules.json").write_text(json.dumps(modules))

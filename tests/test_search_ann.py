@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_output
+from conftest import cli_output, st_model
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.search import SemanticIndex
@@ -322,10 +322,7 @@ def test_version_1_index_without_offsets_still_loads(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_bert):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    return SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu")
+    return st_model(tiny_bert)
 
 
 class Interrupt(Exception):
