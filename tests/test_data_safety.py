@@ -7,6 +7,7 @@ killed at every step, two processes updating one index, reading an index while i
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import stat
@@ -320,6 +321,10 @@ def test_a_stale_copy_cannot_overwrite_a_newer_save(tmp_path):
     assert "from the first" in SemanticIndex.load(tmp_path / "idx").texts
 
 
+def _exit_with(argv: list[str]) -> None:
+    sys.exit(main(argv))
+
+
 def test_two_concurrent_index_adds_keep_both(tiny_bert, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"document number {i} about topic {i % 3}" for i in range(12)) + "\n")
@@ -327,13 +332,14 @@ def test_two_concurrent_index_adds_keep_both(tiny_bert, tmp_path):
     assert main(["index", "build", str(model), str(corpus), str(tmp_path / "idx"), "--no-progress"]) == 0
     (tmp_path / "a.txt").write_text("alpha one\nalpha two\n")
     (tmp_path / "b.txt").write_text("beta one\nbeta two\nbeta three\n")
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    command = [sys.executable, "-m", "st_prompts.cli", "index", "add", str(tmp_path / "idx")]
-    processes = [subprocess.Popen(command + [str(tmp_path / name)], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for name in ("a.txt", "b.txt")]
+    fork = multiprocessing.get_context("fork")  # two processes, without an interpreter start each
+    processes = [fork.Process(target=_exit_with, args=(["index", "add", str(tmp_path / "idx"), str(tmp_path / name),
+                                                        "--no-progress"],)) for name in ("a.txt", "b.txt")]
     for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
+        process.start()
+    for process in processes:
+        process.join(300)
+        assert process.exitcode == 0
     index = SemanticIndex.load(tmp_path / "idx")
     assert len(index) == 17 and len(set(index.ids)) == 17
     assert {"alpha one", "alpha two", "beta one", "beta two", "beta three"} <= set(index.texts)
