@@ -383,6 +383,17 @@ def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
     return one_error_line(captured.err, alone)
 
 
+def parser_walk(parser, path: tuple[str, ...] = ("st-prompts",)):
+    """``(path, parser)`` of ``parser`` and of each of its sub-commands, nested ones included, depth first."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parser_walk(sub, (*path, name))
+
+
 def one_line_message(error) -> str:
     """The message of an exception (or ``pytest.raises``' info), asserted to be one line without a traceback."""
     message = str(getattr(error, "value", error))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import edit_json, one_error_line, save_plain
+from conftest import edit_json, one_error_line, parser_walk, save_plain
 from safetensors.torch import save_file
 
 from st_prompts import cli
@@ -39,13 +39,10 @@ EXTRA = {"-k": ("0", "1" + "0" * 40), "--ef-search": (str(2**40),), "--rerank": 
 NEGATIVE_OK = {"--kappa-threshold"}
 
 
-def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs:
-        yield path, parser
-    for action in subs:
-        for name, sub in action.choices.items():
-            yield from _leaves(sub, (*path, name))
+def _leaves(parser: argparse.ArgumentParser):
+    for path, sub in parser_walk(parser, ()):
+        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+            yield path, sub
 
 
 def _numeric_options():

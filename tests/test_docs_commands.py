@@ -38,6 +38,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import parser_walk
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
@@ -223,14 +225,6 @@ def _example_lines(text: str, source: str) -> list[Command]:
     return out
 
 
-def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("st-prompts",)):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from _parsers(sub, (*path, name))
-
-
 def help_commands() -> list[Command]:
     """The examples of every help text: the commands' module docstrings (what ``--help`` shows, or the module's own
     reference), every description and epilog ``--help`` prints, and the recipes' docstrings (their ``--help``)."""
@@ -243,7 +237,7 @@ def help_commands() -> list[Command]:
     for path in [*modules, *sorted((ROOT / "recipes").glob("*.py"))]:
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
         out += _example_lines(docstring, path.relative_to(ROOT).as_posix())
-    for path, parser in _parsers(build_parser()):
+    for path, parser in parser_walk(build_parser()):
         for text in (parser.description, parser.epilog):
             out += _example_lines(text or "", " ".join(path) + " --help")
     seen, unique = set(), []
@@ -593,7 +587,7 @@ def test_the_cli_page_documents_every_option_of_bank_and_serve():
     option the parser has (and an example of each command, run or parsed above)."""
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     missing = []
-    for path, parser in _parsers(_parser()):
+    for path, parser in parser_walk(_parser()):
         if len(path) < 2 or path[1] not in ("bank", "serve"):
             continue
         section = _section(text, f"## `st-prompts {path[1]}`")
