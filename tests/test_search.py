@@ -327,7 +327,15 @@ def test_dataset_columns(minilm):
     assert by_row.ids == list(range(len(by_row))) and by_row.info["id_source"] == "position"
 
 
-def test_missing_or_incomplete_index_directory(corpus_index, tmp_path):
+@pytest.fixture
+def quick_missing(monkeypatch):
+    """A reader waits 5 s for a missing index to appear (as between a save's two renames): 0.1 s here."""
+    from st_prompts.search import store
+
+    monkeypatch.setattr(store, "_READ_RETRY_SECONDS", 0.1)
+
+
+def test_missing_or_incomplete_index_directory(corpus_index, tmp_path, quick_missing):
     with pytest.raises(DataNotFoundError, match="not found"):
         SemanticIndex.load(tmp_path / "nope")
     corpus_index.save(tmp_path / "idx")
@@ -419,7 +427,7 @@ def test_cli_dataset_file_with_id_column_and_hnsw(tmp_path, capsys):
     assert json.loads(stdout)[0]["hits"][0]["id"] == "travel-1"
 
 
-def test_cli_errors_are_one_line_messages(tmp_path, capsys):
+def test_cli_errors_are_one_line_messages(tmp_path, capsys, quick_missing):
     code, _, stderr = cli_output(["index", "search", str(tmp_path / "missing"), "q"], capsys)
     assert code == 2 and stderr.strip() == f"st-prompts index: error: index directory not found: {tmp_path / 'missing'}"
     code, _, stderr = cli_output(["index", "build", "minilm", str(FIXTURES / "blank.txt"), str(tmp_path / "o")], capsys)
