@@ -366,7 +366,7 @@ def run_cli(argv: list[str]) -> int:
         return exc.code
 
 
-def cli_output(argv: list, capsys) -> tuple[int, str, str]:
+def cli_out(argv: list, capsys) -> tuple[int, str, str]:
     """Run the command line ``argv`` in process: its exit status, stdout and stderr."""
     code = run_cli(argv)
     captured = capsys.readouterr()
