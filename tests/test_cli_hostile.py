@@ -1,12 +1,8 @@
 """Every sub-command under hostile inputs answers with one line, never a traceback (issue 49, items 5 and 6).
 
-The walk: every numeric option of every sub-command (``st-prompts --help`` and each group's own sub-commands) is
-given NaN, infinities, 1e30, a huge integer, an empty string and text; every sub-command is given a missing path, an
-empty string, a folder holding other files and a damaged model folder. Each run must end with a non-zero exit status,
-exactly one ``error:`` line (the last line on stderr) and no ``Traceback``. Then the specific cases: a source with a
-huge prefix length, ``prefix_dropout`` 5, a malformed ``prompt_sets``, NaN prompts, out-of-range training options, a
-damaged backbone, a planted lock-file symbolic link, hostile chat templates, and the catch-all of ``main`` itself
-(in process, and once through the real ``st-prompts`` entry point).
+The walk gives every numeric option of every sub-command hostile numbers, and every sub-command a missing path, an
+empty string, a folder of other files and a damaged model folder: each run exits non-zero with exactly one
+``error:`` line (the last on stderr) and no ``Traceback``. Then the specific cases, and the catch-all of ``main``.
 """
 
 from __future__ import annotations

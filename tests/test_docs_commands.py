@@ -1,26 +1,14 @@
 """Every command of the documentation and of ``--help`` runs as written (issue 60: the documented ``bank train`` named
 a file that existed nowhere, and the STS-B file of the ``--data-dir`` layout it pointed to was refused).
 
-The commands are read from the files: every fenced ``bash``/``sh``/``shell``/``console`` block (and every unlabeled
-block made only of commands) of README.md, CONTRIBUTING.md and docs/**/*.md, and every example line of the help
-texts (the module docstrings of ``st_prompts/commands/*.py``, the descriptions ``--help`` prints, the recipes'
-docstrings). Two readings, each in its own folder beside a small copy of the shared data layout
-(``../shared/data``: ``tests/fixtures/senteval`` as ``senteval/``, ``tests/fixtures/d2cse/train`` as ``train/``) and
-the reader's own files (:data:`USER_FILES`): the documentation pages in :data:`PAGE_ORDER`, then the help texts.
+Commands are read from the fenced shell blocks (and unlabeled blocks made only of commands) of README.md,
+CONTRIBUTING.md and docs/**/*.md, and from the example lines of the help texts. Two readings (the pages in
+:data:`PAGE_ORDER`, then the help texts), each in its own folder beside a small copy of the shared data layout and
+the reader's own files (:data:`USER_FILES`). Every command is parsed by its real parser and reads files that exist
+(:func:`inputs_and_outputs`); every ``st-prompts`` command not in :data:`NOT_RUN` (which says why) runs in process
+and exits 0. A recipe (``python recipes/X.py``) is parsed, never run: it trains as ``st-prompts train METHOD``.
 
-* Every command is parsed with the real parser (``st-prompts``'s, a recipe's, a benchmark script's), which refuses
-  unknown options and bad values, and the files it reads must exist: in the layout, among the reader's files, or
-  written by a command of its reading (:func:`inputs_and_outputs`; a page may serve an index it builds further
-  down, and the run below holds every command it runs to the order). No synopsis is left (``[--x]``, ``a|b``,
-  ``DIR``).
-* Every ``st-prompts`` command not in :data:`NOT_RUN` runs, in order, in the same process (``st_prompts.cli.main``),
-  and must exit with 0; a command already run in that reading is not run again. :data:`NOT_RUN` names why each other
-  command does not run here; a command that is not ``st-prompts`` needs an entry (an install, a server call, ...),
-  except a recipe's (``python recipes/X.py``), which is parsed and never run: it trains as ``st-prompts train
-  METHOD``, whose commands run here.
-
-Cost: the parse test about 3 s; the run test about 100 s of wall time and 90 s of CPU on two cores at load 3-4 (45
-commands: the MiniLM loads, small trainings and indexes over a few dozen lines; 2026-11-28).
+Cost: the parse test about 3 s; the run test about 90 s of CPU (45 commands, 2026-11-28).
 """
 
 from __future__ import annotations
