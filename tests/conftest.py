@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # One torch thread in every test process and every process a test starts (set before torch is imported): the suite runs
@@ -243,6 +245,17 @@ def st_model(encoder, pooling: str | list = "mean", **kwargs):
     return SentenceTransformer(modules=[encoder, pooling], device="cpu")
 
 
+def encode(model, texts, **kwargs) -> torch.Tensor:
+    """``model.encode(texts)`` as one tensor (``kwargs``: encode's options)."""
+    return model.encode(list(texts), convert_to_tensor=True, **kwargs)
+
+
+def edit_json(path, change) -> None:
+    """Rewrite the JSON file ``path`` with ``change(data)`` (or ``data``, changed in place, where it returns None)."""
+    data = json.loads(Path(path).read_text())
+    Path(path).write_text(json.dumps(change(data) or data))
+
+
 def randomise_prompts(encoder, seed: int | None = 0):
     """``encoder`` with every prompt parameter drawn from N(0, 1) (``seed``: torch's seed first): trained-looking
     prompts that move every output clearly. Returns ``encoder``."""
@@ -284,6 +297,50 @@ def save_plain(path, backbone: str, pooling: str = "mean", **kwargs) -> Path:
     return Path(path)
 
 
+# ---------------------------------------------------------------------------------------------- model stand-ins
+class LookupModel:
+    """A SentenceTransformer stand-in: each sentence maps to the fixed vector of ``table``; counts its calls."""
+
+    similarity_fn_name = "cosine"
+
+    def __init__(self, table):
+        self.table = table
+        self.calls = 0
+
+    def vectors(self, inputs) -> np.ndarray:
+        return np.stack([self.table[s] for s in inputs])
+
+    def encode(self, inputs, convert_to_tensor=False, **kwargs):
+        self.calls += 1
+        arr = self.vectors(inputs).astype(np.float32)
+        return torch.from_numpy(arr) if convert_to_tensor else arr
+
+    encode_query = encode
+    encode_document = encode
+
+
+class HashModel(LookupModel):
+    """A SentenceTransformer stand-in: a random vector per sentence, seeded by ``seed`` and the sentence."""
+
+    def __init__(self, seed: int = 7, dim: int = 8):
+        super().__init__({})
+        self.seed, self.dim = seed, dim
+
+    def vectors(self, inputs) -> np.ndarray:
+        return np.stack([np.random.default_rng([self.seed, *map(ord, s)]).normal(size=self.dim) for s in inputs])
+
+
+def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
+    """STS-B's three SentEval files under ``root/STS/STSBenchmark``, each holding ``rows`` of (score, a, b)."""
+    folder = Path(root) / "STS" / "STSBenchmark"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{fmt.format(score)}\t{a}\t{b}\n"
+                    for i, (score, a, b) in enumerate(rows))
+    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
+        (folder / name).write_text(lines, encoding="utf-8")
+    return folder
+
+
 # ---------------------------------------------------------------------------------------------- errors in one line
 def one_error_line(err, alone: bool = False) -> str:
     """The error line of a command's stderr ``err`` (a text, or pytest's ``capsys``: what it captured since last read),
@@ -309,6 +366,13 @@ def run_cli(argv: list[str]) -> int:
         return exc.code
 
 
+def cli_out(argv: list, capsys) -> tuple[int, str, str]:
+    """Run the command line ``argv`` in process: its exit status, stdout and stderr."""
+    code = run_cli(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
     """Run the command line ``argv`` in process; assert it exits with ``status`` and prints one error line
     (:func:`one_error_line`), and return that line."""
@@ -317,6 +381,17 @@ def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
     captured = capsys.readouterr()
     assert code == status, (argv, code, captured.err[-3000:])
     return one_error_line(captured.err, alone)
+
+
+def parser_walk(parser, path: tuple[str, ...] = ("st-prompts",)):
+    """``(path, parser)`` of ``parser`` and of each of its sub-commands, nested ones included, depth first."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parser_walk(sub, (*path, name))
 
 
 def one_line_message(error) -> str:

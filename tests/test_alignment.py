@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
 import torch
+from conftest import LookupModel, write_stsb
 from scipy.spatial.distance import pdist
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator, alignment_loss, uniformity_loss
-
-
-class LookupModel:
-    """Deterministic stand-in for a SentenceTransformer: each sentence maps to a fixed (unnormalised) vector."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def encode(self, inputs, convert_to_tensor=False, **kwargs):
-        arr = np.stack([self.table[s] for s in inputs]).astype(np.float32)
-        return torch.from_numpy(arr) if convert_to_tensor else arr
 
 
 def unit(x):
@@ -127,24 +115,9 @@ def test_evaluator_errors():
         AlignmentUniformityEvaluator(["a"], ["b", "c"], [5.0])
 
 
-def test_csv_written(tmp_path):
-    table, s1, s2, sc = make_split()
-    ev = AlignmentUniformityEvaluator(s1, s2, sc, name="toy")
-    res = ev(LookupModel(table), output_path=str(tmp_path), epoch=0, steps=5)
-    rows = list(csv.reader(open(tmp_path / "Alignment-Uniformity_evaluation_toy_results.csv")))
-    assert rows[0] == ["epoch", "steps", "alignment", "uniformity"]
-    assert float(rows[1][2]) == pytest.approx(res["toy_alignment"])
-
-
 def test_from_senteval(tmp_path):
     pytest.importorskip("st_prompts.data.senteval")
-    d = tmp_path / "STS" / "STSBenchmark"
-    d.mkdir(parents=True)
-    rows = [("5.000", "a b", "c d"), ("4.000", "e", "f"), ("1.000", "a b", "g")]
-    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
-        with open(d / name, "w", encoding="utf-8") as f:
-            for i, (score, a, b) in enumerate(rows):
-                f.write(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score}\t{a}\t{b}\n")
+    write_stsb(tmp_path, [(5.0, "a b", "c d"), (4.0, "e", "f"), (1.0, "a b", "g")])
     ev = AlignmentUniformityEvaluator.from_senteval(tmp_path, "STSBenchmark", "test")
     assert ev.name == "STSBenchmark-test"
     assert (ev.num_positive_pairs, ev.num_sentences) == (2, 5)

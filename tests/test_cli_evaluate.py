@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_error_line
+from conftest import one_error_line, save_plain
 
 from st_prompts.cli import main
 from st_prompts.commands.evaluate import METRIC_GROUPS
@@ -141,12 +141,7 @@ def test_write_json_atomic_replaces(tmp_path):
 @pytest.fixture(scope="module")
 def cls_model_dir(tmp_path_factory, tiny_bert) -> str:
     """A tiny random BERT with [CLS] pooling, saved to disk."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    path = tmp_path_factory.mktemp("models") / "cls"
-    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "cls")], device="cpu").save(str(path))
-    return str(path)
+    return str(save_plain(tmp_path_factory.mktemp("models") / "cls", tiny_bert, "cls"))
 
 
 def test_pairs_metrics_show_task_split_pooling_and_consistent_units(tmp_path, capsys, cls_model_dir):

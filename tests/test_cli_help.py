@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from conftest import parser_walk
+
 from st_prompts.cli import build_parser
 from st_prompts.commands.options import cli_text
 
 
-def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("st-prompts",)):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from _parsers(sub, (*path, name))
-
-
 def _problems() -> list[str]:
     problems = []
-    for path, parser in _parsers(build_parser()):
+    for path, parser in parser_walk(build_parser()):
         where = " ".join(path)
         for text in (parser.description, parser.epilog, parser.usage):
             if text and "``" in text:
@@ -40,7 +34,7 @@ def _problems() -> list[str]:
 
 
 def test_the_walk_reaches_every_nested_sub_command():
-    paths = {" ".join(path) for path, _ in _parsers(build_parser())}
+    paths = {" ".join(path) for path, _ in parser_walk(build_parser())}
     for expected in ("st-prompts bank list", "st-prompts index info", "st-prompts train dcpcse",
                      "st-prompts ski generate", "st-prompts demo", "st-prompts serve"):
         assert expected in paths

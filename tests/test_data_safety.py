@@ -7,6 +7,7 @@ killed at every step, two processes updating one index, reading an index while i
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import stat
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SENTENCES, one_error_line, run_cli, save_plain
+from conftest import SENTENCES, edit_json, one_error_line, prompted_model, run_cli, save_plain
 
 from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, DataFormatError
@@ -320,6 +321,10 @@ def test_a_stale_copy_cannot_overwrite_a_newer_save(tmp_path):
     assert "from the first" in SemanticIndex.load(tmp_path / "idx").texts
 
 
+def _exit_with(argv: list[str]) -> None:
+    sys.exit(main(argv))
+
+
 def test_two_concurrent_index_adds_keep_both(tiny_bert, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"document number {i} about topic {i % 3}" for i in range(12)) + "\n")
@@ -327,13 +332,14 @@ def test_two_concurrent_index_adds_keep_both(tiny_bert, tmp_path):
     assert main(["index", "build", str(model), str(corpus), str(tmp_path / "idx"), "--no-progress"]) == 0
     (tmp_path / "a.txt").write_text("alpha one\nalpha two\n")
     (tmp_path / "b.txt").write_text("beta one\nbeta two\nbeta three\n")
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    command = [sys.executable, "-m", "st_prompts.cli", "index", "add", str(tmp_path / "idx")]
-    processes = [subprocess.Popen(command + [str(tmp_path / name)], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for name in ("a.txt", "b.txt")]
+    fork = multiprocessing.get_context("fork")  # two processes, without an interpreter start each
+    processes = [fork.Process(target=_exit_with, args=(["index", "add", str(tmp_path / "idx"), str(tmp_path / name),
+                                                        "--no-progress"],)) for name in ("a.txt", "b.txt")]
     for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
+        process.start()
+    for process in processes:
+        process.join(300)
+        assert process.exitcode == 0
     index = SemanticIndex.load(tmp_path / "idx")
     assert len(index) == 17 and len(set(index.ids)) == 17
     assert {"alpha one", "alpha two", "beta one", "beta two", "beta three"} <= set(index.texts)
@@ -388,13 +394,7 @@ def test_a_truncated_index_file_is_a_one_line_error(name, tmp_path, capsys, mini
 
 @pytest.mark.parametrize("name", ["model.safetensors", "soft_prompts.safetensors"])
 def test_a_truncated_weight_file_is_a_one_line_error(name, tiny_bert, tmp_path, capsys):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer
-
-    encoder = PromptedTransformer(tiny_bert, prefix_length=2)
-    SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu").save(str(tmp_path / "m"))
+    prompted_model(tiny_bert, "cls", prefix_length=2).save(str(tmp_path / "m"))
     _truncate(tmp_path / "m" / name)
     argv = ["evaluate", str(tmp_path / "m"), "--tasks", "STSBenchmark", "--senteval-dir", str(FIXTURES / "senteval"),
             "--no-progress"]
@@ -644,9 +644,7 @@ def test_a_model_manifest_pointing_outside_its_folder_is_refused(trained_model, 
     model, _ = trained_model
     folder = tmp_path / "model"
     shutil.copytree(model, folder)
-    manifest = json.loads((folder / MANIFEST_FILE).read_text())
-    manifest["files"].append("../elsewhere/thesis.tex")
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    edit_json(folder / MANIFEST_FILE, lambda manifest: manifest["files"].append("../elsewhere/thesis.tex"))
     with pytest.raises(ConfigurationError, match="outside the folder"):
         check_model_destination(folder, overwrite=True)
     # and a model is never mistaken for an index, nor an index for a model
@@ -667,9 +665,7 @@ def test_vectors_file_of_meta_json_stays_inside_the_index(name, tmp_path, capsys
         name = str(outside)
     if name == "link.npy":
         os.symlink(outside, index / name)
-    meta = json.loads((index / "meta.json").read_text())
-    meta["vectors"] = {"file": name, "dtype": "float16"}
-    (index / "meta.json").write_text(json.dumps(meta))
+    edit_json(index / "meta.json", lambda meta: {**meta, "vectors": {"file": name, "dtype": "float16"}})
     with pytest.raises(DataFormatError, match="vectors.file"):
         SemanticIndex.load(index)
     for argv in (["index", "info", str(index)], ["index", "search", str(index), "q", "--mmap"]):
@@ -738,16 +734,12 @@ def test_a_diverged_training_is_not_saved(trained_model, tiny_bert, tmp_path, ca
 
 def test_non_finite_weights_or_score_are_never_saved(tiny_bert, tmp_path):
     import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
 
-    from st_prompts import PromptedTransformer
     from st_prompts.errors import TrainingDivergedError
     from st_prompts.training.pipeline import save_run
     from st_prompts.training.run import TrainResult
 
-    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
-                                device="cpu")
+    model = prompted_model(tiny_bert, "cls", prefix_length=2)
     result = TrainResult(steps=1, seconds=0.0, best_metric=0.5, best_step=1, log_history=[], trainable_parameters=1,
                          total_parameters=1, settings={})
     with pytest.raises(TrainingDivergedError, match="model-selection score is inf"):
@@ -821,18 +813,12 @@ def test_bank_train_refuses_non_finite_and_diverged_sets(tiny_bert, tmp_path, ca
 @pytest.fixture
 def hub_backbone_checkpoint(tiny_bert, tmp_path):
     """A prompts-only checkpoint whose backbone is a hub id that no cache holds."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer, save_prompts_only
+    from st_prompts import save_prompts_only
 
     folder = tmp_path / "prompts"
-    model = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "cls")],
-                                device="cpu")
-    save_prompts_only(model, str(folder))
-    config = json.loads((folder / "sentence_bert_config.json").read_text())
-    config["backbone_name_or_path"] = "st-prompts-tests/not-cached-anywhere"
-    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    save_prompts_only(prompted_model(tiny_bert, "cls", prefix_length=2), str(folder))
+    edit_json(folder / "sentence_bert_config.json",
+              lambda config: {**config, "backbone_name_or_path": "st-prompts-tests/not-cached-anywhere"})
     return folder
 
 

@@ -1,26 +1,14 @@
 """Every command of the documentation and of ``--help`` runs as written (issue 60: the documented ``bank train`` named
 a file that existed nowhere, and the STS-B file of the ``--data-dir`` layout it pointed to was refused).
 
-The commands are read from the files: every fenced ``bash``/``sh``/``shell``/``console`` block (and every unlabeled
-block made only of commands) of README.md, CONTRIBUTING.md and docs/**/*.md, and every example line of the help
-texts (the module docstrings of ``st_prompts/commands/*.py``, the descriptions ``--help`` prints, the recipes'
-docstrings). Two readings, each in its own folder beside a small copy of the shared data layout
-(``../shared/data``: ``tests/fixtures/senteval`` as ``senteval/``, ``tests/fixtures/d2cse/train`` as ``train/``) and
-the reader's own files (:data:`USER_FILES`): the documentation pages in :data:`PAGE_ORDER`, then the help texts.
+Commands are read from the fenced shell blocks (and unlabeled blocks made only of commands) of README.md,
+CONTRIBUTING.md and docs/**/*.md, and from the example lines of the help texts. Two readings (the pages in
+:data:`PAGE_ORDER`, then the help texts), each in its own folder beside a small copy of the shared data layout and
+the reader's own files (:data:`USER_FILES`). Every command is parsed by its real parser and reads files that exist
+(:func:`inputs_and_outputs`); every ``st-prompts`` command not in :data:`NOT_RUN` (which says why) runs in process
+and exits 0. A recipe (``python recipes/X.py``) is parsed, never run: it trains as ``st-prompts train METHOD``.
 
-* Every command is parsed with the real parser (``st-prompts``'s, a recipe's, a benchmark script's), which refuses
-  unknown options and bad values, and the files it reads must exist: in the layout, among the reader's files, or
-  written by a command of its reading (:func:`inputs_and_outputs`; a page may serve an index it builds further
-  down, and the run below holds every command it runs to the order). No synopsis is left (``[--x]``, ``a|b``,
-  ``DIR``).
-* Every ``st-prompts`` command not in :data:`NOT_RUN` runs, in order, in the same process (``st_prompts.cli.main``),
-  and must exit with 0; a command already run in that reading is not run again. :data:`NOT_RUN` names why each other
-  command does not run here; a command that is not ``st-prompts`` needs an entry (an install, a server call, ...),
-  except a recipe's (``python recipes/X.py``), which is parsed and never run: it trains as ``st-prompts train
-  METHOD``, whose commands run here.
-
-Cost: the parse test about 3 s; the run test about 100 s of wall time and 90 s of CPU on two cores at load 3-4 (45
-commands: the MiniLM loads, small trainings and indexes over a few dozen lines; 2026-11-28).
+Cost: the parse test about 3 s; the run test about 90 s of CPU (45 commands, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -37,6 +25,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from conftest import parser_walk
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -227,14 +217,6 @@ def _example_lines(text: str, source: str) -> list[Command]:
     return out
 
 
-def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("st-prompts",)):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from _parsers(sub, (*path, name))
-
-
 def help_commands() -> list[Command]:
     """The examples of every help text: the commands' module docstrings (what ``--help`` shows, or the module's own
     reference), every description and epilog ``--help`` prints, and the recipes' docstrings (their ``--help``)."""
@@ -247,7 +229,7 @@ def help_commands() -> list[Command]:
     for path in [*modules, *sorted((ROOT / "recipes").glob("*.py"))]:
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
         out += _example_lines(docstring, path.relative_to(ROOT).as_posix())
-    for path, parser in _parsers(build_parser()):
+    for path, parser in parser_walk(build_parser()):
         for text in (parser.description, parser.epilog):
             out += _example_lines(text or "", " ".join(path) + " --help")
     seen, unique = set(), []
@@ -597,7 +579,7 @@ def test_the_cli_page_documents_every_option_of_bank_and_serve():
     option the parser has (and an example of each command, run or parsed above)."""
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     missing = []
-    for path, parser in _parsers(_parser()):
+    for path, parser in parser_walk(_parser()):
         if len(path) < 2 or path[1] not in ("bank", "serve"):
             continue
         section = _section(text, f"## `st-prompts {path[1]}`")

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import one_error_line, st_model
+from conftest import edit_json, one_error_line, st_model
 
 SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 CORPUS = Path(__file__).parent / "fixtures" / "search" / "real_queries.txt"
@@ -154,9 +154,7 @@ def _requests(log: Path) -> list[dict]:
 
 
 def _plant(config: Path, value) -> None:
-    data = json.loads(config.read_text())
-    data["attn_implementation"] = value
-    config.write_text(json.dumps(data))
+    edit_json(config, lambda data: {**data, "attn_implementation": value})
 
 
 def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):

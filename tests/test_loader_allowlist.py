@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_error, prompted_model
+from conftest import cli_error, edit_json, prompted_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,12 +57,6 @@ def plant(folder: Path, marker: Path, remove_safetensors: bool = True) -> None:
     if remove_safetensors:
         for path in folder.glob("*.safetensors"):
             path.unlink()
-
-
-def edit_json(path: Path, change) -> None:
-    data = json.loads(path.read_text())
-    data = change(data) or data
-    path.write_text(json.dumps(data))
 
 
 @pytest.fixture(scope="module")

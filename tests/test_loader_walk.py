@@ -15,19 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_error, save_plain, st_model
+from conftest import cli_error, edit_json, save_plain, st_model
 
 from st_prompts.errors import StPromptsError, UntrustedCodeError
 from st_prompts.loading import load_sentence_model, untrusted_reason
 
 SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 EVIL_KERNEL = "someone-else/evil-kernel@deadbeef"
-
-
-def edit_json(path: Path, change) -> None:
-    data = json.loads(path.read_text())
-    data = change(data) or data
-    path.write_text(json.dumps(data))
 
 
 def routed_model(tiny_bert: str, path: Path) -> Path:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import edit_json, save_plain
 
 from st_prompts.errors import DataNotFoundError, UntrustedCodeError
 from st_prompts.loading import load_sentence_model, pooling_label, should_trust_remote_code
@@ -18,12 +19,7 @@ ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling
 @pytest.fixture(scope="module")
 def st_folder(tmp_path_factory, tiny_bert) -> Path:
     """A saved SentenceTransformer (tiny random BERT + mean pooling): only sentence_transformers classes."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    path = tmp_path_factory.mktemp("st-model") / "model"
-    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(path))
-    return path
+    return save_plain(tmp_path_factory.mktemp("st-model") / "model", tiny_bert)
 
 
 def _edit_modules(folder: Path, **types: str) -> None:
@@ -95,9 +91,7 @@ def test_explicit_trust_overrides_the_decision(evil_folder):
 
 def test_custom_modelling_code_is_not_trusted(st_folder, tmp_path):
     folder = Path(shutil.copytree(st_folder, tmp_path / "auto-map"))
-    config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
-    (folder / "config.json").write_text(json.dumps(config))
+    edit_json(folder / "config.json", lambda config: {**config, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}})
     assert should_trust_remote_code(str(folder)) is False
 
 

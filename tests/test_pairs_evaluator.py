@@ -5,28 +5,14 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
+from conftest import HashModel
 
 from st_prompts.errors import DataFormatError
 from st_prompts.evaluation import AlignmentUniformityEvaluator, PairsEvaluator, STSRetrievalEvaluator
 
 SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 EVALUATORS = [AlignmentUniformityEvaluator, STSRetrievalEvaluator]
-
-
-class HashModel:
-    """A seeded random vector per sentence."""
-
-    def encode(self, inputs, convert_to_tensor=False, **kwargs):
-        rows = [np.random.default_rng([7, *map(ord, s)]).normal(size=8) for s in inputs]
-        arr = np.stack(rows).astype(np.float32)
-        return torch.from_numpy(arr) if convert_to_tensor else arr
-
-    encode_query = encode
-    encode_document = encode
-    similarity_fn_name = "cosine"
 
 
 @pytest.mark.parametrize("cls", EVALUATORS)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
+from conftest import HashModel, write_stsb
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.plots import (
@@ -19,18 +19,6 @@ from st_prompts.plots import (
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-class HashModel:
-    """Deterministic stand-in for a SentenceTransformer: a seeded random vector per sentence."""
-
-    def __init__(self, seed=0, dim=16):
-        self.seed, self.dim = seed, dim
-
-    def encode(self, inputs, convert_to_tensor=False, **kwargs):
-        rows = [np.random.default_rng([self.seed, *map(ord, s)]).normal(size=self.dim) for s in inputs]
-        arr = np.stack(rows).astype(np.float32)
-        return torch.from_numpy(arr) if convert_to_tensor else arr
 
 
 def toy_pairs(n=40):
@@ -70,7 +58,7 @@ def test_assign_buckets_boundaries():
 
 
 def test_pair_cosine_similarities():
-    model = HashModel()
+    model = HashModel(0, 16)
     sims = pair_cosine_similarities(model, ["a", "b", "a"], ["b", "b", "c"])
     e = model.encode(["a", "b", "c"])
     e = e / np.linalg.norm(e, axis=1, keepdims=True)
@@ -80,7 +68,7 @@ def test_pair_cosine_similarities():
 def test_similarity_plot_several_models(tmp_path):
     out = tmp_path / "figs" / "similarity.png"  # parent created on the fly
     path = plot_similarity_by_score(
-        {"model A": HashModel(0), "model B": HashModel(1)}, toy_pairs(), out, dataset_label="toy dev"
+        {"model A": HashModel(0, 16), "model B": HashModel(1, 16)}, toy_pairs(), out, dataset_label="toy dev"
     )
     assert path == out
     assert_png(out)
@@ -88,7 +76,7 @@ def test_similarity_plot_several_models(tmp_path):
 
 def test_similarity_plot_single_model_and_empty_bucket(tmp_path):
     pairs = SimpleNamespace(sentences1=["a", "b", "c"], sentences2=["d", "e", "f"], scores=[1.0, 4.5, 5.0])
-    out = plot_similarity_by_score(HashModel(), pairs, tmp_path / "single.png")
+    out = plot_similarity_by_score(HashModel(0, 16), pairs, tmp_path / "single.png")
     assert_png(out)
     # overwriting an existing figure works (atomic replace)
     out = plot_similarity_values_by_score({"x": [0.1, 0.5, 0.9]}, [1.0, 4.5, 5.0], tmp_path / "single.png")
@@ -144,15 +132,6 @@ def test_cli_rejects_bad_output_path(tmp_path, capsys):
     assert "--labels" in capsys.readouterr().err
 
 
-def write_stsb(root, rows):
-    d = root / "STS" / "STSBenchmark"
-    d.mkdir(parents=True)
-    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
-        with open(d / name, "w", encoding="utf-8") as f:
-            for i, (score, a, b) in enumerate(rows):
-                f.write(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score:.3f}\t{a}\t{b}\n")
-
-
 STSB_ROWS = [
     (5.0, "a man is playing a guitar .", "a man plays the guitar ."),
     (4.2, "a woman is slicing an onion .", "a woman cuts an onion ."),
@@ -186,7 +165,7 @@ def test_cli_end_to_end_with_packaged_minilm(tmp_path, capsys):
 def test_cli_labels_carry_the_pooling_and_no_progress_hides_bars(tmp_path, capsys, monkeypatch):
     from sentence_transformers import SentenceTransformer
 
-    import st_prompts.plots as plots
+    from st_prompts import plots
     from st_prompts.cli import main
 
     write_stsb(tmp_path, STSB_ROWS)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_backbone, random_bank
+from conftest import encode, make_tiny_backbone, random_bank
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.losses import CoSENTLoss, MultipleNegativesRankingLoss
@@ -17,10 +17,6 @@ from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFor
 
 TEXTS = ["the man plays guitar .", "a dog runs in the park with a red car and a big tree near the water", "the cat",
          "this is happy music", "a woman sits on the mat in the house", "blue", "the big dog and the small cat play"]
-
-
-def encode(model, texts, **kwargs):
-    return model.encode(list(texts), convert_to_tensor=True, **kwargs)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta", "modernbert", "llama"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_bank
+from conftest import encode, random_bank
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
@@ -28,10 +28,6 @@ def two_set_bank(path: str) -> SentenceTransformer:
     """A bank with a gated set (gate opened, with a prefix MLP) and an ungated set, trained-looking weights."""
     return random_bank(path, gated={"prefix_length": 4, "prefix_gate": True, "prefix_projection": True,
                                     "prefix_hidden_size": 16}, plain=6)
-
-
-def encode(model, texts, **kwargs) -> torch.Tensor:
-    return model.encode(list(texts), convert_to_tensor=True, **kwargs)
 
 
 def test_int8_minilm_is_close_to_fp32_and_every_backbone_linear_is_int8(minilm_path):

