@@ -55,6 +55,7 @@ __all__ = [
     "read_manifest",
     "replace_folder",
     "replaceable_kinds",
+    "save_in_progress",
     "save_model_folder",
     "write_file_atomic",
     "write_json_atomic",
@@ -248,6 +249,12 @@ def interrupted_save_hint(destination: str | os.PathLike) -> str:
 #: The lock files this process holds: real path -> [thread lock, file descriptor, depth].
 _HELD: dict[str, list[Any]] = {}
 _HELD_GUARD = threading.Lock()
+
+
+def save_in_progress(destination: str | os.PathLike) -> bool:
+    """Whether a save of ``destination`` may be under way (its lock file exists beside it: a save holds it, and
+    removes it when it ends): a reader that finds the folder missing waits only then."""
+    return _lock_path(destination).exists()
 
 
 def _lock_path(destination: str | os.PathLike) -> Path:

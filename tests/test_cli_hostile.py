@@ -158,12 +158,8 @@ def _path_cases(h: dict) -> list[list[str]]:
     return cases
 
 
-def test_every_command_refuses_missing_empty_foreign_and_damaged_paths_in_one_line(hostile, capsys, monkeypatch):
-    """None of them reaches the catch-all of main: each is a specific one-line error (exit status 2). (A reader waits
-    5 s for a missing index to appear, as between a save's two renames: 0.1 s here, 25 s less for the walk.)"""
-    from st_prompts.search import store
-
-    monkeypatch.setattr(store, "_READ_RETRY_SECONDS", 0.1)
+def test_every_command_refuses_missing_empty_foreign_and_damaged_paths_in_one_line(hostile, capsys):
+    """None of them reaches the catch-all of main: each is a specific one-line error (exit status 2)."""
     failures = []
     for argv in _path_cases(hostile):
         try:

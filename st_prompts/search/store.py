@@ -58,6 +58,7 @@ from st_prompts.storage import (
     interrupted_save_hint,
     manifest_problem,
     replace_folder,
+    save_in_progress,
     write_manifest,
 )
 
@@ -295,7 +296,10 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: 
             limit = (MMAP_HASH_LIMIT if mmap else None) if verify is None else (None if verify else -1)
             stored = _read_index(root, mmap, limit)
         except (FileNotFoundError, DataFormatError):
-            if _snapshot(root) == before and before is not None or time.monotonic() > deadline:
+            # a missing folder is waited for only while a save holds its lock (it is absent for a moment while a
+            # save swaps it); otherwise a mistyped path would cost the user the whole wait
+            missing = before is None and not save_in_progress(root)
+            if missing or _snapshot(root) == before and before is not None or time.monotonic() > deadline:
                 if not root.exists():
                     raise DataNotFoundError(f"index directory not found: {root}{interrupted_save_hint(root)}")
                 raise  # the folder did not change while it was read: it is damaged
