@@ -298,7 +298,7 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: 
         except (FileNotFoundError, DataFormatError):
             # a missing folder is waited for only while a save holds its lock (it is absent for a moment while a
             # save swaps it); otherwise a mistyped path would cost the user the whole wait
-            missing = before is None and not save_in_progress(root)
+            missing = before is None and not save_in_progress(root) and _snapshot(root) is None  # in this order
             if missing or _snapshot(root) == before and before is not None or time.monotonic() > deadline:
                 if not root.exists():
                     raise DataNotFoundError(f"index directory not found: {root}{interrupted_save_hint(root)}")
