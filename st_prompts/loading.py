@@ -103,17 +103,15 @@ def load_sentence_model(
     Raises DataNotFoundError, DataFormatError (a damaged weight file), UntrustedCodeError, ConfigurationError (an
     unknown ``quantize`` or ``dtype``, both, or a device this machine lacks).
     """
-    from st_prompts.precision import apply_dtype, check_dtype
+    from st_prompts.precision import apply_dtype, check_combination, check_dtype
 
     dtype = check_dtype(dtype)  # before anything loads
+    check_combination(dtype, quantize)
     check_device(device)
     if quantize not in (None, "none"):
         from st_prompts.quantization import check_mode, quantize_model
 
         check_mode(quantize)
-        if dtype != "float32":
-            raise ConfigurationError(f"dtype {dtype} and quantize {quantize} do not combine: int8 runs the backbone's "
-                                     "linear layers with float32 activations on the CPU; choose one")
         model = load_sentence_model(name_or_path, trust_remote_code, device=device or "cpu", **kwargs)
         return quantize_model(model, quantize)
     if dtype != "float32":
@@ -191,7 +189,7 @@ def check_device(device: str | None) -> None:
         raise ConfigurationError(f"{device!r} is not a device ({first_line(exc)})") from exc
     if parsed.type in ("cuda", "mps", "xpu"):
         backend = getattr(torch, parsed.type)
-        count = backend.device_count() if backend.is_available() or parsed.type == "cuda" else 0
+        count = backend.device_count() if backend.is_available() else 0
         if (parsed.index or 0) >= count:
             raise ConfigurationError(f"{device!r} is not here (this machine has {count} {parsed.type} device(s))")
 

@@ -43,8 +43,8 @@ from st_prompts.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DTYPES", "ROW_TOLERANCE", "apply_dtype", "check_dtype", "cpu_flags", "cpu_summary", "dtype_name",
-           "half_is_native", "int8_input_bits"]
+__all__ = ["DTYPES", "ROW_TOLERANCE", "apply_dtype", "check_combination", "check_dtype", "cpu_flags", "cpu_summary",
+           "dtype_name", "half_is_native", "int8_input_bits", "refuse_saves"]
 
 #: The values of ``dtype=`` / ``--dtype``, and their torch types.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,8 +55,8 @@ DTYPE_ATTRIBUTE = "st_prompts_dtype"
 #: The CPU flags (``/proc/cpuinfo``) that run each half type natively.
 _NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-#: The ``SentenceTransformer`` methods that write weights, refused on a model cast to half precision.
-_SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
+#: The ``SentenceTransformer`` methods that write weights, refused on an inference-only (half or int8) model.
+SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
 
 
 def check_dtype(dtype: Any) -> str:
@@ -74,6 +74,21 @@ def check_dtype(dtype: Any) -> str:
     elif isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
         return dtype.removeprefix("torch.")
     raise ConfigurationError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def check_combination(dtype: str, quantize: str | None) -> None:
+    """Refuse ``dtype`` (a name of :data:`DTYPES`) beside int8 quantization, in one line (see the module docstring)."""
+    if dtype != "float32" and quantize not in (None, "none"):
+        raise ConfigurationError(f"dtype {dtype} and quantize {quantize} do not combine: int8 runs the backbone's "
+                                 "linear layers with float32 activations on the CPU; choose one")
+
+
+def refuse_saves(target: Any, reason: str, methods: tuple[str, ...] = SAVE_METHODS) -> None:
+    """Make each of ``methods`` that ``target`` has raise ``ConfigurationError("METHOD() refused: REASON")``: an
+    inference-only model (half precision, int8) never writes weights where full ones were expected."""
+    for method in methods:
+        if hasattr(target, method):
+            setattr(target, method, functools.partial(_refuse_save, method, reason))
 
 
 def dtype_name(model: Any) -> str:
@@ -129,9 +144,7 @@ def apply_dtype(model: Any, dtype: Any) -> Any:
     name = check_dtype(dtype)
     if name == "float32" or dtype_name(model) == name:
         return model
-    if getattr(model, "st_prompts_quantization", "none") != "none":  # quantization.MODE_ATTRIBUTE (imports this)
-        raise ConfigurationError(f"dtype {name} and quantize int8 do not combine: int8 runs the backbone's linear "
-                                 "layers with float32 activations on the CPU; choose one")
+    check_combination(name, getattr(model, "st_prompts_quantization", None))  # quantization.MODE_ATTRIBUTE
     for module in model.modules():
         if hasattr(module, "fingerprint") and hasattr(module, "freeze_backbone"):
             _ = module.fingerprint  # of the fp32 weights, cached: a set added later is checked against it
@@ -139,9 +152,8 @@ def apply_dtype(model: Any, dtype: Any) -> Any:
     model.to(DTYPES[name])
     model.eval()
     setattr(model, DTYPE_ATTRIBUTE, name)
-    for method in _SAVE_METHODS:
-        if hasattr(model, method):
-            setattr(model, method, functools.partial(_refuse_save, method, name))
+    refuse_saves(model, f"this model was loaded in {name} for inference and its float32 weights are not kept; save "
+                        "the model loaded without dtype")
     device = getattr(model, "device", torch.device("cpu"))
     if torch.device(device).type == "cpu" and not half_is_native(name):
         logger.warning("%s on this CPU (%s) is emulated: about 5-10x slower than float32 here (docs/serving.md: "
@@ -149,6 +161,5 @@ def apply_dtype(model: Any, dtype: Any) -> Any:
     return model
 
 
-def _refuse_save(method: str, name: str, *args: Any, **kwargs: Any) -> None:
-    raise ConfigurationError(f"{method}() refused: this model was loaded in {name} for inference and its float32 "
-                             "weights are not kept; save the model loaded without dtype")
+def _refuse_save(method: str, reason: str, *args: Any, **kwargs: Any) -> None:
+    raise ConfigurationError(f"{method}() refused: {reason}")

@@ -26,15 +26,18 @@ from typing import Any
 import torch
 
 from st_prompts.errors import ConfigurationError, first_line
+from st_prompts.precision import refuse_saves
 
 __all__ = ["QUANTIZE_MODES", "Int8Linear", "is_quantized", "quantization_mode", "quantize_model"]
 
 #: The values of ``quantize=`` / ``--quantize``.
 QUANTIZE_MODES = ("none", "int8")
+#: Why a quantized model's saves are refused (:func:`~st_prompts.precision.refuse_saves`).
+_INT8_REASON = ("this model's backbone is quantized to int8 for inference and its fp32 weights are not kept; save the "
+                "model loaded without quantize")
 #: Attribute on the model and on each quantized module: the mode it is quantized to.
 MODE_ATTRIBUTE = "st_prompts_quantization"
 #: The ``SentenceTransformer`` methods that write weights, refused on a quantized model.
-_SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
 
 
 class Int8Linear(torch.nn.Module):
@@ -151,19 +154,15 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
         if _replace_linears(module.auto_model) == 0:
             raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
         setattr(module, MODE_ATTRIBUTE, mode)
-        module.save = functools.partial(_refuse_save, "save")
+        refuse_saves(module, _INT8_REASON, ("save",))
         # the transformers model itself too: its save_pretrained would write the biases and norms without a single
         # linear weight (they live packed outside state_dict), a folder that loads as random layers
-        for name in ("save_pretrained", "push_to_hub"):
-            if hasattr(module.auto_model, name):
-                setattr(module.auto_model, name, functools.partial(_refuse_save, name))
+        refuse_saves(module.auto_model, _INT8_REASON, ("save_pretrained", "push_to_hub"))
         if not _row_exact_attention(module):
             module.forward = functools.partial(exact_rows_forward, module, module.forward)
     model.eval()
     setattr(model, MODE_ATTRIBUTE, mode)
-    for name in _SAVE_METHODS:
-        if hasattr(model, name):
-            setattr(model, name, functools.partial(_refuse_save, name))
+    refuse_saves(model, _INT8_REASON)
     return model
 
 
@@ -297,7 +296,3 @@ def _check_kernels() -> None:
                                  f"{first_line(exc)}"
                                  ) from exc
 
-
-def _refuse_save(method: str, *args: Any, **kwargs: Any) -> None:
-    raise ConfigurationError(f"{method}() refused: this model's backbone is quantized to int8 for inference and its "
-                             "fp32 weights are not kept; save the model loaded without quantize")

@@ -433,24 +433,28 @@ class ServedModel:
         in-process at concurrency 64-256, the CPU's 64 and 4,096 0.61-0.64x); a CPU keeps its measured defaults."""
         import torch
 
-        route = next(iter(self._routes.values()))
         rates: dict[int, float] = {}
         with self._model_lock:
-            made, _ = self.tokenize([" ".join(["measure"] * 30)], route)
-            task = self._task(route)
             for rows in candidates:
                 try:
-                    best = float("inf")
-                    for _ in range(repeats):
-                        start = time.perf_counter()
-                        self._pass(made * rows, [task] * rows)
-                        best = min(best, time.perf_counter() - start)
+                    rates[rows] = rows / self._fastest_pass(rows, repeats)[0]
                 except torch.OutOfMemoryError:
                     break
-                rates[rows] = rows / best
         self.batch_rows = choose_batch_rows(rates) if rates else CPU_BATCH_ROWS
         self.batch_tokens = BATCH_TOKENS_PER_ROW * self.batch_rows
         return self.batch_rows
+
+    def _fastest_pass(self, rows: int, repeats: int) -> tuple[float, int]:
+        """The fastest of ``repeats`` passes of ``rows`` copies of a 32-token text of the first route, in seconds, and
+        that text's tokens (the model lock held by the caller)."""
+        route = next(iter(self._routes.values()))
+        made, counts = self.tokenize([" ".join(["measure"] * 30)], route)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self._pass(made * rows, [self._task(route)] * rows)
+            best = min(best, time.perf_counter() - start)
+        return best, max(1, counts[0])
 
     def measure_pass_overhead(self, rows: int = 16, repeats: int = 3) -> float:
         """What one forward pass costs beyond its padded tokens, in tokens (the batcher's ``pass_overhead_tokens``),
@@ -461,21 +465,9 @@ class ServedModel:
         bank on 2 threads: 90-102 tokens (a pass reads every weight once, whatever its rows); on a GPU a pass of
         many rows costs little more than one, so the overhead is large and passes fill up. Clamped to [0, 1e6].
         """
-        route = next(iter(self._routes.values()))
         with self._model_lock:
-            text = " ".join(["measure"] * 30)
-            made, counts = self.tokenize([text], route)
-            tokens = max(1, counts[0])
-
-            def fastest(count: int) -> float:
-                best = float("inf")
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    self._pass(made * count, [self._task(route)] * count)
-                    best = min(best, time.perf_counter() - start)
-                return best
-
-            one, many = fastest(1), fastest(max(2, rows))
+            one, tokens = self._fastest_pass(1, repeats)
+            many, _ = self._fastest_pass(max(2, rows), repeats)
         per_token = (many - one) / ((max(2, rows) - 1) * tokens)
         overhead = 1e6 if per_token <= 0 else min(1e6, max(0.0, one / per_token - tokens))
         self.pass_overhead_tokens = overhead
