@@ -14,17 +14,17 @@ weights under autocast) and load the saved model in half precision.
 
 **Per-row identity in half precision.** A row's vector does not depend on its neighbours in float32 beyond ~1e-6
 (``tests/test_served_rows.py``). In half precision the matrix products of a padded batch round differently from the
-row alone, so identity holds within :data:`ROW_TOLERANCE` of the row's norm (measured on MiniLM with a bank of two
-sets: 5e-4 (bf16) and 3e-4 (fp16) of the norm, a row alone against the same row in a mixed batch;
-``tests/test_precision.py``).
+row alone, so identity holds within :data:`ROW_TOLERANCE` of the row's norm (a row alone against the same row in a
+mixed batch, measured: MiniLM with two random-valued sets 5e-4 (bf16) and 3e-4 (fp16) of the norm; the shipped,
+normalised MiniLM 2.0e-3 and 2.4e-4, ``benchmarks/results/precision.md``; asserted by ``tests/test_precision.py``).
 
 **int8 and half precision do not combine.** ``quantize="int8"`` runs the backbone's linear layers on fbgemm with fp32
 activations on the CPU; a ``dtype`` other than float32 beside it is refused in one line.
 
 **The CPU.** bfloat16 and float16 are fast on a CPU only with the instructions for them (AVX512-BF16 or AMX for
 bf16, AVX512-FP16 or AMX-FP16 for fp16); elsewhere torch emulates them. Measured on an AMD EPYC with AVX2 only (one
-thread, MiniLM, 300 STS-B dev sentences): float32 83-109 sentences/s, bfloat16 8-17, float16 16-18, i.e. 5-10x
-slower. A half dtype on such a CPU is therefore stated in one warning line when the model loads (never silently
+thread, MiniLM, 300 STS-B dev sentences, two rounds on a busy machine, load 5): float32 83-109 sentences/s,
+bfloat16 8-17, float16 16-18, i.e. 5-11x slower. A half dtype on such a CPU is therefore stated in one warning line when the model loads (never silently
 slow). int8's inputs use 8 bits (0..255) on a CPU with VNNI (AVX512-VNNI or AVX-VNNI, whose u8 x s8 products
 accumulate in 32 bits) and 7 bits (0..127) without, where fbgemm's AVX2 kernel sums pairs of products in 16 bits that
 8-bit inputs could saturate (torch's own ``reduce_range``): :func:`int8_input_bits`.
@@ -156,7 +156,7 @@ def apply_dtype(model: Any, dtype: Any) -> Any:
                         "the model loaded without dtype")
     device = getattr(model, "device", torch.device("cpu"))
     if torch.device(device).type == "cpu" and not half_is_native(name):
-        logger.warning("%s on this CPU (%s) is emulated: about 5-10x slower than float32 here (docs/serving.md: "
+        logger.warning("%s on this CPU (%s) is emulated: 5-11x slower than float32 where measured (docs/serving.md: "
                        "precision)", name, re.sub(r":.*", "", cpu_summary()))
     return model
 
