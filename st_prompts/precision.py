@@ -24,10 +24,10 @@ activations on the CPU; a ``dtype`` other than float32 beside it is refused in o
 **The CPU.** bfloat16 and float16 are fast on a CPU only with the instructions for them (AVX512-BF16 or AMX for
 bf16, AVX512-FP16 or AMX-FP16 for fp16); elsewhere torch emulates them. Measured on an AMD EPYC with AVX2 only (one
 thread, MiniLM, 300 STS-B dev sentences, two rounds on a busy machine, load 5): float32 83-109 sentences/s,
-bfloat16 8-17, float16 16-18, i.e. 5-11x slower. A half dtype on such a CPU is therefore stated in one warning line when the model loads (never silently
-slow). int8's inputs use 8 bits (0..255) on a CPU with VNNI (AVX512-VNNI or AVX-VNNI, whose u8 x s8 products
-accumulate in 32 bits) and 7 bits (0..127) without, where fbgemm's AVX2 kernel sums pairs of products in 16 bits that
-8-bit inputs could saturate (torch's own ``reduce_range``): :func:`int8_input_bits`.
+bfloat16 8-17, float16 16-18, i.e. 5-11x slower. A half dtype on such a CPU is therefore stated in one warning line when
+the model loads (never silently slow). int8's inputs use 8 bits (0..255) on a CPU with VNNI (AVX512-VNNI or AVX-VNNI,
+whose u8 x s8 products accumulate in 32 bits) and 7 bits (0..127) without, where fbgemm's AVX2 kernel sums pairs of
+products in 16 bits that 8-bit inputs could saturate (torch's own ``reduce_range``): :func:`int8_input_bits`.
 """
 
 from __future__ import annotations
