@@ -39,10 +39,11 @@ def world(tmp_path_factory, minilm_path):
     served_db = f"milvus:{root / 'served.db'}#docs"
     out, err = io.StringIO(), io.StringIO()  # capsys is per test: the module's export prints here
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        assert run_cli(["index", "export", root / "flat.index", "--to", served_db, "--no-progress"]) == 0, err
+        code = run_cli(["index", "export", root / "flat.index", "--to", served_db, "--no-progress"])
+    assert code == 0, err.getvalue()
     # --pass-overhead-tokens: the start-up measurement of the pass overhead is not what this module tests
-    server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64", "--index", f"folder={root / 'flat.index'}",
-                            "--index", f"db={served_db}"])
+    server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64",
+                            "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}"])
     try:
         # the library's own export, searched by most tests
         exported = parse_address(f"{root / 'lib.db'}#flat")
@@ -148,7 +149,9 @@ def test_a_bad_address_is_one_line(world, capsys, uri, expected):
 def test_addresses_are_told_from_index_folders(tmp_path):
     assert is_address("milvus:docs.db") and is_address("http://h:19530#c") and is_address("x.db#c")
     assert not is_address(str(tmp_path)) and not is_address("docs.index")
-    (tmp_path / "odd.db").mkdir()  # a FAISS folder that happens to end in .db stays a folder
+    (tmp_path / "odd.db").mkdir()  # a Milvus Lite file is a folder; an index folder that ends in .db stays one
+    assert is_address(str(tmp_path / "odd.db"))
+    (tmp_path / "odd.db" / "meta.json").write_text("{}")
     assert not is_address(str(tmp_path / "odd.db"))
     address = parse_address("milvus://h:19530#c")
     assert (address.uri, address.embedded, str(address)) == ("http://h:19530", False, "http://h:19530#c")
@@ -167,6 +170,41 @@ def test_a_model_that_encodes_otherwise_is_refused_and_a_missing_collection_is_n
     with pytest.raises(DataNotFoundError) as missing:
         IndexRegistry(other).load("docs", f"milvus:{root / 'lib.db'}#nothing")
     assert "no collection 'nothing'" in one_line_message(missing)
+
+
+def test_an_export_that_broke_off_is_refused_until_it_is_done_again(world, monkeypatch, capsys):
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import MilvusException
+
+    address = parse_address(f"{world['root'] / 'broken.db'}#half")
+    inserts = []
+    real_insert = MilvusClient.insert
+
+    def failing_insert(self, name, rows, **kwargs):  # the connection drops after the first batch of documents
+        if name == "half":
+            inserts.append(len(rows))
+            if len(inserts) == 2:
+                raise MilvusException(message="connection reset\nby peer")
+        return real_insert(self, name, rows, **kwargs)
+
+    monkeypatch.setattr(MilvusClient, "insert", failing_insert)
+    with pytest.raises(ConfigurationError) as error:
+        export_index(world["flat"], address, rows=30)
+    assert "exporting to 'half'" in one_line_message(error) and "connection reset" in str(error.value)
+    monkeypatch.undo()
+    with pytest.raises(DataFormatError) as unfinished:
+        VectorCollection.open(address)
+    assert "did not finish" in one_line_message(unfinished)
+    release(address)
+    message = cli_error(["index", "export", world["root"] / "flat.index", "--to", str(address)], capsys)
+    assert "already exists" in message
+    assert cli_out(["index", "export", world["root"] / "flat.index", "--to", str(address), "--overwrite",
+                    "--no-progress"], capsys)[0] == 0
+    collection = VectorCollection.open(address)
+    assert len(collection) == len(DOCS) and collection.search_embeddings(world["queries"][:1], 3)[0][0].id == (
+        world["flat"].search_embeddings(world["queries"][:1], 3)[0][0].id)
+    collection.close()
+    release(address)
 
 
 def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):

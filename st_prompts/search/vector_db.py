@@ -28,6 +28,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line, shorten
 from st_prompts.search.embedding_files import identity_from_record, identity_record
-from st_prompts.search.identity import ModelIdentity
+from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
 
 if TYPE_CHECKING:  # pragma: no cover
     from st_prompts.search.index import SearchHit, SemanticIndex
@@ -73,10 +74,12 @@ class CollectionAddress:
 
 
 def is_address(text: str) -> bool:
-    """Whether ``text`` names a vector-database collection rather than a FAISS index folder."""
+    """Whether ``text`` names a vector-database collection rather than a FAISS index folder (a ``.db`` path is a
+    Milvus Lite file, a folder too, unless it holds an index's ``meta.json``)."""
+    if text.startswith(("milvus:", "http://", "https://")):
+        return True
     location = text.partition("#")[0]
-    return (text.startswith(("milvus:", "http://", "https://")) or location.endswith(".db")) and not os.path.isdir(
-        location)
+    return location.endswith(".db") and not os.path.isfile(os.path.join(location, "meta.json"))
 
 
 def parse_address(text: str, default_collection: str | None = None) -> CollectionAddress:
@@ -147,6 +150,19 @@ def connect(address: CollectionAddress) -> Any:
     except Exception as exc:  # pymilvus raises MilvusException, milvus-lite its own (the file's LOCK is held), ...
         where = f"the Milvus Lite file {address.uri}" if address.embedded else f"the Milvus server {address.uri}"
         raise ConfigurationError(f"cannot open {where}: {first_line(exc, 300)}") from None
+
+
+@contextmanager
+def database_errors(address: CollectionAddress, doing: str) -> Iterator[None]:
+    """Turn the database's own errors (a server gone, a collection dropped meanwhile, a refused call) into one
+    :class:`ConfigurationError` line."""
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        yield
+    except MilvusException as exc:
+        raise ConfigurationError(f"{doing} {address.collection!r} at {address.uri} failed: "
+                                 f"{first_line(exc, 300)}") from None
 
 
 def release(address: CollectionAddress) -> None:
@@ -240,70 +256,102 @@ def export_index(index: SemanticIndex, address: CollectionAddress, *, overwrite:
             st-prompts (never replaced), or the database cannot be reached.
         DataFormatError: mixed or oversized ids, a document longer than a VARCHAR holds.
     """
-    from pymilvus import DataType
-    from tqdm.auto import tqdm
-
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         raise ConfigurationError(f"rows must be a positive integer, got {rows!r}")
     if index.vectors is None and index.index_type == "ivfpq":
         raise ConfigurationError("this IVF-PQ index keeps no vectors (built with rerank 0): it cannot be exported "
                                  "exactly; rebuild it with --rerank, or as another type")
     id_kind = _id_kind(index.ids)
+    for doc_id, text in zip(index.ids, index.texts):  # before anything is written
+        if len(text) * 4 > MAX_VARCHAR_BYTES and len(text.encode("utf-8")) > MAX_VARCHAR_BYTES:
+            raise DataFormatError(f"document {shorten(doc_id)} is longer than the {MAX_VARCHAR_BYTES:,} bytes a "
+                                  "Milvus VARCHAR holds: split it into shorter documents")
     index_type, build_names, search_names = _MIRRORS[index.index_type]
     build = {theirs: index.index_params[ours] for ours, theirs in build_names if ours in index.index_params}
     search = {theirs: index.index_params[ours] for ours, theirs in search_names if ours in index.index_params}
     client = connect(address)
     try:
-        name = address.collection
-        existing = _read_record(client, name)
-        if client.has_collection(name) and existing is None:
-            raise ConfigurationError(f"the collection {name!r} at {address.uri} exists and was not written by "
-                                     "st-prompts: it is never replaced; choose another #COLLECTION")
-        if (existing is not None or client.has_collection(name)) and not overwrite:
-            raise ConfigurationError(f"the collection {name!r} already exists at {address.uri}; pass --overwrite to "
-                                     "replace it")
-        record = {
-            "format": RECORD_FORMAT, "format_version": RECORD_VERSION, "complete": False, "collection": name,
-            "documents": len(index), "dimension": index.dimension, "id_kind": id_kind,
-            "source": {"path": source, "index_type": index.index_type, "index_params": {
-                k: v for k, v in index.index_params.items() if isinstance(v, (int, float, str, bool))}},
-            "search": {"index_type": index_type, "metric_type": "IP", "build": build, "params": search},
-            "model": identity_record(index.model_identity) if index.model_identity is not None else None,
-            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        _write_record(client, name, record)  # unfinished: marks the collection as ours before it is replaced
-        if client.has_collection(name):
-            client.drop_collection(name)
-        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-        if id_kind == "int":
-            schema.add_field("id", DataType.INT64, is_primary=True)
-        else:
-            schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_VARCHAR_BYTES)
-        schema.add_field("text", DataType.VARCHAR, max_length=MAX_VARCHAR_BYTES)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=index.dimension)
-        params = client.prepare_index_params()
-        # build parameters under "params": the form every Milvus reads (Milvus Lite 3 ignores them spread out)
-        params.add_index(field_name="vector", index_type=index_type, metric_type="IP", params={"params": build})
-        client.create_collection(name, schema=schema, index_params=params)
-        with tqdm(total=len(index), unit="doc", desc=f"Exporting to {name}", disable=not progress) as bar:
-            for first, vectors in _vector_batches(index, rows):
-                ids = index.ids[first:first + len(vectors)]
-                texts = index.texts[first:first + len(vectors)]
-                for doc_id, text in zip(ids, texts):
-                    if len(text) * 4 > MAX_VARCHAR_BYTES and len(text.encode("utf-8")) > MAX_VARCHAR_BYTES:
-                        raise DataFormatError(f"document {shorten(doc_id)} is longer than the {MAX_VARCHAR_BYTES:,} "
-                                              "bytes a Milvus VARCHAR holds: split it (index build --chunk)")
-                client.insert(name, [{"id": doc_id if id_kind == "str" else int(doc_id), "text": text,
-                                      "vector": vector} for doc_id, text, vector in zip(ids, texts, vectors)])
-                bar.update(len(vectors))
-        client.flush(name)
-        client.load_collection(name)
-        record["complete"] = True
-        _write_record(client, name, record)
-        return record
+        with database_errors(address, "exporting to"):
+            return _export(client, index, address, overwrite=overwrite, rows=rows, progress=progress, source=source,
+                           id_kind=id_kind, mirror=(index_type, build, search))
     finally:
         client.close()
         release(address)
+
+
+def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, overwrite: bool, rows: int,
+            progress: bool, source: str | None, id_kind: str, mirror: tuple[str, dict, dict]) -> dict[str, Any]:
+    """:func:`export_index` once connected."""
+    from pymilvus import DataType
+    from tqdm.auto import tqdm
+
+    index_type, build, search = mirror
+    name = address.collection
+    existing = _read_record(client, name)
+    if client.has_collection(name) and existing is None:
+        raise ConfigurationError(f"the collection {name!r} at {address.uri} exists and was not written by "
+                                 "st-prompts: it is never replaced; choose another #COLLECTION")
+    if (existing is not None or client.has_collection(name)) and not overwrite:
+        raise ConfigurationError(f"the collection {name!r} already exists at {address.uri}; pass --overwrite to "
+                                 "replace it")
+    record = {
+        "format": RECORD_FORMAT, "format_version": RECORD_VERSION, "complete": False, "collection": name,
+        "documents": len(index), "dimension": index.dimension, "id_kind": id_kind,
+        "source": {"path": source, "index_type": index.index_type, "index_params": {
+            k: v for k, v in index.index_params.items() if isinstance(v, (int, float, str, bool))}},
+        "search": {"index_type": index_type, "metric_type": "IP", "build": build, "params": search},
+        "model": identity_record(index.model_identity) if index.model_identity is not None else None,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write_record(client, name, record)  # unfinished: marks the collection as ours before it is replaced
+    if client.has_collection(name):
+        client.drop_collection(name)
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    if id_kind == "int":
+        schema.add_field("id", DataType.INT64, is_primary=True)
+    else:
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_VARCHAR_BYTES)
+    schema.add_field("text", DataType.VARCHAR, max_length=MAX_VARCHAR_BYTES)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=index.dimension)
+    params = client.prepare_index_params()
+    # build parameters under "params": the form every Milvus reads (Milvus Lite 3 ignores them spread out)
+    params.add_index(field_name="vector", index_type=index_type, metric_type="IP", params={"params": build})
+    client.create_collection(name, schema=schema, index_params=params)
+    with tqdm(total=len(index), unit="doc", desc=f"Exporting to {name}", disable=not progress) as bar:
+        for first, vectors in _vector_batches(index, rows):
+            ids = index.ids[first:first + len(vectors)]
+            texts = index.texts[first:first + len(vectors)]
+            client.insert(name, [{"id": doc_id if id_kind == "str" else int(doc_id), "text": text,
+                                  "vector": vector} for doc_id, text, vector in zip(ids, texts, vectors)])
+            bar.update(len(vectors))
+    client.flush(name)
+    client.load_collection(name)
+    record["complete"] = True
+    _write_record(client, name, record)
+    return record
+
+
+def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
+    """The values of a record that a search uses, checked (a database is input like a folder): whole numbers in
+    range, the search parameters Milvus takes, a model identity that reads."""
+    def count(value: Any, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    search = record.get("search")
+    good = (count(record.get("dimension"), 1, 1 << 16) and count(record.get("documents"), 0, 1 << 62)
+            and isinstance(search, dict) and isinstance(search.get("index_type"), str)
+            and isinstance(search.get("params"), dict)
+            and all(k in ("nprobe", "ef") and count(v, 1, 1 << 20) for k, v in search["params"].items()))
+    if good and record.get("model") is not None:
+        try:
+            identity = identity_from_record(record["model"])
+            good = identity.dimension == record["dimension"] and np.shape(identity.probe_embeddings) == (
+                len(PROBE_SENTENCES), record["dimension"])
+        except Exception:  # a missing key, a wrong type, probe embeddings that are not a matrix
+            good = False
+    if not good:
+        raise DataFormatError(f"the record of the collection {address.collection!r} at {address.uri} is damaged: "
+                              "export the index again with --overwrite")
 
 
 class VectorCollection:
@@ -331,26 +379,35 @@ class VectorCollection:
             DataNotFoundError: no such collection.
             DataFormatError: it was not written by st-prompts, or its export did not finish.
         """
+        if address.embedded and not os.path.exists(address.uri):  # opening it would create an empty one
+            raise DataNotFoundError(f"no Milvus Lite file {address.uri}")
         client = connect(address)
         try:
-            record = _read_record(client, address.collection)
-            if record is None:
-                if client.has_collection(address.collection):
-                    raise DataFormatError(f"the collection {address.collection!r} at {address.uri} was not written "
-                                          "by st-prompts index export: it records no model")
-                raise DataNotFoundError(f"no collection {address.collection!r} at {address.uri}")
-            if not record:
-                raise DataFormatError(f"the record of the collection {address.collection!r} is unreadable")
-            if not record.get("complete") or not client.has_collection(address.collection):
-                raise DataFormatError(f"the export to {address.collection!r} at {address.uri} did not finish: run "
-                                      "st-prompts index export again with --overwrite")
-            if record.get("format_version") != RECORD_VERSION:
-                raise DataFormatError(f"the collection {address.collection!r} was written by another st-prompts "
-                                      f"(record version {shorten(record.get('format_version'))})")
-            client.load_collection(address.collection)
+            with database_errors(address, "opening"):
+                return cls._checked(address, client)
         except BaseException:
             client.close()
             raise
+
+    @classmethod
+    def _checked(cls, address: CollectionAddress, client: Any) -> VectorCollection:
+        """The collection at ``address``, its record checked, once connected."""
+        record = _read_record(client, address.collection)
+        if record is None:
+            if client.has_collection(address.collection):
+                raise DataFormatError(f"the collection {address.collection!r} at {address.uri} was not written "
+                                      "by st-prompts index export: it records no model")
+            raise DataNotFoundError(f"no collection {address.collection!r} at {address.uri}")
+        if not record:
+            raise DataFormatError(f"the record of the collection {address.collection!r} is unreadable")
+        if not record.get("complete") or not client.has_collection(address.collection):
+            raise DataFormatError(f"the export to {address.collection!r} at {address.uri} did not finish: run "
+                                  "st-prompts index export again with --overwrite")
+        if record.get("format_version") != RECORD_VERSION:
+            raise DataFormatError(f"the collection {address.collection!r} was written by another st-prompts "
+                                  f"(record version {shorten(record.get('format_version'))})")
+        _check_record(record, address)
+        client.load_collection(address.collection)
         return cls(address, record, client)
 
     @property
