@@ -2,8 +2,8 @@
 
 Run by hand (not part of the test suite)::
 
-    nice -n 5 python benchmarks/vector_db.py                      # --data-dir ../shared/data --synthetic 100000
-    nice -n 5 python benchmarks/vector_db.py --synthetic 0 --out-dir /tmp/out
+    nice -n 5 python benchmarks/vector_db.py                      # --data-dir ../shared/data --synthetic 50000
+    nice -n 5 python benchmarks/vector_db.py --sets synthetic --append   # one set again, the other's results kept
 
 * **Real set**: the distinct sentences of ``train/wiki_sentences.txt`` of the shared data (Wikipedia), 500 of them
   held out at random (seed 0) as queries, the rest the corpus; encoded with the packaged all-MiniLM-L6-v2
@@ -333,35 +333,50 @@ def main() -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "vdb-bench-cache")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--queries", type=int, default=500)
-    parser.add_argument("--single", type=int, default=200, help="queries timed one at a time (default: 200)")
-    parser.add_argument("--synthetic", type=int, default=100_000, help="synthetic set size (0: none)")
+    parser.add_argument("--single", type=int, default=50, help="queries timed one at a time (default: 50)")
+    parser.add_argument("--sets", nargs="+", choices=("real", "synthetic"), default=["real", "synthetic"])
+    parser.add_argument("--synthetic", type=int, default=50_000, help="synthetic set size (default: 50000)")
+    parser.add_argument("--append", action="store_true", help="keep the results of the sets not run now from "
+                        "OUT_DIR/vector_db.json (each set records its own run: command, time, load)")
     parser.add_argument("--engines", nargs="+", default=["faiss", "milvus", "lancedb", "qdrant"])
-    parser.add_argument("--qdrant-max", type=int, default=50_000,
-                        help="skip Qdrant local mode above this size (its local mode is a pure-Python prototype: its "
-                        "documentation keeps it to small collections; default 50000)")
+    parser.add_argument("--qdrant-max", type=int, default=20_000,
+                        help="skip Qdrant local mode above this size (a pure-Python stand-in without an index: "
+                        "11k vectors took minutes to insert; default 20000)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default: 5)")
     parser.add_argument("--scratch", type=Path, default=None, help="folder for the databases (default: a temp dir)")
     args = parser.parse_args()
     data_dir = args.data_dir or default_data_dir()
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
-              "load_before": load(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-              "k": K, "batch": BATCH, "single": args.single, "rounds": args.rounds, "results": []}
-    texts, docs, queries, report["encoding"] = real_set(data_dir, args.cache_dir, args.queries)
+    path = args.out_dir / "vector_db.json"
+    report = {"machine": machine(), "k": K, "batch": BATCH, "runs": {}, "results": []}
+    if args.append and path.exists():
+        report = {**json.loads(path.read_text(encoding="utf-8")), "machine": machine()}
+    texts, docs, queries, encoding = real_set(data_dir, args.cache_dir, args.queries)
+    report.setdefault("encoding", encoding)
+    if encoding["documents"]["chunks_encoded"]:
+        report["encoding"] = encoding  # an encoding measured now replaces one read from the cache
+    sets = []
+    if "real" in args.sets:
+        sets.append(("wiki-real", docs, texts))
+    if "synthetic" in args.sets:
+        synthetic = synthetic_set(docs, args.synthetic)
+        labels = [f"synthetic {i}" for i in range(args.synthetic)]
+        sets.append((f"synthetic-{args.synthetic // 1000}k", synthetic, labels))
     scratch = Path(tempfile.mkdtemp(prefix="vdb-bench-", dir=args.scratch))
     try:
-        report["results"] += run_set("wiki-real", docs, texts, queries, args, scratch / "real")
-        if args.synthetic:
-            synthetic = synthetic_set(docs, args.synthetic)
-            synthetic_texts = [f"synthetic {i}" for i in range(len(synthetic))]
-            report["results"] += run_set(f"synthetic-{args.synthetic // 1000}k", synthetic, synthetic_texts, queries,
-                                         args, scratch / "synthetic")
+        for label, vectors, set_texts in sets:
+            run = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "load_before": load(),
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "single": args.single,
+                   "rounds": args.rounds}
+            results = run_set(label, vectors, set_texts, queries, args, scratch / label)
+            run["load_after"] = load()
+            report["runs"][label] = run
+            report["results"] = [r for r in report["results"] if r["set"] != label] + results
+            args.out_dir.mkdir(parents=True, exist_ok=True)  # written after each set: a stopped run keeps the rest
+            path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            write_markdown(report, args.out_dir / "vector_db.md")
+            print(f"wrote {path} and {args.out_dir / 'vector_db.md'}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # our own temp dir
-    report["load_after"] = load()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "vector_db.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    write_markdown(report, args.out_dir / "vector_db.md")
-    print(f"wrote {args.out_dir / 'vector_db.json'} and {args.out_dir / 'vector_db.md'}")
     return 0
 
 
@@ -369,23 +384,31 @@ def write_markdown(report: dict, path: Path) -> None:
     m = report["machine"]
     lines = [
         "# Vector databases next to FAISS (generated by `benchmarks/vector_db.py`)", "",
-        f"Command: `{report['command']}`, started {report['started']}. Machine: {m['cpu'].get('Model name')} "
-        f"({m['cpu'].get('CPU(s)')} CPUs, {m['cpu'].get('simd')}), {m['memory_gib']} GiB, Python {m['python']}; "
-        f"**shared with other jobs**: load average {report['load_before']} before, {report['load_after']} after; "
-        "each row gives the 1-minute load over its timing rounds.", "",
+        f"Machine: {m['cpu'].get('Model name')} ({m['cpu'].get('CPU(s)')} CPUs, {m['cpu'].get('simd')}), "
+        f"{m['memory_gib']} GiB, Python {m['python']}; **shared with other jobs** (each set gives its load average "
+        "before and after, each row the 1-minute load over its timing rounds): numbers from a machine this busy are "
+        "noisy; the ranges show how much.", "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()) + ".", "",
         "Same L2-normalised float32 vectors for every engine, inner product, k = 10; recall@10 against exact numpy "
-        "search; queries/s client-side with precomputed query vectors: one query per call (first "
-        f"{report['single']} queries) and batches of {report['batch']} (all queries), the median of "
-        f"{report['rounds']} rounds interleaved across engines after a warm-up (min-max in brackets; every round "
-        "returned the same ids unless marked); build = insert + index build (+ load, + calibration for FAISS IVF / "
-        "HNSW); disk = bytes written. Every engine runs embedded, in this process. See the module docstring for "
-        "the data.", "",
+        "search; queries/s client-side with precomputed query vectors: one query per call (the first queries) and "
+        f"batches of {report['batch']} (all queries), the median of the rounds, interleaved across engines after a "
+        "warm-up (min-max in brackets; every round returned the same ids unless marked); build = insert + index "
+        "build (+ load, + calibration for FAISS IVF / HNSW); disk = bytes written. Every engine runs embedded, in "
+        "this process. See the module docstring for the data.", "",
     ]
+    encoding = report.get("encoding", {}).get("documents", {})
+    if encoding:
+        lines += [f"Encoding the real set (packaged MiniLM, 2 torch threads): {encoding['docs']:,} sentences in "
+                  f"{encoding['seconds_this_run']} s, {encoding['docs_per_s_this_run']} sentences/s, load average "
+                  f"after {encoding['load_average_after']}.", ""]
     for label in dict.fromkeys(r["set"] for r in report["results"]):
         rows = [r for r in report["results"] if r["set"] == label]
+        run = report["runs"][label]
         lines += [f"## {label} ({rows[0]['documents']:,} documents, {report['encoding']['queries']['docs']} queries)",
-                  "", "| engine | index | parameters | recall@10 | q/s one at a time | q/s batched | build s | "
+                  "", f"Command: `{run['command']}`, started {run['started']}, {run['rounds']} rounds, "
+                  f"{run['single']} single queries; load average {run['load_before']} before, {run['load_after']} "
+                  "after." + (f" {run['note']}" if run.get("note") else ""), "",
+                  "| engine | index | parameters | recall@10 | q/s one at a time | q/s batched | build s | "
                   "disk MB | load |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             params = ", ".join(f"{k}={v}" for k, v in r["params"].items() if k != "calibration") or "-"

@@ -158,6 +158,11 @@ def test_addresses_are_told_from_index_folders(tmp_path):
     assert parse_address("docs.db", default_collection="d").uri == str(Path("docs.db").resolve())
 
 
+def test_a_milvus_lite_file_is_not_shared_by_forked_workers(world, capsys):
+    message = cli_error(["serve", "minilm", "--workers", "2", "--index", f"docs={world['exported']}"], capsys)
+    assert "one process at a time" in message and "http://HOST:PORT#COLLECTION" in message
+
+
 def test_a_model_that_encodes_otherwise_is_refused_and_a_missing_collection_is_named(world, tiny_bert):
     from st_prompts.serving.indexes import IndexRegistry
     from st_prompts.serving.model import ServedModel
