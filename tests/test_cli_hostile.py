@@ -152,7 +152,8 @@ def _path_cases(h: dict) -> list[list[str]]:
     cases += [["evaluate", "minilm", "--senteval-dir", m], ["evaluate", "minilm", "--senteval-dir", o]]
     for index in (m, o, d, ""):
         cases += [["index", "info", index], ["index", "search", index, "cats"], ["index", "add", index, h["lines"]],
-                  ["index", "remove", index, "1"], ["index", "calibrate", index, "--target-recall", "0.9"]]
+                  ["index", "remove", index, "1"], ["index", "calibrate", index, "--target-recall", "0.9"],
+                  ["index", "export", index, "--to", f"milvus:{r / 'export.db'}#c"]]
     cases += [["plot", "diffaug-stage1", run, "--out", str(r / "d.png")] for run in (m, o, *h["runs"])]
     cases += [["ski", "generate", "--llm", d, "--input", m, "--output", str(r / "ski.jsonl")]]
     return cases

@@ -101,6 +101,8 @@ NOT_RUN = {
     "st-prompts serve my-bank --devices cuda:0,cuda:1 --dtype bfloat16": _SERVER,
     "st-prompts evaluate my-bank --dtype float16 --device cuda": _GPU,
     "st-prompts serve my-bank --index docs=docs.index --port 9000": _SERVER,
+    "st-prompts serve minilm --index docs=milvus:./docs.db#docs": _SERVER,
+    "st-prompts serve minilm --index corpus=milvus:./corpus.db#corpus": _SERVER,
     "ST_PROMPTS_ADMIN_TOKEN=... st-prompts serve my-bank": _SERVER,
     "curl http://127.0.0.1:8000/v1/embeddings -H \"Content-Type: application/json\" -d '{\"model\": \"sts\", "
     "\"input\": [\"A man plays a guitar.\", \"A dog runs.\"]}'": _CALLS_SERVER,
@@ -394,19 +396,31 @@ def inputs_and_outputs(command: tuple[str, ...], args: argparse.Namespace) -> tu
         action = command[1]
         if action == "build":
             return _local(args.model) + [str(args.corpus)] + get("calibration_queries"), [str(args.out)]
+        if action == "export":  # writes the Milvus Lite file of --to (a server address writes nothing here)
+            return [str(args.index)], [p for p in [_milvus_file(args.to)] if p]
         return [str(args.index)] + get("file") + ([str(args.queries)] if action == "calibrate" and args.queries
                                                    else []), []
     if head in ("evaluate", "plot"):
         models = [m for model in getattr(args, "models", []) for m in _local(model)]
         written = get("json") + get("out")
         return models + get("senteval_dir") + get("run_dir"), written
-    if head == "serve":
-        return _local(args.model) + [value.partition("=")[2] for value in args.index], []
+    if head == "serve":  # an index folder, or the file of a Milvus Lite collection (a server's: nothing here)
+        paths = [value.partition("=")[2] for value in args.index]
+        return _local(args.model) + [p for p in (_milvus_file(p) or (None if "://" in p else p) for p in paths)
+                                     if p], []
     if head == "ski":
         return get("input"), [args.output]
     if head == "demo":
         return [], [args.output]
     return [], []
+
+
+def _milvus_file(address: str) -> str | None:
+    """The local file a collection address names (``milvus:PATH#C``, ``PATH.db#C``), or None (a server, a folder)."""
+    location = address.partition("#")[0]
+    if location.startswith("milvus:") and not location.startswith("milvus://"):
+        return location[len("milvus:"):]
+    return location if location.endswith(".db") and "://" not in location else None
 
 
 def default_output(method: str, supervised: bool, scale: str) -> str:

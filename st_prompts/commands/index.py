@@ -13,6 +13,7 @@ Examples::
     st-prompts index remove corpus.index 12 57
     st-prompts index calibrate ivf.index --target-recall 0.98
     st-prompts index info corpus.index                                     # shows the calibration
+    st-prompts index export corpus.index --to milvus:./docs.db#corpus      # into a Milvus Lite file (or http://...)
 
 See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping). Models are loaded
 with :func:`st_prompts.loading.load_sentence_model`: their code is trusted only when it all comes from
@@ -57,7 +58,8 @@ _recall = _bounded_float(0.0, 1.0, min_inclusive=False)  # a recall@10 target: i
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``index`` and its sub-commands (``build``, ``search``, ``add``, ``remove``, ``calibrate``, ``info``)."""
+    """Register ``index`` and its sub-commands (``build``, ``search``, ``add``, ``remove``, ``calibrate``, ``info``,
+    ``export``)."""
     parser = subparsers.add_parser(
         "index",
         help="build and query a FAISS semantic-search index",
@@ -72,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_remove(commands)
     _add_calibrate(commands)
     _add_info(commands)
+    _add_export(commands)
 
 
 def _add_build(commands: argparse._SubParsersAction) -> None:
@@ -213,6 +216,25 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
                       "the one recorded when it was written (reads every file; by default files over 256 MiB are "
                       "checked by size and structure only)")
     info.set_defaults(func=run_info)
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="copy an index into a vector database collection (Milvus)",
+        description="Copy the index at INDEX (ids, texts, vectors and its model's identity) into a Milvus collection, "
+        "batch by batch, with an index of the same kind (flat -> FLAT, ivf -> IVF_FLAT, hnsw -> HNSW, ivfpq -> "
+        "IVF_SQ8, with its parameters). URI: milvus:PATH.db[#COLLECTION] or PATH.db[#COLLECTION] (an embedded Milvus "
+        "Lite file), http(s)://HOST:PORT[#COLLECTION] (a Milvus server or cluster; a token from $MILVUS_TOKEN). The "
+        "collection defaults to the index folder's name. Serve it with: st-prompts serve MODEL --index NAME=URI. "
+        'Needs pip install "st-prompts[scale]".',
+    )  # fmt: skip
+    export.add_argument("index", metavar="INDEX", type=Path, help="index directory written by 'index build'")
+    export.add_argument("--to", required=True, metavar="URI", help="the collection to write (see above)")
+    export.add_argument("--overwrite", action="store_true", help="replace a collection st-prompts wrote before "
+                        "(one it did not write is never replaced)")
+    export.add_argument("--batch-rows", type=_BATCH, default=2_000, help="documents per insert (default: 2000)")
+    add_no_progress_argument(export)
+    export.set_defaults(func=run_export)
 
 
 def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
@@ -425,3 +447,22 @@ def run_info(args: argparse.Namespace) -> int:
     if args.verify:
         print(verified)
     return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Run ``st-prompts index export``."""
+    from st_prompts.search import SemanticIndex
+    from st_prompts.search.vector_db import collection_name_for, export_index, parse_address
+
+    address = parse_address(args.to, default_collection=collection_name_for(args.index))  # before the index is read
+    with _warnings_as_messages():
+        index = SemanticIndex.load(args.index, mmap=True)  # vectors read batch by batch; no model needed
+        record = export_index(index, address, overwrite=args.overwrite, rows=args.batch_rows,
+                              progress=show_progress(args), source=str(args.index.resolve()))
+    search = record["search"]
+    details = ", ".join(f"{key}={value}" for key, value in {**search["build"], **search["params"]}.items())
+    print(f"Exported {record['documents']} documents of {args.index} to {address} ({search['index_type']}"
+          f"{' ' + details if details else ''}, inner product); serve it with: st-prompts serve MODEL --index "
+          f"NAME={address}")
+    return 0
+

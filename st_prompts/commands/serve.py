@@ -2,6 +2,7 @@
 
     st-prompts serve my-bank                                     # http://127.0.0.1:8000/v1/embeddings, model = a task
     st-prompts serve my-bank --index docs=docs.index --port 9000  # and POST /search over an index
+    st-prompts serve minilm --index docs=milvus:./docs.db#docs     # over a collection (st-prompts index export)
     ST_PROMPTS_ADMIN_TOKEN=... st-prompts serve my-bank          # with the admin endpoint (add/remove sets, reload)
 
 Rows of every task share forward passes (a bank's per-row prompt sets); see docs/serving.md. Needs the ``serve``
@@ -33,8 +34,9 @@ def add_parser(subparsers) -> None:
         description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL_OR_BANK", help="a model or prompt bank folder, a hub id, or 'minilm'")
     parser.add_argument("--index", action="append", default=[], metavar="NAME=PATH",
-                        help="serve the index folder PATH (st-prompts index build) as NAME on POST /search; repeat "
-                        "for several")
+                        help="serve the index folder PATH (st-prompts index build) as NAME on POST /search, or a "
+                        "collection exported by 'st-prompts index export': PATH = milvus:FILE.db#COLLECTION or "
+                        "http://HOST:PORT#COLLECTION; repeat for several")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                         "only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int_range(0, 65535), default=8000,

@@ -1,5 +1,6 @@
-"""The FAISS indexes a server searches: loaded at start (memory-mapped), checked against the served model, reloaded
-on demand after ``st-prompts index add`` / ``remove``.
+"""The indexes a server searches: FAISS folders loaded at start (memory-mapped) or vector-database collections
+(``st-prompts index export``; :mod:`st_prompts.search.vector_db`), checked against the served model, reloaded on
+demand after ``st-prompts index add`` / ``remove`` (or a new export).
 
 Each index decides how its queries are encoded: an index built with ``--task NAME`` records that prompt set, and its
 queries are rows of that task in the shared batches; an index built without a task is queried with the model's query
@@ -29,8 +30,9 @@ __all__ = ["IndexRegistry", "ServedIndex"]
 
 
 class ServedIndex:
-    """One loaded index: its name, folder, the :class:`~st_prompts.search.SemanticIndex` and the route its queries
-    take through the served model."""
+    """One loaded index: its name, folder (or collection address), the :class:`~st_prompts.search.SemanticIndex` (or
+    :class:`~st_prompts.search.vector_db.VectorCollection`, searched alike) and the route its queries take through
+    the served model."""
 
     def __init__(self, name: str, path: str, index: Any, route: Any, task: str | None) -> None:
         self.name = name
@@ -74,17 +76,32 @@ class IndexRegistry:
         return entry
 
     def load(self, name: str, path: str) -> ServedIndex:
-        """Load (or reload) the index ``name`` from ``path``, memory-mapped, and check it against the served model.
+        """Load (or reload) the index ``name`` from ``path``, memory-mapped (or open the collection ``path`` names:
+        ``milvus:FILE.db#COLLECTION``, ``http://HOST:PORT#COLLECTION``), and check it against the served model.
 
         Raises:
             StPromptsError: the folder is not a complete index, or the served model does not encode like the index's
                 model (another backbone, another set, a missing set).
         """
         from st_prompts.search import SemanticIndex
+        from st_prompts.search.vector_db import VectorCollection, is_address, parse_address
+
+        if is_address(path):
+            address = parse_address(path)
+            index, where = VectorCollection.open(address), str(address)
+        else:
+            index, where = SemanticIndex.load(path, mmap=True), os.path.abspath(path)
+        try:
+            return self._check_and_register(name, path, where, index)
+        except BaseException:
+            if isinstance(index, VectorCollection):
+                index.close()
+            raise
+
+    def _check_and_register(self, name: str, path: str, where: str, index: Any) -> ServedIndex:
         from st_prompts.search.encoding import l2_normalize
         from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
 
-        index = SemanticIndex.load(path, mmap=True)
         identity = index.model_identity
         if identity is None:
             raise RequestError(422, f"The index at {path} was built from bare embeddings and records no model: a server "
@@ -107,14 +124,15 @@ class IndexRegistry:
         except BaseException:
             self.served.release(route)
             raise
-        entry = ServedIndex(name, os.path.abspath(path), index, route, task)
+        entry = ServedIndex(name, where, index, route, task)
         with self._lock:
             old = self._indexes.get(name)
             self._indexes[name] = entry
         if old is not None:
             self.served.release(old.route)
-        logger.info("index %r: %d documents (%s, memory-mapped) from %s, queries %s", name, len(index),
-                    index.index_type, printable(path), f"with the prompt set {task!r}" if task else "on the query side")
+        logger.info("index %r: %d documents (%s%s) from %s, queries %s", name, len(index), index.index_type,
+                    "" if index.index_type.startswith("milvus:") else ", memory-mapped", printable(path),
+                    f"with the prompt set {task!r}" if task else "on the query side")
         return entry
 
     def reload(self, name: str) -> ServedIndex:

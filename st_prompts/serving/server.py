@@ -93,6 +93,8 @@ def run_server(options: ServerOptions) -> int:
         torch.set_num_threads(1)
     elif options.threads is not None and not devices:
         torch.set_num_threads(options.threads)
+    if workers > 1:
+        _refuse_shared_files(options.indexes, workers)
     sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
     served, registry = _load(options) if not devices else (None, None)
     host, port = sock.getsockname()[:2]
@@ -220,6 +222,17 @@ def _load(options: ServerOptions):
         except StPromptsError as exc:
             raise type(exc)(f"index {name!r}: {exc}") from exc
     return served, registry
+
+
+def _refuse_shared_files(indexes: list[tuple[str, str]], workers: int) -> None:
+    """A Milvus Lite file is open in one process at a time (it holds a lock): several workers cannot share one."""
+    from st_prompts.search.vector_db import is_address, parse_address
+
+    for name, path in indexes:
+        if is_address(path) and parse_address(path).embedded:
+            raise ConfigurationError(f"index {name!r}: a Milvus Lite file opens in one process at a time, not in "
+                                     f"{workers} workers: serve it with one worker, or from a Milvus server "
+                                     "(http://HOST:PORT#COLLECTION)")
 
 
 def _serve(options: ServerOptions, sock: socket.socket | None, served, registry, ready, link=None) -> int:

@@ -1,0 +1,449 @@
+"""A semantic index in a vector database (Milvus): export a FAISS index folder into a collection, open it, search it.
+
+Milvus because one client API (``pymilvus.MilvusClient``) reaches an embedded file (Milvus Lite, in this process) and
+a server or a sharded cluster (Milvus standalone / distributed) by changing only the URI; the choice is measured in
+``benchmarks/results/vector_db.md`` and argued in ``docs/search.md`` ("A vector database").
+
+Addresses (:func:`parse_address`), ``#COLLECTION`` optional everywhere:
+
+* ``milvus:PATH`` or ``PATH.db``: a Milvus Lite file (embedded; one process opens it at a time);
+* ``http://HOST:PORT`` / ``https://HOST:PORT`` (also ``milvus://HOST:PORT``, read as ``http://``): a Milvus server or
+  cluster; a token, if the server needs one, comes from the ``MILVUS_TOKEN`` environment variable (never from a
+  command line, where other users see it).
+
+A collection written here holds ``id`` (the index's ids: INT64, or VARCHAR for string ids), ``text`` and ``vector``
+(float32, L2-normalised, inner product: scores are cosines as in FAISS). Beside it, the collection
+``NAME__st_prompts`` holds this package's record of it: the source index, the search parameters and the model's
+identity with its probe embeddings (:func:`~st_prompts.search.embedding_files.identity_record`), so a server checks
+that its model encodes like the index's before serving it. The record is written first, marked unfinished, and
+marked finished last: a collection whose export broke off is refused when opened, and an export may replace only a
+collection that has such a record (one that st-prompts wrote).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line, shorten
+from st_prompts.search.embedding_files import identity_from_record, identity_record
+from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
+
+if TYPE_CHECKING:  # pragma: no cover
+    from st_prompts.search.index import SearchHit, SemanticIndex
+
+RECORD_SUFFIX = "__st_prompts"
+RECORD_FORMAT = "st-prompts-collection"
+RECORD_VERSION = 1
+RECORD_PART_CHARS = 60_000  # a VARCHAR holds at most 65,535 bytes; the record is ASCII JSON, cut into parts this long
+MAX_VARCHAR_BYTES = 65_535
+MAX_TOP_K = 16_384  # Milvus's limit on k
+INSTALL_HINT = 'pip install "st-prompts[scale]"'
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
+
+#: How each FAISS index type is mirrored: a flat index stays exact, IVF and HNSW keep their parameters, IVF-PQ becomes
+#: IVF_SQ8 with its nlist / nprobe (Milvus Lite has no IVF_PQ; SQ8 also compresses the vectors, 4x).
+_MIRRORS = {
+    "flat": ("FLAT", (), ()),
+    "ivf": ("IVF_FLAT", (("nlist", "nlist"),), (("nprobe", "nprobe"),)),
+    "ivfpq": ("IVF_SQ8", (("nlist", "nlist"),), (("nprobe", "nprobe"),)),
+    "hnsw": ("HNSW", (("m", "M"), ("ef_construction", "efConstruction")), (("ef_search", "ef"),)),
+}
+
+
+@dataclass(frozen=True)
+class CollectionAddress:
+    """Where a collection lives: ``uri`` as ``MilvusClient`` takes it (an absolute ``.db`` path or a server URL) and
+    the collection's name."""
+
+    uri: str
+    collection: str
+    embedded: bool
+
+    def __str__(self) -> str:
+        return f"{'milvus:' if self.embedded else ''}{self.uri}#{self.collection}"
+
+
+def is_address(text: str) -> bool:
+    """Whether ``text`` names a vector-database collection rather than a FAISS index folder (a ``.db`` path is a
+    Milvus Lite file, a folder too, unless it holds an index's ``meta.json``)."""
+    if text.startswith(("milvus:", "http://", "https://")):
+        return True
+    location = text.partition("#")[0]
+    return location.endswith(".db") and not os.path.isfile(os.path.join(location, "meta.json"))
+
+
+def parse_address(text: str, default_collection: str | None = None) -> CollectionAddress:
+    """Read ``[milvus:]PATH.db[#NAME]``, ``milvus:PATH[#NAME]`` or ``http(s)://HOST:PORT[#NAME]``.
+
+    Raises:
+        ConfigurationError: an unknown scheme, an empty path, a bad collection name, or no name where none is
+            defaulted.
+    """
+    location, _, collection = str(text).partition("#")
+    collection = collection or default_collection or ""
+    if location.startswith("milvus://"):
+        location = "http://" + location[len("milvus://"):]
+    if location.startswith(("http://", "https://")):
+        host = location.split("://", 1)[1].rstrip("/")
+        if not host or "/" in host or any(c.isspace() for c in host):
+            raise ConfigurationError(f"{shorten(text)} is not a server address: use http://HOST:PORT[#COLLECTION]")
+        uri, embedded = location.rstrip("/"), False
+    elif location.startswith("milvus:") or (location.endswith(".db") and "://" not in location):
+        path = location[len("milvus:"):] if location.startswith("milvus:") else location
+        if not path:
+            raise ConfigurationError(f"{shorten(text)} names no file: use milvus:PATH[#COLLECTION]")
+        uri, embedded = os.path.abspath(os.path.expanduser(path)), True
+    else:
+        raise ConfigurationError(f"{shorten(text)} is not a vector database address: use milvus:PATH.db[#COLLECTION] "
+                                 "(an embedded Milvus Lite file) or http://HOST:PORT[#COLLECTION] (a Milvus server)")
+    if not collection:
+        raise ConfigurationError(f"{shorten(text)} names no collection: add #COLLECTION")
+    if not _NAME.fullmatch(collection) or collection.endswith(RECORD_SUFFIX):
+        raise ConfigurationError(f"collection name {shorten(collection)}: use letters, digits and '_' (not starting "
+                                 f"with a digit, not ending in {RECORD_SUFFIX!r})")
+    return CollectionAddress(uri=uri, collection=collection, embedded=embedded)
+
+
+def collection_name_for(folder: str | os.PathLike) -> str:
+    """A collection name from an index folder's name (``docs.index`` -> ``docs_index``)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", os.path.basename(os.path.abspath(folder)))[:200] or "documents"
+    return name if not name[0].isdigit() else f"c_{name}"
+
+
+def connect(address: CollectionAddress) -> Any:
+    """A ``pymilvus.MilvusClient`` for ``address``.
+
+    Raises:
+        ConfigurationError: pymilvus (or milvus-lite, for a file) is not installed, the file is open in another
+            process, or the server cannot be reached.
+    """
+    try:
+        from pymilvus import MilvusClient
+    except ImportError:
+        raise ConfigurationError(f"a vector database needs pymilvus: {INSTALL_HINT}") from None
+    # pymilvus logs every failed call with its traceback; the errors raised here say what failed, in one line
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+    if address.embedded:
+        try:
+            import milvus_lite  # noqa: F401 - pymilvus opens a .db file through it
+        except ImportError:
+            raise ConfigurationError(f"a Milvus Lite file needs milvus-lite: {INSTALL_HINT}") from None
+        # milvus-lite logs a traceback when it cannot open a file (another process holds it): the error below says
+        # it; its in-process gRPC server logs one for each call pymilvus makes that it lacks (AllocTimestamp), which
+        # pymilvus then does without
+        logging.getLogger("milvus_lite.server_manager").setLevel(logging.CRITICAL)
+        logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
+        if not os.path.isdir(os.path.dirname(address.uri)):
+            raise DataNotFoundError(f"no folder {os.path.dirname(address.uri)} for the Milvus Lite file {address.uri}")
+    try:
+        return MilvusClient(address.uri, token=os.environ.get("MILVUS_TOKEN", ""))
+    except Exception as exc:  # pymilvus raises MilvusException, milvus-lite its own (the file's LOCK is held), ...
+        where = f"the Milvus Lite file {address.uri}" if address.embedded else f"the Milvus server {address.uri}"
+        raise ConfigurationError(f"cannot open {where}: {first_line(exc, 300)}") from None
+
+
+@contextmanager
+def database_errors(address: CollectionAddress, doing: str) -> Iterator[None]:
+    """Turn the database's own errors (a server gone, a collection dropped meanwhile, a refused call) into one
+    :class:`ConfigurationError` line."""
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        yield
+    except MilvusException as exc:
+        raise ConfigurationError(f"{doing} {address.collection!r} at {address.uri} failed: "
+                                 f"{first_line(exc, 300)}") from None
+
+
+def release(address: CollectionAddress) -> None:
+    """Close the Milvus Lite file of ``address`` in this process (pymilvus keeps it open, locked, until the process
+    exits otherwise), so that another process can open it; nothing for a server."""
+    if address.embedded:
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(address.uri)
+
+
+def _read_record(client: Any, collection: str) -> dict[str, Any] | None:
+    """The record beside ``collection``, or ``None`` when it has none."""
+    name = collection + RECORD_SUFFIX
+    if not client.has_collection(name):
+        return None
+    client.load_collection(name)  # a collection is "released" when its file was opened again
+    rows = client.query(name, filter="key >= 0", output_fields=["key", "part"], limit=1000)
+    text = "".join(row["part"] for row in sorted(rows, key=lambda row: row["key"]))
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) and record.get("format") == RECORD_FORMAT else {}
+
+
+def _write_record(client: Any, collection: str, record: dict[str, Any]) -> None:
+    """Write the record beside ``collection``: a collection of its own (Milvus needs a vector field in each, so a
+    2-dimensional placeholder), its JSON in parts, replaced in place (upsert, then drop parts left over)."""
+    from pymilvus import DataType
+
+    name = collection + RECORD_SUFFIX
+    if not client.has_collection(name):
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("key", DataType.INT64, is_primary=True)
+        schema.add_field("part", DataType.VARCHAR, max_length=MAX_VARCHAR_BYTES)
+        schema.add_field("placeholder", DataType.FLOAT_VECTOR, dim=2)
+        params = client.prepare_index_params()
+        params.add_index(field_name="placeholder", index_type="FLAT", metric_type="L2")
+        client.create_collection(name, schema=schema, index_params=params, consistency_level="Strong")
+    text = json.dumps(record, ensure_ascii=True)
+    parts = [text[i:i + RECORD_PART_CHARS] for i in range(0, len(text), RECORD_PART_CHARS)]
+    client.upsert(name, [{"key": i, "part": part, "placeholder": [0.0, 0.0]} for i, part in enumerate(parts)])
+    client.delete(name, filter=f"key >= {len(parts)}")
+    client.flush(name)
+
+
+def _vector_batches(index: SemanticIndex, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first row, vectors)`` of the index, ``rows`` at a time: the stored ones of an IVF-PQ index (float16, as its
+    exact re-ranking uses them), the FAISS index's own otherwise, read batch by batch where FAISS allows."""
+    import faiss
+
+    from st_prompts.search.faiss_index import reconstruct_all
+
+    total = len(index)
+    if index.vectors is not None:
+        source = index.vectors
+    elif index.index_type == "flat":
+        source = None
+        reader = index.index
+    elif index.index_type == "hnsw":
+        source = None
+        reader = faiss.downcast_index(index.index).storage
+    else:
+        source = reconstruct_all(index.index, index.index_type)  # an IVF index keeps its vectors in inverted lists
+    for first in range(0, total, rows):
+        count = min(rows, total - first)
+        block = source[first:first + count] if source is not None else reader.reconstruct_n(first, count)
+        yield first, np.ascontiguousarray(block, dtype=np.float32)
+
+
+def _id_kind(ids: Any) -> str:
+    kinds = {"str" if isinstance(i, str) else "int" if isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+             else "other" for i in ids}
+    if kinds == {"int"}:
+        if ids and (min(ids) < -2**63 or max(ids) >= 2**63):
+            raise DataFormatError("a document id does not fit Milvus's INT64 ids")
+        return "int"
+    if kinds == {"str"}:
+        return "str"
+    raise DataFormatError("a collection needs ids of one kind: all integers or all strings")
+
+
+def export_index(index: SemanticIndex, address: CollectionAddress, *, overwrite: bool = False, rows: int = 2_000,
+                 progress: bool = False, source: str | None = None) -> dict[str, Any]:
+    """Copy ``index`` (ids, texts, vectors, model identity) into the collection at ``address``, ``rows`` documents
+    per insert; returns the record written beside it.
+
+    Raises:
+        ConfigurationError: the collection exists (without ``overwrite``), or exists and was not written by
+            st-prompts (never replaced), or the database cannot be reached.
+        DataFormatError: mixed or oversized ids, a document longer than a VARCHAR holds.
+    """
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ConfigurationError(f"rows must be a positive integer, got {rows!r}")
+    if index.vectors is None and index.index_type == "ivfpq":
+        raise ConfigurationError("this IVF-PQ index keeps no vectors (built with rerank 0): it cannot be exported "
+                                 "exactly; rebuild it with --rerank, or as another type")
+    id_kind = _id_kind(index.ids)
+    for doc_id, text in zip(index.ids, index.texts):  # before anything is written
+        if len(text) * 4 > MAX_VARCHAR_BYTES and len(text.encode("utf-8")) > MAX_VARCHAR_BYTES:
+            raise DataFormatError(f"document {shorten(doc_id)} is longer than the {MAX_VARCHAR_BYTES:,} bytes a "
+                                  "Milvus VARCHAR holds: split it into shorter documents")
+    index_type, build_names, search_names = _MIRRORS[index.index_type]
+    build = {theirs: index.index_params[ours] for ours, theirs in build_names if ours in index.index_params}
+    search = {theirs: index.index_params[ours] for ours, theirs in search_names if ours in index.index_params}
+    client = connect(address)
+    try:
+        with database_errors(address, "exporting to"):
+            return _export(client, index, address, overwrite=overwrite, rows=rows, progress=progress, source=source,
+                           id_kind=id_kind, mirror=(index_type, build, search))
+    finally:
+        client.close()
+        release(address)
+
+
+def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, overwrite: bool, rows: int,
+            progress: bool, source: str | None, id_kind: str, mirror: tuple[str, dict, dict]) -> dict[str, Any]:
+    """:func:`export_index` once connected."""
+    from pymilvus import DataType
+    from tqdm.auto import tqdm
+
+    index_type, build, search = mirror
+    name = address.collection
+    existing = _read_record(client, name)
+    if client.has_collection(name) and existing is None:
+        raise ConfigurationError(f"the collection {name!r} at {address.uri} exists and was not written by "
+                                 "st-prompts: it is never replaced; choose another #COLLECTION")
+    if (existing is not None or client.has_collection(name)) and not overwrite:
+        raise ConfigurationError(f"the collection {name!r} already exists at {address.uri}; pass --overwrite to "
+                                 "replace it")
+    record = {
+        "format": RECORD_FORMAT, "format_version": RECORD_VERSION, "complete": False, "collection": name,
+        "documents": len(index), "dimension": index.dimension, "id_kind": id_kind,
+        "source": {"path": source, "index_type": index.index_type, "index_params": {
+            k: v for k, v in index.index_params.items() if isinstance(v, (int, float, str, bool))}},
+        "search": {"index_type": index_type, "metric_type": "IP", "build": build, "params": search},
+        "model": identity_record(index.model_identity) if index.model_identity is not None else None,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write_record(client, name, record)  # unfinished: marks the collection as ours before it is replaced
+    if client.has_collection(name):
+        client.drop_collection(name)
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    if id_kind == "int":
+        schema.add_field("id", DataType.INT64, is_primary=True)
+    else:
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_VARCHAR_BYTES)
+    schema.add_field("text", DataType.VARCHAR, max_length=MAX_VARCHAR_BYTES)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=index.dimension)
+    params = client.prepare_index_params()
+    # build parameters under "params": the form every Milvus reads (Milvus Lite 3 ignores them spread out)
+    params.add_index(field_name="vector", index_type=index_type, metric_type="IP", params={"params": build})
+    client.create_collection(name, schema=schema, index_params=params)
+    with tqdm(total=len(index), unit="doc", desc=f"Exporting to {name}", disable=not progress) as bar:
+        for first, vectors in _vector_batches(index, rows):
+            ids = index.ids[first:first + len(vectors)]
+            texts = index.texts[first:first + len(vectors)]
+            client.insert(name, [{"id": doc_id if id_kind == "str" else int(doc_id), "text": text,
+                                  "vector": vector} for doc_id, text, vector in zip(ids, texts, vectors)])
+            bar.update(len(vectors))
+    client.flush(name)
+    client.load_collection(name)
+    record["complete"] = True
+    _write_record(client, name, record)
+    return record
+
+
+def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
+    """The values of a record that a search uses, checked (a database is input like a folder): whole numbers in
+    range, the search parameters Milvus takes, a model identity that reads."""
+    def count(value: Any, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    search = record.get("search")
+    good = (count(record.get("dimension"), 1, 1 << 16) and count(record.get("documents"), 0, 1 << 62)
+            and isinstance(search, dict) and isinstance(search.get("index_type"), str)
+            and isinstance(search.get("params"), dict)
+            and all(k in ("nprobe", "ef") and count(v, 1, 1 << 20) for k, v in search["params"].items()))
+    if good and record.get("model") is not None:
+        try:
+            identity = identity_from_record(record["model"])
+            good = identity.dimension == record["dimension"] and np.shape(identity.probe_embeddings) == (
+                len(PROBE_SENTENCES), record["dimension"])
+        except Exception:  # a missing key, a wrong type, probe embeddings that are not a matrix
+            good = False
+    if not good:
+        raise DataFormatError(f"the record of the collection {address.collection!r} at {address.uri} is damaged: "
+                              "export the index again with --overwrite")
+
+
+class VectorCollection:
+    """A collection written by :func:`export_index`, searched like a :class:`~st_prompts.search.SemanticIndex`
+    (:meth:`search_embeddings` returns the same :class:`~st_prompts.search.SearchHit` s: id, text, cosine).
+
+    The client is opened per process (a server's forked workers each open their own: a gRPC channel does not
+    survive a fork)."""
+
+    def __init__(self, address: CollectionAddress, record: dict[str, Any], client: Any) -> None:
+        self.address = address
+        self.record = record
+        self.index_type = f"milvus:{record['search']['index_type']}"
+        self.index_params = dict(record["search"]["params"])
+        model = record.get("model")
+        self.model_identity: ModelIdentity | None = identity_from_record(model) if model else None
+        self._client = client
+        self._pid = os.getpid()
+
+    @classmethod
+    def open(cls, address: CollectionAddress) -> VectorCollection:
+        """Open the collection at ``address`` and read its record.
+
+        Raises:
+            DataNotFoundError: no such collection.
+            DataFormatError: it was not written by st-prompts, or its export did not finish.
+        """
+        if address.embedded and not os.path.exists(address.uri):  # opening it would create an empty one
+            raise DataNotFoundError(f"no Milvus Lite file {address.uri}")
+        client = connect(address)
+        try:
+            with database_errors(address, "opening"):
+                return cls._checked(address, client)
+        except BaseException:
+            client.close()
+            raise
+
+    @classmethod
+    def _checked(cls, address: CollectionAddress, client: Any) -> VectorCollection:
+        """The collection at ``address``, its record checked, once connected."""
+        record = _read_record(client, address.collection)
+        if record is None:
+            if client.has_collection(address.collection):
+                raise DataFormatError(f"the collection {address.collection!r} at {address.uri} was not written "
+                                      "by st-prompts index export: it records no model")
+            raise DataNotFoundError(f"no collection {address.collection!r} at {address.uri}")
+        if not record:
+            raise DataFormatError(f"the record of the collection {address.collection!r} is unreadable")
+        if not record.get("complete") or not client.has_collection(address.collection):
+            raise DataFormatError(f"the export to {address.collection!r} at {address.uri} did not finish: run "
+                                  "st-prompts index export again with --overwrite")
+        if record.get("format_version") != RECORD_VERSION:
+            raise DataFormatError(f"the collection {address.collection!r} was written by another st-prompts "
+                                  f"(record version {shorten(record.get('format_version'))})")
+        _check_record(record, address)
+        client.load_collection(address.collection)
+        return cls(address, record, client)
+
+    @property
+    def dimension(self) -> int:
+        return int(self.record["dimension"])
+
+    def __len__(self) -> int:
+        return int(self.record["documents"])
+
+    def _connection(self) -> Any:
+        if self._pid != os.getpid():
+            self._client, self._pid = connect(self.address), os.getpid()
+        return self._client
+
+    def search_embeddings(self, query_embeddings: Any, k: int = 10) -> list[list[SearchHit]]:
+        """The ``k`` best documents of each query vector (normalised here), best first, as in FAISS."""
+        from st_prompts.search.encoding import l2_normalize
+        from st_prompts.search.index import SearchHit
+
+        queries = l2_normalize(query_embeddings)
+        if queries.shape[1] != self.dimension:
+            raise DataFormatError(f"query embeddings have {queries.shape[1]} dimensions, the collection "
+                                  f"{self.dimension}")
+        limit = max(1, min(int(k), len(self), MAX_TOP_K))
+        try:
+            results = self._connection().search(
+                self.address.collection, data=list(queries), limit=limit, output_fields=["text"],
+                search_params={"metric_type": "IP", "params": self.index_params})
+        except Exception as exc:  # the server went away, the collection was dropped meanwhile, ...
+            raise ConfigurationError(f"searching the collection {self.address.collection!r} at {self.address.uri} "
+                                     f"failed: {first_line(exc, 300)}") from None
+        return [[SearchHit(hit["id"], hit["entity"]["text"], float(hit["distance"])) for hit in row]
+                for row in results]
+
+    def close(self) -> None:
+        """Close this process's client. A Milvus Lite file stays open in this process (other collections of the
+        file may be in use): :func:`release` closes it."""
+        if self._pid == os.getpid():
+            self._client.close()

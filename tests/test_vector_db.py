@@ -1,0 +1,239 @@
+"""An index exported into a vector database (Milvus Lite, embedded) searches like its FAISS folder, in the library,
+from the command line and behind ``st-prompts serve``.
+
+One server for the module (started by the fixture, waited for by the last test): the packaged MiniLM serving the
+FAISS folder and its exported collection side by side (a real model: its scores lie far enough apart that every
+engine orders the hits alike, which a tiny random model's crowded scores do not). References: the FAISS index's own
+search and a brute-force numpy search over the model's embeddings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from conftest import FIXTURES, cli_error, cli_out, one_line_message, run_cli, save_plain
+from test_serving import Server
+
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
+from st_prompts.loading import load_sentence_model
+from st_prompts.search import SemanticIndex
+from st_prompts.search.vector_db import VectorCollection, export_index, is_address, parse_address, release
+
+DOCS = (FIXTURES / "search" / "real_corpus.txt").read_text(encoding="utf-8").splitlines()[:100]
+QUERIES = (FIXTURES / "search" / "real_queries.txt").read_text(encoding="utf-8").splitlines()[:8]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, minilm_path):
+    root = tmp_path_factory.mktemp("vector-db")
+    model_path = minilm_path
+    model = load_sentence_model(model_path, device="cpu")
+    docs, queries = model.encode_document(DOCS), model.encode_query(QUERIES)  # once: every index is built from these
+    flat = SemanticIndex.from_embeddings(docs, DOCS, model=model)
+    flat.save(root / "flat.index")
+    served_db = f"milvus:{root / 'served.db'}#docs"
+    out, err = io.StringIO(), io.StringIO()  # capsys is per test: the module's export prints here
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(["index", "export", root / "flat.index", "--to", served_db, "--no-progress"])
+    assert code == 0, err.getvalue()
+    # --pass-overhead-tokens: the start-up measurement of the pass overhead is not what this module tests
+    server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64",
+                            "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}"])
+    try:
+        # the library's own export, searched by most tests
+        exported = parse_address(f"{root / 'lib.db'}#flat")
+        record = export_index(SemanticIndex.load(root / "flat.index", mmap=True), exported, rows=40)
+        yield {"root": root, "model": model, "flat": flat, "server": server, "docs": docs, "queries": queries,
+               "exported": exported, "record": record}
+    finally:
+        server.stop()
+
+
+def brute_force(world, docs_ids, k: int) -> list[list]:
+    """The ``k`` best ids of each query by numpy over the model's normalised embeddings."""
+    docs = world["docs"] / np.linalg.norm(world["docs"], axis=1, keepdims=True)
+    queries = world["queries"] / np.linalg.norm(world["queries"], axis=1, keepdims=True)
+    order = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
+    return [[docs_ids[i] for i in row] for row in order]
+
+
+def test_an_exported_flat_index_searches_exactly_like_the_faiss_folder(world):
+    flat, record = world["flat"], world["record"]
+    assert record["complete"] and record["documents"] == len(DOCS) and record["search"]["index_type"] == "FLAT"
+    collection = VectorCollection.open(world["exported"])
+    try:
+        assert len(collection) == len(DOCS) and collection.dimension == flat.dimension
+        assert collection.model_identity.fingerprint == flat.model_identity.fingerprint
+        queries = world["queries"]
+        got, want = collection.search_embeddings(queries, 10), flat.search_embeddings(queries, 10)
+        for mine, theirs, truth in zip(got, want, brute_force(world, list(range(len(DOCS))), 10)):
+            assert [h.id for h in mine] == [h.id for h in theirs] == truth
+            assert [h.text for h in mine] == [h.text for h in theirs]
+            assert np.allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-5)
+        assert len(collection.search_embeddings(queries[:1], 10_000)[0]) == len(DOCS)  # k clamped to the size
+    finally:
+        collection.close()
+
+
+def test_an_hnsw_index_with_string_ids_keeps_its_parameters_and_ids(world):
+    ids = [f"doc-{i}" for i in range(len(DOCS))]
+    hnsw = SemanticIndex.from_embeddings(world["docs"], DOCS, ids, index_type="hnsw", model=world["model"],
+                                         target_recall=None, ef_search=200)
+    address = parse_address(f"milvus:{world['root'] / 'lib.db'}#hnsw")
+    record = export_index(hnsw, address)
+    assert record["search"] == {"index_type": "HNSW", "metric_type": "IP", "params": {"ef": 200},
+                                "build": {"M": hnsw.index_params["m"], "efConstruction":
+                                          hnsw.index_params["ef_construction"]}}
+    collection = VectorCollection.open(address)
+    try:
+        got = collection.search_embeddings(world["queries"], 10)
+        truth = brute_force(world, ids, 10)
+        assert np.mean([len({h.id for h in row} & set(t)) / 10 for row, t in zip(got, truth)]) >= 0.95
+        assert all(DOCS[int(h.id[4:])] == h.text for row in got for h in row)
+    finally:
+        collection.close()
+
+
+def test_an_existing_collection_is_replaced_only_with_overwrite_and_a_foreign_one_never(world, capsys):
+    root = world["root"]
+    target = f"{root / 'cli.db'}#again"
+    assert cli_out(["index", "export", root / "flat.index", "--to", target, "--no-progress"], capsys)[0] == 0
+    message = cli_error(["index", "export", root / "flat.index", "--to", target], capsys, status=2)
+    assert "already exists" in message and "--overwrite" in message
+    code, out, _ = cli_out(["index", "export", root / "flat.index", "--to", target, "--overwrite", "--no-progress"],
+                           capsys)
+    assert code == 0 and f"Exported {len(DOCS)} documents" in out and "--index NAME=milvus:" in out
+    # a collection st-prompts did not write is never dropped, --overwrite or not
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(str(root / "cli.db"))
+    schema = client.create_schema(auto_id=False)
+    schema.add_field("pk", DataType.INT64, is_primary=True)
+    schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
+    params = client.prepare_index_params()
+    params.add_index(field_name="v", index_type="FLAT", metric_type="L2")
+    client.create_collection("theirs", schema=schema, index_params=params)
+    client.insert("theirs", [{"pk": 1, "v": [0.0, 1.0]}])
+    client.close()
+    release(parse_address(f"{root / 'cli.db'}#theirs"))
+    message = cli_error(["index", "export", root / "flat.index", "--to", f"{root / 'cli.db'}#theirs", "--overwrite"],
+                        capsys)
+    assert "not written by st-prompts" in message
+    with pytest.raises(DataFormatError) as error:
+        VectorCollection.open(parse_address(f"{root / 'cli.db'}#theirs"))
+    assert "records no model" in one_line_message(error)
+    client = MilvusClient(str(root / "cli.db"))
+    assert client.has_collection("theirs") and client.has_collection("again")
+    client.close()
+    release(parse_address(f"{root / 'cli.db'}#theirs"))
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("ftp://host/x", "not a vector database address"),
+    ("docs.index", "not a vector database address"),
+    ("milvus:", "names no file"),
+    ("x.db#1bad", "collection name"),
+    ("x.db#a__st_prompts", "collection name"),
+    ("http://", "not a server address"),
+    ("milvus:/no/such/folder/x.db#c", "no folder"),
+])
+def test_a_bad_address_is_one_line(world, capsys, uri, expected):
+    assert expected in cli_error(["index", "export", world["root"] / "flat.index", "--to", uri], capsys)
+
+
+def test_addresses_are_told_from_index_folders(tmp_path):
+    assert is_address("milvus:docs.db") and is_address("http://h:19530#c") and is_address("x.db#c")
+    assert not is_address(str(tmp_path)) and not is_address("docs.index")
+    (tmp_path / "odd.db").mkdir()  # a Milvus Lite file is a folder; an index folder that ends in .db stays one
+    assert is_address(str(tmp_path / "odd.db"))
+    (tmp_path / "odd.db" / "meta.json").write_text("{}")
+    assert not is_address(str(tmp_path / "odd.db"))
+    address = parse_address("milvus://h:19530#c")
+    assert (address.uri, address.embedded, str(address)) == ("http://h:19530", False, "http://h:19530#c")
+    assert parse_address("docs.db", default_collection="d").uri == str(Path("docs.db").resolve())
+
+
+def test_a_milvus_lite_file_is_not_shared_by_forked_workers(world, capsys):
+    message = cli_error(["serve", "minilm", "--workers", "2", "--index", f"docs={world['exported']}"], capsys)
+    assert "one process at a time" in message and "http://HOST:PORT#COLLECTION" in message
+
+
+def test_a_model_that_encodes_otherwise_is_refused_and_a_missing_collection_is_named(world, tiny_bert):
+    from st_prompts.serving.indexes import IndexRegistry
+    from st_prompts.serving.model import ServedModel
+
+    root = world["root"]
+    other = ServedModel.load(str(save_plain(root / "other", tiny_bert, pooling="cls")), device="cpu")
+    with pytest.raises(BackboneMismatchError) as error:
+        IndexRegistry(other).load("docs", str(world["exported"]))
+    one_line_message(error)
+    with pytest.raises(DataNotFoundError) as missing:
+        IndexRegistry(other).load("docs", f"milvus:{root / 'lib.db'}#nothing")
+    assert "no collection 'nothing'" in one_line_message(missing)
+
+
+def test_an_export_that_broke_off_is_refused_until_it_is_done_again(world, monkeypatch, capsys):
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import MilvusException
+
+    address = parse_address(f"{world['root'] / 'broken.db'}#half")
+    inserts = []
+    real_insert = MilvusClient.insert
+
+    def failing_insert(self, name, rows, **kwargs):  # the connection drops after the first batch of documents
+        if name == "half":
+            inserts.append(len(rows))
+            if len(inserts) == 2:
+                raise MilvusException(message="connection reset\nby peer")
+        return real_insert(self, name, rows, **kwargs)
+
+    monkeypatch.setattr(MilvusClient, "insert", failing_insert)
+    with pytest.raises(ConfigurationError) as error:
+        export_index(world["flat"], address, rows=30)
+    assert "exporting to 'half'" in one_line_message(error) and "connection reset" in str(error.value)
+    monkeypatch.undo()
+    with pytest.raises(DataFormatError) as unfinished:
+        VectorCollection.open(address)
+    assert "did not finish" in one_line_message(unfinished)
+    release(address)
+    message = cli_error(["index", "export", world["root"] / "flat.index", "--to", str(address)], capsys)
+    assert "already exists" in message
+    assert cli_out(["index", "export", world["root"] / "flat.index", "--to", str(address), "--overwrite",
+                    "--no-progress"], capsys)[0] == 0
+    collection = VectorCollection.open(address)
+    assert len(collection) == len(DOCS) and collection.search_embeddings(world["queries"][:1], 3)[0][0].id == (
+        world["flat"].search_embeddings(world["queries"][:1], 3)[0][0].id)
+    collection.close()
+    release(address)
+
+
+def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):
+    flat = SemanticIndex.load(world["root"] / "flat.index")
+    flat.index_type = "ivfpq"  # an IVF-PQ index built with rerank 0 keeps no vectors to copy exactly
+    with pytest.raises(ConfigurationError) as error:
+        export_index(flat, parse_address(f"{world['root'] / 'lib.db'}#pq"))
+    assert "keeps no vectors" in one_line_message(error)
+    with pytest.raises(DataNotFoundError):  # refused before anything was written
+        VectorCollection.open(parse_address(f"{world['root'] / 'lib.db'}#pq"))
+
+
+def test_the_server_answers_search_from_the_collection_as_from_the_folder(world):
+    base = world["server"].wait_ready()
+    body = {"query": QUERIES, "k": 7}
+    folder = requests.post(f"{base}/search", json={**body, "index": "folder"}, timeout=60)
+    db = requests.post(f"{base}/search", json={**body, "index": "db"}, timeout=60)
+    assert folder.status_code == db.status_code == 200, db.text
+    folder, db = folder.json(), db.json()
+    assert db["index"] == "db" and set(db) == set(folder) and len(db["data"]) == len(QUERIES)
+    truth = brute_force(world, list(range(len(DOCS))), 7)
+    for mine, theirs, want in zip(db["data"], folder["data"], truth):
+        assert [h["id"] for h in mine["hits"]] == [h["id"] for h in theirs["hits"]] == want
+        assert [(h["rank"], h["text"]) for h in mine["hits"]] == [(h["rank"], h["text"]) for h in theirs["hits"]]
+        assert np.allclose([h["score"] for h in mine["hits"]], [h["score"] for h in theirs["hits"]], atol=1e-5)
+    health = requests.get(f"{base}/health", timeout=30).json()
+    assert set(health["indexes"]) == {"folder", "db"}
