@@ -105,8 +105,8 @@ def run_change(args: argparse.Namespace) -> int:
                                  "--admin-token-file")
     states = apply_everywhere(urls, args.op, args.name, args.source, token, args.timeout, args.probe_timeout)
     verb = {"add_set": "serve", "remove_set": "no longer serve", "reload_index": "reloaded"}[args.op]
-    print(f"{len(states)} replica{'s' * (len(states) != 1)} {verb} {printable(repr(args.name))}; every one ready, serving the "
-          f"same sets (fingerprint {states[0].fingerprint})")
+    print(f"{len(states)} replica{'s' * (len(states) != 1)} {verb} {printable(repr(args.name))}; every one ready, "
+          f"serving the same sets (fingerprint {states[0].fingerprint})")
     return 0
 
 

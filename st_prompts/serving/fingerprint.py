@@ -37,7 +37,7 @@ def set_digest(module: Any) -> str:
 
 
 def served_fingerprint(identity: dict[str, Any], sets: dict[str, str]) -> str:
-    """The digest of a served model: ``identity`` (its name, backbone fingerprint, dtype, quantization: JSON values)
-    and ``sets`` (public task name -> :func:`set_digest`), whatever the order the names were added in."""
+    """The digest of a served model: ``identity`` (its task names, backbone fingerprint, dtype, quantization: JSON
+    values) and ``sets`` (public task name -> :func:`set_digest`), whatever the order the names were added in."""
     text = json.dumps({"identity": identity, "sets": sorted(sets.items())}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]

@@ -215,12 +215,13 @@ class ServedModel:
         return out
 
     def fingerprint(self, digests: dict[str, str] | None = None) -> str:
-        """One digest of what this server serves: the model's name, backbone fingerprint, dtype and quantization,
+        """One digest of what this server serves: its task names, backbone fingerprint, dtype and quantization,
         and :meth:`set_digests` (``digests``: those, already taken); equal on every replica that serves the same sets
         with the same weights."""
         from st_prompts.serving.fingerprint import served_fingerprint
 
-        identity = {"name": self.name, "dtype": self.dtype, "quantization": self.quantization,
+        # not the folder's name: a bank rolled out as a new folder serves the same (a plain model's name is a task)
+        identity = {"dtype": self.dtype, "quantization": self.quantization,
                     "backbone": self.encoder.fingerprint if self.encoder is not None else None,
                     "tasks": sorted(self.names())}
         return served_fingerprint(identity, self.set_digests() if digests is None else digests)

@@ -182,10 +182,10 @@ def apply_everywhere(urls: list[str], op: str, name: str, source: str | None = N
             failed.append(f"{url}: {status} {_message(payload, status)}")
     after = probe_all(urls, probe_timeout)
     problems = list(failed)
-    if op == "add_set":
-        problems += [f"{s.url} does not serve {name!r}" for s in after if s.ready and name not in s.payload.get("sets", {})]
-    elif op == "remove_set":
-        problems += [f"{s.url} still serves {name!r}" for s in after if s.ready and name in s.payload.get("sets", {})]
+    if op in ("add_set", "remove_set"):
+        wanted = op == "add_set"
+        problems += [f"{state.url} {'does not serve' if wanted else 'still serves'} {printable(repr(name))}"
+                     for state in after if state.ready and (name in state.payload.get("sets", {})) != wanted]
     differ = disagreement(after)
     if differ is not None:
         problems.append(differ)
