@@ -5,10 +5,11 @@ Two real replicas of a tiny random bank behind a stand-in load balancer (:class:
 replicas whose ``/health`` answers 200, the next one when a connection is refused, as HAProxy's ``option httpchk``
 with ``redispatch`` does): requests are spread over both and every vector equals the bank's ``encode``; an added set
 reaches every replica before ``replicas add-set`` returns; replicas that differ are named in one line, and the same
-command run again makes them agree; a refused change reaches none; a replica restarted on the bank folder changed by
-``st-prompts bank add`` serves the same fingerprint as one that added the set at run time, refuses connections
-(never answers otherwise) until it is ready, and the balancer sends it requests again once it is. ``/live`` answers
-200 while ``/health`` answers 503 during a drain (in process).
+command run again makes them agree; a refused change reaches none; a replica's ``/health`` refuses connections while
+it loads and first answers 200; a drained replica exits 0 and the balancer's requests are all answered by the other.
+In process: ``/live`` answers 200 while ``/health`` answers 503 during a drain, and a set's digest follows its weights
+(a set added at run time has the digest of the same set in a bank folder: old and new replicas of a rolling update
+agree). Cost: two server starts (their imports: ~10 s of CPU each), the rest ~5 s.
 """
 
 from __future__ import annotations

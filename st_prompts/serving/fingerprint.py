@@ -5,7 +5,9 @@ on which replica answered. ``/health`` reports :func:`set_digest` of every serve
 of the whole, so that ``st-prompts replicas check`` (and any script) can tell that every replica agrees after a
 prompt-set change or a rolling restart. A digest is of the tensors' values (dtype, shape and bytes, in state-dict
 order), not of a folder or a name: a set added at run time and the same set read from a bank folder after
-``st-prompts bank add`` give the same digest.
+``st-prompts bank add`` give the same digest. The backbone enters as the bank's fingerprint of its weights (computed
+once at start); a model without prompts is not hashed (its task name stands for it: hashing a large model's weights
+would delay every start).
 """
 
 from __future__ import annotations
