@@ -1,15 +1,15 @@
 """Serving replicas (issue 63, part 4): N ``st-prompts serve`` processes behind a load balancer, checked and changed
 as one by ``st-prompts replicas``, ``/health`` as the readiness probe (docs/serving.md: Replicas).
 
-Two real replicas of a tiny random bank behind a stand-in load balancer (:class:`Balancer`: round robin over the
-replicas whose ``/health`` answers 200, the next one when a connection is refused, as HAProxy's ``option httpchk``
-with ``redispatch`` does): requests are spread over both and every vector equals the bank's ``encode``; an added set
+Two replicas of a tiny random bank (an ``st-prompts serve`` process, and the same app on uvicorn in this process)
+behind a stand-in load balancer (:class:`Balancer`: round robin over the replicas whose ``/health`` answers 200, the
+next one when a connection is refused, as HAProxy's ``option httpchk`` with ``redispatch`` does): requests are spread over both and every vector equals the bank's ``encode``; an added set
 reaches every replica before ``replicas add-set`` returns; replicas that differ are named in one line, and the same
 command run again makes them agree; a refused change reaches none; a replica's ``/health`` refuses connections while
 it loads and first answers 200; a drained replica exits 0 and the balancer's requests are all answered by the other.
 In process: ``/live`` answers 200 while ``/health`` answers 503 during a drain, and a set's digest follows its weights
 (a set added at run time has the digest of the same set in a bank folder: old and new replicas of a rolling update
-agree). Cost: two server starts (their imports: ~10 s of CPU each), the rest ~5 s.
+agree). Cost: one server start (its imports: ~10 s of CPU), beside this process's replica.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ import time
 import numpy as np
 import pytest
 from conftest import make_tiny_backbone, run_cli
-from test_serving import Server, get, post, prefixed_model, tiny_bank, wait_for
+from test_serving import get, one_thread, post, prefixed_model, tiny_bank, wait_for
 
 from st_prompts import save_prompts_only
 from st_prompts.loading import load_sentence_model
+from st_prompts.search import SemanticIndex
 
 TOKEN = "test-admin-token-0123456789"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -126,12 +127,12 @@ class Probe:
     """A replica started at a known port (``st-prompts serve ... --port PORT``) and its ``/health`` asked from the
     moment it starts, as a readiness probe asks: ``refused`` connections, then the first HTTP status (``status``)."""
 
-    def __init__(self, bank: str, port: int, log) -> None:
+    def __init__(self, bank: str, port: int, log, args: list[str]) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "ST_PROMPTS_ADMIN_TOKEN": TOKEN}
-        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", bank, *ARGS, "--port",
+        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", bank, *args, "--port",
                                          str(port)], stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
         self.refused, self.status, self.other = 0, None, []
         self.thread = threading.Thread(target=self._probe, daemon=True)
@@ -155,21 +156,58 @@ class Probe:
             self.process.wait(30)
 
 
+class InProcess:
+    """A replica in this process: the same application (:func:`st_prompts.serving.app.create_app` of the bank, its
+    index and the admin token) on uvicorn in a thread. A second ``st-prompts serve`` process would cost the test its
+    imports (the largest part of a start); replica 0 is one, started, probed and drained for real."""
+
+    def __init__(self, bank: str, index: str) -> None:
+        import uvicorn
+
+        from st_prompts.serving.app import ServerContext, create_app
+        from st_prompts.serving.indexes import IndexRegistry
+        from st_prompts.serving.limits import ServingLimits
+        from st_prompts.serving.model import ServedModel
+
+        served = ServedModel.load(bank, device="cpu")
+        registry = IndexRegistry(served)
+        registry.load("docs", index)
+        app = create_app(ServerContext(served, registry, ServingLimits(), admin_token=TOKEN))
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        assert wait_for(lambda: self.server.started, timeout=60)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
     root = tmp_path_factory.mktemp("replicas")
     backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
     bank = tiny_bank(root / "tiny-bank", backbone)
+    reference = load_sentence_model(bank, device="cpu")
+    with one_thread():
+        SemanticIndex.build(reference, TEXTS, task="a").save(str(root / "docs.index"))
+    args = [*ARGS, "--index", f"docs={root / 'docs.index'}"]
     # replica 0 at a known port, its /health asked from the start; replica 1 on a free port (read from its log)
-    probe = Probe(bank, free_port(), root / "r0.log")
-    servers = [probe, Server("r1", [bank, *ARGS], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN})]
+    probe = Probe(bank, free_port(), root / "r0.log", args)
+    servers = [probe]
     try:
-        urls = [probe.url, servers[1].wait_ready()]
+        with one_thread():  # while replica 0 starts beside it
+            servers.append(InProcess(bank, str(root / "docs.index")))
+        urls = [probe.url, servers[1].url]
         probe.thread.join(240)
         balancer = Balancer([address(url) for url in urls])
         assert wait_for(lambda: balancer.ready == {0, 1}, timeout=20)
         yield {"root": root, "backbone": backbone, "bank": bank, "servers": servers, "urls": urls,
-               "balancer": balancer, "reference": load_sentence_model(bank, device="cpu"), "probe": probe}
+               "balancer": balancer, "reference": reference, "probe": probe}
         balancer.close()
     finally:
         for server in servers:
@@ -202,7 +240,7 @@ def test_requests_through_the_balancer_reach_both_replicas_and_give_what_encode_
     # the readiness probe while replica 0 loaded: its connection refused, never answered otherwise, until 200
     assert probe.status == 200 and probe.refused > 0 and probe.other == [], probe.log.read_text()
     pids = {health(url)["pid"] for url in replicas["urls"]}
-    assert pids == {server.process.pid for server in replicas["servers"]}
+    assert pids == {probe.process.pid, os.getpid()}
     before = list(balancer.picked)
     for task in ("a", "b", "backbone"):
         expected = replicas["reference"].encode(TEXTS, task=task)
@@ -274,6 +312,14 @@ def test_an_added_set_reaches_every_replica_and_replicas_that_differ_are_named(r
     assert {health(url)["fingerprint"] for url in urls} == added
     assert replicas_cli(capsys, monkeypatch, "remove-set", "added", urls=urls)[0] == 0
     assert {health(url)["fingerprint"] for url in urls} == {start}  # as they started
+
+    # an index reloaded on every replica; one that no replica serves is refused by the first: nothing changed
+    code, out, err = replicas_cli(capsys, monkeypatch, "reload-index", "docs", urls=urls)
+    assert code == 0 and "2 replicas reloaded 'docs'" in out, err
+    code, _, err = replicas_cli(capsys, monkeypatch, "reload-index", "nothing", urls=urls)
+    assert code == 2 and err.count("\n") == 1 and f"{urls[0]} refused it (404)" in err
+    hits = post(balancer.url, "/search", {"query": TEXTS[0], "index": "docs", "k": 1}).json()["data"][0]["hits"]
+    assert hits[0]["id"] == 0
 
 
 def test_live_answers_while_health_says_draining(replicas):
