@@ -221,9 +221,10 @@ class ServedModel:
         from st_prompts.serving.fingerprint import served_fingerprint
 
         # not the folder's name: a bank rolled out as a new folder serves the same (a plain model's name is a task)
+        if "\0backbone" not in self._digests:  # once: a model whose backbone is not frozen would hash it per call
+            self._digests["\0backbone"] = self.encoder.fingerprint if self.encoder is not None else ""
         identity = {"dtype": self.dtype, "quantization": self.quantization,
-                    "backbone": self.encoder.fingerprint if self.encoder is not None else None,
-                    "tasks": sorted(self.names())}
+                    "backbone": self._digests["\0backbone"] or None, "tasks": sorted(self.names())}
         return served_fingerprint(identity, self.set_digests() if digests is None else digests)
 
     # ------------------------------------------------------------------ encoding
