@@ -3,9 +3,10 @@ as one by ``st-prompts replicas``, ``/health`` as the readiness probe (docs/serv
 
 Two replicas of a tiny random bank (an ``st-prompts serve`` process, and the same app on uvicorn in this process)
 behind a stand-in load balancer (:class:`Balancer`: round robin over the replicas whose ``/health`` answers 200, the
-next one when a connection is refused, as HAProxy's ``option httpchk`` with ``redispatch`` does): requests are spread over both and every vector equals the bank's ``encode``; an added set
-reaches every replica before ``replicas add-set`` returns; replicas that differ are named in one line, and the same
-command run again makes them agree; a refused change reaches none; a replica's ``/health`` refuses connections while
+next one when a connection is refused, as HAProxy's ``option httpchk`` with ``redispatch`` does): requests are spread
+over both and every vector equals the bank's ``encode``; an added set reaches every replica before ``replicas add-set``
+returns; replicas that differ are named in one line, and the same command run again makes them agree; a refused
+change reaches none; an index reloads on both; the process replica's ``/health`` refuses connections while
 it loads and first answers 200; a drained replica exits 0 and the balancer's requests are all answered by the other.
 In process: ``/live`` answers 200 while ``/health`` answers 503 during a drain, and a set's digest follows its weights
 (a set added at run time has the digest of the same set in a bank folder: old and new replicas of a rolling update
