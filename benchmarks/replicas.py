@@ -97,11 +97,15 @@ class Contender:
                                            stderr=open(log_dir / f"{name.replace(' ', '-')}-{i}.log", "w"), env=env)
                           for i, port in enumerate(self.ports)]
         waiting = set(self.ports)
-        while waiting:
-            if any(p.poll() is not None for p in self.processes):
-                raise SystemExit(f"{name}: a server exited (see {log_dir})")
-            waiting = {port for port in waiting if not ready(port)}
-            time.sleep(0.05)
+        try:
+            while waiting:
+                if any(p.poll() is not None for p in self.processes):
+                    raise SystemExit(f"{name}: a server exited (see {log_dir})")
+                waiting = {port for port in waiting if not ready(port)}
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C or a failed start: no server is left behind
+            self.stop()
+            raise
         self.start_seconds = time.monotonic() - start
 
     def pids(self) -> list[int]:
@@ -193,14 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     specs = [("1 replica", 1, ["--threads", "2"]), ("2 replicas", 2, ["--threads", "1"]),
              ("--workers 2", 1, ["--workers", "2", "--threads", "1"])]
     contenders = []
-    for name, processes, extra in specs:  # one at a time, each paused once ready
-        load = list(os.getloadavg())
-        contender = Contender(name, bank, processes, extra, args.work)
-        print(f"{name}: ready in {contender.start_seconds:.1f} s (load {load[0]:.2f})", flush=True)
-        contender.signal(signal.SIGSTOP)
-        contenders.append((contender, load))
-    rounds: dict[str, list[dict]] = {c.name: [] for c, _ in contenders}
+    rounds: dict[str, list[dict]] = {name: [] for name, _, _ in specs}
     try:
+        for name, processes, extra in specs:  # one at a time, each paused once ready
+            load = list(os.getloadavg())
+            contender = Contender(name, bank, processes, extra, args.work)
+            print(f"{name}: ready in {contender.start_seconds:.1f} s (load {load[0]:.2f})", flush=True)
+            contender.signal(signal.SIGSTOP)
+            contenders.append((contender, load))
         for index in range(args.rounds):
             shift = index % len(contenders)
             for contender, _ in contenders[shift:] + contenders[:shift]:
