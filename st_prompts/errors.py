@@ -106,3 +106,8 @@ class TrainingDivergedError(StPromptsError, ValueError):
 class CorruptionCacheError(StPromptsError, ValueError):
     """A replaced-token corruption cache does not fit the run: it was made with another generator, masking ratio or
     tokenizer, or a training sentence has no corrupted copy in it (the pre-pass was not run over the training data)."""
+
+
+class ReplicasDisagreeError(StPromptsError, RuntimeError):
+    """Serving replicas that should serve the same sets do not (after ``st-prompts replicas add-set`` reached some of
+    them only, or replicas started on different bank folders): a client's vectors would depend on the replica."""

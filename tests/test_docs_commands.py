@@ -116,6 +116,13 @@ NOT_RUN = {
     'curl -X DELETE http://127.0.0.1:8000/admin/prompt-sets/legal -H "$auth"': _CALLS_SERVER,
     "st-prompts index add docs.index more.txt && curl -X POST http://127.0.0.1:8000/admin/indexes/docs/reload "
     '-H "$auth"': _CALLS_SERVER,
+    # docs/serving.md: Replicas, and the replicas command's help
+    "ST_PROMPTS_ADMIN_TOKEN=... st-prompts serve my-bank --host 0.0.0.0 --port 8000 --workers 2": _SERVER,
+    "st-prompts replicas check --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000": _CALLS_SERVER,
+    "st-prompts replicas add-set legal /models/legal-prompts --replica http://10.0.0.5:8000 --replica ...":
+        _CALLS_SERVER,
+    "st-prompts replicas remove-set legal --replica http://10.0.0.5:8000 --replica ...": _CALLS_SERVER,
+    "st-prompts replicas reload-index docs --replica http://10.0.0.5:8000 --replica ...": _CALLS_SERVER,
     # help examples
     "st-prompts evaluate sentence-transformers/all-mpnet-base-v2 --hub": _HUB,
     "st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache":

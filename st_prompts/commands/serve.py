@@ -128,7 +128,9 @@ def _indexes(values: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _admin_token(path: str | None) -> str | None:
+def admin_token(path: str | None) -> str | None:
+    """The admin token: read from ``path`` (``--admin-token-file``), else ``$ST_PROMPTS_ADMIN_TOKEN``; ``None`` when
+    neither gives one; a one-line error when it cannot be read or is too short."""
     if path is not None:
         try:
             with open(path, encoding="utf-8") as handle:
@@ -166,5 +168,5 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigurationError(f"--{str(exc).replace('_', '-')}") from exc
     options = ServerOptions(**given(ServerOptions), indexes=_indexes(args.index), limits=limits,
-                            admin_token=_admin_token(args.admin_token_file))
+                            admin_token=admin_token(args.admin_token_file))
     return run_server(options)

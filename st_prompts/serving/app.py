@@ -10,7 +10,10 @@ error schema, and reads the body in chunks so that an oversized one is refused b
                                        (``float`` or ``base64``), ``dimensions`` (only the model's own)
 ``GET /v1/models``, ``/v1/models/ID``  the task names served
 ``POST /search``                       ``query`` (a string or a list), ``index`` (a name), ``k``: the best documents
-``GET /health``                        200 while serving, 503 ``draining`` while draining (after SIGTERM)
+``GET /health``                        readiness: 200 while serving, 503 ``draining`` while draining (after
+                                       SIGTERM); ``ready``, ``pid``, the served sets' digests (``sets``) and their
+                                       ``fingerprint``, which replicas compare (:mod:`st_prompts.serving.fingerprint`)
+``GET /live``                          liveness: 200 while the process answers, draining included
 ``GET /metrics``                       Prometheus metrics (:mod:`st_prompts.serving.metrics`)
 ``POST /admin/prompt-sets``            add a prompt set (``name``, ``source``: a folder on the server); only with an
 ``DELETE /admin/prompt-sets/NAME``     admin token, given as ``Authorization: Bearer TOKEN``; without a token these
@@ -317,11 +320,18 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
 
     async def health(request: Request) -> Response:
         draining = context.draining or batcher.closing
-        payload = {"status": "draining" if draining else "ok", "model": served.name, "tasks": len(served.names()),
-                   "quantization": served.quantization, "dtype": served.dtype, "device": served.device,
-                   "cpu": cpu_summary(), "indexes": context.indexes.names(),
-                   "queue_rows": batcher.queued_rows, "admin": context.admin_token is not None}
+        sets = served.set_digests()  # hashed once per set, then cached: a probe costs microseconds
+        payload = {"status": "draining" if draining else "ok", "ready": not draining, "model": served.name,
+                   "tasks": len(served.names()), "quantization": served.quantization, "dtype": served.dtype,
+                   "device": served.device, "cpu": cpu_summary(), "indexes": context.indexes.names(),
+                   "queue_rows": batcher.queued_rows, "admin": context.admin_token is not None, "pid": os.getpid(),
+                   "sets": sets, "fingerprint": served.fingerprint(sets)}
         return _json(payload, 503 if draining else 200)
+
+    async def live(request: Request) -> Response:
+        # a liveness probe must not fail while the server drains: restarting it then would cut its drain short
+        draining = context.draining or batcher.closing
+        return _json({"status": "draining" if draining else "ok", "pid": os.getpid()})
 
     async def metrics(request: Request) -> Response:
         if context.link is None:
@@ -366,6 +376,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         Route("/v1/models/{name:path}", _endpoint(context, "models", model), methods=["GET"]),
         Route("/search", _endpoint(context, "search", search), methods=["POST"]),
         Route("/health", _endpoint(context, "health", health), methods=["GET"]),
+        Route("/live", _endpoint(context, "live", live), methods=["GET"]),
         Route("/metrics", _endpoint(context, "metrics", metrics), methods=["GET"]),
     ]
     if context.admin_token is not None:

@@ -118,6 +118,7 @@ class ServedModel:
         self._prompt_lengths = self._excluded_prompt_lengths()
         self._routed = isinstance(first, Router)  # sentence-transformers' Router: a side is a route
         self._ids_rows = self._ids_agree()
+        self._digests: dict[str, str] = {}  # internal set name -> its digest (computed once; dropped on removal)
 
     @classmethod
     def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None,
@@ -190,6 +191,41 @@ class ServedModel:
     def internal_sets(self) -> list[str]:
         """Every prompt set in the model, retired ones still draining included."""
         return list(self.encoder.prompt_set_names) if self.encoder is not None else []
+
+    # ------------------------------------------------------------------ what replicas compare
+    def set_digests(self) -> dict[str, str]:
+        """Public task name -> the digest of the prompt set it encodes with (:func:`~st_prompts.serving.fingerprint.
+        set_digest`), for every served prompt set (a prompted model's own prefix under its name; not the backbone,
+        which :meth:`fingerprint` covers)."""
+        from st_prompts.serving.fingerprint import set_digest
+
+        if self.encoder is None:
+            return {}
+        with self._routes_lock:
+            routes = [(name, route) for name, route in self._routes.items() if route != BACKBONE_TASK]
+        out = {}
+        for name, route in routes:
+            key = "\0own" if route is None else route  # the own prefix: a key no set name can be
+            if key not in self._digests:
+                module = self.encoder.prefix_encoder if route is None else self.encoder.sets.named().get(route)
+                if module is None:  # removed since the snapshot above: no longer served
+                    continue
+                self._digests[key] = set_digest(module)
+            out[name] = self._digests[key]
+        return out
+
+    def fingerprint(self, digests: dict[str, str] | None = None) -> str:
+        """One digest of what this server serves: its task names, backbone fingerprint, dtype and quantization,
+        and :meth:`set_digests` (``digests``: those, already taken); equal on every replica that serves the same sets
+        with the same weights."""
+        from st_prompts.serving.fingerprint import served_fingerprint
+
+        # not the folder's name: a bank rolled out as a new folder serves the same (a plain model's name is a task)
+        if "\0backbone" not in self._digests:  # once: a model whose backbone is not frozen would hash it per call
+            self._digests["\0backbone"] = self.encoder.fingerprint if self.encoder is not None else ""
+        identity = {"dtype": self.dtype, "quantization": self.quantization,
+                    "backbone": self._digests["\0backbone"] or None, "tasks": sorted(self.names())}
+        return served_fingerprint(identity, self.set_digests() if digests is None else digests)
 
     # ------------------------------------------------------------------ encoding
     def tokenize(self, texts: Sequence[str], route: Any) -> tuple[list[Any], list[int]]:
@@ -405,6 +441,7 @@ class ServedModel:
             bank.remove_prompt_set(self.model, route)
             with self._routes_lock:
                 self._public.pop(route, None)
+            self._digests.pop(route, None)  # a set added later under this internal name is another set
 
     def _internal_name(self, name: str) -> str:
         """``name``, or ``name@N`` while a retired set of that name still drains."""
