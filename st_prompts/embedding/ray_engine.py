@@ -5,9 +5,9 @@ Two entry points: :func:`encode_parts_on_ray` (``st-prompts embed --engine ray``
 and :func:`embed_dataset` (a user's own ``ray.data.Dataset`` in, the same Dataset with a ``vector`` column out).
 
 How parts travel (``--engine ray``): the driver scans the input (it must anyway, to know which parts a resumed run
-has finished), then hands each unfinished part to the pool as a *descriptor* (its byte or row range and the digest of
-its rows); the actor reads that range from the input file itself, checks the digest, encodes, and sends the vectors
-back to the driver, which writes the part. So the INPUT must be readable at the same path on every node (a shared
+has finished), then hands each unfinished part to Ray as a *descriptor* (its byte or row range and the digest of its
+rows); a Ray task reads that range from the input file on its node and checks the digest, the actors of
+:func:`embed_dataset` encode the rows, and the vectors come back to the driver, which writes the part. So the INPUT must be readable at the same path on every node (a shared
 file system; the actor refuses, in one line, a file whose rows differ from the driver's), while OUTPUT need only be on
 the driver's machine: the folder's lock, its run file and every part have one writer, and no node needs write access
 or a lock that works across machines. The price is that the vectors cross the network to the driver (1.5 KB a
@@ -75,37 +75,34 @@ class _Loaded:
         self.node = json.dumps(node_info())
 
 
-class _PartEncoder(_Loaded):
-    """``map_batches`` class of ``--engine ray``: part descriptors in, one row per document out."""
-
-    def __init__(self, source: InputSource, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.source = source
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        parts, rows, vectors = [], [], []
-        for number, first_row, locator, digest in zip(batch["part"], batch["first_row"], batch["locator"],
-                                                       batch["digest"]):
-            part = read_part(self.source, int(number), int(first_row), json.loads(str(locator)))
-            if part.digest != str(digest):
-                raise DataFormatError(f"{self.source.path} on node {json.loads(self.node)['node_ip']} holds other "
-                                      f"rows than on the driver (part {int(number)}): the input must be the same "
-                                      "file on every node")
-            check_tasks(self.model, part.tasks or [])
-            vectors.append(encode_part(self.model, part.texts, part.tasks, self.task, self.batch_size))
-            parts.append(np.full(len(part.texts), int(number), dtype=np.int64))
-            rows.append(np.arange(len(part.texts), dtype=np.int64))
-        count = sum(len(p) for p in parts)
-        return {"part": np.concatenate(parts), "row": np.concatenate(rows), "vector": np.concatenate(vectors),
-                "node": np.array([self.node] * count, dtype=object)}
+def _read_descriptors(batch: dict[str, np.ndarray], source: InputSource) -> dict[str, np.ndarray]:
+    """``map_batches`` function of ``--engine ray``'s first stage (Ray tasks): part descriptors in, the parts' rows
+    out (``part``, ``row``, ``text``, and ``task`` with a task column), each part read from the input file on the
+    node and checked against the driver's digest."""
+    columns: dict[str, list] = {"part": [], "row": [], "text": [], **({"task": []} if source.task_column else {})}
+    for number, first_row, locator, digest in zip(batch["part"], batch["first_row"], batch["locator"],
+                                                   batch["digest"]):
+        part = read_part(source, int(number), int(first_row), json.loads(str(locator)))
+        if part.digest != str(digest):
+            raise DataFormatError(f"{source.path} on node {node_info()['node_ip']} holds other rows than on the "
+                                  f"driver (part {int(number)}): the input must be the same file on every node")
+        columns["part"] += [int(number)] * len(part.texts)
+        columns["row"] += range(len(part.texts))
+        columns["text"] += part.texts
+        if source.task_column:
+            columns["task"] += [t if t is not None else "" for t in part.tasks]
+    return {"part": np.asarray(columns["part"], dtype=np.int64), "row": np.asarray(columns["row"], dtype=np.int64),
+            **{name: np.asarray(values, dtype=object) for name, values in columns.items() if name in ("text", "task")}}
 
 
 class _DatasetEncoder(_Loaded):
     """``map_batches`` class of :func:`embed_dataset`: a user's rows in, the same rows with their vectors out."""
 
-    def __init__(self, text_column: str, task_column: str | None, output_column: str, **kwargs: Any) -> None:
+    def __init__(self, text_column: str, task_column: str | None, output_column: str, node_column: str | None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.text_column, self.task_column, self.output_column = text_column, task_column, output_column
+        self.node_column = node_column
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.text_column not in batch:
@@ -115,7 +112,10 @@ class _DatasetEncoder(_Loaded):
         if self.task_column is not None:
             tasks = [str(t) if isinstance(t, str) and t.strip() else None for t in batch[self.task_column]]
             check_tasks(self.model, tasks)
-        return {**batch, self.output_column: encode_part(self.model, texts, tasks, self.task, self.batch_size)}
+        out = {**batch, self.output_column: encode_part(self.model, texts, tasks, self.task, self.batch_size)}
+        if self.node_column is not None:
+            out[self.node_column] = np.array([self.node] * len(texts), dtype=object)
+        return out
 
 
 def _actors(ray: Any, wanted: int | None, num_cpus: float, num_gpus: float, work: int) -> int:
@@ -190,11 +190,14 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
         descriptors = [{"part": number, "first_row": first_row, "locator": json.dumps(locator), "digest": digest}
                        for number, first_row, locator, digest, _ in todo]
         expected = {number: (first_row, locator, digest, rows) for number, first_row, locator, digest, rows in todo}
-        dataset = ray.data.from_items(descriptors, override_num_blocks=len(descriptors)).map_batches(
-            _PartEncoder, batch_size=1, batch_format="numpy", concurrency=actors, num_cpus=options.num_cpus,
-            num_gpus=options.num_gpus or None, fn_constructor_kwargs={
-                "source": source, "spec": spec, "task": task, "batch_size": batch_size,
-                "threads": max(1, int(options.num_cpus)), "identity": identity})
+        # Stage 1, Ray tasks: each reads its part on its node (no CPU reserved: reading is light, and the actors may hold every CPU). Stage 2, the
+        # actor pool of embed_dataset: the model loaded once per actor. Only part, row, vector and node come back.
+        rows = ray.data.from_items(descriptors, override_num_blocks=len(descriptors)).map_batches(
+            _read_descriptors, batch_size=1, batch_format="numpy", fn_kwargs={"source": source}, num_cpus=0)
+        dataset = embed_dataset(rows, spec, task=task, task_column="task" if source.task_column else None,
+                                batch_size=batch_size, concurrency=actors, num_cpus=options.num_cpus,
+                                num_gpus=options.num_gpus, rows_per_call=max(batch_size, 256), node_column="node",
+                                identity=identity).select_columns(["part", "row", "vector", "node"])
         held: dict[int, list[tuple[np.ndarray, np.ndarray, str]]] = {}
         counts: dict[int, int] = {}
         try:
@@ -202,15 +205,19 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
                 for number in np.unique(batch["part"]):
                     mask = batch["part"] == number
                     number = int(number)
-                    node = str(batch["node"][mask][0])
-                    held.setdefault(number, []).append((batch["row"][mask], batch["vector"][mask], node))
+                    held.setdefault(number, []).append((batch["row"][mask], batch["vector"][mask],
+                                                        str(batch["node"][mask][0])))
                     counts[number] = counts.get(number, 0) + int(mask.sum())
                     first_row, locator, digest, rows = expected[number]
                     if counts[number] == rows:  # the part is whole: order its rows and hand it on
                         pieces = held.pop(number)
                         order = np.argsort(np.concatenate([p[0] for p in pieces]), kind="stable")
                         vectors = np.concatenate([p[1] for p in pieces]).astype(np.float32, copy=False)[order]
-                        yield number, first_row, locator, digest, vectors, json.loads(pieces[0][2])
+                        node = json.loads(pieces[0][2])
+                        others = sorted({p[2] for p in pieces} - {pieces[0][2]})
+                        if others:  # a part's rows may be split between actors
+                            node["also"] = [json.loads(other) for other in others]
+                        yield number, first_row, locator, digest, vectors, node
         except Exception as exc:
             user = _user_error(exc)
             if user is None:
@@ -224,11 +231,16 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
 def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "text", task: str | None = None,
                   task_column: str | None = None, output_column: str = "vector", batch_size: int = 64,
                   concurrency: int | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                  rows_per_call: int = 1024) -> Any:
+                  rows_per_call: int = 1024, node_column: str | None = None,
+                  identity: dict[str, Any] | None = None) -> Any:
     """``dataset`` (a ``ray.data.Dataset`` with a ``text_column``) with the float32 vector of each row in
     ``output_column``, computed lazily by a pool of ``concurrency`` actors (default: as many as the cluster's CPUs,
     or GPUs with ``num_gpus``, hold), each loading ``model`` (a name or folder, or a :class:`ModelSpec`) once through
-    the safe loader. ``task``/``task_column``: as ``st-prompts embed`` (a prompt set for all rows, or per row)."""
+    the safe loader; ``num_cpus`` is also each actor's torch threads. The vectors are ``st-prompts embed``'s (the
+    document side; ``task``: one prompt set of a bank; ``task_column``: each row's set, blank = ``task`` or the
+    document side). ``node_column``: also record which Ray node encoded each row (JSON). ``identity``: an
+    :func:`~st_prompts.search.embedding_files.identity_record` every actor's model must match (the same folder may
+    hold another model on another node)."""
     ray = import_ray()
     if not isinstance(dataset, ray.data.Dataset):
         raise ConfigurationError(f"embed_dataset takes a ray.data.Dataset, got {type(dataset).__name__}")
@@ -237,5 +249,6 @@ def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "t
     return dataset.map_batches(
         _DatasetEncoder, batch_size=rows_per_call, batch_format="numpy", concurrency=actors, num_cpus=num_cpus,
         num_gpus=num_gpus or None, fn_constructor_kwargs={
-            "text_column": text_column, "task_column": task_column, "output_column": output_column, "spec": spec,
-            "task": task, "batch_size": batch_size, "threads": max(1, int(num_cpus))})
+            "text_column": text_column, "task_column": task_column, "output_column": output_column,
+            "node_column": node_column, "spec": spec, "task": task, "batch_size": batch_size,
+            "threads": max(1, int(num_cpus)), "identity": identity})

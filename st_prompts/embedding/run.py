@@ -257,23 +257,33 @@ def _start_run(output: Path, existing: dict[int, Path], settings: dict[str, Any]
                                   "folder") from None
         if not isinstance(run, dict) or run.get("format") != FORMAT_NAME or not isinstance(run.get("settings"), dict):
             raise ConfigurationError(f"{path} was not written by st-prompts embed; embed into a new or empty folder")
+        problem = None
         if run.get("settings_sha256") != key:
             changed = [name for name in sorted(set(settings) | set(run["settings"]))
                        if settings.get(name) != run["settings"].get(name)] or ["settings"]
-            raise ConfigurationError(f"{output} was embedded with other settings ({', '.join(changed)}: "
-                                     f"{json.dumps(run['settings'].get(changed[0]))[:120]}, now "
-                                     f"{json.dumps(settings.get(changed[0]))[:120]}); rerun with them or embed "
-                                     "into a new folder")
-        try:
-            identity_from_record(run["model"]).check_compatible(identity)
-        except StPromptsError as exc:
-            raise type(exc)(f"{output} was embedded by another model: {exc}") from None
-        except (KeyError, TypeError, ValueError):
-            raise DataFormatError(f"{path} records no readable model; embed into a new folder") from None
+            problem = ConfigurationError(f"{output} was embedded with other settings ({', '.join(changed)}: "
+                                         f"{json.dumps(run['settings'].get(changed[0]))[:120]}, now "
+                                         f"{json.dumps(settings.get(changed[0]))[:120]}); rerun with them or embed "
+                                         "into a new folder")
+        else:
+            try:
+                identity_from_record(run["model"]).check_compatible(identity)
+            except StPromptsError as exc:
+                problem = type(exc)(f"{output} was embedded by another model: {exc}")
+            except (KeyError, TypeError, ValueError):
+                problem = DataFormatError(f"{path} records no readable model; embed into a new folder")
+        if problem is not None and not existing:  # a run that stopped before its first part: nothing to keep
+            return _new_run(path, settings, key, model_record)
+        if problem is not None:
+            raise problem
         return {**run, "status": "running"}
     if existing:  # _existing_parts refused parts without a run file already
         raise ConfigurationError(f"{output} holds parts but no {RUN_FILE}")
     output.mkdir(parents=True, exist_ok=True)
+    return _new_run(path, settings, key, model_record)
+
+
+def _new_run(path: Path, settings: dict[str, Any], key: str, model_record: dict[str, Any]) -> dict[str, Any]:
     run = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "settings": settings, "settings_sha256": key,
            "model": model_record, "status": "running",
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
