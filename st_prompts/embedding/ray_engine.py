@@ -7,11 +7,12 @@ and :func:`embed_dataset` (a user's own ``ray.data.Dataset`` in, the same Datase
 How parts travel (``--engine ray``): the driver scans the input (it must anyway, to know which parts a resumed run
 has finished), then hands each unfinished part to Ray as a *descriptor* (its byte or row range and the digest of its
 rows); a Ray task reads that range from the input file on its node and checks the digest, the actors of
-:func:`embed_dataset` encode the rows, and the vectors come back to the driver, which writes the part. So the INPUT must be readable at the same path on every node (a shared
-file system; the actor refuses, in one line, a file whose rows differ from the driver's), while OUTPUT need only be on
-the driver's machine: the folder's lock, its run file and every part have one writer, and no node needs write access
-or a lock that works across machines. The price is that the vectors cross the network to the driver (1.5 KB a
-document for 384 dimensions), which a cluster's network carries far faster than CPUs encode.
+:func:`embed_dataset` encode the rows, and the vectors come back to the driver, which writes the part. So the INPUT
+must be readable at the same path on every node (a shared file system; the reading task refuses, in one line, a file
+whose rows differ from the driver's), while OUTPUT need only be on the driver's machine: the folder's lock, its run
+file and every part have one writer, and no node needs write access or a lock that works across machines. The price:
+the vectors cross the network to the driver (1.5 KB a document for 384 dimensions), which a cluster's network
+carries far faster than CPUs encode.
 
 Ray is optional (``pip install "st-prompts[scale]"``): imported inside these functions only.
 """
@@ -72,7 +73,7 @@ class _Loaded:
             from st_prompts.search.identity import ModelIdentity
 
             identity_from_record(identity).check_compatible(ModelIdentity.of(self.model, task=task))
-        self.node = json.dumps(node_info())
+        self.node = json.dumps({**node_info(), "ready": round(time.time(), 3)})  # when its model was loaded
 
 
 def _read_descriptors(batch: dict[str, np.ndarray], source: InputSource) -> dict[str, np.ndarray]:
@@ -190,8 +191,9 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
         descriptors = [{"part": number, "first_row": first_row, "locator": json.dumps(locator), "digest": digest}
                        for number, first_row, locator, digest, _ in todo]
         expected = {number: (first_row, locator, digest, rows) for number, first_row, locator, digest, rows in todo}
-        # Stage 1, Ray tasks: each reads its part on its node (no CPU reserved: reading is light, and the actors may hold every CPU). Stage 2, the
-        # actor pool of embed_dataset: the model loaded once per actor. Only part, row, vector and node come back.
+        # Stage 1, Ray tasks: each reads its part on its node (no CPU reserved: reading is light, and the actors may
+        # hold every CPU). Stage 2, the actor pool of embed_dataset: the model loaded once per actor. Only part, row,
+        # vector and node come back.
         rows = ray.data.from_items(descriptors, override_num_blocks=len(descriptors)).map_batches(
             _read_descriptors, batch_size=1, batch_format="numpy", fn_kwargs={"source": source}, num_cpus=0)
         dataset = embed_dataset(rows, spec, task=task, task_column="task" if source.task_column else None,
@@ -246,8 +248,11 @@ def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "t
         raise ConfigurationError(f"embed_dataset takes a ray.data.Dataset, got {type(dataset).__name__}")
     spec = model if isinstance(model, ModelSpec) else ModelSpec(str(model))
     actors = _actors(ray, concurrency, num_cpus, num_gpus, 1 << 30)
+    # Two calls in flight per actor (not Ray's default of more): the first actor to load its model would otherwise
+    # queue the work that the actors still loading theirs are started for.
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=2)
     return dataset.map_batches(
-        _DatasetEncoder, batch_size=rows_per_call, batch_format="numpy", concurrency=actors, num_cpus=num_cpus,
+        _DatasetEncoder, batch_size=rows_per_call, batch_format="numpy", compute=pool, num_cpus=num_cpus,
         num_gpus=num_gpus or None, fn_constructor_kwargs={
             "text_column": text_column, "task_column": task_column, "output_column": output_column,
             "node_column": node_column, "spec": spec, "task": task, "batch_size": batch_size,
