@@ -3,8 +3,8 @@ or on a Ray cluster; a rerun with the same settings resumes (finished parts are 
 
     st-prompts embed minilm corpus.txt corpus.emb                       # one document a line, this machine
     st-prompts embed minilm docs.jsonl docs.emb --text-column body --id-column doc_id --part-rows 20
-    st-prompts embed minilm big.parquet big.emb --engine ray --actors 2 --num-cpus 1
-    st-prompts embed minilm big.parquet big.emb --engine ray --ray-address 10.0.0.1:6379 --num-gpus 1
+    st-prompts embed minilm big.txt big.emb --engine ray --actors 2 --num-cpus 1   # a local Ray, 2 actors
+    st-prompts embed minilm big.txt big.emb --engine ray --ray-address 10.0.0.1:6379 --num-gpus 1
 
 INPUT: a text file (ids: 1-based line numbers; blank lines skipped), JSON lines or Parquet (ids: 0-based rows, or
 --id-column). OUTPUT: a folder of part-NNNNN.parquet (--part-rows input rows each) and embed.json (the run's
