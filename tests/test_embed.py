@@ -122,17 +122,10 @@ def test_ray_engine_gives_the_local_vectors_and_records_its_node(plain, loaded, 
     assert result.parts_written == 4 and result.nodes == {node: 4}
     # resumed with the other engine: nothing to do (the engine is not a setting of the vectors)
     assert embed_file(plain, path, tmp_path / "ray", part_rows=8).parts_skipped == 4
-
-
-def test_embed_dataset_adds_a_vector_column_to_a_ray_dataset(plain, loaded, ray_session):
+    # the engine encodes through embed_dataset (the columns it keeps are how parts come back): one actor pool per
+    # test is what CI affords, so its own public check here is the refusal of what is not a Dataset
     from st_prompts.embedding import embed_dataset
 
-    texts = sentences(12, seed=3)
-    dataset = ray_session.data.from_items([{"text": t, "key": i} for i, t in enumerate(texts)])
-    rows = sorted(embed_dataset(dataset, plain, concurrency=1, rows_per_call=5).take_all(), key=lambda r: r["key"])
-    assert [r["text"] for r in rows] == texts
-    np.testing.assert_allclose(np.stack([r["vector"] for r in rows]), loaded(plain).encode_document(texts),
-                               atol=1e-6, rtol=0)
     with pytest.raises(ConfigurationError, match="ray.data.Dataset"):
         embed_dataset(texts, plain)
 

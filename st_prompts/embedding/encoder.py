@@ -64,8 +64,9 @@ def encode_part(model: Any, texts: Sequence[str], tasks: Sequence[str | None] | 
     from st_prompts.search.encoding import chat_template_errors
 
     if not texts:
-        dimension = model.get_sentence_embedding_dimension()
-        return np.zeros((0, int(dimension)), dtype=np.float32)
+        from st_prompts.search.identity import embedding_dimension
+
+        return np.zeros((0, int(embedding_dimension(model) or 0)), dtype=np.float32)
     options = {"batch_size": batch_size, "show_progress_bar": progress, "convert_to_numpy": True}
     with chat_template_errors():
         if tasks is not None:
