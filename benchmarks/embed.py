@@ -95,15 +95,16 @@ def one_run(engine: str, corpus: Path, work: Path, args, cpus: int) -> dict:
     wall = time.perf_counter() - start
     ended = time.time()
     records = part_records(out)
-    if engine == "ray":  # steady state: from the last actor's model load to the end
-        ready = max(b["ready"] for r in records for b in [r["encoded_by"], *r["encoded_by"].get("also", [])])
-        steady = ended - ready
+    if engine == "ray":  # steady state: from the actors' model loads to the end (first and last: two bounds)
+        ready = [b["ready"] for r in records for b in [r["encoded_by"], *r["encoded_by"].get("also", [])]]
+        steady, steady_first = ended - max(ready), ended - min(ready)
     else:
-        steady = result.seconds
+        steady = steady_first = result.seconds
     ids, vectors = read_vectors(out)
     shutil.rmtree(out)
     return {"engine": engine, "rows": result.rows, "wall_s": round(wall, 3), "steady_s": round(steady, 3),
             "rate_end_to_end": round(result.rows / wall, 2), "rate_steady": round(result.rows / steady, 2),
+            "rate_steady_from_first_actor": round(result.rows / steady_first, 2),
             "actors": len({(b.get("node_id"), b.get("pid")) for r in records
                            for b in [r["encoded_by"], *r["encoded_by"].get("also", [])]}),
             "load_average": [round(x, 2) for x in os.getloadavg()], "ids": ids, "vectors": vectors}
@@ -138,10 +139,11 @@ def part_one(args, corpus: Path, work: Path) -> dict:
     for engine in ("local", "ray"):
         mine = [r for r in rounds if r["engine"] == engine]
         summary[engine] = {key: round(statistics.median(r[key] for r in mine), 2)
-                           for key in ("rate_end_to_end", "rate_steady", "wall_s", "steady_s")}
+                           for key in ("rate_end_to_end", "rate_steady", "rate_steady_from_first_actor", "wall_s",
+                                       "steady_s")}
     ratios = {key: [round(ray_run[key] / local_run[key], 3) for local_run, ray_run in zip(
         [r for r in rounds if r["engine"] == "local"], [r for r in rounds if r["engine"] == "ray"])]
-        for key in ("rate_end_to_end", "rate_steady")}
+        for key in ("rate_end_to_end", "rate_steady", "rate_steady_from_first_actor")}
     return {"ray_start_s": round(ray_start, 2), "warmup_ray_vs_local_max_abs_diff": warm_diff, "rounds": rounds,
             "median": summary, "ratio_ray_over_local_per_round": ratios,
             "ratio_ray_over_local_median": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
@@ -241,18 +243,20 @@ def markdown(result: dict) -> str:
              f"{result['settings']['cpus']} actors x 1 CPU (1 torch thread). Parts of {result['settings']['part_rows']}"
              f" rows. {len(one['rounds']) // 2} interleaved rounds after a warm-up of each; every run's vectors equal "
              "the warm-up local run's (largest difference below).", "",
-             "| round | engine | end to end (sent./s) | steady (sent./s) | wall (s) | max abs diff | load (1 min) |",
-             "|---|---|---|---|---|---|---|"]
+             "| round | engine | end to end (sent./s) | steady, last actor (sent./s) | steady, first actor | wall (s) "
+             "| max abs diff | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
     for run in one["rounds"]:
         lines.append(f"| {run['round']} | {run['engine']} | {run['rate_end_to_end']} | {run['rate_steady']} | "
-                     f"{run['wall_s']} | {run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
+                     f"{run['rate_steady_from_first_actor']} | {run['wall_s']} | {run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
     median = one["median"]
     ratio = one["ratio_ray_over_local_median"]
     lines += ["", f"Median: local {median['local']['rate_end_to_end']} sent./s end to end, "
               f"{median['local']['rate_steady']} steady; ray {median['ray']['rate_end_to_end']} end to end, "
               f"{median['ray']['rate_steady']} steady. Ray / local (median of the rounds' ratios): "
               f"**{ratio['rate_end_to_end']}** end to end (the actors' start and model loads counted), "
-              f"**{ratio['rate_steady']}** in steady state (from the last actor's model load). Goal: >= 0.85.", "",
+              f"**{ratio['rate_steady']}** in steady state counted from the last actor's model load (an upper bound: "
+              f"the first actor encoded before it), **{ratio['rate_steady_from_first_actor']}** counted from the first "
+              "actor's (a lower bound: the second was still loading). Goal: >= 0.85.", "",
               "End to end: the `embed_file` call (the driver's model load included for both; for Ray also the "
               "actors' start: a worker process each, importing torch and loading the model). Steady: local from "
               "after its model load, ray from the moment the last actor had loaded its model."]
