@@ -247,7 +247,8 @@ def markdown(result: dict) -> str:
              "| max abs diff | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
     for run in one["rounds"]:
         lines.append(f"| {run['round']} | {run['engine']} | {run['rate_end_to_end']} | {run['rate_steady']} | "
-                     f"{run['rate_steady_from_first_actor']} | {run['wall_s']} | {run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
+                     f"{run['rate_steady_from_first_actor']} | {run['wall_s']} | "
+                     f"{run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
     median = one["median"]
     ratio = one["ratio_ray_over_local_median"]
     lines += ["", f"Median: local {median['local']['rate_end_to_end']} sent./s end to end, "
@@ -259,7 +260,7 @@ def markdown(result: dict) -> str:
               "actor's (a lower bound: the second was still loading). Goal: >= 0.85.", "",
               "End to end: the `embed_file` call (the driver's model load included for both; for Ray also the "
               "actors' start: a worker process each, importing torch and loading the model). Steady: local from "
-              "after its model load, ray from the moment the last actor had loaded its model."]
+              "after its model load, ray from the moment the first / the last actor had loaded its model."]
     cluster = result.get("cluster")
     if cluster:
         lines += ["", "## Two Ray nodes on this machine", "",
