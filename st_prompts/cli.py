@@ -33,7 +33,7 @@ from typing import NoReturn
 from st_prompts.errors import StPromptsError, printable
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
-COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "serve", "replicas", "ski")
+COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "embed", "serve", "replicas", "ski")
 _handler: logging.Handler | None = None
 #: The root logger's level before :func:`configure_output` changed it (restored by :func:`reset_output`).
 _root_level: int = logging.WARNING

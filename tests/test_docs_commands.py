@@ -61,6 +61,8 @@ _BENCHMARK = "a benchmark: hours (parsed with its own parser)"
 _SKI = "generates with an LLM: minutes for a few sentences on a CPU (tests/test_ski_generation.py runs it on five)"
 _HUB = "needs the Hugging Face hub"
 _DIFFAUG = "DiffAug's stage 1 trains 200 steps whatever the data: minutes"
+_RAY = "starts a local Ray: many seconds (tests/test_embed.py runs --engine ray on its one shared Ray session)"
+_CLUSTER = "a Ray cluster of several machines (benchmarks/embed.py runs two nodes on one)"
 
 #: Commands that are parsed and checked but not run here, and why (keyed by the command without its comment).
 NOT_RUN = {
@@ -128,7 +130,15 @@ NOT_RUN = {
     "st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache":
         "starts two encoding processes (tests/test_search*.py build ivfpq and encode in processes)",
     "st-prompts index search big.index \"how do cats sleep?\" --json --mmap": "reads the index above",
+    # a Ray cluster (docs/scale.md, st-prompts embed --help)
+    "st-prompts embed minilm big.txt big.emb --engine ray --actors 2 --num-cpus 1": _RAY,
+    "st-prompts embed minilm big.txt big.emb --engine ray --ray-address 10.0.0.1:6379 --num-cpus 4": _CLUSTER,
+    "st-prompts embed minilm big.txt big.emb --engine ray --ray-address 10.0.0.1:6379 --num-gpus 1": _CLUSTER,
+    "ray start --head --num-cpus 8 --port 6379": _CLUSTER,
+    "ray start --address 10.0.0.1:6379 --num-cpus 8": _CLUSTER,
+    "ray stop": _CLUSTER,
     # benchmarks
+    "python benchmarks/embed.py --data-dir ../shared/data": _BENCHMARK,
     "python benchmarks/run_all --data-dir ../shared/data --ablations": _BENCHMARK,
     "python benchmarks/efficiency.py --data-dir ../shared/data": _BENCHMARK,
     "python benchmarks/run_all --data-dir ../shared/data --ablations --report-only":
@@ -415,6 +425,8 @@ def inputs_and_outputs(command: tuple[str, ...], args: argparse.Namespace) -> tu
         paths = [value.partition("=")[2] for value in args.index]
         return _local(args.model) + [p for p in (_milvus_file(p) or (None if "://" in p else p) for p in paths)
                                      if p], []
+    if head == "embed":
+        return _local(args.model) + [str(args.input)], [str(args.output)]
     if head == "ski":
         return get("input"), [args.output]
     if head == "demo":

@@ -117,7 +117,7 @@ LAYERS = (
     ("modules", "loading"),
     ("data", "evaluation", "losses", "plots", "search"),
     ("methods",),
-    ("training", "bank"),
+    ("training", "bank", "embedding"),
     ("serving", "commands", "cli"),
 )
 

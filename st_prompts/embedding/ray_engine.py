@@ -1,0 +1,259 @@
+"""Embedding on a Ray cluster with Ray Data: a pool of actors, each loading the model once through the safe loader
+(:func:`st_prompts.loading.load_sentence_model`), fed by ``map_batches``.
+
+Two entry points: :func:`encode_parts_on_ray` (``st-prompts embed --engine ray``: one task per part of an input file)
+and :func:`embed_dataset` (a user's own ``ray.data.Dataset`` in, the same Dataset with a ``vector`` column out).
+
+How parts travel (``--engine ray``): the driver scans the input (it must anyway, to know which parts a resumed run
+has finished), then hands each unfinished part to Ray as a *descriptor* (its byte or row range and the digest of its
+rows); a Ray task reads that range from the input file on its node and checks the digest, the actors of
+:func:`embed_dataset` encode the rows, and the vectors come back to the driver, which writes the part. So the INPUT
+must be readable at the same path on every node (a shared file system; the reading task refuses, in one line, a file
+whose rows differ from the driver's), while OUTPUT need only be on the driver's machine: the folder's lock, its run
+file and every part have one writer, and no node needs write access or a lock that works across machines. The price:
+the vectors cross the network to the driver (1.5 KB a document for 384 dimensions), which a cluster's network
+carries far faster than CPUs encode.
+
+Ray is optional (``pip install "st-prompts[scale]"``): imported inside these functions only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from st_prompts.embedding.encoder import ModelSpec, check_tasks, encode_part
+from st_prompts.embedding.inputs import InputSource, read_part
+from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
+
+INSTALL = 'pip install "st-prompts[scale]"'
+
+
+def import_ray() -> Any:
+    """``ray`` with Ray Data, or a one-line :class:`ConfigurationError` saying how to install it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401 - the [data] extra: pandas, pyarrow and Ray Data itself
+    except ImportError as exc:
+        raise ConfigurationError(f"the Ray engine needs Ray Data ({exc.name or 'ray'} is not installed): "
+                                 f"{INSTALL}") from None
+    return ray
+
+
+def node_info() -> dict[str, Any]:
+    """Where this process runs: Ray's node id and address, the host and the process (recorded in each part)."""
+    import socket
+
+    import ray
+
+    return {"engine": "ray", "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+class _Loaded:
+    """An actor's model, loaded once when the actor starts, on a thread budget of its CPUs."""
+
+    def __init__(self, spec: ModelSpec, task: str | None, batch_size: int, threads: int,
+                 identity: dict[str, Any] | None = None) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))  # Ray also sets OMP_NUM_THREADS; torch may have read it before
+        self.model = spec.load()
+        self.task, self.batch_size = task, batch_size
+        check_tasks(self.model, [task])
+        if identity is not None:  # the same path may hold another model on another node
+            from st_prompts.search.embedding_files import identity_from_record
+            from st_prompts.search.identity import ModelIdentity
+
+            identity_from_record(identity).check_compatible(ModelIdentity.of(self.model, task=task))
+        self.node = json.dumps({**node_info(), "ready": round(time.time(), 3)})  # when its model was loaded
+
+
+def _read_descriptors(batch: dict[str, np.ndarray], source: InputSource) -> dict[str, np.ndarray]:
+    """``map_batches`` function of ``--engine ray``'s first stage (Ray tasks): part descriptors in, the parts' rows
+    out (``part``, ``row``, ``text``, and ``task`` with a task column), each part read from the input file on the
+    node and checked against the driver's digest."""
+    columns: dict[str, list] = {"part": [], "row": [], "text": [], **({"task": []} if source.task_column else {})}
+    for number, first_row, locator, digest in zip(batch["part"], batch["first_row"], batch["locator"],
+                                                   batch["digest"]):
+        part = read_part(source, int(number), int(first_row), json.loads(str(locator)))
+        if part.digest != str(digest):
+            raise DataFormatError(f"{source.path} on node {node_info()['node_ip']} holds other rows than on the "
+                                  f"driver (part {int(number)}): the input must be the same file on every node")
+        columns["part"] += [int(number)] * len(part.texts)
+        columns["row"] += range(len(part.texts))
+        columns["text"] += part.texts
+        if source.task_column:
+            columns["task"] += [t if t is not None else "" for t in part.tasks]
+    return {"part": np.asarray(columns["part"], dtype=np.int64), "row": np.asarray(columns["row"], dtype=np.int64),
+            **{name: np.asarray(values, dtype=object) for name, values in columns.items() if name in ("text", "task")}}
+
+
+class _DatasetEncoder(_Loaded):
+    """``map_batches`` class of :func:`embed_dataset`: a user's rows in, the same rows with their vectors out."""
+
+    def __init__(self, text_column: str, task_column: str | None, output_column: str, node_column: str | None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.text_column, self.task_column, self.output_column = text_column, task_column, output_column
+        self.node_column = node_column
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.text_column not in batch:
+            raise DataFormatError(f"the dataset has no column {self.text_column!r} (columns: {', '.join(batch)})")
+        texts = [str(t) if t is not None else "" for t in batch[self.text_column]]
+        tasks = None
+        if self.task_column is not None:
+            tasks = [str(t) if isinstance(t, str) and t.strip() else None for t in batch[self.task_column]]
+            check_tasks(self.model, tasks)
+        out = {**batch, self.output_column: encode_part(self.model, texts, tasks, self.task, self.batch_size)}
+        if self.node_column is not None:
+            out[self.node_column] = np.array([self.node] * len(texts), dtype=object)
+        return out
+
+
+def _actors(ray: Any, wanted: int | None, num_cpus: float, num_gpus: float, work: int) -> int:
+    """``wanted`` actors, or as many as the cluster's CPUs (GPUs, when each actor takes some) hold, at most one a
+    part of ``work`` and at least one."""
+    if wanted is not None:
+        return max(1, int(wanted))
+    resources = ray.cluster_resources()
+    fits = (math.floor(resources.get("GPU", 0) / num_gpus) if num_gpus > 0
+            else math.floor(resources.get("CPU", 1) / max(num_cpus, 1e-3)))
+    return max(1, min(fits, max(work, 1)))
+
+
+def _user_error(exc: BaseException) -> StPromptsError | None:
+    """The package's own error inside what Ray raised (a task's or an actor's), if any: shown as its one line."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, StPromptsError):
+            return error
+        todo += [error.__cause__, error.__context__, getattr(error, "cause", None)]
+        if hasattr(error, "as_instanceof_cause"):
+            try:
+                todo.append(error.as_instanceof_cause())
+            except Exception:  # noqa: BLE001 - a cause Ray cannot rebuild is no cause of ours
+                pass
+    return None
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Join ``address``'s cluster, or start a local Ray; ``True`` when this call started it (to shut it down)."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=logging.getLogger("st_prompts").isEnabledFor(logging.DEBUG))
+    except ConnectionError as exc:
+        raise ConfigurationError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}") \
+            from None
+    return True
+
+
+def _quiet_data(ray: Any, progress: bool) -> None:
+    """Ray Data's progress bars only when ours are shown; its execution logs only with ``-v``."""
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = progress
+    if not logging.getLogger("st_prompts").isEnabledFor(logging.DEBUG):
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
+def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tuple], *, task: str | None,
+                        batch_size: int, options: Any, identity: dict[str, Any], progress: bool = False,
+                        timing: dict[str, float] | None = None
+                        ) -> Iterator[tuple[int, int, dict[str, int], str, np.ndarray, dict[str, Any]]]:
+    """Encode the parts of ``todo`` (``(number, first_row, locator, digest, rows)`` each) on the pool and yield
+    ``(number, first_row, locator, digest, vectors, node)`` as each part completes (in any order). ``timing``, when
+    given, receives ``ray_start``: the seconds spent starting or joining Ray (0 when it was running already)."""
+    if not todo:
+        return
+    ray = import_ray()
+    clock = time.perf_counter()
+    started_here = _connect(ray, options.address)
+    if timing is not None:
+        timing["ray_start"] = time.perf_counter() - clock
+    try:
+        _quiet_data(ray, progress)
+        actors = min(_actors(ray, options.actors, options.num_cpus, options.num_gpus, len(todo)), len(todo))
+        descriptors = [{"part": number, "first_row": first_row, "locator": json.dumps(locator), "digest": digest}
+                       for number, first_row, locator, digest, _ in todo]
+        expected = {number: (first_row, locator, digest, rows) for number, first_row, locator, digest, rows in todo}
+        # Stage 1, Ray tasks: each reads its part on its node (no CPU reserved: reading is light, and the actors may
+        # hold every CPU). Stage 2, the actor pool of embed_dataset: the model loaded once per actor. Only part, row,
+        # vector and node come back.
+        rows = ray.data.from_items(descriptors, override_num_blocks=len(descriptors)).map_batches(
+            _read_descriptors, batch_size=1, batch_format="numpy", fn_kwargs={"source": source}, num_cpus=0)
+        dataset = embed_dataset(rows, spec, task=task, task_column="task" if source.task_column else None,
+                                batch_size=batch_size, concurrency=actors, num_cpus=options.num_cpus,
+                                num_gpus=options.num_gpus, rows_per_call=max(batch_size, 256), node_column="node",
+                                identity=identity).select_columns(["part", "row", "vector", "node"])
+        held: dict[int, list[tuple[np.ndarray, np.ndarray, str]]] = {}
+        counts: dict[int, int] = {}
+        try:
+            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+                for number in np.unique(batch["part"]):
+                    mask = batch["part"] == number
+                    number = int(number)
+                    held.setdefault(number, []).append((batch["row"][mask], batch["vector"][mask],
+                                                        str(batch["node"][mask][0])))
+                    counts[number] = counts.get(number, 0) + int(mask.sum())
+                    first_row, locator, digest, rows = expected[number]
+                    if counts[number] == rows:  # the part is whole: order its rows and hand it on
+                        pieces = held.pop(number)
+                        order = np.argsort(np.concatenate([p[0] for p in pieces]), kind="stable")
+                        vectors = np.concatenate([p[1] for p in pieces]).astype(np.float32, copy=False)[order]
+                        node = json.loads(pieces[0][2])
+                        others = sorted({p[2] for p in pieces} - {pieces[0][2]})
+                        if others:  # a part's rows may be split between actors
+                            node["also"] = [json.loads(other) for other in others]
+                        yield number, first_row, locator, digest, vectors, node
+        except Exception as exc:
+            user = _user_error(exc)
+            if user is None:
+                raise
+            raise type(user)(str(user).splitlines()[0]) from None
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "text", task: str | None = None,
+                  task_column: str | None = None, output_column: str = "vector", batch_size: int = 64,
+                  concurrency: int | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                  rows_per_call: int = 1024, node_column: str | None = None,
+                  identity: dict[str, Any] | None = None) -> Any:
+    """``dataset`` (a ``ray.data.Dataset`` with a ``text_column``) with the float32 vector of each row in
+    ``output_column``, computed lazily by a pool of ``concurrency`` actors (default: as many as the cluster's CPUs,
+    or GPUs with ``num_gpus``, hold), each loading ``model`` (a name or folder, or a :class:`ModelSpec`) once through
+    the safe loader; ``num_cpus`` is also each actor's torch threads. The vectors are ``st-prompts embed``'s (the
+    document side; ``task``: one prompt set of a bank; ``task_column``: each row's set, blank = ``task`` or the
+    document side). ``node_column``: also record which Ray node encoded each row (JSON). ``identity``: an
+    :func:`~st_prompts.search.embedding_files.identity_record` every actor's model must match (the same folder may
+    hold another model on another node)."""
+    ray = import_ray()
+    if not isinstance(dataset, ray.data.Dataset):
+        raise ConfigurationError(f"embed_dataset takes a ray.data.Dataset, got {type(dataset).__name__}")
+    spec = model if isinstance(model, ModelSpec) else ModelSpec(str(model))
+    actors = _actors(ray, concurrency, num_cpus, num_gpus, 1 << 30)
+    # Two calls in flight per actor (not Ray's default of more): the first actor to load its model would otherwise
+    # queue the work that the actors still loading theirs are started for.
+    pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=2)
+    return dataset.map_batches(
+        _DatasetEncoder, batch_size=rows_per_call, batch_format="numpy", compute=pool, num_cpus=num_cpus,
+        num_gpus=num_gpus or None, fn_constructor_kwargs={
+            "text_column": text_column, "task_column": task_column, "output_column": output_column,
+            "node_column": node_column, "spec": spec, "task": task, "batch_size": batch_size,
+            "threads": max(1, int(num_cpus)), "identity": identity})

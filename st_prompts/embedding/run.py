@@ -1,0 +1,339 @@
+"""An embedding run: a corpus file into a folder of Parquet parts (:mod:`st_prompts.search.embedding_files`), on this
+machine or a Ray cluster, resumable.
+
+The folder is the run's: ``embed.json`` (written first: the input, the model's identity, the settings) and
+``part-NNNNN.parquet``. A rerun with the same settings skips every part whose record matches (the settings' digest,
+the part's place in the input and the digest of its ids, texts and tasks, the model's fingerprint) and encodes the
+rest; a rerun with other settings, or into a folder that holds anything else, is refused in one line and changes
+nothing. Runs into one folder are serialised by :func:`st_prompts.storage.folder_lock` (a second one is refused at
+once rather than left waiting), and every part is written atomically, so a killed run leaves only whole parts.
+
+The settings that make a part's vectors (input, columns, part size, task, texts kept, precision) are compared; the
+batch size, the engine and its actors are not: they change how fast, not what.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from st_prompts.embedding.encoder import ModelSpec, check_tasks, encode_part
+from st_prompts.embedding.inputs import InputPart, InputSource, read_part, read_parts
+from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
+from st_prompts.search.embedding_files import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    RUN_FILE,
+    identity_from_record,
+    identity_record,
+    part_name,
+    part_record,
+    write_part,
+)
+from st_prompts.storage import folder_lock, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PART_ROWS = 100_000
+_PART_FILE = re.compile(r"^part-(\d{5,})\.parquet$")
+#: What ``write_file_atomic`` leaves beside a file when the process is killed mid-write: ours to remove.
+_LEFTOVER = re.compile(r"^\.(part-\d{5,}\.parquet|embed\.json)\.st-prompts-tmp-[0-9a-f]{12}$")
+
+
+@dataclass
+class EmbedResult:
+    """What a run did."""
+
+    output: Path
+    parts_written: int = 0
+    parts_skipped: int = 0
+    rows: int = 0  # documents in the folder's parts (blank ones are not documents)
+    rows_encoded: int = 0
+    blank: int = 0
+    #: encoding and writing: after the driver's model loaded; with Ray, the actors' start and model loads included,
+    #: the start of a Ray session (``ray_start``) not
+    seconds: float = 0.0
+    ray_start: float = 0.0
+    nodes: dict[str, int] = field(default_factory=dict)  # who encoded the parts written: node -> parts
+
+    @property
+    def rate(self) -> float:
+        """Documents encoded a second (this run's)."""
+        return self.rows_encoded / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """The run's final line."""
+        nodes = f" on {len(self.nodes)} nodes" if len(self.nodes) > 1 else ""
+        nodes += f"; Ray started in {self.ray_start:.1f} s" if self.ray_start else ""
+        return (f"{self.parts_written} part(s) written, {self.parts_skipped} skipped (already done), {self.rows} "
+                f"documents in {self.output}; encoded {self.rows_encoded} in {self.seconds:.1f} s "
+                f"({self.rate:.1f}/s){nodes}")
+
+
+@dataclass
+class RayOptions:
+    """``--engine ray``: the cluster (``None``: start a local Ray) and each actor's resources; ``actors=None``: as
+    many as the cluster's resources allow."""
+
+    address: str | None = None
+    actors: int | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+
+def embed_file(model: str | ModelSpec, input_path: str | os.PathLike, output: str | os.PathLike, *,
+               text_column: str = "text", id_column: str | None = None, task_column: str | None = None,
+               task: str | None = None, part_rows: int = DEFAULT_PART_ROWS, batch_size: int = 64,
+               keep_texts: bool = True, engine: str = "local", ray: RayOptions | None = None,
+               progress: bool = False) -> EmbedResult:
+    """Embed the corpus file ``input_path`` into the folder ``output`` (see the module docstring).
+
+    Args:
+        model: a model name or folder (``minilm``: the packaged MiniLM), or a :class:`ModelSpec` (precision, trust).
+        input_path: a text file (one document a line), ``.jsonl`` or ``.parquet`` (``text_column``, ``id_column``,
+            ``task_column``: each row's prompt set), read ``part_rows`` rows at a time.
+        task: the prompt set of a bank for every row (or for rows without a task in ``task_column``).
+        keep_texts: write the ``text`` column (``False``: ids and vectors only).
+        engine: ``"local"`` (this process) or ``"ray"`` (Ray Data actors; ``ray``: the cluster and resources).
+
+    Returns the :class:`EmbedResult`. Raises one-line :class:`~st_prompts.errors.StPromptsError` subclasses.
+    """
+    spec = model if isinstance(model, ModelSpec) else ModelSpec(str(model))
+    if engine not in ("local", "ray"):
+        raise ConfigurationError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+    source = InputSource.of(input_path, text_column, id_column, task_column)
+    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
+        raise ConfigurationError(f"part_rows must be a positive integer, got {part_rows!r}")
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ConfigurationError(f"{output} is a file; the output is a folder of parts")
+    if engine == "ray":  # before the model loads: a missing Ray is one line at once
+        from st_prompts.embedding.ray_engine import import_ray
+
+        import_ray()
+    with folder_lock(output, timeout=0):
+        return _run(spec, source, output, task=task, part_rows=part_rows, batch_size=batch_size,
+                    keep_texts=keep_texts, engine=engine, ray=ray or RayOptions(), progress=progress)
+
+
+def _run(spec: ModelSpec, source: InputSource, output: Path, *, task: str | None, part_rows: int, batch_size: int,
+         keep_texts: bool, engine: str, ray: RayOptions, progress: bool) -> EmbedResult:
+    from st_prompts.search.identity import ModelIdentity
+
+    existing = _existing_parts(output)  # refuses a foreign folder before the model loads
+    model = spec.load("cpu" if engine == "ray" else None)  # the driver's copy: the identity, the task checks
+    check_tasks(model, [task])
+    identity = ModelIdentity.of(model, name=_recorded_name(spec.name), task=task)
+    settings = {"input": {"path": source.path, "kind": source.kind, "text_column": source.text_column,
+                          "id_column": source.id_column, "task_column": source.task_column},
+                "part_rows": part_rows, "task": task, "texts": keep_texts, "dtype": spec.dtype,
+                "quantize": spec.quantize, "trust_remote_code": bool(spec.trust_remote_code)}
+    key = "sha256:" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    model_record = identity_record(identity)
+    run = _start_run(output, existing, settings, key, model_record, identity)
+    result = EmbedResult(output)
+    base = {"settings_sha256": key, "model": run["model"], "task": task}
+    writer = _PartWriter(output, existing, base, keep_texts, result)
+    started = time.perf_counter()
+    if engine == "local":
+        _run_local(model, source, part_rows, task, batch_size, progress, writer)
+    else:
+        from st_prompts.embedding.ray_engine import encode_parts_on_ray
+
+        todo = []
+        for part in _progress(read_parts(source, part_rows), progress, "scanning"):
+            check_tasks(model, part.tasks or [])
+            writer.last = part.number
+            if writer.skip(part):
+                continue
+            if part.texts:
+                todo.append((part.number, part.first_row, part.locator, part.digest, len(part.texts)))
+            else:  # nothing to encode: no actor needed
+                writer.write(part, _empty(model), {"engine": "ray", "node": "driver"})
+        del model
+        started = time.perf_counter()
+        timing: dict[str, float] = {}
+        encoded = encode_parts_on_ray(spec, source, todo, task=task, batch_size=batch_size, options=ray,
+                                      identity=model_record, progress=progress, timing=timing)
+        for number, first_row, locator, digest, vectors, node in encoded:
+            part = read_part(source, number, first_row, locator)
+            if part.digest != digest:
+                raise DataFormatError(f"{source.path} changed while it was embedded (part {number}); run again")
+            writer.write(part, vectors, node)
+    result.seconds = time.perf_counter() - started
+    if engine == "ray":
+        result.ray_start = timing.get("ray_start", 0.0)
+        result.seconds -= result.ray_start
+    writer.remove_stale()
+    run.update(status="complete", parts=writer.last + 1, rows=result.rows, blank=result.blank,
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               last_run={"engine": engine, "parts_written": result.parts_written,
+                         "parts_skipped": result.parts_skipped, "rows_encoded": result.rows_encoded,
+                         "seconds": round(result.seconds, 3), "ray_start_seconds": round(result.ray_start, 3),
+                         "nodes": result.nodes, "batch_size": batch_size,
+                         **({"ray": vars(ray)} if engine == "ray" else {})})
+    write_json_atomic(output / RUN_FILE, run)
+    return result
+
+
+def _run_local(model: Any, source: InputSource, part_rows: int, task: str | None, batch_size: int, progress: bool,
+               writer: _PartWriter) -> None:
+    import socket
+
+    node = {"engine": "local", "node": socket.gethostname(), "pid": os.getpid()}
+    for part in _progress(read_parts(source, part_rows), progress, "parts"):
+        writer.last = part.number
+        check_tasks(model, part.tasks or [])
+        if writer.skip(part):
+            continue
+        writer.write(part, encode_part(model, part.texts, part.tasks, task, batch_size, progress=False), node)
+
+
+def _empty(model: Any) -> Any:
+    return encode_part(model, [], None, None, 1)
+
+
+def _progress(parts: Iterator[InputPart], show: bool, what: str) -> Iterator[InputPart]:
+    if not show:
+        return parts
+    from tqdm.auto import tqdm
+
+    return iter(tqdm(parts, desc=what, unit=" part"))
+
+
+def _recorded_name(name: str) -> str:
+    """The model's name as recorded: aliases as given, local folders made absolute (what ``index build`` records)."""
+    from st_prompts.utils import PACKAGED_MINILM_ALIASES
+
+    if name in PACKAGED_MINILM_ALIASES and not os.path.exists(name):
+        return "minilm"
+    return os.path.abspath(name) if os.path.exists(name) else name
+
+
+# ---------------------------------------------------------------------------------------------- the folder
+def _existing_parts(output: Path) -> dict[int, Path]:
+    """The parts already in ``output``, after refusing a folder that holds anything this command did not write (and
+    removing the temporary files a killed run of it left)."""
+    if not output.is_dir():
+        return {}
+    parts, foreign, leftovers = {}, [], []
+    for entry in sorted(os.listdir(output)):
+        match = _PART_FILE.match(entry)
+        if match and (output / entry).is_file():
+            parts[int(match.group(1))] = output / entry
+        elif _LEFTOVER.match(entry) and (output / entry).is_file():
+            leftovers.append(output / entry)
+        elif entry != RUN_FILE:
+            foreign.append(entry)
+    if foreign or (parts and not (output / RUN_FILE).is_file()):
+        shown = ", ".join(foreign[:3]) or f"{len(parts)} part(s) without {RUN_FILE}"
+        raise ConfigurationError(f"{output} holds files that st-prompts embed did not write ({shown}); embed into "
+                                 "a new or empty folder")
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return parts
+
+
+def _start_run(output: Path, existing: dict[int, Path], settings: dict[str, Any], key: str,
+               model_record: dict[str, Any], identity: Any) -> dict[str, Any]:
+    """``embed.json`` of this run: the folder's own when it was written with the same settings and model (a resumed
+    run), else a new one (an empty folder); refuses other settings or another model in one line."""
+    path = output / RUN_FILE
+    if path.is_file():
+        try:
+            run = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataFormatError(f"{path} is not a readable run file ({type(exc).__name__}); embed into a new "
+                                  "folder") from None
+        if not isinstance(run, dict) or run.get("format") != FORMAT_NAME or not isinstance(run.get("settings"), dict):
+            raise ConfigurationError(f"{path} was not written by st-prompts embed; embed into a new or empty folder")
+        problem = None
+        if run.get("settings_sha256") != key:
+            changed = [name for name in sorted(set(settings) | set(run["settings"]))
+                       if settings.get(name) != run["settings"].get(name)] or ["settings"]
+            problem = ConfigurationError(f"{output} was embedded with other settings ({', '.join(changed)}: "
+                                         f"{json.dumps(run['settings'].get(changed[0]))[:120]}, now "
+                                         f"{json.dumps(settings.get(changed[0]))[:120]}); rerun with them or embed "
+                                         "into a new folder")
+        else:
+            try:
+                identity_from_record(run["model"]).check_compatible(identity)
+            except StPromptsError as exc:
+                problem = type(exc)(f"{output} was embedded by another model: {exc}")
+            except (KeyError, TypeError, ValueError):
+                problem = DataFormatError(f"{path} records no readable model; embed into a new folder")
+        if problem is not None and not existing:  # a run that stopped before its first part: nothing to keep
+            return _new_run(path, settings, key, model_record)
+        if problem is not None:
+            raise problem
+        return {**run, "status": "running"}
+    if existing:  # _existing_parts refused parts without a run file already
+        raise ConfigurationError(f"{output} holds parts but no {RUN_FILE}")
+    output.mkdir(parents=True, exist_ok=True)
+    return _new_run(path, settings, key, model_record)
+
+
+def _new_run(path: Path, settings: dict[str, Any], key: str, model_record: dict[str, Any]) -> dict[str, Any]:
+    run = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "settings": settings, "settings_sha256": key,
+           "model": model_record, "status": "running",
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_json_atomic(path, run)
+    return run
+
+
+class _PartWriter:
+    """Decides which parts are finished and writes the others (one writer: this process)."""
+
+    def __init__(self, output: Path, existing: dict[int, Path], base: dict[str, Any], keep_texts: bool,
+                 result: EmbedResult) -> None:
+        self.output, self.existing, self.base, self.keep_texts, self.result = output, existing, base, keep_texts, result
+        self.last = -1
+        self.written: set[int] = set()
+
+    def skip(self, part: InputPart) -> bool:
+        """Whether ``part`` is finished already: its file's record names these settings, this model and these rows."""
+        path = self.existing.get(part.number)
+        record = part_record(path) if path is not None else None
+        finished = bool(record) and all(record.get(k) == v for k, v in (
+            ("settings_sha256", self.base["settings_sha256"]), ("part", part.number), ("first_row", part.first_row),
+            ("input_rows", part.input_rows), ("rows_sha256", part.digest), ("rows", len(part.ids)))) and (
+            (record.get("model") or {}).get("fingerprint") == self.base["model"].get("fingerprint"))
+        if finished:
+            self.result.parts_skipped += 1
+            self.result.rows += len(part.ids)
+            self.result.blank += part.blank
+        return finished
+
+    def write(self, part: InputPart, vectors: Any, node: dict[str, Any]) -> None:
+        record = {**self.base, "part": part.number, "first_row": part.first_row, "input_rows": part.input_rows,
+                  "blank": part.blank, "rows_sha256": part.digest, "encoded_by": node}
+        write_part(self.output / part_name(part.number), part.ids, part.texts if self.keep_texts else None, vectors,
+                   record)
+        self.written.add(part.number)
+        self.result.parts_written += 1
+        self.result.rows += len(part.ids)
+        self.result.rows_encoded += len(part.ids)
+        self.result.blank += part.blank
+        name = str(node.get("node_id") or node.get("node"))
+        self.result.nodes[name] = self.result.nodes.get(name, 0) + 1
+
+    def remove_stale(self) -> None:
+        """Remove parts past the input's end (it shrank since a run with these settings): written by this command
+        (their record says so), and an index built from the folder would otherwise hold them."""
+        for number, path in sorted(self.existing.items()):
+            if number > self.last and part_record(path) is not None:
+                logger.info("removing %s: the input now ends before it", path.name)
+                path.unlink(missing_ok=True)
+            elif number > self.last:
+                raise ConfigurationError(f"{path} is not a part st-prompts embed wrote; embed into a new folder")
+
