@@ -24,6 +24,7 @@ import hashlib
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError, first_line
+from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.calibration import resolve_target
 from st_prompts.search.docfile import DocsWriter, LazyDocs
 from st_prompts.search.embedding_files import EmbeddingFiles, part_record
@@ -153,9 +155,11 @@ def build_index_from_embedding_files(
         vectors = NpyRows(tmp / VECTORS_FILE) if index_type == "ivfpq" else None
         try:
             resolved = dict(params)
+            outcome["warnings"] = []
             if target is not None:
-                resolved, info["calibration"] = _calibrate(index_class, faiss_index, docs, vectors, index_type,
-                                                           params, identity, info, target, calibration_queries)
+                resolved, info["calibration"], outcome["warnings"] = _calibrate(
+                    index_class, faiss_index, docs, vectors, index_type, params, identity, info, target,
+                    calibration_queries)
             faiss.write_index(faiss_index, str(tmp / INDEX_FILE))
             stored = StoredIndex(faiss_index, docs.ids, docs.texts, index_type, resolved, identity, info, vectors)
             finish_index_folder(tmp, stored, save_id, duplicate_texts=duplicates)
@@ -166,6 +170,8 @@ def build_index_from_embedding_files(
         outcome["params"] = resolved
 
     target_dir = write_index_folder(directory, write, overwrite=overwrite)
+    for message in outcome["warnings"]:
+        warn_at_caller(message)
     return EmbeddingFilesBuild(
         directory=target_dir, rows=files.rows, dimension=files.dimension, index_type=index_type,
         index_params=outcome["params"], calibration=info.get("calibration"),
@@ -342,12 +348,16 @@ def _fill(files: EmbeddingFiles, faiss_index: faiss.Index, index_type: str, fold
 
 def _calibrate(index_class: Any, faiss_index: faiss.Index, docs: LazyDocs, vectors: NpyRows | None, index_type: str,
                params: dict[str, Any], identity: Any, info: dict[str, Any], target: float,
-               queries: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+               queries: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Calibrate the new index as :meth:`SemanticIndex.calibrate` does, on the files just written (documents read
-    lazily, IVF-PQ vectors read by rows); without text queries no model is loaded (perturbed vectors, not texts)."""
+    lazily, IVF-PQ vectors read by rows); without text queries no model is loaded (perturbed vectors, not texts).
+    Returns the calibrated parameters, the record and the warnings to give."""
     text_queries = _are_texts(queries)
     wrapped = index_class(faiss_index, docs.ids, docs.texts, index_type=index_type, index_params=dict(params),
                           model_identity=identity if text_queries else None, info=dict(info), vectors=vectors,
                           read_only=True)
-    record = wrapped.calibrate(target, queries)
-    return dict(wrapped.index_params), record
+    with warnings.catch_warnings(record=True) as caught:  # given again once the save is done, at the caller's line
+        warnings.simplefilter("always", UserWarning)
+        record = wrapped.calibrate(target, queries)
+    messages = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+    return dict(wrapped.index_params), record, messages
