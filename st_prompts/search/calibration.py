@@ -49,7 +49,7 @@ VECTORS_ONLY_CAVEAT = (
 )
 
 
-def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int, rows: int = 32_768) -> np.ndarray:
+def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int, rows: int = 16_384) -> np.ndarray:
     """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit.
 
     ``vectors`` are searched ``rows`` at a time and the best ``k`` scores kept, so that memory holds one block of

@@ -301,7 +301,7 @@ def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
 
 
 def rerank_exactly(
-    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 256
+    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-score candidate rows (``positions``, -1 = none) with the exact cosine against ``vectors`` (read only for
     the candidates, so a memory-mapped array stays on disk) and keep the best ``k`` of each query."""

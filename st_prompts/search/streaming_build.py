@@ -26,6 +26,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,35 @@ def build_index_from_embedding_files(
                                  "embedding files record none: give query embeddings instead")
     check_index_destination(directory, overwrite)  # before the passes over the parts
 
+    with _arrow_memory_returned():
+        return _build(index_class, files, directory, index_type, params, identity, target, calibration_queries,
+                      overwrite, show_progress_bar, batch_rows, start)
+
+
+@contextmanager
+def _arrow_memory_returned() -> Iterator[None]:
+    """Read the parts with a pyarrow memory pool that gives freed memory back to the system at once (jemalloc with
+    no decay, else the system allocator): pyarrow's default pool (mimalloc) keeps what a part's reading freed, which
+    measured ~200 MB more RSS over 4 parts of 50k 384-dimensional vectors."""
+    import pyarrow as pa
+
+    previous = pa.default_memory_pool()
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+def _build(index_class: Any, files: EmbeddingFiles, directory: str | os.PathLike, index_type: str,
+           params: dict[str, Any], identity: Any, target: float | None, calibration_queries: Any, overwrite: bool,
+           show_progress_bar: bool, batch_rows: int, start: float) -> EmbeddingFilesBuild:
+    """The passes, the training, the calibration and the save of :func:`build_index_from_embedding_files`."""
     sample_rows = _sample_rows(files.rows, index_type, params)
     sample = _first_pass(files, sample_rows, batch_rows, show_progress_bar)
     faiss_index = new_faiss_index(files.dimension, index_type, params)
@@ -327,7 +357,7 @@ def _fill(files: EmbeddingFiles, faiss_index: faiss.Index, index_type: str, fold
                 vectors_out.add(normalised.astype(np.float16))
             if drift is not None:
                 first = (-row) % step
-                drift.append(normalised[first::step])
+                drift.append(normalised[first::step].copy())  # a copy: a view would keep the whole batch alive
             row += len(ids)
             bar.update(len(ids))
     except BaseException:
