@@ -7,7 +7,6 @@ Examples::
     st-prompts index build minilm big.txt big.index --index-type ivfpq --processes 2 --encode-cache big.cache
     st-prompts index build minilm corpus.txt ivf.index --index-type ivf --target-recall 0.97 \
         --calibration-queries my_questions.txt
-    st-prompts index build --from-embeddings emb/ emb.index --index-type ivfpq   # parts of st-prompts embed
     st-prompts index search corpus.index "how do cats sleep?" "bread recipe" -k 5
     st-prompts index search big.index "how do cats sleep?" --json --mmap
     st-prompts index add corpus.index more.txt                             # encode and append, saved atomically
