@@ -84,11 +84,17 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
         description="Encode CORPUS with MODEL and save the index to the directory OUT. CORPUS is a text file with "
         "one document per line (ids = 1-based line numbers; blank lines skipped) or a .jsonl/.json/.csv/.parquet "
         "dataset (--column, --id-column; ids = 0-based rows by default). Duplicate texts are kept with a warning; "
-        "duplicate ids are an error.",
+        "duplicate ids are an error. With --from-embeddings PATH... OUT, index embedding files (the Parquet parts "
+        "of 'st-prompts embed') instead: nothing is encoded, the vectors are read a batch at a time (memory: about "
+        "the index itself), the model, ids and texts come from the files.",
     )
-    build.add_argument("model", metavar="MODEL", help="model name or path ('minilm' = the packaged all-MiniLM-L6-v2)")
-    build.add_argument("corpus", metavar="CORPUS", type=Path, help="text file or dataset file to index")
-    build.add_argument("out", metavar="OUT", type=Path, help="index directory to write")
+    build.add_argument("model", metavar="MODEL", nargs="?",
+                       help="model name or path ('minilm' = the packaged all-MiniLM-L6-v2)")
+    build.add_argument("corpus", metavar="CORPUS", nargs="?", type=Path, help="text file or dataset file to index")
+    build.add_argument("out", metavar="OUT", nargs="?", type=Path, help="index directory to write")
+    build.add_argument("--from-embeddings", nargs="+", metavar="PATH", default=None,
+                       help="embedding files, folders of them or glob patterns (quoted) to index instead of MODEL "
+                       "CORPUS; OUT is the last argument (st-prompts index build --from-embeddings emb/ emb.index)")
     build.add_argument("--index-type", choices=("flat", "ivf", "hnsw", "ivfpq"), default="flat",
                        help="flat = exact (default); ivf / hnsw = approximate, for large corpora; ivfpq = compressed "
                        "(product quantization, re-ranked exactly), for corpora too large for float vectors in RAM")
@@ -271,6 +277,10 @@ def _recorded_model_name(name: str) -> str:
 
 def run_build(args: argparse.Namespace) -> int:
     """Run ``st-prompts index build``."""
+    if args.from_embeddings is not None:
+        return _run_build_from_embeddings(args)
+    if args.out is None:
+        raise ConfigurationError("index build needs MODEL CORPUS OUT (or --from-embeddings PATH... OUT)")
     from st_prompts.loading import load_sentence_model
     from st_prompts.modules.chat_templates import guard_chat_templates
     from st_prompts.search import SemanticIndex
@@ -320,6 +330,52 @@ def run_build(args: argparse.Namespace) -> int:
     )
     if "calibration" in index.info:
         print(calibration_line(index.info["calibration"]))
+    return 0
+
+
+#: Options of ``index build`` that encode a corpus, with their defaults: they do not apply to --from-embeddings.
+_ENCODING_OPTIONS = {"batch_size": 64, "column": "text", "id_column": None, "encode_cache": None, "chunk_size": None,
+                     "processes": None, "quantize": "none", "dtype": "float32", "task": None}
+
+
+def _run_build_from_embeddings(args: argparse.Namespace) -> int:
+    """``st-prompts index build --from-embeddings PATH... OUT``: no model is loaded (unless text calibration queries
+    need it), no torch imported."""
+    from st_prompts.search.index import SemanticIndex
+    from st_prompts.search.streaming_build import build_index_from_embedding_files
+
+    given = [value for value in (args.model, args.corpus, args.out) if value is not None]
+    sources = list(args.from_embeddings)
+    if len(given) > 1:
+        raise ConfigurationError("--from-embeddings takes the model and the documents from the embedding files: give "
+                                 "only OUT besides them")
+    if not given and len(sources) < 2:
+        raise ConfigurationError("--from-embeddings needs the index directory to write as its last argument: "
+                                 "st-prompts index build --from-embeddings PATH... OUT")
+    out = Path(given[0]) if given else Path(sources.pop())
+    misplaced = [f"--{name.replace('_', '-')}" for name, default in _ENCODING_OPTIONS.items()
+                 if getattr(args, name) != default]
+    if misplaced:
+        raise ConfigurationError(f"{', '.join(misplaced)} encode(s) a corpus: not with --from-embeddings, whose "
+                                 "vectors are already encoded")
+    params = {key: getattr(args, key) for key in ("nlist", "nprobe", "m", "ef_construction", "ef_search", "pq_m", "opq",
+                                                  "rerank") if getattr(args, key) is not None}
+    if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
+        raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
+    target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
+    if args.calibration_queries is not None and target == "auto" and args.index_type != "flat":
+        target = 0.95
+    queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
+    with _warnings_as_messages():
+        built = build_index_from_embedding_files(
+            SemanticIndex, sources, out, args.index_type, overwrite=args.overwrite, target_recall=target,
+            calibration_queries=queries, show_progress_bar=show_progress(args), **params)
+    details = ", ".join(f"{key}={value}" for key, value in built.index_params.items())
+    model = f"model {built.model}" if built.model is not None else "no model: search it with vectors"
+    print(f"Indexed {built.rows} documents from {built.parts} embedding file(s) ({model}; {built.dimension} dims, "
+          f"{built.index_type}{' ' + details if details else ''}) -> {out} in {built.seconds:.1f} s")
+    if built.calibration is not None:
+        print(calibration_line(built.calibration))
     return 0
 
 

@@ -16,6 +16,7 @@ from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corp
 from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
 from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
 from st_prompts.search.identity import ModelIdentity
+from st_prompts.search.streaming_build import build_index_from_embedding_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -72,6 +73,38 @@ class IndexConstruction:
             target_recall=target,
             calibration_queries=calibration_queries,
         )
+
+    @classmethod
+    def from_embedding_files(
+        cls,
+        patterns: str | os.PathLike | Sequence[str | os.PathLike],
+        directory: str | os.PathLike,
+        index_type: str = "flat",
+        *,
+        overwrite: bool = False,
+        target_recall: float | str | None = "auto",
+        calibration_queries: Any = None,
+        show_progress_bar: bool = False,
+        mmap: bool = False,
+        **index_params: Any,
+    ) -> Self:
+        """Index embedding files (the Parquet parts ``st-prompts embed`` writes: files, folders of parts or glob
+        patterns), save the index to ``directory`` and return it loaded from there (``mmap``: as in :meth:`load`).
+
+        Nothing is encoded, and the vectors are never all in memory: they are read part by part, a batch at a time,
+        into the trained index and the saved files (:mod:`st_prompts.search.streaming_build`), so that an IVF-PQ
+        index over more vectors than RAM can hold is built in about its own size. The index is the one
+        :meth:`from_embeddings` would build from the same vectors (IVF / IVF-PQ trained on the same seeded sample),
+        saved as :meth:`save` does. The parts' model becomes the index's; parts without one give a vectors-only
+        index. ``index_type``, ``target_recall``, ``calibration_queries``, ``**index_params``: as for :meth:`build`
+        (without text queries, calibration uses perturbed document vectors: no model is loaded).
+        """
+        if isinstance(patterns, (str, os.PathLike)):
+            patterns = [patterns]
+        build_index_from_embedding_files(
+            cls, list(patterns), directory, index_type, overwrite=overwrite, target_recall=target_recall,
+            calibration_queries=calibration_queries, show_progress_bar=show_progress_bar, **index_params)
+        return cls.load(directory, mmap=mmap)
 
     @classmethod
     def build(

@@ -49,13 +49,20 @@ VECTORS_ONLY_CAVEAT = (
 )
 
 
-def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
-    """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit."""
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    for start in range(0, len(vectors), 100_000):
-        flat.add(np.ascontiguousarray(vectors[start : start + 100_000], dtype=np.float32))
-    scores, _ = flat.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-    return scores[:, k - 1]
+def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int, rows: int = 16_384) -> np.ndarray:
+    """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit.
+
+    ``vectors`` are searched ``rows`` at a time and the best ``k`` scores kept, so that memory holds one block of
+    them in float32, never all (a 1M-document IVF-PQ index keeps its vectors on disk, in float16)."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    best = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    for start in range(0, len(vectors), rows):
+        flat = faiss.IndexFlatIP(vectors.shape[1])
+        flat.add(np.ascontiguousarray(vectors[start : start + rows], dtype=np.float32))
+        scores, _ = flat.search(queries, min(k, flat.ntotal))
+        merged = np.concatenate([best, scores], axis=1)
+        best = -np.sort(-merged, axis=1)[:, :k]
+    return best[:, k - 1]
 
 
 def tie_aware_recall(positions: np.ndarray, queries: np.ndarray, vectors: np.ndarray, kth: np.ndarray) -> np.ndarray:

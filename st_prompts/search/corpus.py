@@ -9,12 +9,12 @@ positions for a list or a dataset without ``id_column``, otherwise the given ids
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, shorten
@@ -42,8 +42,10 @@ class Corpus:
 
 
 def is_dataset(obj: Any) -> bool:
-    """Whether ``obj`` is a ``datasets.Dataset``."""
-    return isinstance(obj, datasets.Dataset)
+    """Whether ``obj`` is a ``datasets.Dataset``. ``datasets`` is imported only where a file is read with it (it costs
+    ~75 MB of RSS, which an index built from embedding files does without): an object made by it means it is loaded."""
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(obj, module.Dataset)
 
 
 def corpus_from_documents(
@@ -171,6 +173,8 @@ def _load_dataset_file(path: Path) -> Any:
         raise DataFormatError(f"corpus must be a dataset file, got a directory: {path}")
     if path.suffix.lower() != ".parquet":
         check_utf8(path)  # datasets would log errors and fail with a traceback (JSON lines) or several lines (CSV)
+    import datasets
+
     loader = getattr(datasets.Dataset, f"from_{DATASET_SUFFIXES[path.suffix.lower()]}")  # from_json, from_csv, ...
     try:
         return loader(str(path))

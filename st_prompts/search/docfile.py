@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,41 @@ def check_offsets(offsets: np.ndarray, path: Path, rows: int, size: int) -> None
                               "index")
 
 
+class DocsWriter:
+    """Writes ``docs.jsonl`` and its ``docs.offsets.npy`` for ``rows`` documents, a batch at a time (what a build from
+    embedding files streams; a save writes its lists through it too), so that no list of all texts is needed."""
+
+    def __init__(self, path: Path, offsets_path: Path, rows: int) -> None:
+        self.offsets_path = offsets_path
+        self.offsets = np.empty(rows + 1, dtype=np.int64)
+        self.row = 0
+        self.position = 0
+        self._handle = path.open("wb")
+
+    def add(self, ids: Iterable[int | str], texts: Iterable[str]) -> None:
+        """Append one ``{"id", "text"}`` line per document."""
+        for doc_id, text in zip(ids, texts):
+            if self.row >= len(self.offsets) - 1:
+                raise DataFormatError(f"more documents than the {len(self.offsets) - 1} announced")
+            self.offsets[self.row] = self.position
+            line = (json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
+            self._handle.write(line)
+            self.position += len(line)
+            self.row += 1
+
+    def discard(self) -> None:
+        """Close ``docs.jsonl`` unfinished (a failed build; its staging folder is removed)."""
+        self._handle.close()
+
+    def close(self) -> None:
+        """Finish both files (every announced document must have been added)."""
+        self._handle.close()
+        if self.row != len(self.offsets) - 1:
+            raise DataFormatError(f"{self.row} documents written, {len(self.offsets) - 1} announced")
+        self.offsets[-1] = self.position
+        np.save(self.offsets_path, self.offsets)
+
+
 class LazyDocs:
     """The documents of a saved index, read from ``docs.jsonl`` on demand (one seek + one line per access) through
     the byte offsets in ``docs.offsets.npy``: what a memory-mapped index uses instead of lists in RAM."""
@@ -72,6 +107,10 @@ class LazyDocs:
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def close(self) -> None:
+        """Close ``docs.jsonl`` (a garbage-collected view closes it too)."""
+        self._handle.close()
 
     def record(self, row: int) -> tuple[int | str, str]:
         """``(id, text)`` of ``row``, checked."""

@@ -195,31 +195,53 @@ def build_faiss_index(
     """Create, train (IVF / IVF-PQ, seeded) and fill an inner-product FAISS index with ``embeddings`` (already
     normalised)."""
     n, dim = embeddings.shape
-    index = faiss.index_factory(dim, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
+    index = new_faiss_index(dim, index_type, params)
     if index_type in ("ivf", "ivfpq"):
-        ivf = faiss.extract_index_ivf(index)
-        ivf.cp.seed = 1234
-        training = embeddings
-        if index_type == "ivfpq":
-            # Train the coarse k-means, PQ (and OPQ) on a seeded sample of 64 points per list (at least 20k): what
-            # FAISS would sample (256 per list) makes a 1M-document build spend most of its time in k-means.
-            limit = max(20_000, 64 * int(params["nlist"]))
-            if n > limit:
-                rows = np.sort(np.random.default_rng(1234).choice(n, size=limit, replace=False))
-                training = embeddings[rows]
-            # FAISS asks for 39 points per PQ centroid (~10k) and prints a warning below that; a small corpus
-            # (>= 256 documents, checked in resolve_index_params) trains fine with fewer.
-            faiss.downcast_index(ivf).pq.cp.min_points_per_centroid = max(1, min(39, len(training) // 256))
-            outer = faiss.downcast_index(index)
-            if isinstance(outer, faiss.IndexPreTransform):  # OPQ: 10 alternations instead of FAISS's 50 (slow on CPU)
-                faiss.downcast_VectorTransform(outer.chain.at(0)).niter = 10
-        logger.info("training %s index (%d lists) on %d vectors", index_type, params["nlist"], len(training))
-        index.train(np.ascontiguousarray(training, dtype=np.float32))
+        rows = training_rows(n, index_type, params)
+        train_faiss_index(index, embeddings if rows is None else embeddings[rows], index_type, params)
+    add_vectors(index, embeddings, index_type, progress=progress)
+    return index
+
+
+def new_faiss_index(dimension: int, index_type: str, params: dict[str, Any]) -> faiss.Index:
+    """An empty inner-product FAISS index of ``index_type``, configured (k-means seed, OPQ iterations, HNSW build
+    width, search parameters) but not trained."""
+    index = faiss.index_factory(dimension, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
+    if index_type in ("ivf", "ivfpq"):
+        faiss.extract_index_ivf(index).cp.seed = 1234
+        outer = faiss.downcast_index(index)
+        if isinstance(outer, faiss.IndexPreTransform):  # OPQ: 10 alternations instead of FAISS's 50 (slow on CPU)
+            faiss.downcast_VectorTransform(outer.chain.at(0)).niter = 10
     elif index_type == "hnsw":
         faiss.downcast_index(index).hnsw.efConstruction = int(params["ef_construction"])
     apply_search_params(index, index_type, params)
-    add_vectors(index, embeddings, index_type, progress=progress)
     return index
+
+
+def training_rows(n: int, index_type: str, params: dict[str, Any]) -> np.ndarray | None:
+    """The sorted rows (of ``n``) an IVF / IVF-PQ index is trained on; ``None``: all of them (FAISS's k-means then
+    samples 256 points per list itself). Seeded, so that an index built from the same vectors in memory or from
+    embedding files is trained on the same sample.
+
+    IVF-PQ trains its coarse k-means, PQ (and OPQ) on 64 points per list (at least 20k): what FAISS would sample
+    (256 per list) makes a 1M-document build spend most of its time in k-means."""
+    if index_type != "ivfpq":
+        return None
+    limit = max(20_000, 64 * int(params["nlist"]))
+    if n <= limit:
+        return None
+    return np.sort(np.random.default_rng(1234).choice(n, size=limit, replace=False))
+
+
+def train_faiss_index(index: faiss.Index, training: np.ndarray, index_type: str, params: dict[str, Any]) -> None:
+    """Train an IVF / IVF-PQ index made by :func:`new_faiss_index` on ``training`` (normalised vectors)."""
+    if index_type == "ivfpq":
+        # FAISS asks for 39 points per PQ centroid (~10k) and prints a warning below that; a small corpus
+        # (>= 256 documents, checked in resolve_index_params) trains fine with fewer.
+        pq = faiss.downcast_index(faiss.extract_index_ivf(index)).pq
+        pq.cp.min_points_per_centroid = max(1, min(39, len(training) // 256))
+    logger.info("training %s index (%d lists) on %d vectors", index_type, params["nlist"], len(training))
+    index.train(np.ascontiguousarray(training, dtype=np.float32))
 
 
 def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, progress: bool) -> None:
@@ -279,7 +301,7 @@ def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
 
 
 def rerank_exactly(
-    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 256
+    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-score candidate rows (``positions``, -1 = none) with the exact cosine against ``vectors`` (read only for
     the candidates, so a memory-mapped array stays on disk) and keep the best ``k`` of each query."""

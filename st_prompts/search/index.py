@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
-from st_prompts.loading import load_sentence_model
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.building import IndexConstruction
 from st_prompts.search.calibration import IndexCalibration
@@ -196,6 +195,9 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             BackboneMismatchError: the model's dimension or probe embeddings differ from the index's model.
         """
         if isinstance(model, (str, os.PathLike)):
+            # imported here: they import torch and sentence-transformers, which an index searched with vectors,
+            # or built from embedding files, never needs
+            from st_prompts.loading import load_sentence_model
             from st_prompts.modules.chat_templates import guard_chat_templates
 
             name = str(model)

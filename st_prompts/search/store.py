@@ -18,6 +18,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +39,7 @@ from st_prompts.search.checks import (
     record_files,
     whole,
 )
-from st_prompts.search.docfile import LazyDocs, check_offsets, read_docs
+from st_prompts.search.docfile import DocsWriter, LazyDocs, check_offsets, read_docs
 from st_prompts.search.faiss_index import (
     INDEX_TYPES,
     PARAMETERS,
@@ -114,9 +115,11 @@ class StoredIndex:
     save_id: str | None = None
 
 
-def make_meta(stored: StoredIndex, save_id: str | None = None, files: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_meta(stored: StoredIndex, save_id: str | None = None, files: dict[str, Any] | None = None, *,
+              duplicate_texts: int | None = None) -> dict[str, Any]:
     """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default; ``files``: the
-    size and SHA-256 of each file written, :func:`~st_prompts.search.checks.record_files`)."""
+    size and SHA-256 of each file written, :func:`~st_prompts.search.checks.record_files`; ``duplicate_texts``: the
+    count when the caller has it, else counted from ``stored.texts``)."""
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -129,7 +132,8 @@ def make_meta(stored: StoredIndex, save_id: str | None = None, files: dict[str, 
         "metric": "inner_product",
         "normalization": "l2",
         "score": "cosine",
-        "duplicate_texts": len(stored.texts) - len(set(stored.texts)),
+        "duplicate_texts": (len(stored.texts) - len(set(stored.texts)) if duplicate_texts is None
+                            else duplicate_texts),
         "bytes_per_vector": _bytes_per_vector(stored),
         "vectors": (
             {"file": VECTORS_FILE, "dtype": str(stored.vectors.dtype), "use": "exact re-ranking"}
@@ -211,25 +215,36 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
 
     def write(tmp: Path) -> None:
         faiss.write_index(stored.faiss_index, str(tmp / INDEX_FILE))
-        offsets = np.empty(len(stored.ids) + 1, dtype=np.int64)
-        with (tmp / DOCS_FILE).open("wb") as handle:
-            position = 0
-            for row, (doc_id, text) in enumerate(zip(stored.ids, stored.texts)):
-                offsets[row] = position
-                line = (json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
-                handle.write(line)
-                position += len(line)
-            offsets[-1] = position
-        np.save(tmp / OFFSETS_FILE, offsets)
+        docs = DocsWriter(tmp / DOCS_FILE, tmp / OFFSETS_FILE, len(stored.ids))
+        docs.add(stored.ids, stored.texts)
+        docs.close()
         if stored.vectors is not None:
             _save_array(tmp / VECTORS_FILE, stored.vectors)
-        if stored.model_identity is not None:
-            np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
-        with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
-            files = record_files(tmp, list(RECORDED_FILES))
-            json.dump(make_meta(stored, save_id, files), handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        write_manifest(tmp, INDEX_KIND)  # the proof that st-prompts wrote it, listing every file written above
+        finish_index_folder(tmp, stored, save_id)
+
+    target = write_index_folder(directory, write, overwrite=overwrite, expected_save_id=expected_save_id,
+                                updating=updating)
+    return target, save_id
+
+
+def finish_index_folder(tmp: Path, stored: StoredIndex, save_id: str, *, duplicate_texts: int | None = None) -> None:
+    """Complete an index folder whose ``index.faiss``, documents (and vectors) are written: ``probe.npy``,
+    ``meta.json`` (with every file's size and SHA-256) and the manifest (:func:`make_meta` for ``duplicate_texts``)."""
+    if stored.model_identity is not None:
+        np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
+    with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
+        files = record_files(tmp, list(RECORDED_FILES))
+        json.dump(make_meta(stored, save_id, files, duplicate_texts=duplicate_texts), handle, indent=2,
+                  ensure_ascii=False)
+        handle.write("\n")
+    write_manifest(tmp, INDEX_KIND)  # the proof that st-prompts wrote it, listing every file written above
+
+
+def write_index_folder(directory: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool,
+                       expected_save_id: str | None = None, updating: bool = False) -> Path:
+    """Put the index folder that ``write(staging_folder)`` fills at ``directory`` atomically, under the folder's lock,
+    with the ownership and ``expected_save_id`` rules of :func:`save_index_dir`; ``write`` ends with
+    :func:`finish_index_folder`. Returns ``directory`` as a :class:`~pathlib.Path`."""
 
     def ownership(folder: Path) -> str | None:
         return index_folder_problem(folder, legacy=updating)
@@ -246,7 +261,7 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
                 )
         replace_folder(target, write, ownership=ownership, overwrite=overwrite, what="an index",
                        overwrite_hint="pass overwrite=True / --overwrite to replace it", lock=False)
-    return target, save_id
+    return target
 
 
 def _read_save_id(root: Path) -> str | None:
