@@ -33,7 +33,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from st_prompts.commands._numbers import finite_float as _bounded_float
 from st_prompts.commands._numbers import non_negative_int, positive_int
@@ -292,14 +292,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     if not args.corpus.exists():
         raise DataNotFoundError(f"corpus file not found: {args.corpus}")
-    params = {key: getattr(args, key) for key in ("nlist", "nprobe", "m", "ef_construction", "ef_search", "pq_m", "opq",
-                                                  "rerank") if getattr(args, key) is not None}
-    if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
-        raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
-    target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
-    if args.calibration_queries is not None and target == "auto" and args.index_type != "flat":
-        target = 0.95
-    calibration_queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
+    params, target, calibration_queries = _build_options(args)
     encoding = {"encode_cache_dir": args.encode_cache, "processes": args.processes}
     if args.chunk_size is not None:
         encoding["chunk_size"] = args.chunk_size
@@ -358,14 +351,7 @@ def _run_build_from_embeddings(args: argparse.Namespace) -> int:
     if misplaced:
         raise ConfigurationError(f"{', '.join(misplaced)} encode(s) a corpus: not with --from-embeddings, whose "
                                  "vectors are already encoded")
-    params = {key: getattr(args, key) for key in ("nlist", "nprobe", "m", "ef_construction", "ef_search", "pq_m", "opq",
-                                                  "rerank") if getattr(args, key) is not None}
-    if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
-        raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
-    target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
-    if args.calibration_queries is not None and target == "auto" and args.index_type != "flat":
-        target = 0.95
-    queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
+    params, target, queries = _build_options(args)
     with _warnings_as_messages():
         built = build_index_from_embedding_files(
             SemanticIndex, sources, out, args.index_type, overwrite=args.overwrite, target_recall=target,
@@ -378,6 +364,18 @@ def _run_build_from_embeddings(args: argparse.Namespace) -> int:
         print(calibration_line(built.calibration))
     return 0
 
+
+def _build_options(args: argparse.Namespace) -> tuple[dict[str, Any], float | str | None, list[str] | None]:
+    """``index build``'s index parameters, calibration target and queries (from text or from embeddings)."""
+    params = {key: getattr(args, key) for key in ("nlist", "nprobe", "m", "ef_construction", "ef_search", "pq_m", "opq",
+                                                  "rerank") if getattr(args, key) is not None}
+    if args.no_calibration and (args.target_recall is not None or args.calibration_queries is not None):
+        raise ConfigurationError("--no-calibration cannot be combined with --target-recall / --calibration-queries")
+    target = None if args.no_calibration else (args.target_recall if args.target_recall is not None else "auto")
+    if args.calibration_queries is not None and target == "auto" and args.index_type != "flat":
+        target = 0.95
+    queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
+    return params, target, queries
 
 def _read_queries(path: Path) -> list[str]:
     """Non-blank lines of a query file."""
