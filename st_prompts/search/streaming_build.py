@@ -170,7 +170,8 @@ def _build(index_class: Any, files: EmbeddingFiles, directory: str | os.PathLike
         "embedding_files": {"parts": len(files.paths), "rows": files.rows},
     }
     if sample is not None:
-        train_faiss_index(faiss_index, sample, index_type, params)
+        # consume: the sample is shrunk in place to PQ's subsample (see train_faiss_index), then dropped here
+        train_faiss_index(faiss_index, sample, index_type, params, consume=True)
         del sample
     save_id = uuid.uuid4().hex
     outcome: dict[str, Any] = {}
