@@ -198,7 +198,10 @@ def build_faiss_index(
     index = new_faiss_index(dim, index_type, params)
     if index_type in ("ivf", "ivfpq"):
         rows = training_rows(n, index_type, params)
-        train_faiss_index(index, embeddings if rows is None else embeddings[rows], index_type, params)
+        if rows is None:
+            train_faiss_index(index, embeddings, index_type, params)
+        else:  # embeddings[rows] is a copy of our own, which the training may shrink in place
+            train_faiss_index(index, embeddings[rows], index_type, params, consume=True)
     add_vectors(index, embeddings, index_type, progress=progress)
     return index
 
@@ -233,15 +236,77 @@ def training_rows(n: int, index_type: str, params: dict[str, Any]) -> np.ndarray
     return np.sort(np.random.default_rng(1234).choice(n, size=limit, replace=False))
 
 
-def train_faiss_index(index: faiss.Index, training: np.ndarray, index_type: str, params: dict[str, Any]) -> None:
-    """Train an IVF / IVF-PQ index made by :func:`new_faiss_index` on ``training`` (normalised vectors)."""
+def train_faiss_index(index: faiss.Index, training: np.ndarray, index_type: str, params: dict[str, Any], *,
+                      consume: bool = False) -> None:
+    """Train an IVF / IVF-PQ index made by :func:`new_faiss_index` on ``training`` (normalised vectors).
+
+    IVF-PQ without OPQ is trained in two steps that give the index ``index.train`` gives, bit for bit (the same
+    FAISS calls on the same rows in the same order): the coarse k-means on all of ``training``, then PQ on the
+    residuals of FAISS's own seeded subsample (``train_encoder_num_vectors``: 65,536 rows), computed in place in one
+    copy of it. ``index.train`` holds the training set, that subsample and its residuals at once (~400 MB at 1M
+    documents). ``consume``: ``training`` is the caller's own scratch array (C-contiguous float32, no other
+    reference): the subsample is gathered into its first rows and the rest is given back (``ndarray.resize``), so
+    that the training set and a full copy of the subsample are never held together."""
     if index_type == "ivfpq":
         # FAISS asks for 39 points per PQ centroid (~10k) and prints a warning below that; a small corpus
         # (>= 256 documents, checked in resolve_index_params) trains fine with fewer.
         pq = faiss.downcast_index(faiss.extract_index_ivf(index)).pq
         pq.cp.min_points_per_centroid = max(1, min(39, len(training) // 256))
     logger.info("training %s index (%d lists) on %d vectors", index_type, params["nlist"], len(training))
-    index.train(np.ascontiguousarray(training, dtype=np.float32))
+    outer = faiss.downcast_index(index)
+    if index_type != "ivfpq" or not isinstance(outer, faiss.IndexIVFPQ):
+        # IVF: no encoder to train; OPQ: FAISS trains the rotation first and encodes the whole set through it
+        index.train(np.ascontiguousarray(training, dtype=np.float32))
+        return
+    _train_ivfpq_in_two_steps(outer, training, consume)
+
+
+def _train_ivfpq_in_two_steps(index: faiss.IndexIVFPQ, training: np.ndarray, consume: bool) -> None:
+    """``IndexIVF::train`` of FAISS 1.15 (``train_q1``, ``fvecs_maybe_subsample`` with seed 1234, ``assign``,
+    ``compute_residual_n``, ``train_encoder``) with the residuals computed in place, and, with ``consume``, the
+    subsample gathered in place."""
+    x = np.ascontiguousarray(training, dtype=np.float32)
+    n, dim = x.shape
+    index.train_q1(n, faiss.swig_ptr(x), False, index.metric_type)
+    limit = int(index.train_encoder_num_vectors())
+    if n > limit:  # FAISS's subsample: the first `limit` rows of rand_perm(n, 1234), in that order
+        perm = np.empty(n, dtype=np.int32)
+        faiss.rand_perm(faiss.swig_ptr(perm), n, 1234)
+        wanted = perm[:limit].astype(np.int64)
+        del perm
+        if consume and x is training and x.flags.owndata:
+            sub = _gather_first_rows(x, wanted)
+        else:
+            sub = x[wanted]
+    else:
+        sub = x if consume and x is training else x.copy()  # the residuals overwrite it
+    del x
+    count = len(sub)
+    _, assign = index.quantizer.search(sub, 1)
+    assign = np.ascontiguousarray(assign[:, 0])
+    centroids = index.quantizer.reconstruct_n(0, index.nlist)
+    for start in range(0, count, 8192):  # in blocks: centroids[assign] of the whole subsample would be 100 MB
+        sub[start : start + 8192] -= centroids[assign[start : start + 8192]]
+    index.train_encoder(count, faiss.swig_ptr(sub), faiss.swig_ptr(assign))
+    index.is_trained = True
+
+
+def _gather_first_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``x[rows]`` written into ``x``'s first ``len(rows)`` rows (``rows`` distinct), the rest of ``x`` given back to
+    the system; returns ``x``. Only the source rows that the gathering would overwrite before reading them are
+    copied aside (about ``len(rows)**2 / len(x)`` of them)."""
+    count = len(rows)
+    early = rows < count  # sources inside the target region: a write may overwrite them first
+    aside_targets = np.flatnonzero(early)
+    aside = x[rows[aside_targets]]
+    direct = np.flatnonzero(~early)
+    for start in range(0, len(direct), 4096):  # sources at or past `count` are never written to
+        targets = direct[start : start + 4096]
+        x[targets] = x[rows[targets]]
+    x[aside_targets] = aside
+    del aside
+    x.resize((count, x.shape[1]), refcheck=False)  # the caller holds no other reference (``consume``)
+    return x
 
 
 def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, progress: bool) -> None:

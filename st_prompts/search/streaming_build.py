@@ -61,8 +61,10 @@ from st_prompts.search.store import (
     write_index_folder,
 )
 
-#: Rows read from the parts at a time (a 384-dimensional batch is 25 MB of float32).
-DEFAULT_BATCH_ROWS = 16_384
+#: Rows read from the parts at a time (a 384-dimensional batch is 6 MB of float32). Small because pyarrow's decoding
+#: of a fixed-size-list column costs several times the batch: reading a part of 384-dimensional vectors peaked at
+#: ~180 MB over the baseline with 16,384-row batches, ~120 MB with 4,096 (~100 MB of it independent of the batch).
+DEFAULT_BATCH_ROWS = 4_096
 #: The most points per list FAISS's k-means uses (``max_points_per_centroid``): an IVF index is trained on at most
 #: this many rows per list, drawn like IVF-PQ's sample (in memory, FAISS draws them itself).
 _FAISS_POINTS_PER_LIST = 256
@@ -170,7 +172,8 @@ def _build(index_class: Any, files: EmbeddingFiles, directory: str | os.PathLike
         "embedding_files": {"parts": len(files.paths), "rows": files.rows},
     }
     if sample is not None:
-        train_faiss_index(faiss_index, sample, index_type, params)
+        # consume: the sample is shrunk in place to PQ's subsample (see train_faiss_index), then dropped here
+        train_faiss_index(faiss_index, sample, index_type, params, consume=True)
         del sample
     save_id = uuid.uuid4().hex
     outcome: dict[str, Any] = {}
