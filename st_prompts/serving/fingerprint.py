@@ -3,8 +3,8 @@
 Replicas behind a load balancer must serve the same task names with the same weights, or a client's vectors depend
 on which replica answered. ``/health`` reports :func:`set_digest` of every served set and :func:`served_fingerprint`
 of the whole, so that ``st-prompts replicas check`` (and any script) can tell that every replica agrees after a
-prompt-set change or a rolling restart. A digest is of the tensors' values (dtype, shape and bytes, in state-dict
-order), not of a folder or a name: a set added at run time and the same set read from a bank folder after
+prompt-set change or a rolling restart. A digest is of the tensors' values (names, dtypes, shapes and bytes), not of
+a folder or a name: a set added at run time and the same set read from a bank folder after
 ``st-prompts bank add`` give the same digest. The backbone enters as the bank's fingerprint of its weights (computed
 once at start); a model without prompts is not hashed (its task name stands for it: hashing a large model's weights
 would delay every start).
@@ -23,19 +23,11 @@ DIGEST_CHARS = 16
 
 
 def set_digest(module: Any) -> str:
-    """The digest of a prompt set's tensors (any ``torch.nn.Module``: its state dict's names, dtypes, shapes and
-    values)."""
-    import torch
+    """The digest of a prompt set's tensors (any ``torch.nn.Module``): the checkpoints' own
+    :func:`~st_prompts.modules.checkpoint.backbone_fingerprint` of its state dict, shortened."""
+    from st_prompts.modules.checkpoint import backbone_fingerprint
 
-    digest = hashlib.sha256()
-    for key, tensor in module.state_dict().items():
-        if not isinstance(tensor, torch.Tensor):  # packed or other non-tensor state: its name only
-            digest.update(f"{key}\0".encode())
-            continue
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(f"{key}\0{flat.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:DIGEST_CHARS]
+    return backbone_fingerprint(module).removeprefix("sha256:")[:DIGEST_CHARS]
 
 
 def served_fingerprint(identity: dict[str, Any], sets: dict[str, str]) -> str:
