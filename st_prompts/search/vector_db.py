@@ -215,19 +215,12 @@ def _vector_batches(index: SemanticIndex, rows: int) -> Iterator[tuple[int, np.n
     exact re-ranking uses them), the FAISS index's own otherwise, read batch by batch where FAISS allows."""
     import faiss
 
-    from st_prompts.search.faiss_index import reconstruct_all
-
     total = len(index)
-    if index.vectors is not None:
-        source = index.vectors
-    elif index.index_type == "flat":
-        source = None
-        reader = index.index
-    elif index.index_type == "hnsw":
-        source = None
-        reader = faiss.downcast_index(index.index).storage
+    source = reader = None
+    if index.vectors is None and index.index_type in ("flat", "hnsw"):  # read by blocks: no copy of every vector
+        reader = index.index if index.index_type == "flat" else faiss.downcast_index(index.index).storage
     else:
-        source = reconstruct_all(index.index, index.index_type)  # an IVF index keeps its vectors in inverted lists
+        source = index.exact_vectors()  # IVF-PQ's stored float16 vectors, or an IVF index's inverted lists
     for first in range(0, total, rows):
         count = min(rows, total - first)
         block = source[first:first + count] if source is not None else reader.reconstruct_n(first, count)
