@@ -146,6 +146,14 @@ def test_a_bad_address_is_one_line(world, capsys, uri, expected):
     assert expected in cli_error(["index", "export", world["root"] / "flat.index", "--to", uri], capsys)
 
 
+def test_a_lite_file_is_never_written_into_a_folder_st_prompts_saved(world, capsys):
+    folder = world["root"] / "flat.index"
+    before = sorted(p.name for p in folder.iterdir())
+    message = cli_error(["index", "export", folder, "--to", f"milvus:{folder / 'x.db'}#docs"], capsys)
+    assert "lies inside" in message and "semantic index" in message
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
 def test_addresses_are_told_from_index_folders(tmp_path):
     assert is_address("milvus:docs.db") and is_address("http://h:19530#c") and is_address("x.db#c")
     assert not is_address(str(tmp_path)) and not is_address("docs.index")

@@ -37,6 +37,7 @@ import numpy as np
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line, shorten
 from st_prompts.search.embedding_files import identity_from_record, identity_record
 from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
+from st_prompts.storage import managed_ancestor
 
 if TYPE_CHECKING:  # pragma: no cover
     from st_prompts.search.index import SearchHit, SemanticIndex
@@ -259,6 +260,10 @@ def export_index(index: SemanticIndex, address: CollectionAddress, *, overwrite:
         if len(text) * 4 > MAX_VARCHAR_BYTES and len(text.encode("utf-8")) > MAX_VARCHAR_BYTES:
             raise DataFormatError(f"document {shorten(doc_id)} is longer than the {MAX_VARCHAR_BYTES:,} bytes a "
                                   "Milvus VARCHAR holds: split it into shorter documents")
+    owner = managed_ancestor(address.uri) if address.embedded else None
+    if owner is not None:  # the file would be one the folder's manifest does not list: every later change refused
+        raise ConfigurationError(f"{address.uri} lies inside {owner[0]}, a {owner[1]} st-prompts saved (it holds only "
+                                 "the files it lists): write the Milvus Lite file elsewhere")
     index_type, build_names, search_names = _MIRRORS[index.index_type]
     build = {theirs: index.index_params[ours] for ours, theirs in build_names if ours in index.index_params}
     search = {theirs: index.index_params[ours] for ours, theirs in search_names if ours in index.index_params}
