@@ -34,9 +34,13 @@ def served(tmp_path_factory):
 
 
 def started(pid: int) -> bool:
-    """Whether ``pid`` is a fresh interpreter started by multiprocessing's spawn (not a fork of its parent)."""
-    with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return b"spawn_main" in handle.read()
+    """Whether ``pid`` is a fresh interpreter started by multiprocessing's spawn (not a fork of its parent); a child
+    that ended since it was listed is none."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"spawn_main" in handle.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def workers(pid: int) -> list[int]:
