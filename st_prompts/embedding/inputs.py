@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, shorten
+from st_prompts.search.embedding_files import open_parquet
 
 #: Input kinds by file suffix; any other file is a text file with one document a line.
 SUFFIX_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -107,10 +108,8 @@ def read_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
 def read_part(source: InputSource, number: int, first_row: int, locator: dict[str, int]) -> InputPart:
     """Part ``number`` alone, from its locator (what a Ray worker reads; the file must be at the same path there)."""
     if source.kind == "parquet":
-        import pyarrow.parquet as pq
-
         start, stop = locator["row_start"], locator["row_stop"]
-        table = _read_rows(pq.ParquetFile(source.path), source, start, stop)
+        table = _read_rows(open_parquet(source.path), source, start, stop)
         return _table_part(source, number, start, table)
     with open(source.path, "rb") as handle:
         handle.seek(locator["byte_start"])
@@ -198,9 +197,8 @@ def _check_parquet_columns(source: InputSource) -> None:
 def _parquet_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
     """Parts of a Parquet file: its record batches re-cut to ``part_rows`` rows (row groups have their own sizes)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    reader = pq.ParquetFile(source.path)
+    reader = open_parquet(source.path)
     pending: list[Any] = []
     held = number = first_row = 0
     for batch in reader.iter_batches(batch_size=min(part_rows, 65_536), columns=source.columns()):

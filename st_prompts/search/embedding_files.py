@@ -87,6 +87,16 @@ def write_part(path: str | os.PathLike, ids: Sequence[int | str], texts: Sequenc
     return write_file_atomic(path, lambda handle: pq.write_table(table, handle, row_group_size=group_rows))
 
 
+def open_parquet(path: str | os.PathLike) -> Any:
+    """``pyarrow.parquet.ParquetFile`` for reading a file once, batch by batch: no pre-buffering (pyarrow's default
+    fetches whole column chunks ahead and its memory stays with the process: reading 4 parts of 100,000
+    384-dimensional vectors left RSS 230 MB above the start, 70 MB this way; 2026-11-29, pyarrow 26) and 1 MiB
+    buffered reads (for a local disk, where pre-buffering saves no round trips)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+
+
 def part_record(path: str | os.PathLike) -> dict[str, Any] | None:
     """The metadata record of a part, or ``None`` when ``path`` is not a readable part written by this module."""
     import pyarrow.parquet as pq
@@ -179,13 +189,11 @@ class EmbeddingFiles:
                                                                                       np.ndarray]]:
         """``(ids, texts, vectors)`` of up to ``rows`` rows at a time, part after part, in file order: memory holds one
         batch, never a whole part. ``texts=False`` skips reading the text column."""
-        import pyarrow.parquet as pq
-
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
             raise ConfigurationError(f"rows must be a positive integer, got {rows!r}")
         columns = ["id", "vector"] + (["text"] if texts and self.has_texts else [])
         for path in self.paths:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns):
+            for batch in open_parquet(path).iter_batches(batch_size=rows, columns=columns):
                 vector = batch.column("vector")
                 flat = vector.flatten().to_numpy(zero_copy_only=False)
                 if vector.null_count or flat.size != len(batch) * self.dimension:
