@@ -185,39 +185,75 @@ def test_a_model_that_encodes_otherwise_is_refused_and_a_missing_collection_is_n
     assert "no collection 'nothing'" in one_line_message(missing)
 
 
-def test_an_export_that_broke_off_is_refused_until_it_is_done_again(world, monkeypatch, capsys):
+def _insert_failing_after(monkeypatch, batches: int) -> None:
+    """Make the connection drop after ``batches`` inserts of documents into a version (records are inserted too)."""
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
-    address = parse_address(f"{world['root'] / 'broken.db'}#half")
     inserts = []
     real_insert = MilvusClient.insert
 
-    def failing_insert(self, name, rows, **kwargs):  # the connection drops after the first batch of documents
-        if name == "half":
+    def failing_insert(self, name, rows, **kwargs):
+        if "__st_v" in name and not name.endswith("__st_prompts"):
             inserts.append(len(rows))
-            if len(inserts) == 2:
+            if len(inserts) > batches:
                 raise MilvusException(message="connection reset\nby peer")
         return real_insert(self, name, rows, **kwargs)
 
     monkeypatch.setattr(MilvusClient, "insert", failing_insert)
+
+
+def _versions_in(address) -> list[str]:
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(address.uri)
+    try:
+        return sorted(c for c in client.list_collections() if c.startswith(address.collection + "__st_v")
+                      and not c.endswith("__st_prompts"))
+    finally:
+        client.close()
+        release(address)
+
+
+def test_an_export_that_broke_off_leaves_the_collection_as_it_was(world, monkeypatch, capsys):
+    address = parse_address(f"{world['root'] / 'broken.db'}#half")
+    _insert_failing_after(monkeypatch, 1)
     with pytest.raises(ConfigurationError) as error:
         export_index(world["flat"], address, rows=30)
     assert "exporting to 'half'" in one_line_message(error) and "connection reset" in str(error.value)
     monkeypatch.undo()
-    with pytest.raises(DataFormatError) as unfinished:
+    with pytest.raises(DataFormatError) as unfinished:  # a first export: nothing to read, and said so
         VectorCollection.open(address)
     assert "did not finish" in one_line_message(unfinished)
     release(address)
-    message = cli_error(["index", "export", world["root"] / "flat.index", "--to", str(address)], capsys)
-    assert "already exists" in message
-    assert cli_out(["index", "export", world["root"] / "flat.index", "--to", str(address), "--overwrite",
-                    "--no-progress"], capsys)[0] == 0
-    collection = VectorCollection.open(address)
-    assert len(collection) == len(DOCS) and collection.search_embeddings(world["queries"][:1], 3)[0][0].id == (
-        world["flat"].search_embeddings(world["queries"][:1], 3)[0][0].id)
-    collection.close()
+    # nothing was finished, so nothing is overwritten: no --overwrite needed; the broken version is dropped
+    assert cli_out(["index", "export", world["root"] / "flat.index", "--to", str(address), "--no-progress"],
+                   capsys)[0] == 0
+    first = VectorCollection.open(address)
+    query = world["queries"][:1]
+    expected = [h.id for h in world["flat"].search_embeddings(query, 3)[0]]
+    assert len(first) == len(DOCS) and [h.id for h in first.search_embeddings(query, 3)[0]] == expected
+    first.close()
     release(address)
+    assert len(_versions_in(address)) == 1
+    # an --overwrite that breaks off: the collection still reads the whole first export
+    smaller = SemanticIndex.from_embeddings(world["docs"][:50], DOCS[:50], model=world["model"])
+    _insert_failing_after(monkeypatch, 1)
+    with pytest.raises(ConfigurationError):
+        export_index(smaller, address, rows=20, overwrite=True)
+    monkeypatch.undo()
+    kept = VectorCollection.open(address)
+    assert len(kept) == len(DOCS) and [h.id for h in kept.search_embeddings(query, 3)[0]] == expected
+    kept.close()
+    release(address)
+    # a whole --overwrite moves the name; the version before stays for readers that opened it, older ones go
+    export_index(smaller, address, rows=20, overwrite=True)
+    export_index(smaller, address, rows=20, overwrite=True)
+    now = VectorCollection.open(address)
+    assert len(now) == 50 and now.collection == _versions_in(address)[-1]
+    now.close()
+    release(address)
+    assert len(_versions_in(address)) == 2  # the current one and the one before; the broken one and the first gone
 
 
 def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):

@@ -12,12 +12,18 @@ Addresses (:func:`parse_address`), ``#COLLECTION`` optional everywhere:
   command line, where other users see it).
 
 A collection written here holds ``id`` (the index's ids: INT64, or VARCHAR for string ids), ``text`` and ``vector``
-(float32, L2-normalised, inner product: scores are cosines as in FAISS). Beside it, the collection
-``NAME__st_prompts`` holds this package's record of it: the source index, the search parameters and the model's
-identity with its probe embeddings (:func:`~st_prompts.search.embedding_files.identity_record`), so a server checks
-that its model encodes like the index's before serving it. The record is written first, marked unfinished, and
-marked finished last: a collection whose export broke off is refused when opened, and an export may replace only a
-collection that has such a record (one that st-prompts wrote).
+(float32, L2-normalised, inner product: scores are cosines as in FAISS). ``NAME`` is an alias: each export writes a
+new collection ``NAME__st_vSTAMP`` (a version), and beside it the collection ``NAME__st_vSTAMP__st_prompts`` holding
+this package's record of it: the source index, the search parameters and the model's identity with its probe
+embeddings (:func:`~st_prompts.search.embedding_files.identity_record`), so a server checks that its model encodes
+like the index's before serving it. The record is written first, marked unfinished, and marked finished once every
+document is in; only then does the alias move to the new version (one call, atomic in Milvus). So an export that
+breaks off leaves ``NAME`` as it was (the previous version, or none), two exports into one collection at once each
+write their own version and the alias ends on one of them, whole, and readers never see a half-written collection.
+The version before is kept until the next export (a server that opened it answers until its index is reloaded);
+older ones are dropped, and unfinished ones once no export can still be filling them (a Milvus Lite file has one
+writer at a time; on a server, after :data:`STALE_SECONDS`). An export replaces only a collection that has such a
+record (one that st-prompts wrote).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +50,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from st_prompts.search.index import SearchHit, SemanticIndex
 
 RECORD_SUFFIX = "__st_prompts"
+#: Between ``NAME`` and the stamp of each version (an export's own collection); names with ``__st_`` are reserved.
+VERSION_MARK = "__st_v"
+#: An unfinished version on a server older than this is an export that broke off (dropped by the next export); a
+#: younger one may be another export still filling it.
+STALE_SECONDS = 24 * 3600
 RECORD_FORMAT = "st-prompts-collection"
 RECORD_VERSION = 1
 RECORD_PART_CHARS = 60_000  # a VARCHAR holds at most 65,535 bytes; the record is ASCII JSON, cut into parts this long
@@ -50,6 +62,7 @@ MAX_VARCHAR_BYTES = 65_535
 MAX_TOP_K = 16_384  # Milvus's limit on k
 INSTALL_HINT = 'pip install "st-prompts[scale]"'
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
+_STAMP = re.compile(r"[0-9]{14}_[0-9a-f]{8}")
 
 #: How each FAISS index type is mirrored: a flat index stays exact, IVF and HNSW keep their parameters, IVF-PQ becomes
 #: IVF_SQ8 with its nlist / nprobe (Milvus Lite has no IVF_PQ; SQ8 also compresses the vectors, 4x).
@@ -109,9 +122,9 @@ def parse_address(text: str, default_collection: str | None = None) -> Collectio
                                  "(an embedded Milvus Lite file) or http://HOST:PORT[#COLLECTION] (a Milvus server)")
     if not collection:
         raise ConfigurationError(f"{shorten(text)} names no collection: add #COLLECTION")
-    if not _NAME.fullmatch(collection) or collection.endswith(RECORD_SUFFIX):
+    if not _NAME.fullmatch(collection) or "__st_" in collection:
         raise ConfigurationError(f"collection name {shorten(collection)}: use letters, digits and '_' (not starting "
-                                 f"with a digit, not ending in {RECORD_SUFFIX!r})")
+                                 "with a digit; '__st_' is st-prompts' own)")
     return CollectionAddress(uri=uri, collection=collection, embedded=embedded)
 
 
@@ -211,6 +224,55 @@ def _write_record(client: Any, collection: str, record: dict[str, Any]) -> None:
     client.flush(name)
 
 
+def _target(client: Any, name: str) -> tuple[str | None, bool]:
+    """The collection ``name`` reads and whether ``name`` is an alias: the version its alias points to, or a
+    collection called ``name`` itself (a user's, or one exported before versions), or ``None``."""
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        target = client.describe_alias(name).get("collection_name")
+    except MilvusException:  # not an alias
+        target = None
+    if target:
+        return target, True
+    return (name, False) if client.has_collection(name) else (None, False)
+
+
+def _versions(client: Any, name: str) -> list[str]:
+    """The versions of ``name`` in the database (collections ``NAME__st_v<stamp>``), oldest first."""
+    prefix = name + VERSION_MARK
+    return sorted(c for c in client.list_collections() if c.startswith(prefix) and not c.endswith(RECORD_SUFFIX)
+                  and _STAMP.fullmatch(c[len(prefix):]))
+
+
+def _drop(client: Any, collection: str) -> None:
+    """Drop ``collection`` and its record (a server refuses to drop a collection an alias still names: kept)."""
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        client.drop_collection(collection)
+        if client.has_collection(collection + RECORD_SUFFIX):
+            client.drop_collection(collection + RECORD_SUFFIX)
+    except MilvusException:
+        pass
+
+
+def _drop_superseded(client: Any, name: str, keep: set[str], embedded: bool) -> None:
+    """Drop the versions of ``name`` not in ``keep`` and not the alias's target now: finished ones, and unfinished
+    ones no export can still be filling (a Lite file has one writer, this one; on a server, after
+    :data:`STALE_SECONDS`)."""
+    for version in _versions(client, name):
+        if version in keep or version == _target(client, name)[0]:  # read again: another export may have moved it
+            continue
+        record = _read_record(client, version)
+        if not record:  # not st-prompts' record: never dropped
+            continue
+        started = record.get("started")
+        stale = embedded or not isinstance(started, (int, float)) or time.time() - started > STALE_SECONDS
+        if record.get("complete") or stale:
+            _drop(client, version)
+
+
 def _vector_batches(index: SemanticIndex, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """``(first row, vectors)`` of the index, ``rows`` at a time: the stored ones of an IVF-PQ index (float16, as its
     exact re-ranking uses them), the FAISS index's own otherwise, read batch by batch where FAISS allows."""
@@ -285,15 +347,18 @@ def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, ov
 
     index_type, build, search = mirror
     name = address.collection
-    existing = _read_record(client, name)
-    if client.has_collection(name) and existing is None:
+    target, aliased = _target(client, name)
+    existing = _read_record(client, target) if target is not None else None
+    if target is not None and existing is None:
         raise ConfigurationError(f"the collection {name!r} at {address.uri} exists and was not written by "
                                  "st-prompts: it is never replaced; choose another #COLLECTION")
-    if (existing is not None or client.has_collection(name)) and not overwrite:
+    if target is not None and not overwrite:
         raise ConfigurationError(f"the collection {name!r} already exists at {address.uri}; pass --overwrite to "
                                  "replace it")
+    version = f"{name}{VERSION_MARK}{time.strftime('%Y%m%d%H%M%S', time.gmtime())}_{uuid.uuid4().hex[:8]}"
     record = {
         "format": RECORD_FORMAT, "format_version": RECORD_VERSION, "complete": False, "collection": name,
+        "version": version, "started": round(time.time(), 3),
         "documents": len(index), "dimension": index.dimension, "id_kind": id_kind,
         "source": {"path": source, "index_type": index.index_type, "index_params": {
             k: v for k, v in index.index_params.items() if isinstance(v, (int, float, str, bool))}},
@@ -301,9 +366,7 @@ def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, ov
         "model": identity_record(index.model_identity) if index.model_identity is not None else None,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    _write_record(client, name, record)  # unfinished: marks the collection as ours before it is replaced
-    if client.has_collection(name):
-        client.drop_collection(name)
+    _write_record(client, version, record)  # unfinished: the version is ours, and not yet to be read
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     if id_kind == "int":
         schema.add_field("id", DataType.INT64, is_primary=True)
@@ -314,19 +377,38 @@ def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, ov
     params = client.prepare_index_params()
     # build parameters under "params": the form every Milvus reads (Milvus Lite 3 ignores them spread out)
     params.add_index(field_name="vector", index_type=index_type, metric_type="IP", params={"params": build})
-    client.create_collection(name, schema=schema, index_params=params)
+    client.create_collection(version, schema=schema, index_params=params)
     with tqdm(total=len(index), unit="doc", desc=f"Exporting to {name}", disable=not progress) as bar:
         for first, vectors in _vector_batches(index, rows):
             ids = index.ids[first:first + len(vectors)]
             texts = index.texts[first:first + len(vectors)]
-            client.insert(name, [{"id": doc_id if id_kind == "str" else int(doc_id), "text": text,
-                                  "vector": vector} for doc_id, text, vector in zip(ids, texts, vectors)])
+            client.insert(version, [{"id": doc_id if id_kind == "str" else int(doc_id), "text": text,
+                                     "vector": vector} for doc_id, text, vector in zip(ids, texts, vectors)])
             bar.update(len(vectors))
-    client.flush(name)
-    client.load_collection(name)
+    client.flush(version)
+    client.load_collection(version)
     record["complete"] = True
-    _write_record(client, name, record)
+    _write_record(client, version, record)
+    _point(client, name, version, target, aliased)
+    _drop_superseded(client, name, {version, target} if aliased else {version}, address.embedded)
     return record
+
+
+def _point(client: Any, name: str, version: str, target: str | None, aliased: bool) -> None:
+    """Make ``name`` read ``version``: move its alias (one call), or create it; a collection called ``name``
+    (exported before versions, its record checked by the caller) is dropped first, as an alias cannot shadow it."""
+    from pymilvus.exceptions import MilvusException
+
+    if aliased:
+        client.alter_alias(version, name)
+        return
+    if target is not None:
+        client.drop_collection(target)
+        client.drop_collection(target + RECORD_SUFFIX)
+    try:
+        client.create_alias(version, name)
+    except MilvusException:  # another export created the alias meanwhile: the later one wins
+        client.alter_alias(version, name)
 
 
 def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
@@ -354,13 +436,16 @@ def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
 
 class VectorCollection:
     """A collection written by :func:`export_index`, searched like a :class:`~st_prompts.search.SemanticIndex`
-    (:meth:`search_embeddings` returns the same :class:`~st_prompts.search.SearchHit` s: id, text, cosine).
+    (:meth:`search_embeddings` returns the same :class:`~st_prompts.search.SearchHit` s: id, text, cosine). It
+    searches the version its name pointed to when opened (a later export moves the name, not an open collection).
 
     The client is opened per process (a server's forked workers each open their own: a gRPC channel does not
     survive a fork)."""
 
-    def __init__(self, address: CollectionAddress, record: dict[str, Any], client: Any) -> None:
+    def __init__(self, address: CollectionAddress, record: dict[str, Any], client: Any,
+                 collection: str | None = None) -> None:
         self.address = address
+        self.collection = collection or address.collection  # the version opened: searched until reloaded
         self.record = record
         self.index_type = f"milvus:{record['search']['index_type']}"
         self.index_params = dict(record["search"]["params"])
@@ -390,23 +475,28 @@ class VectorCollection:
     @classmethod
     def _checked(cls, address: CollectionAddress, client: Any) -> VectorCollection:
         """The collection at ``address``, its record checked, once connected."""
-        record = _read_record(client, address.collection)
+        name = address.collection
+        target, _ = _target(client, name)
+        if target is None:
+            if _versions(client, name):  # an export has begun and not finished, or broke off
+                raise DataFormatError(f"the export to {name!r} at {address.uri} did not finish: run st-prompts index "
+                                      "export again")
+            raise DataNotFoundError(f"no collection {name!r} at {address.uri}")
+        record = _read_record(client, target)
         if record is None:
-            if client.has_collection(address.collection):
-                raise DataFormatError(f"the collection {address.collection!r} at {address.uri} was not written "
-                                      "by st-prompts index export: it records no model")
-            raise DataNotFoundError(f"no collection {address.collection!r} at {address.uri}")
+            raise DataFormatError(f"the collection {name!r} at {address.uri} was not written by st-prompts index "
+                                  "export: it records no model")
         if not record:
-            raise DataFormatError(f"the record of the collection {address.collection!r} is unreadable")
-        if not record.get("complete") or not client.has_collection(address.collection):
-            raise DataFormatError(f"the export to {address.collection!r} at {address.uri} did not finish: run "
-                                  "st-prompts index export again with --overwrite")
+            raise DataFormatError(f"the record of the collection {name!r} is unreadable")
+        if not record.get("complete"):
+            raise DataFormatError(f"the export to {name!r} at {address.uri} did not finish: run st-prompts index "
+                                  "export again with --overwrite")
         if record.get("format_version") != RECORD_VERSION:
-            raise DataFormatError(f"the collection {address.collection!r} was written by another st-prompts "
+            raise DataFormatError(f"the collection {name!r} was written by another st-prompts "
                                   f"(record version {shorten(record.get('format_version'))})")
         _check_record(record, address)
-        client.load_collection(address.collection)
-        return cls(address, record, client)
+        client.load_collection(target)
+        return cls(address, record, client, target)
 
     @property
     def dimension(self) -> int:
@@ -432,7 +522,7 @@ class VectorCollection:
         limit = max(1, min(int(k), len(self), MAX_TOP_K))
         try:
             results = self._connection().search(
-                self.address.collection, data=list(queries), limit=limit, output_fields=["text"],
+                self.collection, data=list(queries), limit=limit, output_fields=["text"],
                 search_params={"metric_type": "IP", "params": self.index_params})
         except Exception as exc:  # the server went away, the collection was dropped meanwhile, ...
             raise ConfigurationError(f"searching the collection {self.address.collection!r} at {self.address.uri} "
