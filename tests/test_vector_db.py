@@ -256,6 +256,34 @@ def test_an_export_that_broke_off_leaves_the_collection_as_it_was(world, monkeyp
     assert len(_versions_in(address)) == 2  # the current one and the one before; the broken one and the first gone
 
 
+def test_collections_that_look_like_versions_but_are_not_st_prompts_are_never_dropped(world):
+    from pymilvus import DataType, MilvusClient
+
+    address = parse_address(f"{world['root'] / 'lookalike.db'}#docs")
+    client = MilvusClient(address.uri)
+    for name in ("docs__st_v20200101000000_deadbeef", "docs__st_v20200101000001_deadbeef",
+                 "docs__st_v20200101000001_deadbeef__st_prompts"):  # the last: a "record" of another shape
+        schema = client.create_schema(auto_id=False)
+        schema.add_field("pk", DataType.INT64, is_primary=True)
+        schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
+        params = client.prepare_index_params()
+        params.add_index(field_name="v", index_type="FLAT", metric_type="L2")
+        client.create_collection(name, schema=schema, index_params=params)
+    client.close()
+    release(address)
+    for _ in range(3):  # every export drops the versions before the one before it: never these
+        export_index(world["flat"], address, rows=50, overwrite=True)
+    client = MilvusClient(address.uri)
+    try:
+        names = set(client.list_collections())
+    finally:
+        client.close()
+        release(address)
+    assert {"docs__st_v20200101000000_deadbeef", "docs__st_v20200101000001_deadbeef",
+            "docs__st_v20200101000001_deadbeef__st_prompts"} <= names
+    assert len(_versions_in(address)) == 2 + 2  # theirs, and the current version with the one before
+
+
 def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):
     flat = SemanticIndex.load(world["root"] / "flat.index")
     flat.index_type = "ivfpq"  # an IVF-PQ index built with rerank 0 keeps no vectors to copy exactly

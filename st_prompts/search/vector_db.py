@@ -261,10 +261,15 @@ def _drop_superseded(client: Any, name: str, keep: set[str], embedded: bool) -> 
     """Drop the versions of ``name`` not in ``keep`` and not the alias's target now: finished ones, and unfinished
     ones no export can still be filling (a Lite file has one writer, this one; on a server, after
     :data:`STALE_SECONDS`)."""
+    from pymilvus.exceptions import MilvusException
+
     for version in _versions(client, name):
-        if version in keep or version == _target(client, name)[0]:  # read again: another export may have moved it
+        try:
+            if version in keep or version == _target(client, name)[0]:  # read again: another export may move it
+                continue
+            record = _read_record(client, version)
+        except MilvusException:  # a record collection of another shape (not ours): never dropped
             continue
-        record = _read_record(client, version)
         if not record:  # not st-prompts' record: never dropped
             continue
         started = record.get("started")
