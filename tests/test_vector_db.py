@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,17 +44,37 @@ def world(tmp_path_factory, minilm_path):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = run_cli(["index", "export", root / "flat.index", "--to", served_db, "--no-progress"])
     assert code == 0, err.getvalue()
+    # a Milvus server reached over http://: Milvus Lite's own gRPC server in a process of its own (the protocol of a
+    # standalone Milvus; offline, no other server can run here)
+    milvus = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(root / "milvus-data"),
+                               "--host", "127.0.0.1", "--port", str(free_port())], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    listening = milvus.stdout.readline()
+    assert "listening on" in listening, listening
+    remote = "http://" + listening.split("listening on ")[1].split()[0] + "#docs"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(["index", "export", root / "flat.index", "--to", remote, "--no-progress"])
+    assert code == 0, err.getvalue()
     # --pass-overhead-tokens: the start-up measurement of the pass overhead is not what this module tests
     server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64",
-                            "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}"])
+                            "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}",
+                            "--index", f"remote={remote}"])
     try:
         # the library's own export, searched by most tests
         exported = parse_address(f"{root / 'lib.db'}#flat")
         record = export_index(SemanticIndex.load(root / "flat.index", mmap=True), exported, rows=40)
         yield {"root": root, "model": model, "flat": flat, "server": server, "docs": docs, "queries": queries,
-               "exported": exported, "record": record}
+               "exported": exported, "record": record, "remote": remote}
     finally:
         server.stop()
+        milvus.terminate()
+        milvus.wait(30)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def brute_force(world, docs_ids, k: int) -> list[list]:
@@ -284,6 +307,48 @@ def test_collections_that_look_like_versions_but_are_not_st_prompts_are_never_dr
     assert len(_versions_in(address)) == 2 + 2  # theirs, and the current version with the one before
 
 
+def test_two_exports_at_once_into_a_server_collection_leave_it_whole(world):
+    """Two processes export into one collection of a Milvus server at once (each with --overwrite): both finish, the
+    name reads one whole export, and every version left is whole."""
+    from pymilvus import MilvusClient
+
+    target = world["remote"].replace("#docs", "#both")
+    command = [sys.executable, "-m", "st_prompts.cli", "index", "export", str(world["root"] / "flat.index"), "--to",
+               target, "--overwrite", "--no-progress", "--batch-rows", "10"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(run.wait(120), run.stderr.read()) for run in runs]
+    assert all(code == 0 for code, _ in results), results
+    address = parse_address(target)
+    collection = VectorCollection.open(address)
+    query = world["queries"][:2]
+    assert len(collection) == len(DOCS)
+    assert [[h.id for h in row] for row in collection.search_embeddings(query, 5)] == [
+        [h.id for h in row] for row in world["flat"].search_embeddings(query, 5)]
+    collection.close()
+    versions = _versions_in(address)
+    assert collection.collection in versions and 1 <= len(versions) <= 2, versions
+    client = MilvusClient(address.uri)
+    try:
+        for version in versions:  # nothing half-written is left behind: each is a whole export
+            assert client.get_collection_stats(version)["row_count"] == len(DOCS)
+    finally:
+        client.close()
+
+
+def test_on_a_server_an_unfinished_export_is_kept_for_the_writer_that_may_still_be_filling_it(world, monkeypatch):
+    address = parse_address(world["remote"].replace("#docs", "#slow"))
+    export_index(world["flat"], address, rows=50)
+    _insert_failing_after(monkeypatch, 0)
+    with pytest.raises(ConfigurationError):
+        export_index(world["flat"], address, rows=50, overwrite=True)
+    monkeypatch.undo()
+    export_index(world["flat"], address, rows=50, overwrite=True)  # on a server another export may be filling it
+    collection = VectorCollection.open(address)
+    assert len(collection) == len(DOCS)
+    collection.close()
+    assert len(_versions_in(address)) == 3  # the one before (for its readers), the unfinished one, the current
+
+
 def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):
     flat = SemanticIndex.load(world["root"] / "flat.index")
     flat.index_type = "ivfpq"  # an IVF-PQ index built with rerank 0 keeps no vectors to copy exactly
@@ -298,14 +363,17 @@ def test_the_server_answers_search_from_the_collection_as_from_the_folder(world)
     base = world["server"].wait_ready()
     body = {"query": QUERIES, "k": 7}
     folder = requests.post(f"{base}/search", json={**body, "index": "folder"}, timeout=60)
-    db = requests.post(f"{base}/search", json={**body, "index": "db"}, timeout=60)
-    assert folder.status_code == db.status_code == 200, db.text
-    folder, db = folder.json(), db.json()
-    assert db["index"] == "db" and set(db) == set(folder) and len(db["data"]) == len(QUERIES)
+    assert folder.status_code == 200, folder.text
+    folder = folder.json()
     truth = brute_force(world, list(range(len(DOCS))), 7)
-    for mine, theirs, want in zip(db["data"], folder["data"], truth):
-        assert [h["id"] for h in mine["hits"]] == [h["id"] for h in theirs["hits"]] == want
-        assert [(h["rank"], h["text"]) for h in mine["hits"]] == [(h["rank"], h["text"]) for h in theirs["hits"]]
-        assert np.allclose([h["score"] for h in mine["hits"]], [h["score"] for h in theirs["hits"]], atol=1e-5)
+    for name in ("db", "remote"):  # the Lite file, and the Milvus server over http://
+        db = requests.post(f"{base}/search", json={**body, "index": name}, timeout=60)
+        assert db.status_code == 200, db.text
+        db = db.json()
+        assert db["index"] == name and set(db) == set(folder) and len(db["data"]) == len(QUERIES)
+        for mine, theirs, want in zip(db["data"], folder["data"], truth):
+            assert [h["id"] for h in mine["hits"]] == [h["id"] for h in theirs["hits"]] == want
+            assert [(h["rank"], h["text"]) for h in mine["hits"]] == [(h["rank"], h["text"]) for h in theirs["hits"]]
+            assert np.allclose([h["score"] for h in mine["hits"]], [h["score"] for h in theirs["hits"]], atol=1e-5)
     health = requests.get(f"{base}/health", timeout=30).json()
-    assert set(health["indexes"]) == {"folder", "db"}
+    assert set(health["indexes"]) == {"folder", "db", "remote"}
