@@ -349,6 +349,41 @@ def test_on_a_server_an_unfinished_export_is_kept_for_the_writer_that_may_still_
     assert len(_versions_in(address)) == 3  # the one before (for its readers), the unfinished one, the current
 
 
+def test_a_forked_process_searches_a_server_collection_through_its_own_connection(world):
+    """What ``serve --workers N`` does with a collection on a server: the workers are forked after it was opened, and
+    a gRPC channel does not survive a fork; each process opens its own."""
+    import json
+    import os
+    import signal
+    import time
+
+    collection = VectorCollection.open(parse_address(world["remote"]))
+    query = world["queries"][:3]
+    expected = [[h.id for h in row] for row in collection.search_embeddings(query, 4)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            hits = collection.search_embeddings(query, 4)
+            os.write(write, json.dumps([[h.id for h in row] for row in hits]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    answer = os.read(read, 100_000).decode()
+    os.close(read)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0 and json.loads(answer) == expected, answer
+    assert [[h.id for h in row] for row in collection.search_embeddings(query, 4)] == expected  # the parent's too
+    collection.close()
+
+
 def test_export_of_an_index_without_its_reranking_vectors_is_refused(world):
     flat = SemanticIndex.load(world["root"] / "flat.index")
     flat.index_type = "ivfpq"  # an IVF-PQ index built with rerank 0 keeps no vectors to copy exactly
