@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli_error, edit_json, prompted_model
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from st_prompts.cli import main
@@ -446,6 +446,9 @@ def _kernel_requests() -> list[str]:
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
 @given(mutations=st.lists(mutation, min_size=1, max_size=3), remove_safetensors=st.booleans(), shape=layout)
+# found by CI (2026-11-29): the router's own path mutated away, so the hazard planted in the nested model is never
+# reached; the folder is refused for the missing module instead (one line, nothing run, nothing outside read)
+@example(mutations=[(1, "path", "evil.Evil", 0)], remove_safetensors=False, shape=(True, "shard-dotdot"))
 def test_hostile_folders_never_run_code(st_model, capsys, mutations, remove_safetensors, shape):
     routed, hazard = shape
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
@@ -465,7 +468,9 @@ def test_hostile_folders_never_run_code(st_model, capsys, mutations, remove_safe
         except StPromptsError as exc:
             message = str(exc).strip()
             assert "\n" not in message and "pip install" not in message, message
-            assert not must_refuse or isinstance(exc, UntrustedCodeError), (shape, mutations, message)
+            # a mutated module path can leave the planted hazard unreachable: then the missing module is refused first
+            assert not must_refuse or isinstance(exc, UntrustedCodeError) or any(
+                key == "path" for _, key, _, _ in mutations), (shape, mutations, message)
             loaded = False
         else:
             loaded = True
