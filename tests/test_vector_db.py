@@ -307,34 +307,6 @@ def test_collections_that_look_like_versions_but_are_not_st_prompts_are_never_dr
     assert len(_versions_in(address)) == 2 + 2  # theirs, and the current version with the one before
 
 
-def test_two_exports_at_once_into_a_server_collection_leave_it_whole(world):
-    """Two processes export into one collection of a Milvus server at once (each with --overwrite): both finish, the
-    name reads one whole export, and every version left is whole."""
-    from pymilvus import MilvusClient
-
-    target = world["remote"].replace("#docs", "#both")
-    command = [sys.executable, "-m", "st_prompts.cli", "index", "export", str(world["root"] / "flat.index"), "--to",
-               target, "--overwrite", "--no-progress", "--batch-rows", "10"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(run.wait(120), run.stderr.read()) for run in runs]
-    assert all(code == 0 for code, _ in results), results
-    address = parse_address(target)
-    collection = VectorCollection.open(address)
-    query = world["queries"][:2]
-    assert len(collection) == len(DOCS)
-    assert [[h.id for h in row] for row in collection.search_embeddings(query, 5)] == [
-        [h.id for h in row] for row in world["flat"].search_embeddings(query, 5)]
-    collection.close()
-    versions = _versions_in(address)
-    assert collection.collection in versions and 1 <= len(versions) <= 2, versions
-    client = MilvusClient(address.uri)
-    try:
-        for version in versions:  # nothing half-written is left behind: each is a whole export
-            assert client.get_collection_stats(version)["row_count"] == len(DOCS)
-    finally:
-        client.close()
-
-
 def test_on_a_server_an_unfinished_export_is_kept_for_the_writer_that_may_still_be_filling_it(world, monkeypatch):
     address = parse_address(world["remote"].replace("#docs", "#slow"))
     export_index(world["flat"], address, rows=50)
