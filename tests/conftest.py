@@ -341,6 +341,115 @@ def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
     return folder
 
 
+# ---------------------------------------------------------------------------------------------- a command's process
+class CLIProcess:
+    """``st-prompts ARGV`` in its own process, forked from this test process instead of started as a fresh
+    interpreter: this process has imported torch and sentence-transformers already, which a fresh one spends about
+    12 s of CPU on (``python -X importtime``, 2026-11-29; a server's start is mostly that), and the suite started
+    a dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
+    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), no other descriptor of this process
+    (as ``close_fds``), default signal handlers, and runs ``st_prompts.cli.main``; what a test reads of it is
+    ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``send_signal``, ``kill``,
+    ``returncode``. Tests of what a fresh interpreter does (the hub's settings read at import, ``torchrun``, the
+    documented commands' entry point) still start one."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True) -> None:
+        import signal
+        import subprocess
+        import sys
+
+        def ends(target):
+            if target == subprocess.PIPE:
+                read, write = os.pipe()
+                return read, write
+            if target == subprocess.DEVNULL:
+                return None, os.open(os.devnull, os.O_WRONLY)
+            return None, (target.fileno() if target is not None else None)
+
+        out_read, out_write = ends(stdout)
+        err_read, err_write = (None, out_write) if stderr == subprocess.STDOUT else ends(stderr)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                for fd, target in ((1, out_write), (2, err_write)):
+                    if target is not None:
+                        os.dup2(target, fd)
+                os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+                for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+                    signal.signal(number, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.environ.clear()
+                os.environ.update(env)
+                old_out = sys.stdout
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                sys.stdin = open(0, closefd=False)
+                sys.argv = ["st-prompts", *argv]
+                import logging
+
+                logging.getLogger().handlers.clear()  # pytest's capture handlers
+                for logger in list(logging.Logger.manager.loggerDict.values()):  # transformers' own, on pytest's
+                    for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
+                        if type(handler) is logging.StreamHandler:
+                            handler.setStream(sys.stdout if handler.stream is old_out else sys.stderr)
+                code = run_cli(list(argv))
+            except BaseException:  # noqa: BLE001 - the child's last word, then its exit
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code if isinstance(code, int) else 1)
+        for fd in {out_write, err_write} - {None}:
+            if fd not in (getattr(stdout, "fileno", lambda: None)(), getattr(stderr, "fileno", lambda: None)()):
+                os.close(fd)
+        mode = "r" if text else "rb"
+        self.stdout = open(out_read, mode) if out_read is not None else None
+        self.stderr = open(err_read, mode) if err_read is not None else None
+        self.returncode: int | None = None
+        self.args = argv
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
 # ---------------------------------------------------------------------------------------------- errors in one line
 def one_error_line(err, alone: bool = False) -> str:
     """The error line of a command's stderr ``err`` (a text, or pytest's ``capsys``: what it captured since last read),

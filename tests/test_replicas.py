@@ -20,13 +20,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import make_tiny_backbone, run_cli
+from conftest import CLIProcess, make_tiny_backbone, run_cli
 from test_serving import get, one_thread, post, prefixed_model, tiny_bank, wait_for
 
 from st_prompts import save_prompts_only
@@ -133,8 +132,9 @@ class Probe:
         self.log = log
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "ST_PROMPTS_ADMIN_TOKEN": TOKEN}
-        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", bank, *args, "--port",
-                                         str(port)], stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
+        with open(log, "w") as handle:
+            self.process = CLIProcess(["serve", bank, *args, "--port", str(port)], env,
+                                      stdout=subprocess.DEVNULL, stderr=handle)
         self.refused, self.status, self.other = 0, None, []
         self.thread = threading.Thread(target=self._probe, daemon=True)
         self.thread.start()

@@ -29,7 +29,7 @@ import numpy as np
 import openai
 import pytest
 import torch
-from conftest import WORDS, http_error, make_tiny_backbone
+from conftest import WORDS, CLIProcess, http_error, make_tiny_backbone
 from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
@@ -52,21 +52,22 @@ TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick bro
 
 # ---------------------------------------------------------------------------------------------------- the servers
 class Server:
-    """``st-prompts serve ... --port 0`` in its own process; the URL is read from its log line. ``stderr_apart``: the
-    log is stderr alone (stdout read and dropped), for tests that assert what the log holds; each line's
-    ``time.monotonic()`` is kept in :attr:`stamps`."""
+    """``st-prompts serve ... --port 0`` in its own process, forked (:class:`~conftest.CLIProcess`) or, ``fresh``, a
+    new interpreter (a test process that has used gRPC, Milvus' client, cannot fork a user of it); the URL is read
+    from its log line. ``stderr_apart``: the log is stderr alone (stdout read and dropped), for tests that assert what
+    the log holds; each line's ``time.monotonic()`` is kept in :attr:`stamps`."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None,
-                 stderr_apart: bool = False) -> None:
+                 stderr_apart: bool = False, fresh: bool = False) -> None:
         self.name = name
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         full_env.pop("ST_PROMPTS_ADMIN_TOKEN", None)
         full_env.pop("ST_PROMPTS_TRACEBACK", None)
         full_env.update(env or {})
-        self.process = subprocess.Popen([sys.executable, "-m", "st_prompts.cli", "serve", *args, "--port", "0"],
-                                        stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT,
-                                        text=True, env=full_env)
+        argv, out = ["serve", *args, "--port", "0"], subprocess.PIPE if stderr_apart else subprocess.STDOUT
+        self.process = (subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], stdout=subprocess.PIPE,
+                                         stderr=out, text=True, env=full_env) if fresh
+                        else CLIProcess(argv, full_env, stdout=subprocess.PIPE, stderr=out))
         self.lines: list[str] = []
         self.stamps: list[float] = []
         self.url: str | None = None
