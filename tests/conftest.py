@@ -347,10 +347,10 @@ class CLIProcess:
     interpreter: this process has imported torch and sentence-transformers already, which a fresh one spends about
     12 s of CPU on (``python -X importtime``, 2026-11-29; a server's start is mostly that), and the suite started
     a dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
-    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), no other descriptor of this process
-    (as ``close_fds``), default signal handlers, and runs ``st_prompts.cli.main``; what a test reads of it is
+    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), default signal handlers, and runs ``st_prompts.cli.main``; what a test reads of it is
     ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``send_signal``, ``kill``,
-    ``returncode``. Tests of what a fresh interpreter does (the hub's settings read at import, ``torchrun``, the
+    ``returncode``. This process's other descriptors stay open in the child (gRPC, which Milvus' client and Ray
+    load, aborts in a fork whose descriptors were closed). Tests of what a fresh interpreter does (the hub's settings read at import, ``torchrun``, the
     documented commands' entry point) still start one."""
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True) -> None:
@@ -379,7 +379,6 @@ class CLIProcess:
                 for fd, target in ((1, out_write), (2, err_write)):
                     if target is not None:
                         os.dup2(target, fd)
-                os.closerange(3, os.sysconf("SC_OPEN_MAX"))
                 for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
                     signal.signal(number, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -58,7 +58,7 @@ def world(tmp_path_factory, minilm_path):
     # --pass-overhead-tokens: the start-up measurement of the pass overhead is not what this module tests
     server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64",
                             "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}",
-                            "--index", f"remote={remote}"], fresh=True)  # this process has used gRPC: no fork
+                            "--index", f"remote={remote}"])
     try:
         # the library's own export, searched by most tests
         exported = parse_address(f"{root / 'lib.db'}#flat")
