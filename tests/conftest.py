@@ -345,13 +345,13 @@ def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
 class CLIProcess:
     """``st-prompts ARGV`` in its own process, forked from this test process instead of started as a fresh
     interpreter: this process has imported torch and sentence-transformers already, which a fresh one spends about
-    12 s of CPU on (``python -X importtime``, 2026-11-29; a server's start is mostly that), and the suite started
-    a dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
-    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), default signal handlers, and runs ``st_prompts.cli.main``; what a test reads of it is
-    ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``send_signal``, ``kill``,
-    ``returncode``. This process's other descriptors stay open in the child (gRPC, which Milvus' client and Ray
-    load, aborts in a fork whose descriptors were closed). Tests of what a fresh interpreter does (the hub's settings read at import, ``torchrun``, the
-    documented commands' entry point) still start one."""
+    12 s of CPU on (``python -X importtime``, 2026-11-29; a server's start is mostly that), and the suite starts a
+    dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
+    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), default signal handlers, and runs
+    ``st_prompts.cli.main``; what a test reads of it is ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``,
+    ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``. This process's other descriptors stay open in the
+    child (gRPC, which Milvus' client and Ray load, aborts in a fork whose descriptors were closed). Tests of what a
+    fresh interpreter does (the hub's settings read at import, ``torchrun``, the documented entry point) start one."""
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True) -> None:
         import signal
