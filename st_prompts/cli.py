@@ -85,6 +85,11 @@ def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports, no advice
         os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # torch's OpenMP threads sleep while they wait for work instead of spinning (read when torch loads; a value the
+    # user set is kept). Beside other busy processes spinning threads burn the cores those need: MiniLM encoding on
+    # two threads beside one busy core took 14.3 s and 17.5 s of CPU spinning, 10.5 s and 10.7 s sleeping; on a quiet
+    # machine the same (median ratio 0.995 over 5 rounds; benchmarks/results/omp_wait.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     global _handler, _root_level
     root = logging.getLogger()
     if _handler is not None:  # called again in the same process (tests): replace our handler, keep the others

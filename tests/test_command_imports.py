@@ -35,3 +35,25 @@ def test_command_modules_do_not_import_heavy_libraries(commands):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_torch_threads_sleep_while_they_wait_unless_the_user_chose(monkeypatch):
+    """``configure_output`` (run before any command imports torch) sets ``OMP_WAIT_POLICY=PASSIVE``, which libgomp
+    reads when torch loads it; a policy the user set is kept (benchmarks/results/omp_wait.md: spinning threads beside
+    one busy core took 1.4x the time)."""
+    import os
+
+    from st_prompts import cli
+
+    for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY",
+                 "TOKENIZERS_PARALLELISM"):  # what configure_output also sets: restored after the test
+        monkeypatch.setenv(name, os.environ[name]) if name in os.environ else monkeypatch.delenv(name, raising=False)
+    try:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        cli.configure_output(progress=False)
+        assert cli.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+        cli.configure_output(progress=False)
+        assert cli.os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    finally:
+        cli.reset_output()
