@@ -102,6 +102,9 @@ NOT_RUN = {
     "st-prompts serve my-bank --dtype bfloat16 --device cuda": _SERVER,
     "st-prompts serve my-bank --devices cuda:0,cuda:1 --dtype bfloat16": _SERVER,
     "st-prompts evaluate my-bank --dtype float16 --device cuda": _GPU,
+    "st-prompts index build my-bank corpus.txt docs-bf16.index --task sts --dtype bfloat16":
+        "bf16 is emulated on a CPU without AVX512-BF16: 12 s for MiniLM on 80 lines (tests/test_precision.py builds "
+        "and searches a bf16 index of a tiny bank with this command)",
     "st-prompts serve my-bank --index docs=docs.index --port 9000": _SERVER,
     "st-prompts serve minilm --index docs=milvus:./docs.db#docs": _SERVER,
     "st-prompts serve minilm --index corpus=milvus:./corpus.db#corpus": _SERVER,

@@ -128,3 +128,24 @@ def test_int8_inputs_use_the_bits_this_cpu_sums_exactly():
     assert (chosen(x) - expected).abs().max().item() < 1e-3
     if precision.int8_input_bits() == 7:  # this CPU has no VNNI: 8 bits would be wrong, which is why they are not used
         assert (Int8Linear.from_linear(linear, input_bits=8)(x) - expected).abs().max().item() > 1.0
+
+
+def test_an_index_built_in_bfloat16_records_it_and_encodes_queries_the_same_way(bank_path, tmp_path, capsys):
+    """``index build ... --dtype bfloat16`` (docs/serving.md's command, run here on a tiny bank: MiniLM's bf16 on a CPU
+    without AVX512-BF16 is emulated, 12 s for the documentation walk's 80 lines): the index records the dtype, and
+    ``index search`` loads the model in it again."""
+    from conftest import cli_out
+
+    from st_prompts.search import SemanticIndex
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the dog sleeps\na man plays the guitar\nthe cat sits on the mat\n", encoding="utf-8")
+    code, _, err = cli_out(["index", "build", bank_path, corpus, tmp_path / "idx", "--task", "b", "--dtype",
+                            "bfloat16", "--no-progress"], capsys)
+    assert code == 0, err
+    index = SemanticIndex.load(tmp_path / "idx")
+    assert index.model_identity.dtype == "bfloat16" and index.model_identity.task == "b"
+    code, out, err = cli_out(["index", "search", tmp_path / "idx", "a man plays the guitar", "-k", "1", "--json"],
+                             capsys)
+    assert code == 0, err
+    assert "a man plays the guitar" in out
