@@ -355,9 +355,19 @@ class CLIProcess:
     dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
     (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), default signal handlers, and runs
     ``st_prompts.cli.main``; what a test reads of it is ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``,
-    ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``. This process's other descriptors stay open in the
-    child (gRPC, which Milvus' client and Ray load, aborts in a fork whose descriptors were closed). Tests of what a
-    fresh interpreter does (the hub's settings read at import, ``torchrun``, the documented entry point) start one."""
+    ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``. Once this process has loaded gRPC (Milvus' client,
+    Ray) the command gets a fresh interpreter instead (``subprocess.Popen``): gRPC's fork handlers aborted, and once
+    crashed, in a forked server forking its workers (a CI run, 2026-11-29). Tests of what a fresh interpreter does
+    (the hub's settings read at import, ``torchrun``, the documented entry point) always start one."""
+
+    def __new__(cls, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True):
+        import subprocess
+        import sys
+
+        if any(name.split(".")[0] == "grpc" for name in sys.modules):
+            return subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], env=env, stdout=stdout,
+                                    stderr=stderr, text=text)
+        return super().__new__(cls)
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True) -> None:
         import signal
