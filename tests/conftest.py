@@ -395,7 +395,7 @@ class CLIProcess:
                 for fd, target in ((1, out_write), (2, err_write)):
                     if target is not None:
                         os.dup2(target, fd)
-                for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+                for number in (signal.SIGTERM, signal.SIGHUP):  # SIGPIPE stays ignored, as Python starts it
                     signal.signal(number, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.environ.clear()
