@@ -751,6 +751,22 @@ def test_non_finite_weights_or_score_are_never_saved(tiny_bert, tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_the_finite_check_is_exact_where_a_sum_overflows():
+    """``finite`` reads a tensor's sum first: a NaN or an infinity anywhere is caught, and finite values whose sum
+    overflows (fp32, bf16, fp16) are still finite."""
+    import torch
+
+    from st_prompts.modules.set_checks import finite
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        big = torch.full((4, 3), torch.finfo(dtype).max, dtype=dtype)
+        assert finite(big) and finite(-big) and finite(torch.zeros(0, dtype=dtype))
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            damaged = big.clone()
+            damaged[2, 1] = bad
+            assert not finite(damaged) and not finite(torch.tensor([1.0, bad], dtype=dtype))
+
+
 def test_model_selection_never_prefers_a_non_finite_score():
     from st_prompts.training.run import KeepBestCallback
 
