@@ -348,106 +348,223 @@ def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- a command's process
-class CLIProcess:
-    """``st-prompts ARGV`` in its own process, forked from this test process instead of started as a fresh
-    interpreter: this process has imported torch and sentence-transformers already, which a fresh one spends about
-    12 s of CPU on (``python -X importtime``, 2026-11-29; a server's start is mostly that), and the suite starts a
-    dozen servers. The child gets ``env`` as its whole environment, stdout and stderr on ``stdout``/``stderr``
-    (``subprocess.PIPE``, ``subprocess.STDOUT``, ``DEVNULL`` or an open file), default signal handlers, and runs
-    ``st_prompts.cli.main``; what a test reads of it is ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``,
-    ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``. Once this process has loaded gRPC (Milvus' client,
-    Ray) the command gets a fresh interpreter instead (``subprocess.Popen``): gRPC's fork handlers aborted, and once
-    crashed, in a forked server forking its workers (a CI run, 2026-11-29). Tests of what a fresh interpreter does
-    (the hub's settings read at import, ``torchrun``, the documented entry point) always start one."""
+def pytest_collection_finish(session) -> None:
+    """Once the test modules are imported: the heap frozen (every garbage collection then skips the libraries'
+    objects: a test process holds millions, and sentence-transformers' and accelerate's ``gc.collect()`` after each
+    training or evaluation took 0.6 s each, 10 s of the documented-commands walk, cProfile 2026-11-29), then the warm
+    process of :class:`CLIProcess` started from this state."""
+    import gc
 
-    def __new__(cls, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True):
-        import subprocess
+    gc.collect()
+    gc.freeze()
+    WarmProcesses.start()
+
+
+class WarmProcesses:
+    """A process forked from a test process once its test modules are imported (torch, transformers,
+    sentence-transformers and st_prompts loaded: what a fresh interpreter spends about 12 s of CPU on, ``python -X
+    importtime``, 2026-11-29), before any test ran and before gRPC was loaded (Milvus' client and Ray load it; a
+    process forked after that aborted, and once crashed, in gRPC's fork handler). It forks one child per command
+    asked of it over a Unix socket: the child takes the command's stdin, stdout, stderr (passed as descriptors),
+    working directory, environment and arguments, restores default signal handlers and runs ``st_prompts.cli.main``.
+    The warm process reaps its children and sends each one's pid, then its exit status, on a socket of its own."""
+
+    control = None  # this test process's end of the warm process's socket
+
+    @classmethod
+    def start(cls) -> None:
+        import socket
         import sys
 
-        if any(name.split(".")[0] == "grpc" for name in sys.modules):
-            return subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], env=env, stdout=stdout,
-                                    stderr=stderr, text=text)
-        return super().__new__(cls)
-
-    def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True) -> None:
-        import signal
-        import subprocess
-        import sys
-
-        def ends(target):
-            if target == subprocess.PIPE:
-                read, write = os.pipe()
-                return read, write
-            if target == subprocess.DEVNULL:
-                return None, os.open(os.devnull, os.O_WRONLY)
-            return None, (target.fileno() if target is not None else None)
-
-        out_read, out_write = ends(stdout)
-        err_read, err_write = (None, out_write) if stderr == subprocess.STDOUT else ends(stderr)
+        if cls.control is not None or any(name.split(".")[0] == "grpc" for name in sys.modules):
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into pytest
-            code = 1
+        if os.fork() == 0:
+            code = 0
             try:
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                for fd, target in ((1, out_write), (2, err_write)):
-                    if target is not None:
-                        os.dup2(target, fd)
-                for number in (signal.SIGTERM, signal.SIGHUP):  # SIGPIPE stays ignored, as Python starts it
-                    signal.signal(number, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                os.environ.clear()
-                os.environ.update(env)
-                old_out = sys.stdout
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                sys.stdin = open(0, closefd=False)
-                sys.argv = ["st-prompts", *argv]
-                import logging
-
-                logging.getLogger().handlers.clear()  # pytest's capture handlers
-                for logger in list(logging.Logger.manager.loggerDict.values()):  # transformers' own, on pytest's
-                    for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
-                        if type(handler) is logging.StreamHandler:
-                            handler.setStream(sys.stdout if handler.stream is old_out else sys.stderr)
-                code = run_cli(list(argv))
-            except BaseException:  # noqa: BLE001 - the child's last word, then its exit
-                import traceback
-
-                traceback.print_exc()
+                ours.close()
+                cls._serve(theirs)
+            except BaseException:  # noqa: BLE001 - nobody reads it: the process ends
+                code = 1
             finally:
+                os._exit(code)
+        theirs.close()
+        cls.control = ours
+
+    @staticmethod
+    def _serve(control) -> None:
+        import select
+        import signal
+        import socket
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C of the test run ends the tests, which close the socket
+        children = {}  # pid -> the socket its status goes to
+        while True:
+            ready, _, _ = select.select([control], [], [], 0.02 if children else None)
+            if ready:
+                message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+                if not message:  # the test process ended
+                    return
+                request = json.loads(message)
+                status = socket.socket(fileno=fds[3])
+                pid = os.fork()
+                if pid == 0:
+                    control.close()
+                    for other in children.values():
+                        other.close()
+                    status.close()
+                    _become_command(request["argv"], request["env"], request["cwd"], fds[:3], request["session"])
+                for fd in fds[:3]:
+                    os.close(fd)
+                status.sendall(f"pid {pid}\n".encode())
+                children[pid] = status
+            while children:
+                pid, code = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                status = children.pop(pid)
                 try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code if isinstance(code, int) else 1)
-        for fd in {out_write, err_write} - {None}:
-            if fd not in (getattr(stdout, "fileno", lambda: None)(), getattr(stderr, "fileno", lambda: None)()):
+                    status.sendall(f"exit {os.waitstatus_to_exitcode(code)}\n".encode())
+                except OSError:  # the test stopped listening
+                    pass
+                status.close()
+
+
+def _become_command(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], session: bool) -> None:
+    """In a forked child: take ``fds`` as stdin, stdout and stderr, ``cwd``, ``env`` as the whole environment and
+    default signal handlers (and a session of its own if ``session``), run ``st-prompts ARGV`` and exit with its
+    status (never returns)."""
+    import signal
+    import sys
+
+    code = 1
+    try:
+        if session:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for number in (signal.SIGTERM, signal.SIGHUP):  # SIGPIPE stays ignored, as Python starts it
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        old_out = sys.stdout
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.stdin = open(0, closefd=False)
+        sys.argv = ["st-prompts", *argv]
+        import logging
+
+        logging.getLogger().handlers.clear()  # pytest's capture handlers
+        for logger in list(logging.Logger.manager.loggerDict.values()):  # transformers' own, on pytest's
+            for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
+                if type(handler) is logging.StreamHandler:
+                    handler.setStream(sys.stdout if handler.stream is old_out else sys.stderr)
+        code = run_cli(list(argv))
+    except BaseException:  # noqa: BLE001 - the child's last word, then its exit
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+class CLIProcess:
+    """``st-prompts ARGV`` in its own process, forked by :class:`WarmProcesses` instead of started as a fresh
+    interpreter (the suite starts a dozen servers; a fresh interpreter spends about 12 s of CPU importing). ``env`` is
+    the child's whole environment, its stdout and stderr go to ``stdout``/``stderr`` (``subprocess.PIPE``,
+    ``subprocess.STDOUT``, ``DEVNULL``, an open file, or None: this process's own), its working directory is ``cwd``
+    (default: this process's), ``start_new_session`` as ``subprocess.Popen``'s. What a test reads of it is
+    ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
+    ``kill``, ``returncode``. Where no warm process runs (gRPC was loaded
+    before the tests' modules were collected), a fresh interpreter (``subprocess.Popen``). Tests of what a fresh
+    interpreter does (the hub's settings read at import, ``torchrun``, the documented entry point) always start one."""
+
+    def __new__(cls, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
+                cwd: str | None = None, start_new_session: bool = False):
+        import subprocess
+        import sys
+
+        if WarmProcesses.control is None:
+            return subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], env=env, stdout=stdout,
+                                    stderr=stderr, text=text, cwd=cwd, start_new_session=start_new_session)
+        return super().__new__(cls)
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
+                 cwd: str | None = None, start_new_session: bool = False) -> None:
+        import socket
+        import subprocess
+
+        opened, reads = [], {}
+
+        def end(target, name: str, default: int) -> int:
+            if target == subprocess.PIPE:
+                read, write = os.pipe()
+                reads[name] = read
+                opened.append(write)
+                return write
+            if target == subprocess.DEVNULL:
+                opened.append(os.open(os.devnull, os.O_WRONLY))
+                return opened[-1]
+            return target.fileno() if target is not None else default
+
+        null = os.open(os.devnull, os.O_RDONLY)
+        opened.append(null)
+        out = end(stdout, "stdout", 1)
+        err = out if stderr == subprocess.STDOUT else end(stderr, "stderr", 2)
+        self._status, theirs = socket.socketpair()
+        try:
+            request = json.dumps({"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
+                                  "session": start_new_session}).encode()
+            socket.send_fds(WarmProcesses.control, [request], [null, out, err, theirs.fileno()])
+        finally:
+            theirs.close()
+            for fd in opened:
                 os.close(fd)
+        self._buffer = b""
+        self.pid = int(self._line(None).split()[1])
         mode = "r" if text else "rb"
-        self.stdout = open(out_read, mode) if out_read is not None else None
-        self.stderr = open(err_read, mode) if err_read is not None else None
+        self.stdout = open(reads["stdout"], mode) if "stdout" in reads else None
+        self.stderr = open(reads["stderr"], mode) if "stderr" in reads else None
         self.returncode: int | None = None
         self.args = argv
 
+    def _line(self, timeout: float | None) -> str | None:
+        """The warm process's next line about this child, waiting up to ``timeout`` seconds (None: until it comes)."""
+        import select
+
+        while b"\n" not in self._buffer:
+            if timeout is not None and not select.select([self._status], [], [], timeout)[0]:
+                return None
+            chunk = self._status.recv(256)
+            if not chunk:
+                raise RuntimeError("the warm process ended before it reported the command's exit")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
     def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        return self.wait(0) if self.returncode is None else self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
+    def wait(self, timeout: float | None = None) -> int | None:
         import subprocess
-        import time
 
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                if timeout == 0:
+                    return None
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.02)
+            self.returncode = int(line.split()[1])
+            self._status.close()
         return self.returncode
 
     def send_signal(self, number: int) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CLIProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
@@ -26,13 +27,32 @@ def _env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))}
 
 
+class _ForkedServers:
+    """The script's ``subprocess`` module, except that the ``st-prompts serve`` processes it starts are forked by the
+    suite's warm process (:class:`conftest.CLIProcess`) instead of started as fresh interpreters (about 12 s of CPU
+    each importing the libraries; the same command, environment, working directory, session and output pipe)."""
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(command, **options):  # noqa: N802 - subprocess.Popen's name
+        assert command[:3] == [sys.executable, "-m", "st_prompts.cli"], command
+        assert set(options) <= {"stdout", "stderr", "text", "env", "cwd", "start_new_session"}, options
+        return CLIProcess(command[3:], options["env"], stdout=options.get("stdout"), stderr=options.get("stderr"),
+                          text=options.get("text", False), cwd=options.get("cwd"),
+                          start_new_session=options.get("start_new_session", False))
+
+
 def test_smoke_runs_every_row_and_checks_the_vectors(tmp_path, capsys, monkeypatch):
-    """The script's ``main`` in this process (its servers are processes of their own, as on the GPU): a fresh
-    interpreter for the script itself would spend about 12 s of CPU importing what this one has."""
+    """The script's ``main`` in this process (its servers are processes of their own, as on the GPU, forked by the
+    warm process): a fresh interpreter for the script itself would spend about 12 s of CPU importing what this one
+    has."""
     pytest.importorskip("uvicorn")  # the server rows need the serve extra
     spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "subprocess", _ForkedServers())
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
