@@ -347,6 +347,29 @@ def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
     return folder
 
 
+# ---------------------------------------------------------------------------------------------- the files' order
+#: Wall seconds of the slowest test files (each on one pytest-xdist worker, the suite alone on two cores, 2026-11-29;
+#: rounded). They are handed out first, longest first: pytest-xdist's own order (files with more tests first) gave
+#: these, which have few tests, to the workers last, so one worker could still run a long file while the other had
+#: nothing left. The other files follow in collection order.
+SLOW_FILES = {"test_docs_commands.py": 71, "test_search_ann.py": 46, "test_serving.py": 46, "test_hub_bounds.py": 40,
+              "test_embed.py": 38, "test_serving_devices.py": 36, "test_import_graph.py": 34,
+              "test_vector_db.py": 32, "test_data_safety.py": 27, "test_gpu_benchmark.py": 25,
+              "test_cli_hostile.py": 25, "test_hostile_indexes.py": 24, "test_distributed.py": 24,
+              "test_decoder_backbone.py": 23, "test_bank_safety.py": 20, "test_serving_hardening.py": 20,
+              "test_readme_examples.py": 19, "test_ski_generation.py": 18, "test_demo.py": 18,
+              "test_architectures.py": 17, "test_serving_workers.py": 17, "test_diffaug.py": 15}
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: hand files out in the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable: each file's tests stay in order
+
+
 # ---------------------------------------------------------------------------------------------- a command's process
 def pytest_collection_finish(session) -> None:
     """Once the test modules are imported: the heap frozen (every garbage collection then skips the libraries'
@@ -415,7 +438,7 @@ class WarmProcesses:
                     for other in children.values():
                         other.close()
                     status.close()
-                    _become_command(request["argv"], request["env"], request["cwd"], fds[:3], request["session"])
+                    _become_command(request, fds[:3])
                 for fd in fds[:3]:
                     os.close(fd)
                 status.sendall(f"pid {pid}\n".encode())
@@ -432,16 +455,17 @@ class WarmProcesses:
                 status.close()
 
 
-def _become_command(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], session: bool) -> None:
-    """In a forked child: take ``fds`` as stdin, stdout and stderr, ``cwd``, ``env`` as the whole environment and
-    default signal handlers (and a session of its own if ``session``), run ``st-prompts ARGV`` and exit with its
-    status (never returns)."""
+def _become_command(request: dict, fds: list[int]) -> None:
+    """In a forked child: take ``fds`` as stdin, stdout and stderr, the request's ``cwd``, its ``env`` as the whole
+    environment and default signal handlers (and a session of its own if ``session``), run ``st-prompts ARGV`` (or,
+    with a ``code``, that Python code with ``sys.argv`` ``["-c", *ARGV]``, as ``python -c``) and exit with its status
+    (never returns)."""
     import signal
     import sys
 
-    code = 1
+    argv, env, cwd, code = request["argv"], request["env"], request["cwd"], 1
     try:
-        if session:
+        if request["session"]:
             os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -456,7 +480,7 @@ def _become_command(argv: list[str], env: dict[str, str], cwd: str, fds: list[in
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.stdin = open(0, closefd=False)
-        sys.argv = ["st-prompts", *argv]
+        sys.argv = ["-c", *argv] if request.get("code") is not None else ["st-prompts", *argv]
         import logging
 
         logging.getLogger().handlers.clear()  # pytest's capture handlers
@@ -464,7 +488,16 @@ def _become_command(argv: list[str], env: dict[str, str], cwd: str, fds: list[in
             for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
                 if type(handler) is logging.StreamHandler:
                     handler.setStream(sys.stdout if handler.stream is old_out else sys.stderr)
-        code = run_cli(list(argv))
+        if request.get("code") is None:
+            code = run_cli(list(argv))
+        else:
+            try:
+                exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if not isinstance(exc.code, (int, type(None))):
+                    print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - the child's last word, then its exit
         import traceback
 
@@ -482,24 +515,26 @@ class CLIProcess:
     interpreter (the suite starts a dozen servers; a fresh interpreter spends about 12 s of CPU importing). ``env`` is
     the child's whole environment, its stdout and stderr go to ``stdout``/``stderr`` (``subprocess.PIPE``,
     ``subprocess.STDOUT``, ``DEVNULL``, an open file, or None: this process's own), its working directory is ``cwd``
-    (default: this process's), ``start_new_session`` as ``subprocess.Popen``'s. What a test reads of it is
-    ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
-    ``kill``, ``returncode``. Where no warm process runs (gRPC was loaded
-    before the tests' modules were collected), a fresh interpreter (``subprocess.Popen``). Tests of what a fresh
+    (default: this process's), ``start_new_session`` as ``subprocess.Popen``'s; with ``code``, the child runs that
+    Python code as ``python -c CODE ARGV`` would (in the warm process's state: modules already imported). What a
+    test reads of it is ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``,
+    ``send_signal``, ``terminate``, ``kill``, ``returncode``. Where no warm process runs (gRPC was loaded before the
+    tests' modules were collected), a fresh interpreter (``subprocess.Popen``). Tests of what a fresh
     interpreter does (the hub's settings read at import, ``torchrun``, the documented entry point) always start one."""
 
     def __new__(cls, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
-                cwd: str | None = None, start_new_session: bool = False):
+                cwd: str | None = None, start_new_session: bool = False, code: str | None = None):
         import subprocess
         import sys
 
         if WarmProcesses.control is None:
-            return subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], env=env, stdout=stdout,
-                                    stderr=stderr, text=text, cwd=cwd, start_new_session=start_new_session)
+            command = ["-m", "st_prompts.cli"] if code is None else ["-c", code]
+            return subprocess.Popen([sys.executable, *command, *argv], env=env, stdout=stdout, stderr=stderr,
+                                    text=text, cwd=cwd, start_new_session=start_new_session)
         return super().__new__(cls)
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
-                 cwd: str | None = None, start_new_session: bool = False) -> None:
+                 cwd: str | None = None, start_new_session: bool = False, code: str | None = None) -> None:
         import socket
         import subprocess
 
@@ -523,7 +558,7 @@ class CLIProcess:
         self._status, theirs = socket.socketpair()
         try:
             request = json.dumps({"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
-                                  "session": start_new_session}).encode()
+                                  "session": start_new_session, "code": code}).encode()
             socket.send_fds(WarmProcesses.control, [request], [null, out, err, theirs.fileno()])
         finally:
             theirs.close()
