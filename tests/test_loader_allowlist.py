@@ -98,6 +98,26 @@ def minilm_exploit(minilm_path: str, tmp_path: Path, key: str = "model_kwargs") 
     return folder, marker
 
 
+def test_the_json_rules_look_at_every_depth_and_refuse_what_is_nested_past_it():
+    """A key anywhere in a file's JSON, objects and arrays alike, is found; a value nested more than 20 deep is
+    refused (not walked further); a tokenizer's vocabulary of 30,000 entries passes."""
+    from st_prompts import trust
+
+    def nest(value, depth: int):
+        for level in range(depth):
+            value = {"x": value} if level % 2 else [value]
+        return value
+
+    assert trust.hf_files_reason("config.json", nest({"a": 1}, 19)) is None
+    assert "(nested too deep)" in trust.hf_files_reason("config.json", nest({"a": 1}, 21))
+    assert "custom code (auto_map)" in trust.hf_files_reason("config.json", nest({"auto_map": {"A": "e.E"}}, 19))
+    assert "vocab_file" in trust.hf_files_reason("tokenizer_config.json", nest({"vocab_file": "../v.txt"}, 8))
+    assert "kernel" in trust.hf_files_reason("config.json", {"a": [{"b": {"attn_implementation": "org/k"}}]})
+    assert trust.hf_files_reason("config.json", {"auto_map": {}, "attn_implementation": "sdpa"}) is None
+    vocabulary = {"model": {"vocab": {f"w{i}": i for i in range(30_000)}, "merges": [["a", "b"]] * 1000}}
+    assert trust.hf_files_reason("tokenizer.json", vocabulary) is None
+
+
 def test_the_harness_detects_code_that_runs(minilm_path, tmp_path):
     """With trust, the same folder's pickle runs: a missing marker below means the loader prevented it."""
     folder, marker = minilm_exploit(minilm_path, tmp_path)
