@@ -173,17 +173,21 @@ def minilm(minilm_path):
     return SentenceTransformer(minilm_path, device="cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _frozen_heap():
-    """Before each test file: what is alive then is moved out of the garbage collector's reach (``gc.freeze``, after
-    a collection, so nothing dead is kept). A full collection then walks only what the file itself created: the
-    test process holds millions of objects, and sentence-transformers' and accelerate's ``gc.collect()`` after each
-    training or evaluation, and the automatic ones, walked them all (4.9 s of 47 s over five training files,
-    2026-11-29)."""
+def _freeze_heap() -> None:
+    """Move what is alive out of the garbage collector's reach (``gc.freeze``, after a collection, so nothing dead is
+    kept): a full collection then walks only what was created since. A test process holds millions of objects, and
+    sentence-transformers' and accelerate's ``gc.collect()`` after each training or evaluation walked them all
+    (0.4-0.6 s each; 4.9 s of 47 s over five training files, 2026-11-29)."""
     import gc
 
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frozen_heap():
+    """The heap frozen again before each test file (:func:`_freeze_heap`)."""
+    _freeze_heap()
 
 
 @pytest.fixture(autouse=True)
@@ -385,14 +389,9 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 # ---------------------------------------------------------------------------------------------- a command's process
 def pytest_collection_finish(session) -> None:
-    """Once the test modules are imported: the heap frozen (every garbage collection then skips the libraries'
-    objects: a test process holds millions, and sentence-transformers' and accelerate's ``gc.collect()`` after each
-    training or evaluation took 0.6 s each, 10 s of the documented-commands walk, cProfile 2026-11-29), then the warm
-    process of :class:`CLIProcess` started from this state."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
+    """Once the test modules are imported: the heap frozen (:func:`_freeze_heap`; the libraries' objects), then the
+    warm process of :class:`CLIProcess` started from this state."""
+    _freeze_heap()
     WarmProcesses.start()
 
 
@@ -476,7 +475,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
     import signal
     import sys
 
-    argv, env, cwd, code = request["argv"], request["env"], request["cwd"], 1
+    argv, env, cwd, status = request["argv"], request["env"], request["cwd"], 1
     try:
         if request["session"]:
             os.setsid()
@@ -501,16 +500,18 @@ def _become_command(request: dict, fds: list[int]) -> None:
             for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
                 if type(handler) is logging.StreamHandler:
                     handler.setStream(sys.stdout if handler.stream is old_out else sys.stderr)
-        if request.get("code") is None:
-            code = run_cli(list(argv))
-        else:
-            try:
+        try:
+            if request.get("code") is None:
+                from st_prompts.cli import main
+
+                status = main(list(argv))
+            else:
                 exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if not isinstance(exc.code, (int, type(None))):
-                    print(exc.code, file=sys.stderr)
+                status = 0
+        except SystemExit as exc:  # as an interpreter ends on it: None is 0, anything else printed and 1
+            status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - the child's last word, then its exit
         import traceback
 
@@ -520,7 +521,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(code if isinstance(code, int) else 1)
+            os._exit(status if isinstance(status, int) else 1)
 
 
 class CLIProcess:
