@@ -20,7 +20,7 @@ import pytest
 from conftest import cli_error, cli_out, random_bank, save_plain
 
 from st_prompts.embedding import RayOptions, embed_file
-from st_prompts.errors import ConfigurationError
+from st_prompts.errors import ConfigurationError, StPromptsError
 from st_prompts.search.embedding_files import EmbeddingFiles, part_record
 
 WORDS = "the a man woman plays guitar piano dog cat runs sits on mat park happy sad big small red blue".split()
@@ -119,6 +119,8 @@ def test_ray_engine_gives_the_local_vectors_and_records_its_node(plain, loaded, 
     node = ray_session.get_runtime_context().get_node_id()
     assert all(b["engine"] == "ray" and b["node_id"] == node for b in by), by
     assert len({b["pid"] for b in by}) == 1 and os.getpid() not in {b["pid"] for b in by}  # the actor, not here
+    run = json.loads((tmp_path / "ray" / "embed.json").read_text())  # the model's identity, as the actor sent it
+    assert {b["fingerprint"] for b in by} == {run["model"]["fingerprint"]}
     assert result.parts_written == 4 and result.nodes == {node: 4}
     # resumed with the other engine: nothing to do (the engine is not a setting of the vectors)
     assert embed_file(plain, path, tmp_path / "ray", part_rows=8).parts_skipped == 4
@@ -166,6 +168,62 @@ def test_a_task_column_encodes_each_row_with_its_set(bank, loaded, tmp_path):
     _, _, vectors = read_folder(tmp_path / "sts")
     np.testing.assert_allclose(vectors, model.encode(texts, task="sts"), atol=1e-6, rtol=0)
     assert json.loads((tmp_path / "sts" / "embed.json").read_text())["model"]["task"] == "sts"
+
+
+def test_a_ray_run_loads_no_model_here_and_takes_the_actors_identity(plain, tiny_bert, loaded, corpus, tmp_path,
+                                                                    monkeypatch):
+    """The driver of ``--engine ray`` loads no model: the identity each actor sends decides the run file, and another
+    model is refused, in one line, before any part is written. A stand-in for the actor pool (a real one is
+    ``test_ray_engine_gives_the_local_vectors_and_records_its_node``) sends its actors' records as
+    ``encode_parts_on_ray`` does."""
+    from st_prompts.embedding import ray_engine
+    from st_prompts.embedding.encoder import ModelSpec
+    from st_prompts.embedding.inputs import read_part
+    from st_prompts.search.embedding_files import identity_record
+    from st_prompts.search.identity import ModelIdentity
+
+    path, _ = corpus
+    other = str(save_plain(tmp_path / "other", tiny_bert, pooling="cls"))  # same backbone, other vectors
+
+    def pool(*actors):
+        def encode(spec, source, todo, *, task, name, accept, **_):
+            for actor in actors:
+                accept(identity_record(ModelIdentity.of(loaded(actor), name=name, task=task)))
+            for number, first_row, locator, digest, _ in todo:
+                texts = read_part(source, number, first_row, locator).texts
+                yield number, first_row, locator, digest, loaded(actors[0]).encode_document(texts), {"node_id": "n"}
+        return encode
+
+    def no_load(self, device=None):
+        raise AssertionError("the driver loaded a model")
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelSpec, "load", no_load)
+        patch.setattr(ray_engine, "encode_parts_on_ray", pool(plain))
+        assert embed_file(plain, path, out, part_rows=8, engine="ray").parts_written == 4
+        run = json.loads((out / "embed.json").read_text())
+        assert run["model"]["fingerprint"] == ModelIdentity.of(loaded(plain)).fingerprint
+        (out / "part-00002.parquet").unlink()
+        snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
+        patch.setattr(ray_engine, "encode_parts_on_ray", pool(other))
+        with pytest.raises(StPromptsError, match="was embedded by another model") as refused:
+            embed_file(other, path, out, part_rows=8, engine="ray")
+        assert "\n" not in str(refused.value)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot  # nothing written
+        patch.setattr(ray_engine, "encode_parts_on_ray", pool(plain, other))
+        with pytest.raises(StPromptsError, match="the Ray actors loaded different models"):
+            embed_file(plain, path, tmp_path / "two", part_rows=8, engine="ray")
+        assert not list((tmp_path / "two").glob("part-*"))
+        patch.setattr(ray_engine, "encode_parts_on_ray", pool(plain))
+        result = embed_file(plain, path, out, part_rows=8, engine="ray")  # resumed: the missing part only
+        assert (result.parts_written, result.parts_skipped) == (1, 3)
+    # nothing left to encode: no actor to ask, so this process checks the model (and refuses another one)
+    with pytest.raises(StPromptsError, match="was embedded by another model"):
+        embed_file(other, path, out, part_rows=8, engine="ray")
+    with pytest.raises(StPromptsError, match="was embedded by another model"):
+        embed_file(other, path, out, part_rows=8)
+    assert embed_file(plain, path, out, part_rows=8, engine="ray").parts_skipped == 4
 
 
 # ---------------------------------------------------------------------------------------------- resume, refusals
@@ -242,6 +300,18 @@ def test_the_command_line_runs_and_its_errors_are_one_line(plain, bank, corpus, 
     assert "options of --engine ray" in cli_error(["embed", plain, path, tmp_path / "o", "--actors", "2"], capsys)
     (tmp_path / "x.csv").write_text("text\na\n")
     assert "convert it to .parquet" in cli_error(["embed", plain, tmp_path / "x.csv", tmp_path / "o"], capsys)
+    import socket
+
+    with socket.socket() as free:  # a port where nothing listens: refused at once (Ray itself retries for minutes)
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    import ray
+
+    with monkeypatch.context() as patch:  # as in a fresh process, whatever Ray session this module's tests hold
+        patch.setattr(ray, "is_initialized", lambda: False)
+        line = cli_error(["embed", plain, path, tmp_path / "o2", "--engine", "ray", "--ray-address",
+                          f"127.0.0.1:{port}"], capsys)
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in line and not (tmp_path / "o2").exists()
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
     line = cli_error(["embed", plain, path, tmp_path / "o", "--engine", "ray"], capsys)
     assert 'pip install "st-prompts[scale]"' in line

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from st_prompts.embedding.encoder import ModelSpec, check_tasks, encode_part
 from st_prompts.embedding.inputs import InputPart, InputSource, read_part, read_parts
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
@@ -128,54 +130,34 @@ def embed_file(model: str | ModelSpec, input_path: str | os.PathLike, output: st
 
 def _run(spec: ModelSpec, source: InputSource, output: Path, *, task: str | None, part_rows: int, batch_size: int,
          keep_texts: bool, engine: str, ray: RayOptions, progress: bool) -> EmbedResult:
-    from st_prompts.search.identity import ModelIdentity
-
     existing = _existing_parts(output)  # refuses a foreign folder before the model loads
-    model = spec.load("cpu" if engine == "ray" else None)  # the driver's copy: the identity, the task checks
-    check_tasks(model, [task])
-    identity = ModelIdentity.of(model, name=_recorded_name(spec.name), task=task)
     settings = {"input": {"path": source.path, "kind": source.kind, "text_column": source.text_column,
                           "id_column": source.id_column, "task_column": source.task_column},
                 "part_rows": part_rows, "task": task, "texts": keep_texts, "dtype": spec.dtype,
                 "quantize": spec.quantize, "trust_remote_code": bool(spec.trust_remote_code)}
     key = "sha256:" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    model_record = identity_record(identity)
-    run = _start_run(output, existing, settings, key, model_record, identity)
+    prior = _prior_run(output, existing, settings, key)  # other settings refused before any model loads
     result = EmbedResult(output)
-    base = {"settings_sha256": key, "model": run["model"], "task": task}
-    writer = _PartWriter(output, existing, base, keep_texts, result)
-    started = time.perf_counter()
-    if engine == "local":
-        _run_local(model, source, part_rows, task, batch_size, progress, writer)
-    else:
-        from st_prompts.embedding.ray_engine import encode_parts_on_ray
-
-        todo = []
-        for part in _progress(read_parts(source, part_rows), progress, "scanning"):
-            check_tasks(model, part.tasks or [])
-            writer.last = part.number
-            if writer.skip(part):
-                continue
-            if part.texts:
-                todo.append((part.number, part.first_row, part.locator, part.digest, len(part.texts)))
-            else:  # nothing to encode: no actor needed
-                writer.write(part, _empty(model), {"engine": "ray", "node": "driver"})
-        del model
-        started = time.perf_counter()
-        timing: dict[str, float] = {}
-        encoded = encode_parts_on_ray(spec, source, todo, task=task, batch_size=batch_size, options=ray,
-                                      identity=model_record, progress=progress, timing=timing)
-        for number, first_row, locator, digest, vectors, node in encoded:
-            part = read_part(source, number, first_row, locator)
-            if part.digest != digest:
-                raise DataFormatError(f"{source.path} changed while it was embedded (part {number}); run again")
-            writer.write(part, vectors, node)
-    result.seconds = time.perf_counter() - started
+    done = None
     if engine == "ray":
-        result.ray_start = timing.get("ray_start", 0.0)
-        result.seconds -= result.ray_start
-    writer.remove_stale()
-    run.update(status="complete", parts=writer.last + 1, rows=result.rows, blank=result.blank,
+        done = _run_ray(spec, source, output, existing, prior, settings, key, task=task, part_rows=part_rows,
+                       batch_size=batch_size, keep_texts=keep_texts, options=ray, progress=progress, result=result)
+    if done is None:  # local, or Ray with nothing to encode: this process loads the model (and checks it)
+        from st_prompts.search.identity import ModelIdentity
+
+        model = spec.load("cpu" if engine == "ray" else None)
+        check_tasks(model, [task])
+        identity = ModelIdentity.of(model, name=_recorded_name(spec.name), task=task)
+        run = _begin_run(output, existing, prior, settings, key, identity_record(identity), identity)
+        writer = _PartWriter(output, existing, {"settings_sha256": key, "model": run["model"], "task": task},
+                             keep_texts, result)
+        started = time.perf_counter()
+        _run_local(model, source, part_rows, task, batch_size, progress, writer)
+        result.seconds = time.perf_counter() - started
+        writer.remove_stale()
+        done = run, writer.last + 1
+    run, parts = done
+    run.update(status="complete", parts=parts, rows=result.rows, blank=result.blank,
                finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                last_run={"engine": engine, "parts_written": result.parts_written,
                          "parts_skipped": result.parts_skipped, "rows_encoded": result.rows_encoded,
@@ -184,6 +166,62 @@ def _run(spec: ModelSpec, source: InputSource, output: Path, *, task: str | None
                          **({"ray": vars(ray)} if engine == "ray" else {})})
     write_json_atomic(output / RUN_FILE, run)
     return result
+
+
+def _run_ray(spec: ModelSpec, source: InputSource, output: Path, existing: dict[int, Path],
+             prior: dict[str, Any] | None, settings: dict[str, Any], key: str, *, task: str | None, part_rows: int,
+             batch_size: int, keep_texts: bool, options: RayOptions, progress: bool,
+             result: EmbedResult) -> tuple[dict[str, Any], int] | None:
+    """``--engine ray`` with no model in this process: the parts to encode are known from the folder's records
+    (:meth:`_PartWriter.skip` compares fingerprints with the run file's model), the model's identity comes from the
+    actors (:func:`~st_prompts.embedding.ray_engine.encode_parts_on_ray`) and is checked, and the run file written,
+    before the first part. The run and its number of parts, or ``None`` when no part has rows to encode (the caller
+    then checks the model itself)."""
+    from st_prompts.embedding.ray_engine import encode_parts_on_ray
+
+    base = {"settings_sha256": key, "model": (prior or {}).get("model") or {}, "task": task}
+    writer = _PartWriter(output, existing, base, keep_texts, result)
+    todo, blank = [], []  # todo: where each part is, not its rows (the input is never held whole)
+    for part in _progress(read_parts(source, part_rows), progress, "scanning"):
+        writer.last = part.number
+        if writer.skip(part):
+            continue
+        if part.texts:
+            todo.append((part.number, part.first_row, part.locator, part.digest, len(part.texts)))
+        else:
+            blank.append(part)
+    if not todo:
+        result.parts_skipped = result.rows = result.blank = 0  # counted again by the caller's run
+        return None
+    state: dict[str, Any] = {}
+
+    def accept(record: dict[str, Any]) -> None:
+        identity = identity_from_record(record)
+        if "run" in state:  # another actor's model: it must encode as the first one did
+            try:
+                identity_from_record(state["run"]["model"]).check_compatible(identity)
+            except StPromptsError as exc:
+                raise type(exc)(f"the Ray actors loaded different models from {spec.name}: {exc}") from None
+            return
+        state["run"] = _begin_run(output, existing, prior, settings, key, record, identity)
+        base["model"] = state["run"]["model"]
+        for part in blank:  # nothing to encode, but a part all the same (its rows' places are kept)
+            writer.write(part, np.zeros((0, int(record["dimension"])), dtype=np.float32),
+                         {"engine": "ray", "node": "driver"})
+
+    timing: dict[str, float] = {}
+    started = time.perf_counter()
+    encoded = encode_parts_on_ray(spec, source, todo, task=task, batch_size=batch_size, options=options,
+                                  name=_recorded_name(spec.name), accept=accept, progress=progress, timing=timing)
+    for number, first_row, locator, digest, vectors, node in encoded:
+        part = read_part(source, number, first_row, locator)
+        if part.digest != digest:
+            raise DataFormatError(f"{source.path} changed while it was embedded (part {number}); run again")
+        writer.write(part, vectors, node)
+    result.ray_start = timing.get("ray_start", 0.0)
+    result.seconds = time.perf_counter() - started - result.ray_start
+    writer.remove_stale()
+    return state["run"], writer.last + 1
 
 
 def _run_local(model: Any, source: InputSource, part_rows: int, task: str | None, batch_size: int, progress: bool,
@@ -197,10 +235,6 @@ def _run_local(model: Any, source: InputSource, part_rows: int, task: str | None
         if writer.skip(part):
             continue
         writer.write(part, encode_part(model, part.texts, part.tasks, task, batch_size, progress=False), node)
-
-
-def _empty(model: Any) -> Any:
-    return encode_part(model, [], None, None, 1)
 
 
 def _progress(parts: Iterator[InputPart], show: bool, what: str) -> Iterator[InputPart]:
@@ -244,43 +278,50 @@ def _existing_parts(output: Path) -> dict[int, Path]:
     return parts
 
 
-def _start_run(output: Path, existing: dict[int, Path], settings: dict[str, Any], key: str,
-               model_record: dict[str, Any], identity: Any) -> dict[str, Any]:
-    """``embed.json`` of this run: the folder's own when it was written with the same settings and model (a resumed
-    run), else a new one (an empty folder); refuses other settings or another model in one line."""
+def _prior_run(output: Path, existing: dict[int, Path], settings: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The folder's ``embed.json`` when it was written with these settings (a run to resume, if its model matches:
+    :func:`_begin_run`), else ``None`` (a new run); refuses, in one line, other settings over parts or a run file
+    that is not this command's."""
     path = output / RUN_FILE
-    if path.is_file():
+    if not path.is_file():
+        if existing:  # _existing_parts refused parts without a run file already
+            raise ConfigurationError(f"{output} holds parts but no {RUN_FILE}")
+        return None
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataFormatError(f"{path} is not a readable run file ({type(exc).__name__}); embed into a new "
+                              "folder") from None
+    if not isinstance(run, dict) or run.get("format") != FORMAT_NAME or not isinstance(run.get("settings"), dict):
+        raise ConfigurationError(f"{path} was not written by st-prompts embed; embed into a new or empty folder")
+    if run.get("settings_sha256") == key:
+        return run
+    if not existing:  # a run that stopped before its first part: nothing to keep
+        return None
+    changed = [name for name in sorted(set(settings) | set(run["settings"]))
+               if settings.get(name) != run["settings"].get(name)] or ["settings"]
+    raise ConfigurationError(f"{output} was embedded with other settings ({', '.join(changed)}: "
+                             f"{json.dumps(run['settings'].get(changed[0]))[:120]}, now "
+                             f"{json.dumps(settings.get(changed[0]))[:120]}); rerun with them or embed into a new "
+                             "folder")
+
+
+def _begin_run(output: Path, existing: dict[int, Path], prior: dict[str, Any] | None, settings: dict[str, Any],
+               key: str, model_record: dict[str, Any], identity: Any) -> dict[str, Any]:
+    """``embed.json`` of this run: ``prior`` resumed when its model encodes as ``identity`` does, else a new one
+    (written now); another model over parts is refused in one line."""
+    if prior is not None:
         try:
-            run = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataFormatError(f"{path} is not a readable run file ({type(exc).__name__}); embed into a new "
-                                  "folder") from None
-        if not isinstance(run, dict) or run.get("format") != FORMAT_NAME or not isinstance(run.get("settings"), dict):
-            raise ConfigurationError(f"{path} was not written by st-prompts embed; embed into a new or empty folder")
-        problem = None
-        if run.get("settings_sha256") != key:
-            changed = [name for name in sorted(set(settings) | set(run["settings"]))
-                       if settings.get(name) != run["settings"].get(name)] or ["settings"]
-            problem = ConfigurationError(f"{output} was embedded with other settings ({', '.join(changed)}: "
-                                         f"{json.dumps(run['settings'].get(changed[0]))[:120]}, now "
-                                         f"{json.dumps(settings.get(changed[0]))[:120]}); rerun with them or embed "
-                                         "into a new folder")
-        else:
-            try:
-                identity_from_record(run["model"]).check_compatible(identity)
-            except StPromptsError as exc:
-                problem = type(exc)(f"{output} was embedded by another model: {exc}")
-            except (KeyError, TypeError, ValueError):
-                problem = DataFormatError(f"{path} records no readable model; embed into a new folder")
-        if problem is not None and not existing:  # a run that stopped before its first part: nothing to keep
-            return _new_run(path, settings, key, model_record)
-        if problem is not None:
+            identity_from_record(prior["model"]).check_compatible(identity)
+            return {**prior, "status": "running"}
+        except StPromptsError as exc:
+            problem: StPromptsError = type(exc)(f"{output} was embedded by another model: {exc}")
+        except (KeyError, TypeError, ValueError):
+            problem = DataFormatError(f"{output / RUN_FILE} records no readable model; embed into a new folder")
+        if existing:
             raise problem
-        return {**run, "status": "running"}
-    if existing:  # _existing_parts refused parts without a run file already
-        raise ConfigurationError(f"{output} holds parts but no {RUN_FILE}")
     output.mkdir(parents=True, exist_ok=True)
-    return _new_run(path, settings, key, model_record)
+    return _new_run(output / RUN_FILE, settings, key, model_record)
 
 
 def _new_run(path: Path, settings: dict[str, Any], key: str, model_record: dict[str, Any]) -> dict[str, Any]:
