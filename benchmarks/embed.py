@@ -53,7 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--part-rows", type=int, default=500, help="rows a part (default 500)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs both engines use (default 2)")
     parser.add_argument("--cluster-rows", type=int, default=2000, help="sentences of the cluster run (default 2000)")
-    parser.add_argument("--skip-cluster", action="store_true", help="part 1 only")
+    parser.add_argument("--skip-cluster", action="store_true", help="no two-node cluster run")
+    parser.add_argument("--skip-in-process", action="store_true", help="no in-process rounds (embed_file calls)")
+    parser.add_argument("--skip-commands", action="store_true", help="no rounds of the command as fresh processes")
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     return parser.parse_args(argv)
 
@@ -149,6 +151,72 @@ def part_one(args, corpus: Path, work: Path) -> dict:
             "ratio_ray_over_local_median": {k: round(statistics.median(v), 3) for k, v in ratios.items()}}
 
 
+def _ray_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}  # `ray start`'s default since 2.59
+
+
+def part_commands(args, corpus: Path, work: Path) -> dict:
+    """The command as a user runs it: each run a fresh ``st-prompts embed`` process (its imports and model loads
+    counted for both engines); ray joins a local Ray of ``--cpus`` CPUs started once beforehand (an existing cluster:
+    ``--ray-address``)."""
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="rayemb-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
+    env = _ray_env()
+    head = f"{ray.util.get_node_ip_address()}:6392"
+    start = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--num-cpus", str(args.cpus), "--port",
+             "6392", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"]
+    base = [sys.executable, "-m", "st_prompts.cli", "embed", "minilm", str(corpus), "OUT", "--part-rows",
+            str(args.part_rows), "--batch-size", "64", "--no-progress"]
+    extra = {"local": [], "ray": ["--engine", "ray", "--ray-address", head, "--actors", str(args.cpus),
+                                  "--num-cpus", "1"]}
+    log: dict = {"ray_start_command": "ray " + " ".join(start[1:]),
+                 "commands": {engine: "st-prompts " + " ".join(base[3:] + extra[engine]) for engine in extra}}
+
+    def run(engine: str) -> dict:
+        out = Path(tempfile.mkdtemp(dir=work, prefix=f"cli-{engine}-")) / "out"
+        command = [str(out) if arg == "OUT" else arg for arg in base] + extra[engine]
+        clock = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+        wall = time.perf_counter() - clock
+        if done.returncode != 0:
+            raise RuntimeError(f"{engine}: exit {done.returncode}: {done.stderr[-2000:]}")
+        ids, vectors = read_vectors(out)
+        shutil.rmtree(out.parent)
+        return {"engine": engine, "wall_s": round(wall, 3), "rate": round(len(ids) / wall, 2),
+                "printed": done.stdout.strip().splitlines()[-1][-300:],
+                "load_average": [round(x, 2) for x in os.getloadavg()], "ids": ids, "vectors": vectors}
+
+    try:
+        clock = time.perf_counter()
+        done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed: {done.stderr[-2000:]}")
+        log["ray_start_s"] = round(time.perf_counter() - clock, 2)
+        warm = {engine: run(engine) for engine in ("local", "ray")}
+        reference_ids, reference = warm["local"]["ids"], warm["local"]["vectors"]
+        rounds = []
+        for number in range(args.rounds):
+            for engine in (("local", "ray") if number % 2 == 0 else ("ray", "local")):
+                entry = run(engine)
+                assert entry.pop("ids") == reference_ids, f"{engine}: other ids"
+                diff = float(np.max(np.abs(entry.pop("vectors") - reference)))
+                assert diff < 1e-5, f"{engine}: vectors differ by {diff}"
+                rounds.append({"round": number, **entry, "max_abs_diff_vs_local_warmup": diff})
+                print(json.dumps(rounds[-1]), flush=True)
+    finally:
+        log["left_running_after_stop"] = _stop_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    ratios = [round(r["rate"] / l["rate"], 3) for l, r in zip(  # noqa: E741
+        [r for r in rounds if r["engine"] == "local"], [r for r in rounds if r["engine"] == "ray"])]
+    return {**log, "rounds": rounds, "median_rate": {engine: round(statistics.median(
+        r["rate"] for r in rounds if r["engine"] == engine), 2) for engine in ("local", "ray")},
+        "median_wall_s": {engine: round(statistics.median(
+            r["wall_s"] for r in rounds if r["engine"] == engine), 2) for engine in ("local", "ray")},
+        "ratio_ray_over_local_per_round": ratios, "ratio_ray_over_local_median": round(statistics.median(ratios), 3)}
+
+
 def _cluster_pids(marker: str) -> list[int]:
     """Processes whose command line names this cluster's own temp folder: this cluster's, nobody else's."""
     pids = []
@@ -184,8 +252,7 @@ def part_two(args, sentences: list[str], work: Path) -> dict:
     corpus = work / "cluster.txt"
     corpus.write_text("\n".join(sentences[:args.cluster_rows]) + "\n", encoding="utf-8")
     temp = tempfile.mkdtemp(prefix="rayemb-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = _ray_env()
     ray_bin = str(Path(sys.executable).with_name("ray"))
     port = 6391
     ip = ray.util.get_node_ip_address()
@@ -231,36 +298,57 @@ def part_two(args, sentences: list[str], work: Path) -> dict:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    one = result["one_machine"]
+    settings = result["settings"]
     lines = ["# `st-prompts embed`: local against Ray", "",
              f"Command: `{result['command']}`. Machine: {env['device']}, {env['cpus']} CPUs "
              f"({env['cpu_instructions']}), shared with other jobs. Versions: "
              + ", ".join(f"{k} {v}" for k, v in {**env['versions'], **result['more_versions']}.items() if v) + ".",
-             "", f"## One machine: {result['settings']['rows']} Wikipedia sentences, packaged MiniLM fp32, "
-             f"{result['settings']['cpus']} CPUs", "",
-             f"local: this process, {result['settings']['cpus']} torch threads. ray: a local Ray of "
-             f"{result['settings']['cpus']} CPUs (started once, in {one['ray_start_s']} s, not counted), "
-             f"{result['settings']['cpus']} actors x 1 CPU (1 torch thread). Parts of {result['settings']['part_rows']}"
-             f" rows. {len(one['rounds']) // 2} interleaved rounds after a warm-up of each; every run's vectors equal "
-             "the warm-up local run's (largest difference below).", "",
-             "| round | engine | end to end (sent./s) | steady, last actor (sent./s) | steady, first actor | wall (s) "
-             "| max abs diff | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
-    for run in one["rounds"]:
-        lines.append(f"| {run['round']} | {run['engine']} | {run['rate_end_to_end']} | {run['rate_steady']} | "
-                     f"{run['rate_steady_from_first_actor']} | {run['wall_s']} | "
-                     f"{run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
-    median = one["median"]
-    ratio = one["ratio_ray_over_local_median"]
-    lines += ["", f"Median: local {median['local']['rate_end_to_end']} sent./s end to end, "
-              f"{median['local']['rate_steady']} steady; ray {median['ray']['rate_end_to_end']} end to end, "
-              f"{median['ray']['rate_steady']} steady. Ray / local (median of the rounds' ratios): "
-              f"**{ratio['rate_end_to_end']}** end to end (the actors' start and model loads counted), "
-              f"**{ratio['rate_steady']}** in steady state counted from the last actor's model load (an upper bound: "
-              f"the first actor encoded before it), **{ratio['rate_steady_from_first_actor']}** counted from the first "
-              "actor's (a lower bound: the second was still loading). Goal: >= 0.85.", "",
-              "End to end: the `embed_file` call (the driver's model load included for both; for Ray also the "
-              "actors' start: a worker process each, importing torch and loading the model). Steady: local from "
-              "after its model load, ray from the moment the first / the last actor had loaded its model."]
+             "", f"Corpus: {settings['rows']} Wikipedia sentences; the packaged MiniLM, fp32; parts of "
+             f"{settings['part_rows']} rows, batches of 64; {settings['cpus']} CPUs. Ray: {settings['cpus']} actors "
+             "of 1 CPU (1 torch thread) each; the driver loads no model. Rounds alternate which engine goes first, "
+             "after a warm-up run of each; every run's vectors are checked against the warm-up local run's (the "
+             "largest difference in the tables)."]
+    cli = result.get("commands")
+    if cli:
+        lines += ["", "## The command, a fresh process a run", "",
+                  "Each run is `st-prompts embed` in a new process, so both engines pay their imports and model loads; "
+                  f"ray joins a local Ray of {settings['cpus']} CPUs started once before the rounds (`--ray-address`; "
+                  f"`{cli['ray_start_command']}`: {cli['ray_start_s']} s, not counted).", "",
+                  *[f"* {engine}: `{command}`" for engine, command in cli["commands"].items()], "",
+                  "| round | engine | wall (s) | sent./s | max abs diff | load (1 min) | the command's last line |",
+                  "|---|---|---|---|---|---|---|"]
+        for run in cli["rounds"]:
+            lines.append(f"| {run['round']} | {run['engine']} | {run['wall_s']} | {run['rate']} | "
+                         f"{run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} | "
+                         f"{run['printed'].split('; ', 1)[-1]} |")
+        lines += ["", f"Median wall: local {cli['median_wall_s']['local']} s, ray {cli['median_wall_s']['ray']} s. "
+                  f"Ray / local sentences a second, per round: {cli['ratio_ray_over_local_per_round']}; median "
+                  f"**{cli['ratio_ray_over_local_median']}** (goal: >= 0.85). Processes of that Ray left after it "
+                  f"was stopped: {cli['left_running_after_stop']}."]
+    one = result.get("one_machine")
+    if one:
+        lines += ["", "## In one process: `embed_file` calls", "",
+                  f"local: the benchmark's process, {settings['cpus']} torch threads, torch and the model's code "
+                  f"imported once for all rounds. ray: a local Ray of {settings['cpus']} CPUs started once (in "
+                  f"{one['ray_start_s']} s, not counted), whose actors start afresh each run: a worker process each, "
+                  "importing torch and sentence-transformers and loading the model, which local never pays again.",
+                  "", "| round | engine | end to end (sent./s) | steady, last actor (sent./s) | steady, first actor | "
+                  "wall (s) | max abs diff | load (1 min) |", "|---|---|---|---|---|---|---|---|"]
+        for run in one["rounds"]:
+            lines.append(f"| {run['round']} | {run['engine']} | {run['rate_end_to_end']} | {run['rate_steady']} | "
+                         f"{run['rate_steady_from_first_actor']} | {run['wall_s']} | "
+                         f"{run['max_abs_diff_vs_local_warmup']:.1e} | {run['load_average'][0]} |")
+        median = one["median"]
+        ratio = one["ratio_ray_over_local_median"]
+        lines += ["", f"Median: local {median['local']['rate_end_to_end']} sent./s end to end, "
+                  f"{median['local']['rate_steady']} steady; ray {median['ray']['rate_end_to_end']} end to end, "
+                  f"{median['ray']['rate_steady']} steady. Ray / local (median of the rounds' ratios): "
+                  f"**{ratio['rate_end_to_end']}** end to end (the actors' start and model loads counted), "
+                  f"**{ratio['rate_steady']}** in steady state counted from the last actor's model load (an upper "
+                  f"bound: the first actor encoded before it), **{ratio['rate_steady_from_first_actor']}** counted "
+                  "from the first actor's (a lower bound: the second was still loading).", "",
+                  "End to end: the `embed_file` call. Steady: local from after its model load, ray from the moment "
+                  "the first / the last actor had loaded its model."]
     cluster = result.get("cluster")
     if cluster:
         lines += ["", "## Two Ray nodes on this machine", "",
@@ -293,7 +381,10 @@ def main(argv=None) -> int:
                                "cpus": args.cpus, "cluster_rows": args.cluster_rows, "batch_size": 64},
                   "more_versions": {name: version(name) for name in ("ray", "pyarrow")},
                   "environment_at_start": run_environment()}
-        result["one_machine"] = part_one(args, corpus, work)
+        if not args.skip_commands:
+            result["commands"] = part_commands(args, corpus, work)
+        if not args.skip_in_process:
+            result["one_machine"] = part_one(args, corpus, work)
         if not args.skip_cluster:
             result["cluster"] = part_two(args, sentences, work)
         result["environment"] = run_environment()

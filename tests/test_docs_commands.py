@@ -137,6 +137,7 @@ NOT_RUN = {
     "st-prompts embed minilm big.txt big.emb --engine ray --actors 2 --num-cpus 1": _RAY,
     "st-prompts embed minilm big.txt big.emb --engine ray --ray-address 10.0.0.1:6379 --num-cpus 4": _CLUSTER,
     "st-prompts embed minilm big.txt big.emb --engine ray --ray-address 10.0.0.1:6379 --num-gpus 1": _CLUSTER,
+    "export RAY_AUTH_MODE=token": _CLUSTER,
     "ray start --head --num-cpus 8 --port 6379": _CLUSTER,
     "ray start --address 10.0.0.1:6379 --num-cpus 8": _CLUSTER,
     "ray stop": _CLUSTER,
