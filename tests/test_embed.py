@@ -216,6 +216,12 @@ def test_a_ray_run_loads_no_model_here_and_takes_the_actors_identity(plain, tiny
             embed_file(plain, path, tmp_path / "two", part_rows=8, engine="ray")
         assert not list((tmp_path / "two").glob("part-*"))
         patch.setattr(ray_engine, "encode_parts_on_ray", pool(plain))
+        damaged = {**run, "model": "not a record"}  # a hand-edited run file over parts: one line, nothing written
+        (out / "embed.json").write_text(json.dumps(damaged))
+        with pytest.raises(StPromptsError, match="records no readable model"):
+            embed_file(plain, path, out, part_rows=8, engine="ray")
+        assert sorted(p.name for p in out.glob("part-*")) == sorted(n for n in snapshot if n.startswith("part-"))
+        (out / "embed.json").write_bytes(snapshot["embed.json"])
         result = embed_file(plain, path, out, part_rows=8, engine="ray")  # resumed: the missing part only
         assert (result.parts_written, result.parts_skipped) == (1, 3)
     # nothing left to encode: no actor to ask, so this process checks the model (and refuses another one)

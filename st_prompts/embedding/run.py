@@ -179,7 +179,8 @@ def _run_ray(spec: ModelSpec, source: InputSource, output: Path, existing: dict[
     then checks the model itself)."""
     from st_prompts.embedding.ray_engine import encode_parts_on_ray
 
-    base = {"settings_sha256": key, "model": (prior or {}).get("model") or {}, "task": task}
+    recorded = (prior or {}).get("model")  # what a resumed run's parts were made with (checked in accept below)
+    base = {"settings_sha256": key, "model": recorded if isinstance(recorded, dict) else {}, "task": task}
     writer = _PartWriter(output, existing, base, keep_texts, result)
     todo, blank = [], []  # todo: where each part is, not its rows (the input is never held whole)
     for part in _progress(read_parts(source, part_rows), progress, "scanning"):
