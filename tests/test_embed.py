@@ -105,10 +105,18 @@ def test_local_parts_hold_encode_documents_vectors_ids_and_texts(plain, loaded, 
     assert [r["first_row"] for r in records(tmp_path / "out").values()] == [0, 8, 16, 24]
 
 
-def test_ray_engine_gives_the_local_vectors_and_records_its_node(plain, loaded, corpus, tmp_path, ray_session):
+def test_ray_engine_gives_the_local_vectors_and_records_its_node(plain, loaded, corpus, tmp_path, ray_session,
+                                                                 monkeypatch):
     path, lines = corpus
+    plans = []
+    iterate = ray_session.data.Dataset.iter_batches
+    monkeypatch.setattr(ray_session.data.Dataset, "iter_batches",
+                        lambda self, *a, **k: plans.append(repr(self)) or iterate(self, *a, **k))
     result = embed_file(plain, path, tmp_path / "ray", part_rows=8, batch_size=4, engine="ray",
                         ray=RayOptions(actors=1, num_cpus=1))  # one actor: each starts torch (seconds)
+    # the actors' stage is the last: a stage of Ray tasks after it (select_columns was one) needs a CPU that actors
+    # holding every CPU free only when they end, so no part reached the driver before the last was encoded
+    assert len(plans) == 1 and plans[0].startswith("MapBatches(_DatasetEncoder)"), plans
     embed_file(plain, path, tmp_path / "local", part_rows=8, batch_size=4)
     ray_ids, ray_texts, ray_vectors = read_folder(tmp_path / "ray")
     ids, texts, vectors = read_folder(tmp_path / "local")
