@@ -581,22 +581,32 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits(setup):
     assert "stopped after SIGTERM" in server.log()
 
 
-def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_path):
+def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_path, monkeypatch):
     """``time = (overhead + tokens) x per-token``: with passes that take 30 ms + 0.5 ms a padded token, the measured
-    overhead is 60 tokens; the server logs what it measured (no ``--pass-overhead-tokens``)."""
+    overhead is 60 tokens; the server logs what it measured (no ``--pass-overhead-tokens``). The passes advance a
+    clock of the test's own: with real sleeps a loaded CI machine overslept by 4 ms and measured 66."""
+    from types import SimpleNamespace
+
+    from st_prompts.serving import model as model_module
     from st_prompts.serving.model import ServedModel
 
     served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0, dimension=32, normalize=False), "tiny")
     tokens = served.count_tokens([" ".join(["measure"] * 30)])[0]
+    clock = [0.0]
+    monkeypatch.setattr(model_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def timed(texts, route, prompt_length=None):
-        time.sleep(0.030 + 0.0005 * len(texts) * tokens)
+        clock[0] += 0.030 + 0.0005 * len(texts) * tokens
         return np.zeros((len(texts), 32), dtype=np.float32)
 
     served._pass = timed
-    assert served.measure_pass_overhead(rows=8, repeats=2) == pytest.approx(60, abs=6)
-    assert served.pass_overhead_tokens == pytest.approx(60, abs=6)
-    served._pass = lambda texts, route, prompt_length=None: time.sleep(0.01) or np.zeros((len(texts), 32), np.float32)
+    assert served.measure_pass_overhead(rows=8, repeats=2) == pytest.approx(60, rel=1e-6)
+    assert served.pass_overhead_tokens == pytest.approx(60, rel=1e-6)
+    def flat(texts, route, prompt_length=None):  # a pass of 8 rows costs what one does
+        clock[0] += 0.01
+        return np.zeros((len(texts), 32), dtype=np.float32)
+
+    served._pass = flat
     assert served.measure_pass_overhead(rows=8, repeats=2) > 300  # a pass of 8 rows costs what one does: fill up
     logged = [line for line in setup["servers"]["A"].log().splitlines() if "a forward pass costs as much as" in line]
     assert len(logged) == 1 and float(logged[0].split("as much as ")[1].split()[0]) >= 0
