@@ -1,11 +1,5 @@
-"""Which model embeds a corpus and how one part's texts become its vectors: the same code in this process
-(``--engine local``) and in every Ray actor (``--engine ray``), so that both engines give the same vectors.
-
-The vectors are the model's output as sentence-transformers gives it, float32 and not normalised: the documents'
-side (``encode_document``: a bank's document set, or plain ``encode`` for a model without one), ``encode(task=NAME)``
-for one prompt set of a bank (``--task``), or each row's own set (a task column) through the package's per-row path
-(:func:`st_prompts.modules.rows.encode_rows`); a row without a task takes ``--task``, else the document side.
-"""
+"""Which model embeds a corpus and how one part's texts become its vectors: the same code in this process and in
+every Ray actor, so that both engines give the same vectors."""
 
 from __future__ import annotations
 
@@ -38,9 +32,8 @@ class ModelSpec:
         from st_prompts.modules.chat_templates import guard_chat_templates
         from st_prompts.search.encoding import check_encode_length
 
-        model = guard_chat_templates(load_sentence_model(self.name, self.trust_remote_code,
-                                                         device=device or self.device, quantize=self.quantize,
-                                                         dtype=self.dtype))
+        model = guard_chat_templates(load_sentence_model(
+            self.name, self.trust_remote_code, device=device or self.device, quantize=self.quantize, dtype=self.dtype))
         check_encode_length(model, self.name)
         return model
 
@@ -60,7 +53,9 @@ def check_tasks(model: Any, names: Sequence[str | None]) -> None:
 
 def encode_part(model: Any, texts: Sequence[str], tasks: Sequence[str | None] | None, task: str | None,
                 batch_size: int, progress: bool = False) -> np.ndarray:
-    """``(len(texts), dim)`` float32 vectors of one part (see the module docstring for which encoding)."""
+    """``(len(texts), dim)`` float32 vectors of one part, not normalised: ``encode_document``, ``encode(task=task)``,
+    or with ``tasks`` each row's prompt set (:func:`st_prompts.modules.rows.encode_rows`; none: ``task``, else the
+    document side)."""
     from st_prompts.search.encoding import chat_template_errors
 
     if not texts:

@@ -1,29 +1,21 @@
-"""Reading a corpus to embed in parts, never whole: a text file (one document a line), JSON lines or Parquet.
-
-A part is ``part_rows`` consecutive input rows (lines of a text or JSON-lines file, rows of a Parquet file), so that
-part ``k`` always covers the same rows whatever was skipped in it: blank documents are dropped (counted) but keep
-their row, which keeps a resumed run's parts where the first run put them. Ids follow the package's corpus
-conventions (:mod:`st_prompts.search.corpus`): 1-based line numbers for a text file, 0-based row numbers for JSON
-lines and Parquet, or the ``id_column``'s values (``int`` or ``str``; unique within a part here, across parts when an
-index is built).
-
-Every part carries a *locator* (a byte range of the file, or a row range of a Parquet file) so that a Ray worker can
-read that part alone (:func:`read_part`) when the driver has only scanned the file, and a digest of its ids, texts
-and tasks (:func:`rows_digest`) that tells a resumed run whether a finished part still holds the input's rows.
-"""
+"""Reading a corpus to embed in parts, never whole: a text file (one document a line), JSON lines or Parquet. A part
+is ``part_rows`` consecutive input rows (blank ones dropped but counted), so part ``k`` always covers the same rows;
+it has a *locator* (a byte or row range: a Ray worker reads it alone) and a digest of its rows (:func:`rows_digest`).
+Ids: 1-based line numbers (text), 0-based rows (JSON lines, Parquet) or the ``id_column``'s."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, shorten
 from st_prompts.search.embedding_files import open_parquet
+from st_prompts.search.encoding import positive_int
 
 #: Input kinds by file suffix; any other file is a text file with one document a line.
 SUFFIX_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -97,8 +89,7 @@ def rows_digest(ids: Sequence[int | str], texts: Sequence[str], tasks: Sequence[
 
 def read_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
     """The input's parts in order, ``part_rows`` input rows each (the last one shorter): one part in memory."""
-    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
-        raise ConfigurationError(f"part_rows must be a positive integer, got {part_rows!r}")
+    part_rows = positive_int(part_rows, "part_rows")
     if source.kind == "parquet":
         yield from _parquet_parts(source, part_rows)
     else:
@@ -121,9 +112,8 @@ def read_part(source: InputSource, number: int, first_row: int, locator: dict[st
 # ---------------------------------------------------------------------------------------------- text, JSON lines
 def _line_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
     """Parts of a text or JSON-lines file, read in binary so that each part knows its byte range."""
-    number = first_row = offset = 0
+    number = first_row = offset = start = 0
     lines: list[bytes] = []
-    start = 0
     with open(source.path, "rb") as handle:
         for raw in handle:
             lines.append(raw)
@@ -137,31 +127,33 @@ def _line_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
 
 def _lines_part(source: InputSource, number: int, first_row: int, lines: list[bytes],
                 locator: dict[str, int]) -> InputPart:
-    ids: list[int | str] = []
-    texts: list[str] = []
-    tasks: list[str | None] | None = [] if source.task_column is not None else None
-    blank = 0
-    for offset, raw in enumerate(lines):
-        row = first_row + offset
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataFormatError(f"{source.path}, line {row + 1}: not UTF-8 ({exc.reason})") from None
-        if source.kind == "text":
-            text, doc_id, task = line.strip(), row + 1, None
-        elif not line.strip():
-            blank += 1
-            continue
-        else:
-            text, doc_id, task = _json_row(source, line, row)
-        if text is None or not text.strip():
+    def rows() -> Iterator[tuple[Any, Any, Any]]:
+        for row, raw in enumerate(lines, start=first_row):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f"{source.path}, line {row + 1}: not UTF-8 ({exc.reason})") from None
+            if source.kind == "text":
+                yield row + 1, line.strip(), None
+            else:
+                yield _json_row(source, line, row) if line.strip() else (None, None, None)
+
+    return _part(source, number, first_row, len(lines), rows(), dict(locator))
+
+
+def _part(source: InputSource, number: int, first_row: int, input_rows: int, rows: Iterable[tuple[Any, Any, Any]],
+          locator: dict[str, int]) -> InputPart:
+    """The part holding ``(id, text, task)`` rows, blank documents dropped (counted), checked."""
+    ids, texts, tasks, blank = [], [], [] if source.task_column is not None else None, 0
+    for doc_id, text, task in rows:
+        if text is None or (isinstance(text, str) and not text.strip()):
             blank += 1
             continue
         ids.append(doc_id)
         texts.append(text)
         if tasks is not None:
             tasks.append(task)
-    return _checked(InputPart(number, first_row, len(lines), ids, texts, tasks, dict(locator), blank), source)
+    return _checked(InputPart(number, first_row, input_rows, ids, texts, tasks, locator, blank), source)
 
 
 def _json_row(source: InputSource, line: str, row: int) -> tuple[Any, Any, Any]:
@@ -178,7 +170,7 @@ def _json_row(source: InputSource, line: str, row: int) -> tuple[Any, Any, Any]:
             raise DataFormatError(f"{where}: no field {column!r} (fields: {shorten(', '.join(record), 200)})")
     doc_id = record[source.id_column] if source.id_column is not None else row
     task = record[source.task_column] if source.task_column is not None else None
-    return record[source.text_column], doc_id, task
+    return doc_id, record[source.text_column], task
 
 
 # ---------------------------------------------------------------------------------------------- Parquet
@@ -235,26 +227,17 @@ def _read_rows(reader: Any, source: InputSource, start: int, stop: int) -> Any:
 def _table_part(source: InputSource, number: int, first_row: int, table: Any) -> InputPart:
     rows = 0 if table is None else table.num_rows
     column = (lambda name: table.column(name).to_pylist()) if table is not None else (lambda name: [])
-    texts_in = column(source.text_column)
-    ids_in = column(source.id_column) if source.id_column is not None else range(first_row, first_row + rows)
-    tasks_in = column(source.task_column) if source.task_column is not None else None
-    ids, texts, tasks, blank = [], [], [] if tasks_in is not None else None, 0
-    for i, text in enumerate(texts_in):
-        if text is None or (isinstance(text, str) and not text.strip()):
-            blank += 1
-            continue
-        ids.append(ids_in[i])
-        texts.append(text)
-        if tasks is not None:
-            tasks.append(tasks_in[i])
+    texts = column(source.text_column)
+    ids = column(source.id_column) if source.id_column is not None else range(first_row, first_row + rows)
+    tasks = column(source.task_column) if source.task_column is not None else [None] * rows
     locator = {"row_start": first_row, "row_stop": first_row + rows}
-    return _checked(InputPart(number, first_row, rows, ids, texts, tasks, locator, blank), source)
+    return _part(source, number, first_row, rows, zip(ids, texts, tasks), locator)
 
 
 # ---------------------------------------------------------------------------------------------- checks
 def _checked(part: InputPart, source: InputSource) -> InputPart:
-    """Refuse, in one line naming the row, a text that is not a string, an id that is not an int or a str, a task that
-    is not a name, or an id repeated within the part."""
+    """Refuse a text that is not a string, an id that is not an int or a str, a task that is not a name, or an id
+    repeated within the part."""
     for i, (doc_id, text) in enumerate(zip(part.ids, part.texts)):
         if not isinstance(text, str):
             raise DataFormatError(f"{source.path}: the {source.text_column!r} of the document with id "

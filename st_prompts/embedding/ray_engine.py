@@ -1,21 +1,7 @@
-"""Embedding on a Ray cluster with Ray Data: a pool of actors, each loading the model once through the safe loader
-(:func:`st_prompts.loading.load_sentence_model`), fed by ``map_batches``.
-
-Two entry points: :func:`encode_parts_on_ray` (``st-prompts embed --engine ray``: one task per part of an input file)
-and :func:`embed_dataset` (a user's own ``ray.data.Dataset`` in, the same Dataset with a ``vector`` column out).
-
-How parts travel (``--engine ray``): the driver scans the input (it must anyway, to know which parts a resumed run
-has finished), then hands each unfinished part to Ray as a *descriptor* (its byte or row range and the digest of its
-rows); a Ray task reads that range from the input file on its node and checks the digest, the actors of
-:func:`embed_dataset` encode the rows, and the vectors come back to the driver, which writes the part. So the INPUT
-must be readable at the same path on every node (a shared file system; the reading task refuses, in one line, a file
-whose rows differ from the driver's), while OUTPUT need only be on the driver's machine: the folder's lock, its run
-file and every part have one writer, and no node needs write access or a lock that works across machines. The price:
-the vectors cross the network to the driver (1.5 KB a document for 384 dimensions), which a cluster's network
-carries far faster than CPUs encode.
-
-Ray is optional (``pip install "st-prompts[scale]"``): imported inside these functions only.
-"""
+"""Embedding on a Ray cluster with Ray Data (optional, imported only here): a pool of actors, each loading the model
+once, fed by ``map_batches``. :func:`encode_parts_on_ray` (``--engine ray``) sends each unfinished part as a descriptor
+that a task on a node reads from the input (the same file on every node), the vectors going back to the driver, the
+folder's one writer; :func:`embed_dataset` adds a ``vector`` column to a user's ``ray.data.Dataset``."""
 
 from __future__ import annotations
 
@@ -57,33 +43,9 @@ def node_info() -> dict[str, Any]:
             "node_ip": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-class _Loaded:
-    """An actor's model, loaded once when the actor starts, on a thread budget of its CPUs, and its identity (the probe
-    sentences' embeddings: a few milliseconds), which every row it encodes names by its fingerprint."""
-
-    def __init__(self, spec: ModelSpec, task: str | None, batch_size: int, threads: int,
-                 identity: dict[str, Any] | None = None, name: str | None = None) -> None:
-        import torch
-
-        from st_prompts.search.embedding_files import identity_from_record, identity_record
-        from st_prompts.search.identity import ModelIdentity
-
-        torch.set_num_threads(max(1, threads))  # Ray also sets OMP_NUM_THREADS; torch may have read it before
-        self.model = spec.load()
-        self.task, self.batch_size = task, batch_size
-        check_tasks(self.model, [task])
-        own = ModelIdentity.of(self.model, name=name, task=task)
-        if identity is not None:  # the same path may hold another model on another node
-            identity_from_record(identity).check_compatible(own)
-        self.identity = json.dumps(identity_record(own))
-        self.node = json.dumps({**node_info(), "fingerprint": own.fingerprint,
-                                "ready": round(time.time(), 3)})  # when its model was loaded
-
-
 def _read_descriptors(batch: dict[str, np.ndarray], source: InputSource) -> dict[str, np.ndarray]:
-    """``map_batches`` function of ``--engine ray``'s first stage (Ray tasks): part descriptors in, the parts' rows
-    out (``part``, ``row``, ``text``, and ``task`` with a task column), each part read from the input file on the
-    node and checked against the driver's digest."""
+    """``--engine ray``'s first stage: part descriptors in, the parts' rows out (``part``, ``row``, ``text``,
+    ``task``), each read on the node and checked against the driver's digest."""
     columns: dict[str, list] = {"part": [], "row": [], "text": [], **({"task": []} if source.task_column else {})}
     for number, first_row, locator, digest in zip(batch["part"], batch["first_row"], batch["locator"],
                                                    batch["digest"]):
@@ -100,12 +62,32 @@ def _read_descriptors(batch: dict[str, np.ndarray], source: InputSource) -> dict
             **{name: np.asarray(values, dtype=object) for name, values in columns.items() if name in ("text", "task")}}
 
 
-class _DatasetEncoder(_Loaded):
-    """``map_batches`` class of :func:`embed_dataset`: a user's rows in, the same rows with their vectors out."""
+class _DatasetEncoder:
+    """``map_batches`` class of :func:`embed_dataset`: a user's rows in, the same rows with their vectors out (the
+    actor's model loaded once, on a thread budget of its CPUs, and its identity). ``identity_column``: each call's
+    first row also carries the actor's identity record (recorded under ``name``); ``keep``: the input columns kept
+    (default all), dropped here (a ``select_columns`` stage would need a CPU the actors hold, holding every part
+    back until the last)."""
 
-    def __init__(self, text_column: str, task_column: str | None, output_column: str, node_column: str | None,
-                 identity_column: str | None = None, keep: list[str] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, spec: ModelSpec, task: str | None, batch_size: int, threads: int, text_column: str = "text",
+                 task_column: str | None = None, output_column: str = "vector", node_column: str | None = None,
+                 identity_column: str | None = None, keep: list[str] | None = None,
+                 identity: dict[str, Any] | None = None, name: str | None = None) -> None:
+        import torch
+
+        from st_prompts.search.embedding_files import identity_from_record, identity_record
+        from st_prompts.search.identity import ModelIdentity
+
+        torch.set_num_threads(max(1, threads))  # Ray also sets OMP_NUM_THREADS; torch may have read it before
+        self.model = spec.load()
+        self.task, self.batch_size = task, batch_size
+        check_tasks(self.model, [task])
+        own = ModelIdentity.of(self.model, name=name, task=task)
+        if identity is not None:  # the same path may hold another model on another node
+            identity_from_record(identity).check_compatible(own)
+        self.identity = json.dumps(identity_record(own))
+        self.node = json.dumps({**node_info(), "fingerprint": own.fingerprint,
+                                "ready": round(time.time(), 3)})  # when its model was loaded
         self.text_column, self.task_column, self.output_column = text_column, task_column, output_column
         self.node_column, self.identity_column, self.keep = node_column, identity_column, keep
 
@@ -158,9 +140,8 @@ def _user_error(exc: BaseException) -> StPromptsError | None:
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
-    """Refuse, in one line, a ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens: Ray 2.60's ``ray.init``
-    retries such an address for more than ten minutes (measured: a closed port on this machine, still waiting after
-    600 s). Other forms (``auto``, ``local``) are Ray's to resolve."""
+    """Refuse a ``[ray://]HOST:PORT`` where nothing listens (Ray 2.60's ``ray.init`` retries it for over ten
+    minutes); other forms (``auto``, ``local``) are Ray's to resolve."""
     import socket
 
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -183,22 +164,13 @@ def _connect(ray: Any, address: str | None) -> bool:
         ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR,
                  log_to_driver=logging.getLogger("st_prompts").isEnabledFor(logging.DEBUG))
     except ConnectionError as exc:
-        # Ray 2.59-2.60's `ray start` turns token authentication on, but a client joining by address does not unless
-        # told (measured with 2.60: "Failed to connect" after 10 s of "InvalidAuthToken" log lines); the token is the
-        # cluster's secret, so this says how rather than sending it unasked.
+        # Ray 2.59+'s `ray start` turns token authentication on, a client joining by address only when told; the
+        # token is the cluster's secret, so this says how rather than sending it unasked
         hint = ("; a cluster with token authentication (Ray's default for `ray start` since 2.59) needs "
                 "RAY_AUTH_MODE=token here too" if address and not os.environ.get("RAY_AUTH_MODE") else "")
         raise ConfigurationError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0][:200]}"
                                  f"{hint}") from None
     return True
-
-
-def _quiet_data(ray: Any, progress: bool) -> None:
-    """Ray Data's progress bars only when ours are shown; its execution logs only with ``-v``."""
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = progress
-    if not logging.getLogger("st_prompts").isEnabledFor(logging.DEBUG):
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tuple], *, task: str | None,
@@ -208,12 +180,9 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
     """Encode the parts of ``todo`` (``(number, first_row, locator, digest, rows)`` each) on the pool and yield
     ``(number, first_row, locator, digest, vectors, node)`` as each part completes (in any order).
 
-    The driver loads no model (``st-prompts embed --engine ray`` imports neither torch nor sentence-transformers: on
-    two CPUs the actors' start took as long again when the driver loaded its copy first; a head node needs no
-    accelerator and no memory for it): each actor sends its model's identity record (``name``: the name it records)
-    with the first row of every call, and ``accept(record)`` is called once for each distinct fingerprint, before any
-    part encoded by that model is yielded; it raises to refuse the model. ``timing``, when given, receives
-    ``ray_start``: the seconds spent starting or joining Ray (0 when it was running already)."""
+    The driver loads no model: ``accept(record)`` is called once for each distinct model identity the actors send
+    (recorded under ``name``), before any part that model encoded is yielded; it raises to refuse it. ``timing``
+    receives ``ray_start``: the seconds spent starting or joining Ray."""
     if not todo:
         return
     ray = import_ray()
@@ -222,18 +191,17 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
     if timing is not None:
         timing["ray_start"] = time.perf_counter() - clock
     try:
-        _quiet_data(ray, progress)
+        # Ray Data's progress bars only when ours are shown; its execution logs only with -v
+        ray.data.DataContext.get_current().enable_progress_bars = progress
+        if not logging.getLogger("st_prompts").isEnabledFor(logging.DEBUG):
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
         actors = min(_actors(ray, options.actors, options.num_cpus, options.num_gpus, len(todo)), len(todo))
         descriptors = [{"part": number, "first_row": first_row, "locator": json.dumps(locator), "digest": digest}
                        for number, first_row, locator, digest, _ in todo]
         expected = {number: (first_row, locator, digest, rows) for number, first_row, locator, digest, rows in todo}
-        # Stage 1, Ray tasks: each reads its part on its node (no CPU reserved: reading is light, and the actors may
-        # hold every CPU), one at a time: Ray otherwise starts a worker process per task in flight, each importing
-        # Ray and this package (400 sentences on a local Ray of 2 CPUs: 54 s end to end, 46 s with one reader; one
-        # reader reads a 100,000-row text part in 0.13 s, faster than many actors encode it). Stage 2, the
-        # actor pool of embed_dataset: the model loaded once per actor. A call takes a whole part up to 4,096 rows:
-        # sentence-transformers sorts a call's texts by length, so calls as large as --engine local's keep padding as
-        # low. Only part, row, vector, node and identity come back.
+        # Stage 1: Ray tasks read the parts, one at a time (no CPU reserved: reading is light, and each task in
+        # flight would start a worker process). Stage 2: the actor pool; a call takes a whole part up to 4,096 rows
+        # (sentence-transformers sorts a call's texts by length, so large calls keep padding low).
         rows = ray.data.from_items(descriptors, override_num_blocks=len(descriptors)).map_batches(
             _read_descriptors, batch_size=1, batch_format="numpy", fn_kwargs={"source": source}, num_cpus=0,
             concurrency=1)
@@ -294,13 +262,11 @@ def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "t
                   rows_per_call: int = 1024, node_column: str | None = None,
                   identity: dict[str, Any] | None = None) -> Any:
     """``dataset`` (a ``ray.data.Dataset`` with a ``text_column``) with the float32 vector of each row in
-    ``output_column``, computed lazily by a pool of ``concurrency`` actors (default: as many as the cluster's CPUs,
-    or GPUs with ``num_gpus``, hold), each loading ``model`` (a name or folder, or a :class:`ModelSpec`) once through
-    the safe loader; ``num_cpus`` is also each actor's torch threads. The vectors are ``st-prompts embed``'s (the
-    document side; ``task``: one prompt set of a bank; ``task_column``: each row's set, blank = ``task`` or the
-    document side). ``node_column``: also record which Ray node encoded each row (JSON, with the model's
-    fingerprint). ``identity``: an :func:`~st_prompts.search.embedding_files.identity_record` every actor's model
-    must match (the same folder may hold another model on another node)."""
+    ``output_column``, computed lazily by ``concurrency`` actors (default: as many as the cluster holds), each loading
+    ``model`` once; ``num_cpus`` is also each actor's torch threads. The vectors are ``st-prompts embed``'s (``task``:
+    one prompt set; ``task_column``: each row's, blank = ``task``). ``node_column``: also record which node encoded
+    each row. ``identity``: an :func:`~st_prompts.search.embedding_files.identity_record` every actor's model must
+    match."""
     ray = import_ray()
     if not isinstance(dataset, ray.data.Dataset):
         raise ConfigurationError(f"embed_dataset takes a ray.data.Dataset, got {type(dataset).__name__}")
@@ -310,28 +276,15 @@ def embed_dataset(dataset: Any, model: str | ModelSpec, *, text_column: str = "t
                          identity=identity)
 
 
-def _encode_stage(dataset: Any, model: str | ModelSpec, *, text_column: str = "text", task: str | None,
-                  task_column: str | None, output_column: str = "vector", batch_size: int, concurrency: int | None,
-                  num_cpus: float, num_gpus: float, rows_per_call: int, node_column: str | None,
-                  identity: dict[str, Any] | None = None, identity_column: str | None = None,
-                  name: str | None = None, keep: list[str] | None = None) -> Any:
-    """:func:`embed_dataset`'s stage; ``identity_column`` (``--engine ray``): each call's first row also carries its
-    actor's identity record (JSON; the other rows are blank), recorded under ``name``; ``keep``: the input columns
-    the output keeps (default all). The actors drop the others themselves: a ``select_columns`` after them is a
-    stage of Ray tasks that needs a CPU, which actors holding every CPU free only when they end, so no part reached
-    the driver before the last was encoded (measured: 8 parts of 250 rows on 2 CPUs, all written in the last 0.4 s of
-    a 57 s run) and a killed run had written nothing."""
+def _encode_stage(dataset: Any, model: str | ModelSpec, *, concurrency: int | None, num_cpus: float, num_gpus: float,
+                  rows_per_call: int, **options: Any) -> Any:
+    """:func:`embed_dataset`'s stage (``options``: the :class:`_DatasetEncoder`'s)."""
     import ray
 
     spec = model if isinstance(model, ModelSpec) else ModelSpec(str(model))
     actors = _actors(ray, concurrency, num_cpus, num_gpus, 1 << 30)
-    # Two calls in flight per actor (not Ray's default of more): the first actor to load its model would otherwise
-    # queue the work that the actors still loading theirs are started for.
+    # two calls in flight per actor: the first actor loaded would otherwise queue the work meant for the others
     pool = ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=2)
     return dataset.map_batches(
         _DatasetEncoder, batch_size=rows_per_call, batch_format="numpy", compute=pool, num_cpus=num_cpus,
-        num_gpus=num_gpus or None, fn_constructor_kwargs={
-            "text_column": text_column, "task_column": task_column, "output_column": output_column,
-            "node_column": node_column, "identity_column": identity_column, "spec": spec, "task": task,
-            "batch_size": batch_size, "threads": max(1, int(num_cpus)), "identity": identity, "name": name,
-            "keep": keep})
+        num_gpus=num_gpus or None, fn_constructor_kwargs={"spec": spec, "threads": max(1, int(num_cpus)), **options})

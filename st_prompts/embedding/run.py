@@ -1,15 +1,6 @@
-"""An embedding run: a corpus file into a folder of Parquet parts (:mod:`st_prompts.search.embedding_files`), on this
-machine or a Ray cluster, resumable.
-
-The folder is the run's: ``embed.json`` (written first: the input, the model's identity, the settings) and
-``part-NNNNN.parquet``. A rerun with the same settings skips every part whose record matches (the settings' digest,
-the part's place in the input and the digest of its ids, texts and tasks, the model's fingerprint) and encodes the
-rest; a rerun with other settings, or into a folder that holds anything else, is refused in one line and changes
-nothing. Runs into one folder are serialised by :func:`st_prompts.storage.folder_lock` (a second one is refused at
-once rather than left waiting), and every part is written atomically, so a killed run leaves only whole parts.
-
-The settings that make a part's vectors (input, columns, part size, task, texts kept, precision) are compared; the
-batch size, the engine and its actors are not: they change how fast, not what.
+"""An embedding run: a corpus file into a folder of Parquet parts (``embed.json`` and ``part-NNNNN.parquet``), on this
+machine or a Ray cluster (``docs/scale.md``). A rerun with the same settings (not the batch size nor the engine: they
+change how fast, not what) skips every part whose record matches; other settings, or a foreign folder, are refused.
 """
 
 from __future__ import annotations
@@ -20,33 +11,25 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from st_prompts.embedding.encoder import ModelSpec, check_tasks, encode_part
 from st_prompts.embedding.inputs import InputPart, InputSource, read_part, read_parts
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
-from st_prompts.search.embedding_files import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    RUN_FILE,
-    identity_from_record,
-    identity_record,
-    part_name,
-    part_record,
-    write_part,
-)
+from st_prompts.search.embedding_files import (FORMAT_NAME, FORMAT_VERSION, RUN_FILE, identity_from_record,
+                                               identity_record, part_name, part_record, write_part)
+from st_prompts.search.encoding import positive_int
 from st_prompts.storage import folder_lock, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PART_ROWS = 100_000
 _PART_FILE = re.compile(r"^part-(\d{5,})\.parquet$")
-#: What ``write_file_atomic`` leaves beside a file when the process is killed mid-write: ours to remove.
 _LEFTOVER = re.compile(r"^\.(part-\d{5,}\.parquet|embed\.json)\.st-prompts-tmp-[0-9a-f]{12}$")
 
 
@@ -60,9 +43,7 @@ class EmbedResult:
     rows: int = 0  # documents in the folder's parts (blank ones are not documents)
     rows_encoded: int = 0
     blank: int = 0
-    #: encoding and writing: after the driver's model loaded; with Ray, the actors' start and model loads included,
-    #: the start of a Ray session (``ray_start``) not
-    seconds: float = 0.0
+    seconds: float = 0.0  # encoding and writing (with Ray: actors' start included, the session's start not)
     ray_start: float = 0.0
     nodes: dict[str, int] = field(default_factory=dict)  # who encoded the parts written: node -> parts
 
@@ -111,11 +92,9 @@ def embed_file(model: str | ModelSpec, input_path: str | os.PathLike, output: st
     spec = model if isinstance(model, ModelSpec) else ModelSpec(str(model))
     if engine not in ("local", "ray"):
         raise ConfigurationError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = positive_int(batch_size, "batch_size")
     source = InputSource.of(input_path, text_column, id_column, task_column)
-    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
-        raise ConfigurationError(f"part_rows must be a positive integer, got {part_rows!r}")
+    part_rows = positive_int(part_rows, "part_rows")
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise ConfigurationError(f"{output} is a file; the output is a folder of parts")
@@ -172,18 +151,15 @@ def _run_ray(spec: ModelSpec, source: InputSource, output: Path, existing: dict[
              prior: dict[str, Any] | None, settings: dict[str, Any], key: str, *, task: str | None, part_rows: int,
              batch_size: int, keep_texts: bool, options: RayOptions, progress: bool,
              result: EmbedResult) -> tuple[dict[str, Any], int] | None:
-    """``--engine ray`` with no model in this process: the parts to encode are known from the folder's records
-    (:meth:`_PartWriter.skip` compares fingerprints with the run file's model), the model's identity comes from the
-    actors (:func:`~st_prompts.embedding.ray_engine.encode_parts_on_ray`) and is checked, and the run file written,
-    before the first part. The run and its number of parts, or ``None`` when no part has rows to encode (the caller
-    then checks the model itself)."""
+    """``--engine ray`` with no model in this process (its identity comes from the actors, checked before the first
+    part is written): the run and its number of parts, or ``None`` when no part has rows to encode."""
     from st_prompts.embedding.ray_engine import encode_parts_on_ray
 
     recorded = (prior or {}).get("model")  # what a resumed run's parts were made with (checked in accept below)
     base = {"settings_sha256": key, "model": recorded if isinstance(recorded, dict) else {}, "task": task}
     writer = _PartWriter(output, existing, base, keep_texts, result)
     todo, blank = [], []  # todo: where each part is, not its rows (the input is never held whole)
-    for part in _progress(read_parts(source, part_rows), progress, "scanning"):
+    for part in tqdm(read_parts(source, part_rows), desc="scanning", unit=" part", disable=not progress):
         writer.last = part.number
         if writer.skip(part):
             continue
@@ -230,20 +206,12 @@ def _run_local(model: Any, source: InputSource, part_rows: int, task: str | None
     import socket
 
     node = {"engine": "local", "node": socket.gethostname(), "pid": os.getpid()}
-    for part in _progress(read_parts(source, part_rows), progress, "parts"):
+    for part in tqdm(read_parts(source, part_rows), desc="parts", unit=" part", disable=not progress):
         writer.last = part.number
         check_tasks(model, part.tasks or [])
         if writer.skip(part):
             continue
         writer.write(part, encode_part(model, part.texts, part.tasks, task, batch_size, progress=False), node)
-
-
-def _progress(parts: Iterator[InputPart], show: bool, what: str) -> Iterator[InputPart]:
-    if not show:
-        return parts
-    from tqdm.auto import tqdm
-
-    return iter(tqdm(parts, desc=what, unit=" part"))
 
 
 def _recorded_name(name: str) -> str:
@@ -257,8 +225,8 @@ def _recorded_name(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- the folder
 def _existing_parts(output: Path) -> dict[int, Path]:
-    """The parts already in ``output``, after refusing a folder that holds anything this command did not write (and
-    removing the temporary files a killed run of it left)."""
+    """The parts already in ``output``, after refusing a folder holding anything else (leftovers of a killed run
+    removed)."""
     if not output.is_dir():
         return {}
     parts, foreign, leftovers = {}, [], []
@@ -280,13 +248,10 @@ def _existing_parts(output: Path) -> dict[int, Path]:
 
 
 def _prior_run(output: Path, existing: dict[int, Path], settings: dict[str, Any], key: str) -> dict[str, Any] | None:
-    """The folder's ``embed.json`` when it was written with these settings (a run to resume, if its model matches:
-    :func:`_begin_run`), else ``None`` (a new run); refuses, in one line, other settings over parts or a run file
-    that is not this command's."""
+    """The folder's ``embed.json`` when written with these settings, else ``None`` (a new run); refuses other
+    settings over parts, or a run file that is not this command's."""
     path = output / RUN_FILE
-    if not path.is_file():
-        if existing:  # _existing_parts refused parts without a run file already
-            raise ConfigurationError(f"{output} holds parts but no {RUN_FILE}")
+    if not path.is_file():  # parts without a run file were refused by _existing_parts
         return None
     try:
         run = json.loads(path.read_text(encoding="utf-8"))
@@ -309,8 +274,7 @@ def _prior_run(output: Path, existing: dict[int, Path], settings: dict[str, Any]
 
 def _begin_run(output: Path, existing: dict[int, Path], prior: dict[str, Any] | None, settings: dict[str, Any],
                key: str, model_record: dict[str, Any], identity: Any) -> dict[str, Any]:
-    """``embed.json`` of this run: ``prior`` resumed when its model encodes as ``identity`` does, else a new one
-    (written now); another model over parts is refused in one line."""
+    """``embed.json`` of this run: ``prior`` resumed when its model encodes as ``identity`` does, else a new one."""
     if prior is not None:
         try:
             identity_from_record(prior["model"]).check_compatible(identity)
@@ -322,14 +286,10 @@ def _begin_run(output: Path, existing: dict[int, Path], prior: dict[str, Any] | 
         if existing:
             raise problem
     output.mkdir(parents=True, exist_ok=True)
-    return _new_run(output / RUN_FILE, settings, key, model_record)
-
-
-def _new_run(path: Path, settings: dict[str, Any], key: str, model_record: dict[str, Any]) -> dict[str, Any]:
     run = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "settings": settings, "settings_sha256": key,
            "model": model_record, "status": "running",
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_json_atomic(path, run)
+    write_json_atomic(output / RUN_FILE, run)
     return run
 
 
@@ -370,8 +330,7 @@ class _PartWriter:
         self.result.nodes[name] = self.result.nodes.get(name, 0) + 1
 
     def remove_stale(self) -> None:
-        """Remove parts past the input's end (it shrank since a run with these settings): written by this command
-        (their record says so), and an index built from the folder would otherwise hold them."""
+        """Remove the parts this command wrote past the input's end (it shrank since)."""
         for number, path in sorted(self.existing.items()):
             if number > self.last and part_record(path) is not None:
                 logger.info("removing %s: the input now ends before it", path.name)

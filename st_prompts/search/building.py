@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.errors import BackboneMismatchError, DataFormatError
 from st_prompts.search.calibration import resolve_target
 from st_prompts.search.chunked import DEFAULT_CHUNK_SIZE, encode_in_chunks
 from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corpus, read_corpus_file
-from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
+from st_prompts.search.encoding import encode_texts, l2_normalize, positive_int, warn_over_length
 from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.search.streaming_build import build_index_from_embedding_files
@@ -26,27 +26,17 @@ class IndexConstruction:
     """The constructors of :class:`~st_prompts.search.SemanticIndex` (a mixin: they build its instances)."""
 
     @classmethod
-    def from_embeddings(
-        cls,
-        embeddings: Any,
-        documents: Sequence[str],
-        ids: Sequence[int | str] | None = None,
-        index_type: str = "flat",
-        *,
-        model: SentenceTransformer | None = None,
-        model_identity: ModelIdentity | None = None,
-        show_progress_bar: bool = False,
-        target_recall: float | str | None = "auto",
-        calibration_queries: Any = None,
-        **index_params: Any,
-    ) -> Self:
+    def from_embeddings(cls, embeddings: Any, documents: Sequence[str], ids: Sequence[int | str] | None = None,
+                        index_type: str = "flat", *, model: SentenceTransformer | None = None,
+                        model_identity: ModelIdentity | None = None, show_progress_bar: bool = False,
+                        target_recall: float | str | None = "auto", calibration_queries: Any = None,
+                        **index_params: Any) -> Self:
         """Index precomputed embeddings (one row per document; they are L2-normalised here).
 
-        Blank documents are *not* skipped here (the rows must line up with ``documents``); ids default to 0-based
-        positions. ``model`` / ``model_identity`` record which model produced the embeddings (needed to search with
-        texts and to check a model on :meth:`load`); without them only :meth:`search_embeddings` works.
-        ``target_recall`` / ``calibration_queries``: as in :meth:`build` (without a model, the default calibration
-        queries are perturbed document *vectors*, and ``calibration_queries`` must be embeddings).
+        Blank documents are refused (the rows must line up with ``documents``); ids default to 0-based positions.
+        ``model`` / ``model_identity`` record which model produced the embeddings; without them only
+        :meth:`search_embeddings` works, and ``calibration_queries`` must be embeddings. Other arguments: as in
+        :meth:`build`.
         """
         documents = list(documents)
         if not documents:
@@ -60,44 +50,21 @@ class IndexConstruction:
         if model is not None and model_identity is None:
             model_identity = ModelIdentity.of(model)
         target = resolve_target(index_type, target_recall, index_params, calibration_queries)
-        return assemble_index(
-            cls,
-            vectors,
-            ids_list,
-            documents,
-            index_type,
-            index_params,
-            model=model,
-            model_identity=model_identity,
-            show_progress_bar=show_progress_bar,
-            target_recall=target,
-            calibration_queries=calibration_queries,
-        )
+        return assemble_index(cls, vectors, ids_list, documents, index_type, index_params, model=model,
+                              model_identity=model_identity, show_progress_bar=show_progress_bar,
+                              target_recall=target, calibration_queries=calibration_queries)
 
     @classmethod
-    def from_embedding_files(
-        cls,
-        patterns: str | os.PathLike | Sequence[str | os.PathLike],
-        directory: str | os.PathLike,
-        index_type: str = "flat",
-        *,
-        overwrite: bool = False,
-        target_recall: float | str | None = "auto",
-        calibration_queries: Any = None,
-        show_progress_bar: bool = False,
-        mmap: bool = False,
-        **index_params: Any,
-    ) -> Self:
+    def from_embedding_files(cls, patterns: str | os.PathLike | Sequence[str | os.PathLike],
+                             directory: str | os.PathLike, index_type: str = "flat", *, overwrite: bool = False,
+                             target_recall: float | str | None = "auto", calibration_queries: Any = None,
+                             show_progress_bar: bool = False, mmap: bool = False, **index_params: Any) -> Self:
         """Index embedding files (the Parquet parts ``st-prompts embed`` writes: files, folders of parts or glob
         patterns), save the index to ``directory`` and return it loaded from there (``mmap``: as in :meth:`load`).
 
-        Nothing is encoded, and the vectors are never all in memory: they are read part by part, a batch at a time,
-        into the trained index and the saved files (:mod:`st_prompts.search.streaming_build`), so that an IVF-PQ
-        index over more vectors than RAM can hold is built in about its own size. The index is the one
-        :meth:`from_embeddings` would build from the same vectors (IVF / IVF-PQ trained on the same seeded sample),
-        saved as :meth:`save` does. The parts' model becomes the index's; parts without one give a vectors-only
-        index. ``index_type``, ``target_recall``, ``calibration_queries``, ``**index_params``: as for :meth:`build`
-        (without text queries, calibration uses perturbed document vectors: no model is loaded).
+        Nothing is encoded and the vectors are never all in memory (:mod:`st_prompts.search.streaming_build`); the
+        index is the one :meth:`from_embeddings` would build from them. The parts' model becomes the index's. Other
+        arguments: as for :meth:`build`.
         """
         if isinstance(patterns, (str, os.PathLike)):
             patterns = [patterns]
@@ -107,55 +74,30 @@ class IndexConstruction:
         return cls.load(directory, mmap=mmap)
 
     @classmethod
-    def build(
-        cls,
-        model: SentenceTransformer,
-        documents: Any,
-        ids: Sequence[int | str] | None = None,
-        index_type: str = "flat",
-        batch_size: int = 64,
-        show_progress_bar: bool = True,
-        *,
-        text_column: str = "text",
-        id_column: str | None = None,
-        model_name: str | None = None,
-        target_recall: float | str | None = "auto",
-        calibration_queries: Any = None,
-        encode_cache_dir: str | os.PathLike | None = None,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
-        processes: int | None = None,
-        task: str | None = None,
-        **index_params: Any,
-    ) -> Self:
-        """Encode ``documents`` with ``model`` and index them.
-
-        ``task``: a prompt set of a bank (:mod:`st_prompts.bank`) that encodes the documents and, at search time, the
-        queries; recorded in the index. Without it: ``encode_document`` / ``encode_query`` (a bank's document and
-        query sets).
+    def build(cls, model: SentenceTransformer, documents: Any, ids: Sequence[int | str] | None = None,
+              index_type: str = "flat", batch_size: int = 64, show_progress_bar: bool = True, *,
+              text_column: str = "text", id_column: str | None = None, model_name: str | None = None,
+              target_recall: float | str | None = "auto", calibration_queries: Any = None,
+              encode_cache_dir: str | os.PathLike | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+              processes: int | None = None, task: str | None = None, **index_params: Any) -> Self:
+        """Encode ``documents`` with ``model`` (``encode_document``) and index them.
 
         Args:
-            model: the sentence-transformers model (documents go through ``encode_document``, so a model with a
-                ``document`` prompt uses it).
-            documents: a list/iterable of strings, or a ``datasets.Dataset`` (its ``text_column``; ids from
-                ``id_column`` if given), or a validated :class:`~st_prompts.search.corpus.Corpus` (what
-                :meth:`from_file` reads). A bare string is rejected (use :meth:`from_file` for a file).
+            documents: a list/iterable of strings, a ``datasets.Dataset`` (its ``text_column``; ids from
+                ``id_column``) or a :class:`~st_prompts.search.corpus.Corpus` (what :meth:`from_file` reads).
             ids: one unique ``str``/``int`` id per document (default: 0-based positions).
             index_type: ``"flat"`` (exact), ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` (:mod:`st_prompts.search.faiss_index`).
-            model_name: the name to record for the model (default: derived from the model; ``minilm`` for the
-                packaged MiniLM). :meth:`search` on a loaded index reloads the model by this name when no model is
-                given, so prefer a hub id or an alias to a machine-specific path.
-            target_recall: calibrate the search parameter of an approximate index (``nprobe`` / ``ef_search``) to
-                the smallest value reaching this recall@10 against exact search (see :meth:`calibrate`). ``"auto"``
-                (default): :data:`~st_prompts.search.calibration.DEFAULT_TARGET_RECALL` (0.95) for an approximate
-                index unless ``nprobe`` / ``ef_search`` is given explicitly; ``None``: no calibration (the given or
-                default parameter is used as is).
-            calibration_queries: the queries to calibrate on: a list of query strings (encoded with
-                ``encode_query``) or an array of query embeddings. Default: perturbed held-out documents.
-            encode_cache_dir: keep each finished chunk of ``chunk_size`` documents in this directory, so that an
-                interrupted build resumes (:func:`~st_prompts.search.chunked.encode_in_chunks`).
+            model_name: the name recorded for the model, by which a loaded index reloads it (prefer a hub id or an
+                alias to a machine-specific path).
+            target_recall: calibrate an approximate index to this recall@10 (:meth:`calibrate`); ``"auto"``: 0.95
+                unless ``nprobe`` / ``ef_search`` is given; ``None``: no calibration.
+            calibration_queries: query strings or embeddings to calibrate on (default: perturbed documents).
+            encode_cache_dir: keep each finished chunk of ``chunk_size`` documents here, so that an interrupted
+                build resumes (:func:`~st_prompts.search.chunked.encode_in_chunks`).
             processes: encode with sentence-transformers' multi-process pool of this many CPU workers.
-            **index_params: ``nlist``/``nprobe`` for IVF; ``m``/``ef_construction``/``ef_search`` for HNSW;
-                ``nlist``/``nprobe``/``pq_m``/``opq``/``rerank`` for IVF-PQ.
+            task: a bank's prompt set that encodes the documents and, at search time, the queries.
+            **index_params: ``nlist``/``nprobe`` (IVF), ``m``/``ef_construction``/``ef_search`` (HNSW),
+                ``nlist``/``nprobe``/``pq_m``/``opq``/``rerank`` (IVF-PQ).
 
         Raises:
             DataFormatError: empty corpus, duplicate ids, non-string documents, missing column.
@@ -167,78 +109,41 @@ class IndexConstruction:
         identity = ModelIdentity.of(model, name=model_name, task=task)
         resolve_index_params(index_type, len(corpus.texts), index_params, identity.dimension)
         target = resolve_target(index_type, target_recall, index_params, calibration_queries)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = positive_int(batch_size, "batch_size")
         longer = warn_over_length(model, corpus.texts)
         if encode_cache_dir is not None or (processes is not None and processes > 1):
-            embeddings = encode_in_chunks(
-                model, corpus.texts, kind="document", batch_size=batch_size, chunk_size=chunk_size,
-                cache_dir=encode_cache_dir, processes=processes, progress=show_progress_bar, task=task,
-            ).embeddings  # fmt: skip
+            embeddings = encode_in_chunks(model, corpus.texts, kind="document", batch_size=batch_size,
+                                          chunk_size=chunk_size, cache_dir=encode_cache_dir, processes=processes,
+                                          progress=show_progress_bar, task=task).embeddings
         else:
             embeddings = encode_texts(model, corpus.texts, kind="document", batch_size=batch_size,
                                       progress=show_progress_bar, task=task)  # fmt: skip
-        return assemble_index(
-            cls,
-            embeddings,
-            corpus.ids,
-            corpus.texts,
-            index_type,
-            index_params,
-            model=model,
-            model_identity=identity,
-            show_progress_bar=show_progress_bar,
-            target_recall=target,
-            calibration_queries=calibration_queries,
-            info={"id_source": corpus.id_source, "source": corpus.source, "documents_over_length": longer},
-        )
+        return assemble_index(cls, embeddings, corpus.ids, corpus.texts, index_type, index_params, model=model,
+                              model_identity=identity, show_progress_bar=show_progress_bar, target_recall=target,
+                              calibration_queries=calibration_queries,
+                              info={"id_source": corpus.id_source, "source": corpus.source,
+                                    "documents_over_length": longer})
 
     @classmethod
-    def from_file(
-        cls,
-        model: SentenceTransformer,
-        path: str | os.PathLike,
-        text_column: str = "text",
-        id_column: str | None = None,
-        *,
-        encoding: str = "utf-8",
-        **kw: Any,
-    ) -> Self:
-        """Encode and index the corpus in the file ``path``.
+    def from_file(cls, model: SentenceTransformer, path: str | os.PathLike, text_column: str = "text",
+                  id_column: str | None = None, *, encoding: str = "utf-8", **kw: Any) -> Self:
+        """Encode and index the corpus in the file ``path`` (``**kw``: as for :meth:`build`).
 
-        * ``.jsonl``/``.json``/``.csv``/``.parquet``: read with ``datasets``; the documents are the ``text_column``,
-          ids come from ``id_column`` (default: 0-based row positions).
-        * anything else: a text file (``encoding``) with one document per line; lines are stripped, ids are 1-based
-          line numbers, blank lines are skipped (keeping their numbers, so ``sed -n 'IDp' FILE`` prints a document).
-
-        ``**kw`` go to :meth:`build`. ``id_column`` for a text file is a ConfigurationError.
+        A ``.jsonl``/``.json``/``.csv``/``.parquet`` file is read with ``datasets`` (ids from ``id_column``, else row
+        positions); anything else is a text file, one document per line, ids 1-based line numbers.
         """
         corpus = read_corpus_file(path, text_column=text_column, id_column=id_column, encoding=encoding)
         return cls.build(model, corpus, **kw)
 
 
-def assemble_index(
-    cls: type[IndexConstruction],
-    vectors: np.ndarray,
-    ids: list[int | str],
-    texts: list[str],
-    index_type: str,
-    index_params: dict[str, Any],
-    *,
-    model: SentenceTransformer | None,
-    model_identity: ModelIdentity | None,
-    show_progress_bar: bool,
-    target_recall: float | None = None,
-    calibration_queries: Any = None,
-    info: dict[str, Any] | None = None,
-) -> IndexConstruction:
-    """Build the FAISS index over normalised ``vectors``, wrap it with the documents and the model identity, and
-    calibrate it when a target recall is given."""
+def assemble_index(cls: type[IndexConstruction], vectors: np.ndarray, ids: list[int | str], texts: list[str],
+                   index_type: str, index_params: dict[str, Any], *, model: SentenceTransformer | None,
+                   model_identity: ModelIdentity | None, show_progress_bar: bool, target_recall: float | None = None,
+                   calibration_queries: Any = None, info: dict[str, Any] | None = None) -> IndexConstruction:
+    """Build the FAISS index over normalised ``vectors``, wrap it with the documents, and calibrate it."""
     if model_identity is not None and model_identity.dimension != vectors.shape[1]:
-        raise BackboneMismatchError(
-            f"embeddings have {vectors.shape[1]} dimensions but the model {model_identity.name!r} produces "
-            f"{model_identity.dimension}"
-        )
+        raise BackboneMismatchError(f"embeddings have {vectors.shape[1]} dimensions but the model "
+                                    f"{model_identity.name!r} produces {model_identity.dimension}")
     params = resolve_index_params(index_type, len(texts), index_params, vectors.shape[1])
     start = time.perf_counter()
     faiss_index = build_faiss_index(vectors, index_type, params, progress=show_progress_bar)
@@ -248,17 +153,8 @@ def assemble_index(
         sample = vectors[:: max(1, len(vectors) // 10_000)]
         info["ivf_training"] = {"mean_sq_distance": round(float(np.mean(ivf_sq_distances(faiss_index, sample))), 5)}
     stored_vectors = vectors.astype(np.float16) if index_type == "ivfpq" else None
-    index = cls(
-        faiss_index,
-        ids,
-        texts,
-        index_type=index_type,
-        index_params=params,
-        model_identity=model_identity,
-        model=model,
-        info=info,
-        vectors=stored_vectors,
-    )
+    index = cls(faiss_index, ids, texts, index_type=index_type, index_params=params, model_identity=model_identity,
+                model=model, info=info, vectors=stored_vectors)
     if target_recall is not None:
         index.calibrate(target_recall, calibration_queries, show_progress_bar=False)
     return index

@@ -16,17 +16,10 @@ import numpy as np
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.checks import MAX_EF
+from st_prompts.search.checks import MAX_EF, SEARCH_PARAMETER
 from st_prompts.search.encoding import l2_normalize
-from st_prompts.search.faiss_index import (
-    APPROXIMATE_TYPES,
-    DEFAULT_EF_SEARCH,
-    DEFAULT_NPROBE,
-    SEARCH_PARAMETER,
-    apply_search_params,
-    check_positive_int,
-    check_target_recall,
-)
+from st_prompts.search.faiss_index import (APPROXIMATE_TYPES, DEFAULT_EF_SEARCH, DEFAULT_NPROBE, apply_search_params,
+                                           check_positive_int, check_target_recall)
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +29,8 @@ DEFAULT_TARGET_RECALL = 0.95
 DEFAULT_CALIBRATION_QUERIES = 500
 #: ``k`` of the calibrated recall@k.
 CALIBRATION_K = 10
-#: What a calibration without a model (and without query embeddings) can promise, measured on the shared data: the
-#: all-MiniLM-L6-v2 vectors of 11,914 Wikipedia sentences, 500 STS-B dev sentences as real queries, IVF with 305
-#: lists. Perturbed document vectors and blends reach the target at nprobe 64, where those real queries get recall@10
-#: 0.900 (0.963 needs nprobe 128); no query made from the document vectors alone was as hard as real queries of
-#: another genre (benchmarks/results/search_vectors_only.md).
+#: What a calibration without a model (and without query embeddings) can promise
+#: (benchmarks/results/search_vectors_only.md).
 VECTORS_ONLY_CAVEAT = (
     "calibrated without a model, on perturbed document vectors and blends of documents: the recall promise holds for "
     "queries like the documents, not for real queries of another kind (Wikipedia searched with STS-B sentences: "
@@ -50,10 +40,8 @@ VECTORS_ONLY_CAVEAT = (
 
 
 def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int, rows: int = 16_384) -> np.ndarray:
-    """The exact k-th best cosine of each query (``IndexFlatIP`` over ``vectors``), the threshold of a hit.
-
-    ``vectors`` are searched ``rows`` at a time and the best ``k`` scores kept, so that memory holds one block of
-    them in float32, never all (a 1M-document IVF-PQ index keeps its vectors on disk, in float16)."""
+    """The exact k-th best cosine of each query, the threshold of a hit (``vectors`` searched ``rows`` at a time, so
+    that memory never holds them all in float32)."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     best = np.full((len(queries), k), -np.inf, dtype=np.float32)
     for start in range(0, len(vectors), rows):
@@ -66,8 +54,8 @@ def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int, rows: int = 16
 
 
 def tie_aware_recall(positions: np.ndarray, queries: np.ndarray, vectors: np.ndarray, kth: np.ndarray) -> np.ndarray:
-    """Per-query recall@k of approximate results ``positions`` (n_queries × k, -1 = empty): the fraction of the k
-    slots holding a document whose exact cosine is at least the exact k-th best one (``kth``) minus 1e-6."""
+    """Per-query recall@k of ``positions`` (n_queries × k, -1 = empty): the fraction of slots holding a document whose
+    exact cosine is at least the exact k-th best one (``kth``) minus 1e-6."""
     k = positions.shape[1]
     valid = positions >= 0
     gathered = np.asarray(vectors[np.where(valid, positions, 0).ravel()], dtype=np.float32)
@@ -88,27 +76,16 @@ def recall_lower_bound(per_query: np.ndarray) -> float:
     return float(np.mean(per_query) - CONFIDENCE_Z * np.std(per_query, ddof=1) / np.sqrt(len(per_query)))
 
 
-def smallest_value_meeting_target(
-    search: Callable[[np.ndarray, int, int], np.ndarray],
-    queries: np.ndarray,
-    vectors: np.ndarray,
-    *,
-    target: float,
-    low: int,
-    high: int,
-    k: int = CALIBRATION_K,
-    groups: np.ndarray | None = None,
-) -> tuple[int, dict[str, Any], list[tuple[int, float]]]:
+def smallest_value_meeting_target(search: Callable[[np.ndarray, int, int], np.ndarray], queries: np.ndarray,
+                                  vectors: np.ndarray, *, target: float, low: int, high: int, k: int = CALIBRATION_K,
+                                  groups: np.ndarray | None = None
+                                  ) -> tuple[int, dict[str, Any], list[tuple[int, float]]]:
     """The smallest search parameter value in ``[low, high]`` that meets ``target`` on every query group.
 
-    ``search(queries, k, value)`` returns the approximate result positions with the parameter set to ``value``.
-    A value meets the target when, for each group of queries (``groups``: one label per query; default one group),
-    the one-sided 95 % lower confidence bound of the group's mean recall@k is at least ``target``: a margin for the
-    sampling error of the sample, and no group (kind of query) may fall short because another is easy. Recall is
-    assumed to grow with the parameter (it does for ``nprobe`` and ``ef_search``): the value is found by doubling
-    from ``low``, then bisection. Returns ``(value, stats at value, [(value, mean recall), ...] tried)``; the stats
-    hold the mean recall, the criterion (smallest group lower bound) and each group's mean recall. When even ``high``
-    misses the target, ``high`` is returned (the caller reports it).
+    ``search(queries, k, value)`` returns the result positions with the parameter at ``value``. A value meets the
+    target when the one-sided 95 % lower confidence bound of each group's mean recall@k (``groups``: a label per
+    query) is at least ``target``. Recall grows with the parameter: doubling from ``low``, then bisection. Returns
+    ``(value, stats, [(value, mean recall), ...] tried)`` (``high`` when even it misses the target).
     """
     k = min(k, len(vectors))
     kth = exact_top_k(vectors, queries, k)
@@ -149,44 +126,71 @@ def smallest_value_meeting_target(
 class IndexCalibration:
     """The calibration of :class:`~st_prompts.search.SemanticIndex` (a mixin)."""
 
-    def calibrate(
-        self,
-        target_recall: float = DEFAULT_TARGET_RECALL,
-        queries: Any = None,
-        *,
-        sample_size: int = DEFAULT_CALIBRATION_QUERIES,
-        seed: int = 0,
-        batch_size: int = 64,
-        show_progress_bar: bool = False,
-    ) -> dict[str, Any]:
-        """Set the search parameter of an approximate index to the smallest value whose recall@10 against exact
-        search reaches ``target_recall`` on a sample of queries; record the calibration in :attr:`info`
-        (``info["calibration"]``, saved in ``meta.json`` and shown by ``st-prompts index info``) and return it.
-
-        The parameter is ``nprobe`` for ``"ivf"`` and ``"ivfpq"`` (whose re-ranking depth ``rerank`` is doubled, up to
-        4 times, when even visiting every list misses the target), ``ef_search`` for ``"hnsw"``. Recall is tie-aware
-        (:func:`~st_prompts.search.calibration.tie_aware_recall`: duplicate documents are interchangeable).
+    def calibrate(self, target_recall: float = DEFAULT_TARGET_RECALL, queries: Any = None, *,
+                  sample_size: int = DEFAULT_CALIBRATION_QUERIES, seed: int = 0, batch_size: int = 64,
+                  show_progress_bar: bool = False) -> dict[str, Any]:
+        """Set the search parameter (``nprobe``, or ``ef_search`` for HNSW) of an approximate index to the smallest
+        value whose tie-aware recall@10 against exact search reaches ``target_recall`` on a sample of queries; record
+        the calibration in ``info["calibration"]`` and return it. IVF-PQ's ``rerank`` is doubled (up to 4 times) when
+        even visiting every list misses the target.
 
         Args:
-            target_recall: the recall@10 to reach, in (0, 1].
-            queries: the query sample: a list of query strings (encoded with the index's model), or an array of query
-                embeddings. Default (``None``): per group, ``sample_size`` documents drawn with ``seed`` and
-                *perturbed* (a random contiguous 60-80 % of the words, about 10 % of those dropped; without a model,
-                the vectors with Gaussian noise, cosine ~0.8), as many blends of two documents and (with a model) real
-                sentences of another genre (SNLI captions shipped with the package); every group must reach the
-                target, never below the former fixed defaults (``nprobe`` 64 or all lists, ``ef_search`` 128).
-
-        Returns:
-            the calibration record: ``target_recall``, ``k``, ``parameter``, ``value``, ``measured_recall``,
-            ``reached``, the query sample (``queries``: kind, count, seed), ``num_docs``, ``rerank`` (IVF-PQ),
-            ``tried`` (every value tried and its recall) and ``seconds``.
+            queries: query strings or an array of query embeddings. Default: ``sample_size`` documents drawn with
+                ``seed`` and perturbed, as many blends of two documents and (with a model) foreign sentences; every
+                group must reach the target, never below the former defaults (``nprobe`` 64, ``ef_search`` 128).
 
         Raises:
             ConfigurationError: a flat index (exact, nothing to calibrate), a bad target or query sample.
         """
-        params, record, warning = calibrate_index(self, target_recall, queries, sample_size=sample_size, seed=seed,
-                                                  batch_size=batch_size, show_progress_bar=show_progress_bar)
-        self.index_params = params
+        if self.index_type not in APPROXIMATE_TYPES:
+            raise ConfigurationError(f"a {self.index_type!r} index is exact: there is nothing to calibrate")
+        target = check_target_recall(target_recall)
+        start = time.perf_counter()
+        query_vectors, groups, sample = calibration_queries(self, queries, sample_size, seed, batch_size,
+                                                            show_progress_bar)
+        vectors = self.exact_vectors()
+        parameter = SEARCH_PARAMETER[self.index_type]
+        k = min(CALIBRATION_K, len(self))
+        low, high = _search_range(self, parameter, k, default_sample=queries is None)
+        current = dict(self.index_params)
+
+        def trial(params: dict[str, Any]) -> tuple[int, dict[str, Any], list]:
+            def search(q: np.ndarray, kk: int, value: int) -> np.ndarray:
+                return self.search_positions(q, kk, {**params, parameter: value})[1]
+
+            return smallest_value_meeting_target(search, query_vectors, vectors, target=target, low=low, high=high, k=k,
+                                                 groups=groups)
+
+        value, stats, tried = trial(current)
+        if self.index_type == "ivfpq" and stats["criterion"] < target and current.get("rerank"):
+            for _ in range(4):  # even every list misses the target: re-rank deeper
+                current["rerank"] = min(len(self), current["rerank"] * 2)
+                value, stats, tried = trial(current)
+                if stats["criterion"] >= target or current["rerank"] >= len(self):
+                    break
+        current[parameter] = value
+        reached = stats["criterion"] >= target
+        record = {
+            "target_recall": target, "k": k, "parameter": parameter, "value": value,
+            "measured_recall": round(stats["recall"], 4), "recall_by_query_kind": stats["groups"],
+            "lower_bound": round(stats["criterion"], 4),
+            "criterion": "one-sided 95% lower confidence bound of the mean recall@k of every query kind >= target",
+            "reached": reached, "queries": sample, "num_docs": len(self),
+            **({"rerank": current["rerank"]} if self.index_type == "ivfpq" else {}),
+            "tried": [[v, round(r, 4)] for v, r in tried], "seconds": round(time.perf_counter() - start, 2),
+        }
+        warning = None
+        if not reached:
+            warning = (f"calibration did not reach recall@{k} {target}: the best found is {stats['recall']:.4f} (lower "
+                       f"bound {stats['criterion']:.4f}) with {parameter}={value}"
+                       + (" (and rerank={})".format(current["rerank"]) if "rerank" in current else ""))
+        else:
+            logger.info("calibrated %s=%d: recall@%d %.4f (lower bound %.4f >= %.3f) on %d queries", parameter, value,
+                        k, stats["recall"], stats["criterion"], target, sample["count"])
+        if sample["kind"].startswith("perturbed_vectors"):
+            record["caveat"] = VECTORS_ONLY_CAVEAT
+            warning = f"{warning}; {VECTORS_ONLY_CAVEAT}" if warning else VECTORS_ONLY_CAVEAT
+        self.index_params = current
         apply_search_params(self.index, self.index_type, self.index_params)
         self.info["calibration"] = record
         if warning:
@@ -194,87 +198,17 @@ class IndexCalibration:
         return record
 
 
-def calibrate_index(index: IndexCalibration, target_recall: float, queries: Any = None, *,
-                    sample_size: int = DEFAULT_CALIBRATION_QUERIES, seed: int = 0, batch_size: int = 64,
-                    show_progress_bar: bool = False) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """Calibrate ``index`` without changing it (see :meth:`SemanticIndex.calibrate`).
-
-    Returns:
-        ``(params, record, warning)``: the index parameters to use, the calibration record, and the warning to give
-        (``None`` when the target was reached with a sample that models real queries).
-    """
-    if index.index_type not in APPROXIMATE_TYPES:
-        raise ConfigurationError(f"a {index.index_type!r} index is exact: there is nothing to calibrate")
-    target = check_target_recall(target_recall)
-    start = time.perf_counter()
-    query_vectors, groups, sample = calibration_queries(index, queries, sample_size, seed, batch_size,
-                                                        show_progress_bar)
-    vectors = index.exact_vectors()
-    parameter = SEARCH_PARAMETER[index.index_type]
-    k = min(CALIBRATION_K, len(index))
-    low, high = _search_range(index, parameter, k, default_sample=queries is None)
-    current = dict(index.index_params)
-
-    def trial(params: dict[str, Any]) -> tuple[int, dict[str, Any], list]:
-        def search(q: np.ndarray, kk: int, value: int) -> np.ndarray:
-            return index.search_positions(q, kk, {**params, parameter: value})[1]
-
-        return smallest_value_meeting_target(search, query_vectors, vectors, target=target, low=low, high=high, k=k,
-                                             groups=groups)
-
-    value, stats, tried = trial(current)
-    if index.index_type == "ivfpq" and stats["criterion"] < target and current.get("rerank"):
-        for _ in range(4):  # even every list misses the target: re-rank deeper
-            current["rerank"] = min(len(index), current["rerank"] * 2)
-            value, stats, tried = trial(current)
-            if stats["criterion"] >= target or current["rerank"] >= len(index):
-                break
-    current[parameter] = value
-    reached = stats["criterion"] >= target
-    record = {
-        "target_recall": target,
-        "k": k,
-        "parameter": parameter,
-        "value": value,
-        "measured_recall": round(stats["recall"], 4),
-        "recall_by_query_kind": stats["groups"],
-        "lower_bound": round(stats["criterion"], 4),
-        "criterion": "one-sided 95% lower confidence bound of the mean recall@k of every query kind >= target",
-        "reached": reached,
-        "queries": sample,
-        "num_docs": len(index),
-        **({"rerank": current["rerank"]} if index.index_type == "ivfpq" else {}),
-        "tried": [[v, round(r, 4)] for v, r in tried],
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    warning = None
-    if not reached:
-        warning = (f"calibration did not reach recall@{k} {target}: the best found is {stats['recall']:.4f} (lower "
-                   f"bound {stats['criterion']:.4f}) with {parameter}={value}"
-                   + (" (and rerank={})".format(current["rerank"]) if "rerank" in current else ""))
-    else:
-        logger.info("calibrated %s=%d: recall@%d %.4f (lower bound %.4f >= %.3f) on %d queries", parameter, value, k,
-                    stats["recall"], stats["criterion"], target, sample["count"])
-    if sample["kind"].startswith("perturbed_vectors"):
-        record["caveat"] = VECTORS_ONLY_CAVEAT
-        warning = f"{warning}; {VECTORS_ONLY_CAVEAT}" if warning else VECTORS_ONLY_CAVEAT
-    return current, record, warning
-
-
 def _search_range(index: IndexCalibration, parameter: str, k: int, default_sample: bool) -> tuple[int, int]:
-    """The values of ``parameter`` calibration may choose from. Never below the former fixed defaults (nprobe 64,
-    ef_search 128) with the default sample: it only models real queries, and on real queries from another genre
-    than the corpus those defaults held up better than values calibrated below them
-    (benchmarks/results/search_real.md)."""
+    """The values of ``parameter`` calibration may choose from; with the default sample (a model of real queries),
+    never below the former defaults, which held up better on real queries (benchmarks/results/search_real.md)."""
     if parameter == "nprobe":
         high = int(index.index_params["nlist"])
         return (min(high, DEFAULT_NPROBE) if default_sample else 1), high
     return (max(k, DEFAULT_EF_SEARCH) if default_sample else k), min(MAX_EF, max(4096, len(index)))
 
 
-def calibration_queries(
-    index, queries: Any, sample_size: int, seed: int, batch_size: int, progress: bool
-) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
+def calibration_queries(index, queries: Any, sample_size: int, seed: int, batch_size: int,
+                        progress: bool) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """The calibration query vectors, their group labels (``None``: one group) and a description of them."""
     if queries is None:
         sample_size = min(check_positive_int(sample_size, "sample_size"), len(index))
@@ -293,15 +227,14 @@ def calibration_queries(
                               + np.asarray(vectors[pairs[:, 1]], dtype=np.float32))  # fmt: skip
         parts, kinds = [perturbed, blends], [first_kind, "document_blends"]
         if first_kind == "perturbed_documents":
-            # Real sentences of another genre than most corpora (image captions of SNLI, shipped with st_prompts):
-            # users query with their own words, and such queries fall between the documents' clusters.
+            # real sentences of another genre (SNLI captions): real queries fall between the documents' clusters
             foreign = foreign_sentences(sample_size, rng)
             parts.append(index.encode_queries(foreign, batch_size=batch_size, progress=progress))
             kinds.append("foreign_sentences")
         groups = np.concatenate([np.array([kind] * len(part)) for kind, part in zip(kinds, parts)])
         sample = {"kind": "+".join(kinds), "count": int(len(groups)), "seed": seed}
         return np.concatenate(parts), groups, sample
-    if isinstance(queries, (list, tuple)) and queries and all(isinstance(q, str) for q in queries):
+    if are_texts(queries):
         vectors = index.encode_queries(list(queries), batch_size=batch_size, progress=progress)
         return vectors, None, {"kind": "given_texts", "count": len(queries)}
     if isinstance(queries, str) or (isinstance(queries, (list, tuple)) and not queries):
@@ -312,9 +245,13 @@ def calibration_queries(
     return vectors, None, {"kind": "given_embeddings", "count": int(len(vectors))}
 
 
+def are_texts(queries: Any) -> bool:
+    """Whether calibration ``queries`` are query strings (else embeddings, or nothing)."""
+    return isinstance(queries, (list, tuple)) and bool(queries) and all(isinstance(q, str) for q in queries)
+
+
 def foreign_sentences(count: int, rng: np.random.Generator) -> list[str]:
-    """``count`` distinct real sentences shipped with st_prompts (the SNLI hypotheses of the bundled demo data:
-    short image captions), drawn with ``rng``: the default calibration's model of queries from another genre."""
+    """``count`` distinct real sentences of another genre (the bundled SNLI hypotheses), drawn with ``rng``."""
     path = resources.files("st_prompts") / "resources" / "demo" / "nli_triplets.csv"
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))[1:]

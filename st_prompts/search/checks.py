@@ -1,24 +1,10 @@
-"""Checks of a saved index at read time: nothing in its files reaches FAISS, numpy or a printed line unchecked.
-
-* :func:`check_meta` -- every key of ``meta.json`` a command reads: the index type, the document count, the search
-  parameters (whole numbers in range: ``nprobe`` NaN, -5 or 1e30 is refused here, not in FAISS), the calibration,
-  drift and training records, ``next_id``;
-* :func:`check_faiss_index` -- the FAISS index is of the type ``meta.json`` says, with its parameters, and every label
-  an IVF list or an HNSW graph holds is a row of the corpus (a label out of range would pick another document or
-  read outside the documents);
-* :func:`record_files` / :func:`check_files` -- the size and SHA-256 of every file of the index, recorded in
-  ``meta.json`` (``files``) when it is written; sizes are checked at every read, the SHA-256 at every full read (the
-  file is read whole then anyway), at a memory-mapped read for the files up to :data:`MMAP_HASH_LIMIT`, and by
-  ``st-prompts index info --verify``. FAISS has no checksum of its own: a byte flipped in the vectors or codes of an
-  index reads and searches without complaint.
-
-Every failure is a :class:`~st_prompts.errors.DataFormatError` of one line naming the file, the key and what to do.
-"""
+"""Checks of a saved index at read time: nothing in its files reaches FAISS, numpy or a printed line unchecked
+(:func:`check_meta`, :func:`check_faiss_index`, :func:`check_files`: sizes and SHA-256, as FAISS has no checksum).
+Every failure is a one-line :class:`~st_prompts.errors.DataFormatError` naming the file, the key and what to do."""
 
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +12,19 @@ import faiss
 import numpy as np
 
 from st_prompts.errors import DataFormatError, shorten
+from st_prompts.numbers import real, whole
 
-#: The largest ``ef_search`` / ``ef_construction`` an HNSW index takes (FAISS allocates a heap of ``ef`` entries).
-MAX_EF = 1 << 20
-#: The largest count (documents, ids, re-ranking depth, k) an index file may record.
-MAX_COUNT = 2**31 - 1
-#: The largest HNSW ``m`` (neighbours per node; each node holds ``2·m`` links at level 0).
-MAX_HNSW_M = 256
-#: The largest embedding dimension.
+MAX_EF = 1 << 20  # the largest ef_search / ef_construction (FAISS allocates a heap of ef entries)
+MAX_COUNT = 2**31 - 1  # the largest count (documents, ids, re-ranking depth, k) an index file may record
+MAX_HNSW_M = 256  # each node holds 2·m links at level 0
 MAX_DIMENSION = 1 << 16
+SEARCH_PARAMETER = {"ivf": "nprobe", "hnsw": "ef_search", "ivfpq": "nprobe"}  # the one calibration sets
 REBUILD = "rebuild the index"
 _CALIBRATION_FIX = ("delete the \"calibration\" entry of meta.json ('st-prompts index calibrate' measures it again) "
                     "or rebuild the index")
 _BLOCK = 1 << 24
-#: A memory-mapped load checks the SHA-256 of the files up to this size (a few hundred milliseconds each), larger
-#: ones by size and structure only: hashing them would read what memory-mapping is there not to read.
+#: A memory-mapped load checks the SHA-256 of the files up to this size; hashing larger ones would read what
+#: memory-mapping is there not to read.
 MMAP_HASH_LIMIT = 256 << 20
 
 
@@ -49,27 +33,18 @@ def bad_value(path: Path, key: str, value: Any, expected: str, fix: str = REBUIL
     return DataFormatError(f"{path}: {key} is {shorten(value)}, expected {expected}; the index is damaged: {fix}")
 
 
-def whole(value: Any, low: int, high: int) -> bool:
-    """Whether ``value`` is an ``int`` (not a bool) in ``[low, high]``."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def real(value: Any, low: float, high: float) -> bool:
-    """Whether ``value`` is a finite ``int``/``float`` (not a bool) in ``[low, high]``."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and low <= value <= high)
-
-
-def _need_int(path: Path, key: str, value: Any, low: int, high: int, fix: str = REBUILD) -> int:
-    if not whole(value, low, high):
+def _need_int(path: Path, key: str, value: Any, low: int, high: int, fix: str = REBUILD, *,
+              absent: bool = False) -> int:
+    """``value``, a whole number in ``[low, high]`` (or ``None`` with ``absent``)."""
+    if not (whole(value, low, high) or (absent and value is None)):
         raise bad_value(path, key, value, f"a whole number from {low} to {high}", fix)
     return value
 
 
-def _need_real(path: Path, key: str, value: Any, low: float, high: float, fix: str = REBUILD) -> float:
-    if not real(value, low, high):
+def _need_real(path: Path, key: str, value: Any, low: float, high: float, fix: str = REBUILD, *,
+               absent: bool = False) -> None:
+    if not (real(value, low, high) or (absent and value is None)):
         raise bad_value(path, key, value, f"a finite number from {low} to {high}", fix)
-    return float(value)
 
 
 def _need_text(path: Path, key: str, value: Any, optional: bool = False, fix: str = REBUILD) -> None:
@@ -93,20 +68,16 @@ def check_meta(path: Path, meta: dict[str, Any], index_types: tuple[str, ...], p
     if index_type not in index_types:
         raise bad_value(path, "index_type", index_type, f"one of {', '.join(index_types)}")
     _need_int(path, "num_docs", meta.get("num_docs"), 1, MAX_COUNT)
-    if meta.get("dimension") is not None:
-        _need_int(path, "dimension", meta["dimension"], 1, MAX_DIMENSION)
+    _need_int(path, "dimension", meta.get("dimension"), 1, MAX_DIMENSION, absent=True)
     params = _need_dict(path, "index_params", meta.get("index_params") or {})
     check_params(path, index_type, params, parameters[index_type])
     for key in ("faiss_factory", "source", "id_source", "save_id"):
         if meta.get(key) is not None:
             _need_text(path, key, meta[key])
     for key in ("duplicate_texts", "documents_over_length"):
-        if meta.get(key) is not None:
-            _need_int(path, key, meta[key], 0, MAX_COUNT)
-    if meta.get("next_id") is not None:
-        _need_int(path, "next_id", meta["next_id"], 0, 2**63 - 1)
-    if meta.get("build_seconds") is not None:
-        _need_real(path, "build_seconds", meta["build_seconds"], 0, 1e9)
+        _need_int(path, key, meta.get(key), 0, MAX_COUNT, absent=True)
+    _need_int(path, "next_id", meta.get("next_id"), 0, 2**63 - 1, absent=True)
+    _need_real(path, "build_seconds", meta.get("build_seconds"), 0, 1e9, absent=True)
     if meta.get("bytes_per_vector") is not None:
         for key, value in _need_dict(path, "bytes_per_vector", meta["bytes_per_vector"]).items():
             _need_int(path, f"bytes_per_vector.{shorten(key, 40)}", value, 0, MAX_COUNT)
@@ -146,7 +117,7 @@ def check_calibration(path: Path, record: Any, index_type: str) -> None:
     """The calibration record (shown by ``index info``, printed after ``build`` / ``calibrate``)."""
     fix = _CALIBRATION_FIX
     record = _need_dict(path, "calibration", record, fix)
-    expected = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "ef_search"}.get(index_type)
+    expected = SEARCH_PARAMETER.get(index_type)
     if expected is None or record.get("parameter") != expected:
         raise bad_value(path, "calibration.parameter", record.get("parameter"),
                         repr(expected) if expected else "no calibration (a flat index is exact)", fix)
@@ -157,16 +128,13 @@ def check_calibration(path: Path, record: Any, index_type: str) -> None:
         raise bad_value(path, "calibration.target_recall", record.get("target_recall"), "a number in (0, 1]", fix)
     if not isinstance(record.get("reached"), bool):
         raise bad_value(path, "calibration.reached", record.get("reached"), "true or false", fix)
-    if record.get("lower_bound") is not None:
-        _need_real(path, "calibration.lower_bound", record["lower_bound"], -1e6, 1, fix)
+    _need_real(path, "calibration.lower_bound", record.get("lower_bound"), -1e6, 1, fix, absent=True)
     for key in ("num_docs", "rerank"):
-        if record.get(key) is not None:
-            _need_int(path, f"calibration.{key}", record[key], 0, MAX_COUNT, fix)
+        _need_int(path, f"calibration.{key}", record.get(key), 0, MAX_COUNT, fix, absent=True)
     if record.get("caveat") is not None:
         _need_text(path, "calibration.caveat", record["caveat"], fix=fix)
     queries = _need_dict(path, "calibration.queries", record.get("queries") or {}, fix)
-    if queries.get("count") is not None:
-        _need_int(path, "calibration.queries.count", queries["count"], 0, MAX_COUNT, fix)
+    _need_int(path, "calibration.queries.count", queries.get("count"), 0, MAX_COUNT, fix, absent=True)
     if queries.get("kind") is not None:
         _need_text(path, "calibration.queries.kind", queries["kind"], fix=fix)
 
@@ -182,8 +150,7 @@ def check_model_record(path: Path, record: Any, dimension: int, probe: np.ndarra
     _need_text(path, "model.fingerprint", record.get("fingerprint"))
     for key in ("path", "task"):
         _need_text(path, f"model.{key}", record.get(key), optional=True)
-    if record.get("max_seq_length") is not None:
-        _need_int(path, "model.max_seq_length", record["max_seq_length"], 1, MAX_COUNT)
+    _need_int(path, "model.max_seq_length", record.get("max_seq_length"), 1, MAX_COUNT, absent=True)
     if probe.ndim != 2 or probe.shape[1] != dimension or probe.dtype.kind != "f" or not np.all(np.isfinite(probe)):
         raise DataFormatError(f"{path.parent / 'probe.npy'} holds {probe.dtype} values of shape {probe.shape}, "
                               f"expected finite float32 values of shape (8, {dimension}); the index is damaged: "
@@ -191,23 +158,17 @@ def check_model_record(path: Path, record: Any, dimension: int, probe: np.ndarra
 
 
 # -------------------------------------------------------------------------------------------------------- index.faiss
-def _inner(index: faiss.Index) -> faiss.Index:
-    index = faiss.downcast_index(index)
-    if isinstance(index, faiss.IndexPreTransform):
-        return faiss.downcast_index(index.index)
-    return index
-
-
 def check_faiss_index(file: Path, meta_path: Path, index: faiss.Index, index_type: str,
                       params: dict[str, Any]) -> None:
     """The FAISS index read from ``file`` is of ``index_type`` with ``params`` (from ``meta_path``), measures inner
     products, and every label of its IVF lists / HNSW graph is a row of the corpus."""
-    inner = _inner(index)
+    outer = faiss.downcast_index(index)
+    pretransform = isinstance(outer, faiss.IndexPreTransform)
+    inner = faiss.downcast_index(outer.index) if pretransform else outer
     expected = {"flat": faiss.IndexFlat, "ivf": faiss.IndexIVFFlat, "hnsw": faiss.IndexHNSWFlat,
                 "ivfpq": faiss.IndexIVFPQ}[index_type]  # fmt: skip
-    pretransform = isinstance(faiss.downcast_index(index), faiss.IndexPreTransform)
     if not isinstance(inner, expected) or (pretransform and index_type != "ivfpq"):
-        found = type(faiss.downcast_index(index)).__name__
+        found = type(outer).__name__
         raise DataFormatError(f"{file} holds an index of class {found}, but {meta_path} says index_type "
                               f"{index_type!r}; the index is damaged: {REBUILD}")
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
@@ -300,10 +261,8 @@ def record_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
 def check_files(folder: Path, meta_path: Path, record: Any, *, hash_limit: int | None, version: int = 0,
                 expected: tuple[str, ...] = ()) -> None:
     """Each file ``meta.json`` records (``files``) has its recorded size and, if it is at most ``hash_limit`` bytes
-    (``None``: any size), its SHA-256. An index saved before st-prompts recorded them (format ``version`` < 3) has no
-    ``files`` entry: nothing to check. From format 3 on st-prompts records every file it writes, so a ``meta.json``
-    without ``files``, or one that leaves out a file of ``expected`` the folder holds, was not written by st-prompts
-    (a file could be swapped unseen): refused."""
+    (``None``: any size), its SHA-256. From format 3 on, a ``meta.json`` without ``files``, or leaving out a file of
+    ``expected`` the folder holds, is refused (a file could be swapped unseen)."""
     if record is None:
         if version >= 3:
             raise DataFormatError(f"{meta_path} records no files (sizes and SHA-256), which every index of format "

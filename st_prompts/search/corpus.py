@@ -1,10 +1,6 @@
-"""Reading a corpus (a list, a ``datasets.Dataset`` column, a text file, a dataset file) and its document ids.
-
-Conventions: ids are 1-based line numbers for a text file (blank lines are skipped but keep their numbers), 0-based
-positions for a list or a dataset without ``id_column``, otherwise the given ids, which must be unique ``str`` or
-``int`` values. Blank documents are skipped with a warning; a corpus with no non-blank document is a
-:class:`~st_prompts.errors.DataFormatError`. Duplicate texts are kept, each under its own id, with one warning.
-"""
+"""Reading a corpus (a list, a ``datasets.Dataset`` column, a text file, a dataset file) and its document ids: 1-based
+line numbers for a text file, 0-based positions otherwise, or the given unique ids. Blank documents are skipped with
+a warning; duplicate texts are kept, each under its own id."""
 
 from __future__ import annotations
 
@@ -21,20 +17,13 @@ from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundE
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.utils import check_utf8
 
-#: Files read with ``datasets`` (by suffix); any other file is a text file with one document per line.
 DATASET_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A validated corpus: non-blank texts with unique ids, where they came from, and how the ids were made.
-
-    Attributes:
-        ids: one unique ``str``/``int`` id per text.
-        texts: the documents (blank ones dropped).
-        source: the file the corpus was read from, or ``"corpus"``.
-        id_source: ``"line_number"``, ``"position"``, ``"given"`` or ``"column:<name>"`` (saved in ``meta.json``).
-    """
+    """A validated corpus: non-blank texts with unique ids, the file they came from (or ``"corpus"``), and how the
+    ids were made (``"line_number"``, ``"position"``, ``"given"`` or ``"column:<name>"``)."""
     ids: list[int | str]
     texts: list[str]
     source: str
@@ -42,28 +31,18 @@ class Corpus:
 
 
 def is_dataset(obj: Any) -> bool:
-    """Whether ``obj`` is a ``datasets.Dataset``. ``datasets`` is imported only where a file is read with it (it costs
-    ~75 MB of RSS, which an index built from embedding files does without): an object made by it means it is loaded."""
+    """Whether ``obj`` is a ``datasets.Dataset``, without importing ``datasets`` (~75 MB of RSS)."""
     module = sys.modules.get("datasets")
     return module is not None and isinstance(obj, module.Dataset)
 
 
-def corpus_from_documents(
-    documents: Any,
-    ids: Iterable[Any] | None = None,
-    *,
-    text_column: str = "text",
-    id_column: str | None = None,
-    source: str = "corpus",
-) -> Corpus:
-    """A :class:`Corpus` from a list/iterable of strings or a ``datasets.Dataset`` (``text_column``, ``id_column``).
-
-    Ids default to 0-based positions. A bare string or path is rejected: a file is read by :func:`read_corpus_file`.
-    """
+def corpus_from_documents(documents: Any, ids: Iterable[Any] | None = None, *, text_column: str = "text",
+                          id_column: str | None = None, source: str = "corpus") -> Corpus:
+    """A :class:`Corpus` from a list/iterable of strings or a ``datasets.Dataset`` (``text_column``, ``id_column``);
+    ids default to 0-based positions."""
     if isinstance(documents, (str, bytes, os.PathLike)):
-        raise ConfigurationError(
-            "documents must be a list of strings or a datasets.Dataset; to index a file use SemanticIndex.from_file()"
-        )
+        raise ConfigurationError("documents must be a list of strings or a datasets.Dataset; to index a file use "
+                                 "SemanticIndex.from_file()")
     if is_dataset(documents):
         if ids is not None:
             raise ConfigurationError("pass either ids or id_column for a dataset, not both")
@@ -78,9 +57,8 @@ def corpus_from_documents(
     return Corpus(kept_ids, kept_texts, source, id_source)
 
 
-def read_corpus_file(
-    path: str | os.PathLike, *, text_column: str = "text", id_column: str | None = None, encoding: str = "utf-8"
-) -> Corpus:
+def read_corpus_file(path: str | os.PathLike, *, text_column: str = "text", id_column: str | None = None,
+                     encoding: str = "utf-8") -> Corpus:
     """Read a corpus file: ``.jsonl``/``.json``/``.csv``/``.parquet`` through ``datasets`` (``text_column``,
     ``id_column``; ids = 0-based rows by default), anything else as ``encoding`` text with one document per line
     (stripped; ids = 1-based line numbers)."""
@@ -95,22 +73,10 @@ def read_corpus_file(
     return Corpus(ids, texts, str(path), "line_number")
 
 
-def _check_id(value: Any, where: str) -> int | str:
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise DataFormatError(f"document ids must be str or int, got {type(value).__name__} ({shorten(value, 60)}) "
-                              f"{where}")
-    return value
-
-
-def prepare_corpus(
-    texts: Iterable[Any], ids: Iterable[Any] | None, *, source: str, id_kind: str
-) -> tuple[list[int | str], list[str]]:
-    """Validate a corpus: drop blank documents (warning), reject duplicate ids, warn about duplicate texts.
-
-    ``id_kind`` (``"line_number"`` or ``"position"``) says how to number the documents when ``ids`` is ``None``.
-    """
+def prepare_corpus(texts: Iterable[Any], ids: Iterable[Any] | None, *, source: str,
+                   id_kind: str) -> tuple[list[int | str], list[str]]:
+    """Validate a corpus: drop blank documents (warning), reject duplicate ids, warn about duplicate texts; without
+    ``ids``, number the documents by ``id_kind`` (``"line_number"`` or ``"position"``)."""
     texts = list(texts)
     if ids is None:
         ids = list(range(1, len(texts) + 1)) if id_kind == "line_number" else list(range(len(texts)))
@@ -127,27 +93,26 @@ def prepare_corpus(
             continue
         if not isinstance(text, str):
             raise DataFormatError(f"{source}: document {i} is a {type(text).__name__}, not a string: {text!r:.80}")
-        kept_ids.append(_check_id(doc_id, f"(document {i} of {source})"))
+        if isinstance(doc_id, np.generic):
+            doc_id = doc_id.item()
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (int, str)):
+            raise DataFormatError(f"document ids must be str or int, got {type(doc_id).__name__} "
+                                  f"({shorten(doc_id, 60)}) (document {i} of {source})")
+        kept_ids.append(doc_id)
         kept_texts.append(text)
     if not kept_texts:
         raise DataFormatError(f"{source} is empty: it has no non-blank document to index")
     if blank:
         warn_at_caller(f"{source}: skipped {blank} blank document(s)")
     seen: set[int | str] = set()
-    duplicates = []
-    for doc_id in kept_ids:
-        if doc_id in seen:
-            duplicates.append(doc_id)
-        seen.add(doc_id)
+    duplicates = [doc_id for doc_id in kept_ids if doc_id in seen or seen.add(doc_id)]
     if duplicates:
         shown = ", ".join(shorten(d, 60) for d in duplicates[:5]) + (", ..." if len(duplicates) > 5 else "")
         raise DataFormatError(f"{source}: document ids must be unique; {len(duplicates)} duplicate(s): {shown}")
     duplicate_texts = len(kept_texts) - len(set(kept_texts))
     if duplicate_texts:
-        warn_at_caller(
-            f"{source}: {duplicate_texts} document(s) repeat the text of an earlier one; they are kept, each under "
-            "its own id"
-        )
+        warn_at_caller(f"{source}: {duplicate_texts} document(s) repeat the text of an earlier one; they are kept, "
+                       "each under its own id")
     return kept_ids, kept_texts
 
 
@@ -190,5 +155,3 @@ def check_queries(queries: Sequence[Any]) -> None:
     if blank:
         which = "the query" if len(queries) == 1 else f"query {', '.join(map(str, blank[:5]))}"
         raise ConfigurationError(f"{which} is empty: give the text to search for")
-
-

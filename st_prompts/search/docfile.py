@@ -1,8 +1,6 @@
 """The documents of a saved index: ``docs.jsonl`` (one ``{"id", "text"}`` object per row, in FAISS order), read whole
-(:func:`read_docs`) or, for a memory-mapped index, one record at a time through the byte offsets of
-``docs.offsets.npy`` (:class:`LazyDocs`). Every record is checked as it is read: an object with an ``int``/``str``
-id and a ``str`` text; a damaged record is a one-line :class:`~st_prompts.errors.DataFormatError` naming the file
-and the row, never a traceback."""
+(:func:`read_docs`) or record by record through the byte offsets of ``docs.offsets.npy`` (:class:`LazyDocs`); every
+record is checked as it is read."""
 
 from __future__ import annotations
 
@@ -56,8 +54,7 @@ def check_offsets(offsets: np.ndarray, path: Path, rows: int, size: int) -> None
 
 
 class DocsWriter:
-    """Writes ``docs.jsonl`` and its ``docs.offsets.npy`` for ``rows`` documents, a batch at a time (what a build from
-    embedding files streams; a save writes its lists through it too), so that no list of all texts is needed."""
+    """Writes ``docs.jsonl`` and its ``docs.offsets.npy`` for ``rows`` documents, a batch at a time."""
 
     def __init__(self, path: Path, offsets_path: Path, rows: int) -> None:
         self.offsets_path = offsets_path
@@ -91,18 +88,14 @@ class DocsWriter:
 
 
 class LazyDocs:
-    """The documents of a saved index, read from ``docs.jsonl`` on demand (one seek + one line per access) through
-    the byte offsets in ``docs.offsets.npy``: what a memory-mapped index uses instead of lists in RAM."""
+    """The documents of a saved index, read from ``docs.jsonl`` on demand (one seek + one line per access)."""
 
     def __init__(self, path: Path, offsets: np.ndarray) -> None:
         self.path = path
         self.offsets = offsets
         self.ids = _LazyColumn(self, 0)
         self.texts = _LazyColumn(self, 1)
-        # Opened now, with the other files of the index: a save that later replaces the index cannot mix its
-        # documents with these offsets.
-        self._handle = path.open("rb")
-        #: Size of the file in bytes (``offsets[-1]`` for a complete file).
+        self._handle = path.open("rb")  # now: a save that later replaces the index cannot mix in its documents
         self.size = os.fstat(self._handle.fileno()).st_size
 
     def __len__(self) -> int:

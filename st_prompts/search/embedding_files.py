@@ -1,16 +1,7 @@
-"""Embedding files: a corpus's vectors in Parquet parts, written by ``st-prompts embed`` and read by
-``st-prompts index build --from-embeddings`` (and anything else that reads Parquet: Ray Data, pandas, DuckDB).
-
-An embedding folder holds ``embed.json`` (the run: input, model identity, options, part size) and one
-``part-NNNNN.parquet`` per ``part_rows`` input rows, each with the columns ``id`` (int64 or string), ``text``
-(string; absent when the run kept no texts) and ``vector`` (a fixed-size list of float32, the model's output as
-``encode`` gives it: not normalised). Every part carries its own record in the Parquet schema metadata (key
-``st_prompts``: part number, first row, rows, dimension, the model's fingerprint and a SHA-256 of its texts), so a part
-read alone says what it is, and a resumed run can tell a finished part from a foreign or stale one.
-
-Parquet, and not this package's own ``.npy`` parts, because every engine that scales out reads it (pyarrow is already
-installed: ``datasets`` requires it); the writer and reader are pyarrow's, this module only fixes the schema.
-"""
+"""Embedding files, written by ``st-prompts embed``, read by ``index build --from-embeddings``: a folder of
+``embed.json`` (the run) and ``part-NNNNN.parquet`` parts with the columns ``id`` (int64 or string), ``text`` (optional)
+and ``vector`` (fixed-size list of float32, not normalised); each part's record (number, rows, dimension, model,
+texts' SHA-256) is in its schema metadata under ``st_prompts``."""
 
 from __future__ import annotations
 
@@ -25,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
+from st_prompts.errors import DataFormatError, DataNotFoundError, first_line
+from st_prompts.numbers import whole
+from st_prompts.search.encoding import positive_int
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import write_file_atomic
 
@@ -63,8 +56,7 @@ def identity_from_record(record: dict[str, Any]) -> ModelIdentity:
 
 def write_part(path: str | os.PathLike, ids: Sequence[int | str], texts: Sequence[str] | None, vectors: np.ndarray,
                record: dict[str, Any]) -> Path:
-    """Write one part atomically (a crash leaves no part or a whole one). ``record``: this part's metadata (see the
-    module docstring); ``rows``, ``dimension`` and ``texts_sha256`` are filled in here."""
+    """Write one part atomically; ``record``: its metadata (``rows``, ``dimension``, ``texts_sha256`` added here)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -72,7 +64,7 @@ def write_part(path: str | os.PathLike, ids: Sequence[int | str], texts: Sequenc
     if vectors.ndim != 2 or vectors.shape[0] != len(ids) or (texts is not None and len(texts) != len(ids)):
         raise DataFormatError(f"a part needs one vector per id: {vectors.shape} for {len(ids)} ids")
     dimension = vectors.shape[1]
-    id_array = (pa.array(list(ids), pa.int64()) if all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    id_array = (pa.array(list(ids), pa.int64()) if all(whole(i) for i in ids)
                 else pa.array([str(i) for i in ids], pa.string()))
     columns = {"id": id_array}
     if texts is not None:
@@ -81,17 +73,14 @@ def write_part(path: str | os.PathLike, ids: Sequence[int | str], texts: Sequenc
     record = {**record, "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "rows": len(ids),
               "dimension": dimension, **({"texts_sha256": texts_digest(texts)} if texts is not None else {})}
     table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(record).encode("utf-8")})
-    # Row groups of ~16 MB of vectors, not pyarrow's default (a part in one group): a reader holds a whole column
-    # chunk of a group while it decodes a batch of it, 154 MB for a part of 100,000 384-dimensional vectors
+    # row groups of ~16 MB of vectors, not one per part: a reader holds a group's whole column chunk while decoding
     group_rows = max(1024, (16 << 20) // (4 * max(1, dimension)))
     return write_file_atomic(path, lambda handle: pq.write_table(table, handle, row_group_size=group_rows))
 
 
 def open_parquet(path: str | os.PathLike) -> Any:
-    """``pyarrow.parquet.ParquetFile`` for reading a file once, batch by batch: no pre-buffering (pyarrow's default
-    fetches whole column chunks ahead and its memory stays with the process: reading 4 parts of 100,000
-    384-dimensional vectors left RSS 230 MB above the start, 70 MB this way; 2026-11-29, pyarrow 26) and 1 MiB
-    buffered reads (for a local disk, where pre-buffering saves no round trips)."""
+    """``pyarrow.parquet.ParquetFile`` for reading a file once, batch by batch, with 1 MiB buffered reads and no
+    pre-buffering (whose memory stays with the process)."""
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
@@ -104,9 +93,7 @@ def part_record(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         metadata = pq.read_schema(path).metadata or {}
         record = json.loads(metadata[METADATA_KEY])
-    except (OSError, KeyError, ValueError, TypeError, AttributeError):
-        return None
-    except Exception:  # pyarrow's own errors (ArrowInvalid: not a Parquet file, a truncated footer) are not OSErrors
+    except Exception:  # also pyarrow's own errors (ArrowInvalid: not a Parquet file, a truncated footer)
         return None
     return record if isinstance(record, dict) and record.get("format") == FORMAT_NAME else None
 
@@ -117,12 +104,9 @@ def expand_paths(patterns: Sequence[str | os.PathLike]) -> list[Path]:
     found: list[Path] = []
     for pattern in patterns:
         text = os.fspath(pattern)
-        if os.path.isdir(text):
-            matches = sorted(Path(text).glob("part-*.parquet"))
-        else:
-            matches = sorted(Path(p) for p in glob.glob(text)) if glob.has_magic(text) else (
-                [Path(text)] if os.path.exists(text) else [])
-        matches = [m for m in matches if m.is_file()]
+        # a folder's parts, else the glob's matches (of a path without wildcards: itself, if it exists)
+        candidates = Path(text).glob("part-*.parquet") if os.path.isdir(text) else map(Path, glob.glob(text))
+        matches = sorted(m for m in candidates if m.is_file())
         if not matches:
             raise DataNotFoundError(f"no embedding file matches {text!r}")
         found += [m for m in matches if m not in found]
@@ -131,8 +115,7 @@ def expand_paths(patterns: Sequence[str | os.PathLike]) -> list[Path]:
 
 @dataclass
 class EmbeddingFiles:
-    """A set of parts that belong together: one dimension, one model (or none recorded), ids unique across parts is
-    the reader's business (an index build checks it)."""
+    """A set of parts that belong together: one dimension, one model (or none recorded)."""
 
     paths: list[Path]
     dimension: int
@@ -187,10 +170,8 @@ class EmbeddingFiles:
 
     def batches(self, rows: int = 65_536, *, texts: bool = True) -> Iterator[tuple[list[Any], list[str] | None,
                                                                                       np.ndarray]]:
-        """``(ids, texts, vectors)`` of up to ``rows`` rows at a time, part after part, in file order: memory holds one
-        batch, never a whole part. ``texts=False`` skips reading the text column."""
-        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
-            raise ConfigurationError(f"rows must be a positive integer, got {rows!r}")
+        """``(ids, texts, vectors)`` of up to ``rows`` rows at a time, part after part (``texts=False``: no texts)."""
+        rows = positive_int(rows, "rows")
         columns = ["id", "vector"] + (["text"] if texts and self.has_texts else [])
         for path in self.paths:
             for batch in open_parquet(path).iter_batches(batch_size=rows, columns=columns):

@@ -1,8 +1,4 @@
-"""How texts become index vectors: the model's query/document encoding, then L2 normalisation (cosine scores).
-
-:func:`encode_texts` encodes in one go; :func:`st_prompts.search.chunked.encode_in_chunks` encodes a large corpus chunk
-by chunk (resumable, optionally multi-process).
-"""
+"""How texts become index vectors: the model's query/document encoding, then L2 normalisation (cosine scores)."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, first_line
+from st_prompts.numbers import whole
 from st_prompts.search._warnings import warn_at_caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,18 +30,22 @@ def l2_normalize(embeddings: Any) -> np.ndarray:
     return array
 
 
-def encode_texts(
-    model: SentenceTransformer, texts: Sequence[str], *, kind: str, batch_size: int, progress: bool,
-    task: str | None = None,
-) -> np.ndarray:
-    """Encode with ``encode_{kind}`` (``kind`` = ``"query"`` or ``"document"``: the model's prompt or prompt set for
-    that side, when it has one; plain ``encode`` otherwise), or with ``encode(task=task)`` for one prompt set of a bank
-    on both sides, and L2-normalise. The model's length is checked first (:func:`check_encode_length`); a failing
-    chat template is a :class:`ConfigurationError`."""
+def positive_int(value: Any, name: str) -> int:
+    """``value`` as an ``int`` if it is a positive integer (not a bool), else :class:`ConfigurationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def encode_texts(model: SentenceTransformer, texts: Sequence[str], *, kind: str, batch_size: int, progress: bool,
+                 task: str | None = None, pool: dict[str, Any] | None = None) -> np.ndarray:
+    """Encode with ``encode_{kind}`` (``"query"`` or ``"document"``; plain ``encode`` for a model without it), or
+    ``encode(task=task)``, and L2-normalise (``pool``: a sentence-transformers multi-process pool)."""
     check_encode_length(model)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1 << 20:
+    if not whole(batch_size, 1, 1 << 20):
         raise ConfigurationError(f"batch_size must be a whole number from 1 to {1 << 20}, got {str(batch_size)[:40]}")
-    kwargs = {"batch_size": batch_size, "show_progress_bar": progress, "convert_to_numpy": True}
+    kwargs = {"batch_size": batch_size, "show_progress_bar": progress, "convert_to_numpy": True,
+              **({"pool": pool} if pool is not None else {})}
     with chat_template_errors():
         if task is not None:
             return l2_normalize(model.encode(list(texts), task=task, **kwargs))
@@ -53,16 +54,15 @@ def encode_texts(
 
 
 def check_encode_length(model: SentenceTransformer, name: str | None = None) -> None:
-    """Refuse, before anything is encoded, a model whose ``max_seq_length`` (its ``sentence_bert_config.json``) is not
-    a positive whole number or is longer than its backbone's position table: a long text would index past the table
-    (a crash, or garbage positions). ``name``: the model's name or folder, for the message."""
+    """Refuse a model whose ``max_seq_length`` is not a positive whole number or is longer than its backbone's
+    position table (a long text would index past it). ``name``: the model's name or folder, for the message."""
     from st_prompts.modules.lengths import position_capacity
 
     limit = getattr(model, "max_seq_length", None)
     if limit is None:
         return
     which = f"the model {name}" if name else "the model"
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if not whole(limit, 1):
         raise ConfigurationError(f"{which} has max_seq_length {str(limit)[:40]}, not a positive whole number: fix "
                                  "max_seq_length in its sentence_bert_config.json")
     capacity = position_capacity(model)
@@ -74,8 +74,7 @@ def check_encode_length(model: SentenceTransformer, name: str | None = None) -> 
 
 @contextmanager
 def chat_template_errors() -> Iterator[None]:
-    """Turn a failure of the model's chat template (a Jinja error raised while sentence-transformers renders a text
-    through it) into one :class:`ConfigurationError` line; see :mod:`st_prompts.modules.chat_templates`."""
+    """Turn a Jinja error of the model's chat template into one :class:`ConfigurationError` line."""
     try:
         yield
     except Exception as exc:
@@ -88,10 +87,10 @@ def chat_template_errors() -> Iterator[None]:
                                  "chat_template") from exc
 
 
-def documents_over_limit(model: SentenceTransformer, texts: Sequence[str], batch: int = 10_000) -> tuple[int, int | None]:
-    """``(how many of texts are longer than the model encodes, that limit)``: each of them is cut to its first
-    ``model.max_seq_length`` tokens (special tokens included). ``(0, None)`` when the model has no tokenizer or limit.
-    Tokenizes without padding, ``batch`` texts at a time (a fast tokenizer: a small share of the encoding time)."""
+def documents_over_limit(model: SentenceTransformer, texts: Sequence[str],
+                         batch: int = 10_000) -> tuple[int, int | None]:
+    """``(how many of texts are longer than the model's max_seq_length in tokens, that limit)``; ``(0, None)`` when
+    the model has no tokenizer or limit."""
     limit = getattr(model, "max_seq_length", None)
     tokenizer = getattr(model, "tokenizer", None)
     if not isinstance(limit, int) or tokenizer is None:
@@ -105,8 +104,7 @@ def documents_over_limit(model: SentenceTransformer, texts: Sequence[str], batch
 
 
 def warn_over_length(model: SentenceTransformer, texts: Sequence[str]) -> int:
-    """Warn, in one line attributed to the caller, how many of ``texts`` are cut to the model's limit
-    (:func:`documents_over_limit`); return that count."""
+    """Warn how many of ``texts`` are cut to the model's limit (:func:`documents_over_limit`); return that count."""
     longer, limit = documents_over_limit(model, texts)
     if longer and limit is not None:
         warn_at_caller(f"{longer} of {len(texts)} documents are longer than the model encodes ({limit} tokens): each "

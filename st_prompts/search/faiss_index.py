@@ -1,23 +1,6 @@
-"""The FAISS side of an index: index types, their parameters and defaults, the factory string, building, updates
-(add / remove) and drift checks (recall calibration: :mod:`st_prompts.search.calibration`).
-
-Every index uses the inner-product metric on L2-normalised vectors, so scores are cosine similarities.
-
-* ``"flat"`` (default, exact: ``IndexFlatIP``);
-* ``"ivf"`` (``IVF{nlist},Flat``: k-means trained inverted lists; ``nlist`` defaults to ``4·sqrt(n)``, capped at
-  ``n // 39`` so that each centroid gets the 39 training points FAISS asks for, ``nprobe`` to
-  :data:`DEFAULT_NPROBE`). An *explicit* ``nlist`` larger than the corpus is a
-  :class:`~st_prompts.errors.ConfigurationError`; the default adapts to small corpora (down to a single list, i.e.
-  an exact search);
-* ``"hnsw"`` (``HNSW{M},Flat`` graph; ``M`` = :data:`DEFAULT_HNSW_M`, ``ef_construction`` =
-  :data:`DEFAULT_EF_CONSTRUCTION`, ``ef_search`` = :data:`DEFAULT_EF_SEARCH`);
-* ``"ivfpq"`` (``[OPQ{pq_m},]IVF{nlist},PQ{pq_m}``: inverted lists of product-quantised codes, ``pq_m`` bytes per
-  vector (default :data:`DEFAULT_PQ_M`), optionally with an OPQ rotation, for corpora too large to keep float
-  vectors in RAM; ``nlist`` defaults to ``2·sqrt(n)`` (capped like IVF's), trained on a seeded sample of 64
-  documents per list). Its scores are approximate, so by default the best ``rerank`` candidates (default
-  :data:`DEFAULT_RERANK`) are re-scored exactly against the original vectors, kept beside the index as a float16
-  ``vectors.npy`` that is memory-mapped and read only for those candidates. In RAM: ``pq_m`` bytes of code + 8 bytes
-  of id per vector (56 with the default ``pq_m=48``), the centroids and the OPQ matrix.
+"""The FAISS side of an index: types (``flat``, ``ivf``, ``hnsw``, ``ivfpq``; described in ``docs/search.md``), their
+parameters and defaults, the factory string, building, updates (add / remove) and drift checks. Every index uses the
+inner product on L2-normalised vectors, so scores are cosine similarities.
 """
 
 from __future__ import annotations
@@ -36,43 +19,26 @@ from st_prompts.search.checks import MAX_COUNT, MAX_EF, MAX_HNSW_M
 
 logger = logging.getLogger(__name__)
 
-#: Index types accepted by :meth:`SemanticIndex.build <st_prompts.search.SemanticIndex.build>` and friends.
 INDEX_TYPES = ("flat", "ivf", "hnsw", "ivfpq")
-#: Approximate index types (those with a search-time parameter that calibration sets).
-APPROXIMATE_TYPES = ("ivf", "hnsw", "ivfpq")
-#: Default number of inverted lists visited per query by an IVF index when no target recall is given.
-DEFAULT_NPROBE = 64
-#: Default number of neighbours per node of an HNSW graph.
-DEFAULT_HNSW_M = 32
-#: Default size of the candidate list while building an HNSW graph.
+APPROXIMATE_TYPES = ("ivf", "hnsw", "ivfpq")  # those with a search-time parameter that calibration sets
+DEFAULT_NPROBE = 64  # IVF lists visited per query when no target recall is given
+DEFAULT_HNSW_M = 32  # neighbours per node of an HNSW graph
 DEFAULT_EF_CONSTRUCTION = 80
-#: Default size of the candidate list while searching an HNSW graph when no target recall is given.
-DEFAULT_EF_SEARCH = 128
-#: Default bytes per vector of an IVF-PQ code (384 dims / 48 = 8 dims per sub-quantizer, 8 bits each).
-DEFAULT_PQ_M = 48
-#: Default number of IVF-PQ candidates re-scored exactly with the stored vectors (0 = no re-ranking). Measured on
-#: real text (``benchmarks/results/search_real.md``): with 100, PQ's ranking errors alone cost ~0.01 of recall@10 on
-#: queries from another distribution than the corpus; 200 keeps the calibrated index above 0.95.
+DEFAULT_EF_SEARCH = 128  # when no target recall is given
+DEFAULT_PQ_M = 48  # bytes per IVF-PQ code (384 dims / 48 = 8 dims per sub-quantizer)
+#: IVF-PQ candidates re-scored exactly (0 = off): 200 keeps a calibrated index above recall 0.95 on real text
+#: (``benchmarks/results/search_real.md``).
 DEFAULT_RERANK = 200
-#: Warn when documents added to an IVF index are, on average, this many times farther (squared distance to their
-#: nearest centroid) from the centroids than the documents the lists were trained on.
+#: Warn when documents added to an IVF index are on average this many times farther from their nearest centroid
+#: (squared distance) than the training documents.
 DRIFT_WARN_RATIO = 1.5
-#: Parameters each index type accepts.
-PARAMETERS = {
-    "flat": set(),
-    "ivf": {"nlist", "nprobe"},
-    "hnsw": {"m", "ef_construction", "ef_search"},
-    "ivfpq": {"nlist", "nprobe", "pq_m", "opq", "rerank"},
-}
-#: The largest value of each parameter (FAISS allocates ``ef`` heap entries, ``2·m`` links per node).
-_MAXIMA = {"m": MAX_HNSW_M, "ef_construction": MAX_EF, "ef_search": MAX_EF}
-#: The search-time parameter calibration sets, per approximate type.
-SEARCH_PARAMETER = {"ivf": "nprobe", "hnsw": "ef_search", "ivfpq": "nprobe"}
+PARAMETERS = {"flat": set(), "ivf": {"nlist", "nprobe"}, "hnsw": {"m", "ef_construction", "ef_search"},
+              "ivfpq": {"nlist", "nprobe", "pq_m", "opq", "rerank"}}
+_MAXIMA = {"m": MAX_HNSW_M, "ef_construction": MAX_EF, "ef_search": MAX_EF}  # FAISS allocates ef heap entries
 
 
 def check_positive_int(value: Any, name: str, maximum: int = 2**31 - 1) -> int:
-    """``value`` as an ``int`` if it is an integer (not a bool) in ``[1, maximum]``, else :class:`ConfigurationError`
-    (FAISS takes 32-bit counts: a larger value would overflow there)."""
+    """``value`` as an ``int`` if it is an integer (not a bool) in ``[1, maximum]``, else ConfigurationError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= maximum:
         raise ConfigurationError(f"{name} must be a positive integer of at most {maximum}, got {str(value)[:40]}")
     return int(value)
@@ -85,31 +51,24 @@ def check_target_recall(value: Any) -> float:
     return float(value)
 
 
-def default_nlist(n: int) -> int:
-    """``4·sqrt(n)`` lists, at most ``n // 39`` (FAISS wants 39 training points per centroid), at least 1."""
-    return max(1, min(int(round(4 * math.sqrt(n))), n // 39))
+def default_nlist(n: int, index_type: str = "ivf") -> int:
+    """``4·sqrt(n)`` lists (IVF-PQ: ``2·sqrt(n)``, as PQ codes are cheap to scan and k-means stays affordable), at
+    most ``n // 39`` (FAISS wants 39 training points per centroid), at least 1."""
+    return max(1, min(int(round((4 if index_type == "ivf" else 2) * math.sqrt(n))), n // 39))
 
 
-def default_nlist_pq(n: int) -> int:
-    """IVF-PQ: ``2·sqrt(n)`` lists (at most ``n // 39``). Half of IVF's: a PQ list entry is a 48-byte code, not a
-    1,536-byte vector, so longer lists cost little to scan, and fewer centroids keep k-means affordable at 1M
-    documents (2,000 lists, trained on 64 points each)."""
-    return max(1, min(int(round(2 * math.sqrt(n))), n // 39))
-
-
-def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimension: int | None = None) -> dict[str, Any]:
-    """Fill in the defaults of ``index_type`` for a corpus of ``n`` documents and validate the given values
-    (``None`` values count as not given). ``dimension`` (when known) is checked against ``pq_m``."""
+def resolve_index_params(index_type: str, n: int, params: dict[str, Any],
+                         dimension: int | None = None) -> dict[str, Any]:
+    """Fill in the defaults of ``index_type`` for ``n`` documents and validate the given values (``None``: not given;
+    ``dimension``, when known, is checked against ``pq_m``)."""
     if index_type not in INDEX_TYPES:
         raise ConfigurationError(f"unknown index_type {index_type!r}; choose one of {', '.join(INDEX_TYPES)}")
     allowed = PARAMETERS[index_type]
     params = {key: value for key, value in params.items() if value is not None}
     unknown = sorted(set(params) - allowed)
     if unknown:
-        raise ConfigurationError(
-            f"unknown parameter(s) for a {index_type!r} index: {', '.join(unknown)}"
-            + (f" (accepted: {', '.join(sorted(allowed))})" if allowed else "")
-        )
+        raise ConfigurationError(f"unknown parameter(s) for a {index_type!r} index: {', '.join(unknown)}"
+                                 + (f" (accepted: {', '.join(sorted(allowed))})" if allowed else ""))
     for key, value in params.items():
         if key == "opq":
             if not isinstance(value, (bool, np.bool_)):
@@ -121,42 +80,28 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any], dimens
         else:
             check_positive_int(value, key, _MAXIMA.get(key, MAX_COUNT))
     if index_type in ("ivf", "ivfpq"):
-        if "nlist" in params:
-            nlist = int(params["nlist"])
-            if nlist > n:
-                raise ConfigurationError(
-                    f"an IVF index with nlist={nlist} needs at least {nlist} documents to train (ideally "
-                    f"{39 * nlist}); the corpus has {n}. Use a smaller nlist, or index_type='flat'"
-                )
-        else:
-            nlist = default_nlist(n) if index_type == "ivf" else default_nlist_pq(n)
+        nlist = int(params.get("nlist", default_nlist(n, index_type)))
+        if "nlist" in params and nlist > n:
+            raise ConfigurationError(f"an IVF index with nlist={nlist} needs at least {nlist} documents to train "
+                                     f"(ideally {39 * nlist}); the corpus has {n}. Use a smaller nlist, or "
+                                     "index_type='flat'")
         nprobe = min(int(params.get("nprobe", DEFAULT_NPROBE)), nlist)
         if index_type == "ivf":
             return {"nlist": nlist, "nprobe": nprobe}
         pq_m = int(params.get("pq_m", DEFAULT_PQ_M))
         if dimension is not None and dimension % pq_m:
-            raise ConfigurationError(
-                f"pq_m={pq_m} must divide the embedding dimension {dimension} (e.g. "
-                f"{', '.join(str(m) for m in (8, 16, 24, 32, 48, 64, 96) if dimension % m == 0)})"
-            )
+            raise ConfigurationError(f"pq_m={pq_m} must divide the embedding dimension {dimension} (e.g. "
+                                     f"{', '.join(str(m) for m in (8, 16, 24, 32, 48, 64, 96) if dimension % m == 0)})")
         if n < 256:
-            raise ConfigurationError(
-                f"an IVF-PQ index needs at least 256 documents to train its 256-centroid sub-quantizers (ideally "
-                f"thousands); the corpus has {n}. Use index_type='flat' or 'hnsw'"
-            )
-        return {
-            "nlist": nlist,
-            "nprobe": nprobe,
-            "pq_m": pq_m,
-            "opq": bool(params.get("opq", False)),
-            "rerank": int(params.get("rerank", DEFAULT_RERANK)),
-        }
+            raise ConfigurationError(f"an IVF-PQ index needs at least 256 documents to train its 256-centroid "
+                                     f"sub-quantizers (ideally thousands); the corpus has {n}. Use index_type='flat' "
+                                     "or 'hnsw'")
+        return {"nlist": nlist, "nprobe": nprobe, "pq_m": pq_m, "opq": bool(params.get("opq", False)),
+                "rerank": int(params.get("rerank", DEFAULT_RERANK))}
     if index_type == "hnsw":
-        return {
-            "m": int(params.get("m", DEFAULT_HNSW_M)),
-            "ef_construction": int(params.get("ef_construction", DEFAULT_EF_CONSTRUCTION)),
-            "ef_search": int(params.get("ef_search", DEFAULT_EF_SEARCH)),
-        }
+        return {"m": int(params.get("m", DEFAULT_HNSW_M)),
+                "ef_construction": int(params.get("ef_construction", DEFAULT_EF_CONSTRUCTION)),
+                "ef_search": int(params.get("ef_search", DEFAULT_EF_SEARCH))}
     return {}
 
 
@@ -189,11 +134,9 @@ def code_bytes_per_vector(index: faiss.Index, index_type: str) -> int:
     return int(index.d) * 4
 
 
-def build_faiss_index(
-    embeddings: np.ndarray, index_type: str, params: dict[str, Any], *, progress: bool
-) -> faiss.Index:
-    """Create, train (IVF / IVF-PQ, seeded) and fill an inner-product FAISS index with ``embeddings`` (already
-    normalised)."""
+def build_faiss_index(embeddings: np.ndarray, index_type: str, params: dict[str, Any], *,
+                      progress: bool) -> faiss.Index:
+    """Create, train (IVF / IVF-PQ, seeded) and fill a FAISS index with normalised ``embeddings``."""
     n, dim = embeddings.shape
     index = new_faiss_index(dim, index_type, params)
     if index_type in ("ivf", "ivfpq"):
@@ -207,8 +150,7 @@ def build_faiss_index(
 
 
 def new_faiss_index(dimension: int, index_type: str, params: dict[str, Any]) -> faiss.Index:
-    """An empty inner-product FAISS index of ``index_type``, configured (k-means seed, OPQ iterations, HNSW build
-    width, search parameters) but not trained."""
+    """An empty inner-product FAISS index of ``index_type``, configured but not trained."""
     index = faiss.index_factory(dimension, factory_string(index_type, params), faiss.METRIC_INNER_PRODUCT)
     if index_type in ("ivf", "ivfpq"):
         faiss.extract_index_ivf(index).cp.seed = 1234
@@ -222,12 +164,9 @@ def new_faiss_index(dimension: int, index_type: str, params: dict[str, Any]) -> 
 
 
 def training_rows(n: int, index_type: str, params: dict[str, Any]) -> np.ndarray | None:
-    """The sorted rows (of ``n``) an IVF / IVF-PQ index is trained on; ``None``: all of them (FAISS's k-means then
-    samples 256 points per list itself). Seeded, so that an index built from the same vectors in memory or from
-    embedding files is trained on the same sample.
-
-    IVF-PQ trains its coarse k-means, PQ (and OPQ) on 64 points per list (at least 20k): what FAISS would sample
-    (256 per list) makes a 1M-document build spend most of its time in k-means."""
+    """The sorted rows (of ``n``) an IVF / IVF-PQ index is trained on (``None``: all), seeded so that a build from
+    memory or from embedding files trains on the same sample. IVF-PQ takes 64 points per list (at least 20k): FAISS's
+    256 per list would make a 1M-document build spend most of its time in k-means."""
     if index_type != "ivfpq":
         return None
     limit = max(20_000, 64 * int(params["nlist"]))
@@ -240,13 +179,9 @@ def train_faiss_index(index: faiss.Index, training: np.ndarray, index_type: str,
                       consume: bool = False) -> None:
     """Train an IVF / IVF-PQ index made by :func:`new_faiss_index` on ``training`` (normalised vectors).
 
-    IVF-PQ without OPQ is trained in two steps that give the index ``index.train`` gives, bit for bit (the same
-    FAISS calls on the same rows in the same order): the coarse k-means on all of ``training``, then PQ on the
-    residuals of FAISS's own seeded subsample (``train_encoder_num_vectors``: 65,536 rows), computed in place in one
-    copy of it. ``index.train`` holds the training set, that subsample and its residuals at once (~400 MB at 1M
-    documents). ``consume``: ``training`` is the caller's own scratch array (C-contiguous float32, no other
-    reference): the subsample is gathered into its first rows and the rest is given back (``ndarray.resize``), so
-    that the training set and a full copy of the subsample are never held together."""
+    IVF-PQ without OPQ is trained as ``index.train`` would, bit for bit, but with less memory
+    (:func:`_train_ivfpq_in_two_steps`). ``consume``: ``training`` is the caller's own scratch array (C-contiguous
+    float32, no other reference), which may be shrunk in place."""
     if index_type == "ivfpq":
         # FAISS asks for 39 points per PQ centroid (~10k) and prints a warning below that; a small corpus
         # (>= 256 documents, checked in resolve_index_params) trains fine with fewer.
@@ -262,9 +197,9 @@ def train_faiss_index(index: faiss.Index, training: np.ndarray, index_type: str,
 
 
 def _train_ivfpq_in_two_steps(index: faiss.IndexIVFPQ, training: np.ndarray, consume: bool) -> None:
-    """``IndexIVF::train`` of FAISS 1.15 (``train_q1``, ``fvecs_maybe_subsample`` with seed 1234, ``assign``,
-    ``compute_residual_n``, ``train_encoder``) with the residuals computed in place, and, with ``consume``, the
-    subsample gathered in place."""
+    """``IndexIVF::train`` of FAISS 1.15 (coarse k-means, then PQ on the residuals of its seeded subsample) with the
+    residuals computed in place, and, with ``consume``, the subsample gathered in place: the training set and a copy
+    of the subsample are never held together."""
     x = np.ascontiguousarray(training, dtype=np.float32)
     n, dim = x.shape
     index.train_q1(n, faiss.swig_ptr(x), False, index.metric_type)
@@ -292,9 +227,8 @@ def _train_ivfpq_in_two_steps(index: faiss.IndexIVFPQ, training: np.ndarray, con
 
 
 def _gather_first_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``x[rows]`` written into ``x``'s first ``len(rows)`` rows (``rows`` distinct), the rest of ``x`` given back to
-    the system; returns ``x``. Only the source rows that the gathering would overwrite before reading them are
-    copied aside (about ``len(rows)**2 / len(x)`` of them)."""
+    """``x[rows]`` written into ``x``'s first ``len(rows)`` rows (``rows`` distinct), the rest given back; returns
+    ``x``. Only the source rows a write would overwrite before they are read are copied aside."""
     count = len(rows)
     early = rows < count  # sources inside the target region: a write may overwrite them first
     aside_targets = np.flatnonzero(early)
@@ -322,9 +256,8 @@ def add_vectors(index: faiss.Index, embeddings: np.ndarray, index_type: str, *, 
 
 def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vectors: Callable[[], np.ndarray],
                 params: dict[str, Any]) -> faiss.Index:  # fmt: skip
-    """Remove the given row positions from ``index`` so that the remaining rows keep their order and are numbered
-    ``0 .. n-1`` again (row ``i`` of the index stays document ``i`` of the caller's lists); return the index (a new
-    one for HNSW, which FAISS cannot delete from: its graph is rebuilt from ``exact_vectors()`` without the rows)."""
+    """Remove the given row positions from ``index``, the remaining rows keeping their order, renumbered ``0 ..
+    n-1``; return the index (for HNSW, which FAISS cannot delete from, a new one built from ``exact_vectors()``)."""
     rows = np.unique(np.asarray(rows, dtype=np.int64))
     if index_type == "flat":
         index.remove_ids(faiss.IDSelectorBatch(rows))  # IndexFlat compacts, keeping the order
@@ -350,8 +283,7 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
 
 
 def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
-    """Squared distance of each (normalised) vector to its nearest IVF centroid, in the space the lists live in
-    (after the OPQ rotation, if any)."""
+    """Squared distance of each (normalised) vector to its nearest IVF centroid (after the OPQ rotation, if any)."""
     ivf = faiss.extract_index_ivf(index)
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     outer = faiss.downcast_index(index)
@@ -365,11 +297,10 @@ def ivf_sq_distances(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
     return np.maximum(sq, 0.0)
 
 
-def rerank_exactly(
-    queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int, batch: int = 64
-) -> tuple[np.ndarray, np.ndarray]:
-    """Re-score candidate rows (``positions``, -1 = none) with the exact cosine against ``vectors`` (read only for
-    the candidates, so a memory-mapped array stays on disk) and keep the best ``k`` of each query."""
+def rerank_exactly(queries: np.ndarray, positions: np.ndarray, vectors: np.ndarray, k: int,
+                   batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Re-score candidate rows (``positions``, -1 = none) with the exact cosine against ``vectors`` (only their rows
+    read) and keep the best ``k`` of each query."""
     n_queries, candidates = positions.shape
     out_scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
     out_positions = np.full((n_queries, k), -1, dtype=np.int64)

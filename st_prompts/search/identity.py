@@ -1,9 +1,6 @@
-"""Which model encoded an index: its name, path, dimension and a fingerprint of its probe-sentence embeddings.
-
-The fingerprint is the SHA-256 of the (rounded) normalised embeddings of :data:`PROBE_SENTENCES`; the embeddings
-themselves are kept too (``probe.npy`` in a saved index). A model matches an identity when it has the same
-dimension and gives the same probe embeddings up to numeric noise (cosine >= :data:`FINGERPRINT_MIN_COSINE` for
-every probe sentence), else :class:`~st_prompts.errors.BackboneMismatchError`.
+"""Which model encoded an index: its name, path, dimension and its embeddings of :data:`PROBE_SENTENCES` (with their
+fingerprint). A model matches when its probe embeddings agree up to numeric noise (cosine >=
+:data:`FINGERPRINT_MIN_COSINE`), else :class:`~st_prompts.errors.BackboneMismatchError`.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError
+from st_prompts.numbers import whole
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.encoding import encode_texts
 from st_prompts.utils import PACKAGED_MINILM_ALIASES, packaged_minilm_path
@@ -30,14 +28,10 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_MIN_COSINE = 0.999
 #: Fixed sentences whose embeddings fingerprint a model.
 PROBE_SENTENCES = (
-    "A man is playing a guitar on the street.",
-    "The stock market fell sharply after the announcement.",
-    "How do I reset my password?",
-    "Photosynthesis converts light energy into chemical energy.",
-    "Der Hund schläft auf dem Sofa.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Scores were tied 2-2 at half time.",
-    "an unusually short one",
+    "A man is playing a guitar on the street.", "The stock market fell sharply after the announcement.",
+    "How do I reset my password?", "Photosynthesis converts light energy into chemical energy.",
+    "Der Hund schläft auf dem Sofa.", "The quick brown fox jumps over the lazy dog.",
+    "Scores were tied 2-2 at half time.", "an unusually short one",
 )
 _FINGERPRINT_DECIMALS = 3
 
@@ -73,7 +67,7 @@ def model_name(model: SentenceTransformer) -> str:
 
 def _max_seq_length(model: SentenceTransformer) -> int | None:
     value = getattr(model, "max_seq_length", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value < 1_000_000 else None
+    return value if whole(value, high=999_999) else None
 
 
 def embedding_dimension(model: SentenceTransformer) -> int | None:
@@ -97,50 +91,30 @@ class ModelIdentity:
     fingerprint: str
     probe_embeddings: np.ndarray = field(repr=False)
     path: str | None = None
-    #: The prompt set of a bank that encoded the documents (and encodes the queries), or ``None``: the model's
-    #: ``encode_document``/``encode_query``.
-    task: str | None = None
-    #: The most tokens per document the model encoded (its ``max_seq_length``); ``None`` for indexes that predate it.
-    max_seq_length: int | None = None
-    #: ``"int8"`` when the documents were encoded by a quantized model (:mod:`st_prompts.quantization`), whose
-    #: queries then come from the same; ``None``: fp32.
+    task: str | None = None  # the bank's prompt set of documents and queries (None: encode_document / encode_query)
+    max_seq_length: int | None = None  # None for indexes that predate it
+    # how the documents were encoded, and so the queries are: "int8" (quantized), "bfloat16" / "float16"; None: fp32
     quantize: str | None = None
-    #: ``"bfloat16"``/``"float16"`` when the documents were encoded in half precision (:mod:`st_prompts.precision`),
-    #: whose queries then come from the same; ``None``: float32.
     dtype: str | None = None
 
     @classmethod
     def of(cls, model: SentenceTransformer, name: str | None = None, task: str | None = None) -> ModelIdentity:
-        """Compute the identity of ``model`` (encodes the :data:`PROBE_SENTENCES`, a few milliseconds), with the
-        prompt set ``task`` of a bank if given."""
+        """Compute the identity of ``model`` (encoding the :data:`PROBE_SENTENCES` with the prompt set ``task``)."""
         probe = encode_texts(model, PROBE_SENTENCES, kind="document", batch_size=len(PROBE_SENTENCES), progress=False,
                              task=task)
-        return cls(
-            name=name or model_name(model),
-            dimension=int(probe.shape[1]),
-            fingerprint=cls.fingerprint_of(probe),
-            probe_embeddings=probe,
-            path=_config_name_or_path(model),
-            task=task,
-            max_seq_length=_max_seq_length(model),
-            quantize=getattr(model, "st_prompts_quantization", None),
-            dtype=getattr(model, "st_prompts_dtype", None),
-        )
+        return cls(name=name or model_name(model), dimension=int(probe.shape[1]), fingerprint=cls.fingerprint_of(probe),
+                   probe_embeddings=probe, path=_config_name_or_path(model), task=task,
+                   max_seq_length=_max_seq_length(model), quantize=getattr(model, "st_prompts_quantization", None),
+                   dtype=getattr(model, "st_prompts_dtype", None))
 
     @classmethod
     def from_json(cls, info: dict[str, Any], probe_embeddings: np.ndarray) -> ModelIdentity:
         """The identity saved by :meth:`to_json` (``meta.json``) and its probe embeddings (``probe.npy``)."""
-        return cls(
-            name=info["name"],
-            dimension=int(info["dimension"]),
-            fingerprint=info["fingerprint"],
-            probe_embeddings=probe_embeddings,
-            path=info.get("path"),
-            task=info.get("task"),
-            max_seq_length=info.get("max_seq_length") if isinstance(info.get("max_seq_length"), int) else None,
-            quantize="int8" if info.get("quantize") == "int8" else None,
-            dtype=info["dtype"] if info.get("dtype") in ("bfloat16", "float16") else None,
-        )
+        return cls(name=info["name"], dimension=int(info["dimension"]), fingerprint=info["fingerprint"],
+                   probe_embeddings=probe_embeddings, path=info.get("path"), task=info.get("task"),
+                   max_seq_length=info.get("max_seq_length") if isinstance(info.get("max_seq_length"), int) else None,
+                   quantize="int8" if info.get("quantize") == "int8" else None,
+                   dtype=info["dtype"] if info.get("dtype") in ("bfloat16", "float16") else None)
 
     @staticmethod
     def fingerprint_of(probe_embeddings: np.ndarray) -> str:
@@ -152,21 +126,13 @@ class ModelIdentity:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-able part (the probe embeddings are saved separately, in ``probe.npy``)."""
-        return {
-            "name": self.name,
-            "path": self.path,
-            "dimension": self.dimension,
-            "fingerprint": self.fingerprint,
-            "probe_sentences": list(PROBE_SENTENCES),
-            **({"task": self.task} if self.task is not None else {}),
-            **({"max_seq_length": self.max_seq_length} if self.max_seq_length is not None else {}),
-            **({"quantize": self.quantize} if self.quantize is not None else {}),
-            **({"dtype": self.dtype} if self.dtype is not None else {}),
-        }
+        optional = {"task": self.task, "max_seq_length": self.max_seq_length, "quantize": self.quantize,
+                    "dtype": self.dtype}
+        return {"name": self.name, "path": self.path, "dimension": self.dimension, "fingerprint": self.fingerprint,
+                "probe_sentences": list(PROBE_SENTENCES), **{k: v for k, v in optional.items() if v is not None}}
 
     def loadable_name(self) -> str:
-        """What to load this model from: the recorded name, or the recorded local path when the name is a path that
-        does not exist here but the path does."""
+        """The recorded name, or the recorded local path when the name is a dead path and the path exists here."""
         if self.path and not _loadable(self.name) and os.path.isdir(self.path):
             return self.path
         return self.name
@@ -177,10 +143,9 @@ class ModelIdentity:
             raise BackboneMismatchError(f"the index was encoded with the prompt set {self.task!r}, not {other.task!r}: "
                                         "queries must be encoded with the documents' set")
         if other.dimension != self.dimension:
-            raise BackboneMismatchError(
-                f"model {other.name!r} produces {other.dimension}-dimensional embeddings but the index was built "
-                f"with {self.name!r} ({self.dimension} dimensions); use the index's model or rebuild the index"
-            )
+            raise BackboneMismatchError(f"model {other.name!r} produces {other.dimension}-dimensional embeddings but "
+                                        f"the index was built with {self.name!r} ({self.dimension} dimensions); use "
+                                        "the index's model or rebuild the index")
         if other.max_seq_length is not None and self.max_seq_length is not None and \
                 other.max_seq_length != self.max_seq_length:
             warn_at_caller(f"the index's documents were encoded at up to {self.max_seq_length} tokens each, but model "
@@ -191,15 +156,12 @@ class ModelIdentity:
         cosines = np.sum(self.probe_embeddings * other.probe_embeddings, axis=1)
         worst = float(np.min(cosines))
         if worst < FINGERPRINT_MIN_COSINE and other.quantize != self.quantize:
-            raise BackboneMismatchError(
-                f"the index was encoded by the {self.quantize or 'fp32'} model and this one is "
-                f"{other.quantize or 'fp32'} (lowest probe cosine {worst:.4f}): load it with quantize="
-                f"{self.quantize or 'none'!r} (--quantize {self.quantize or 'none'}) or rebuild the index"
-            )
+            raise BackboneMismatchError(f"the index was encoded by the {self.quantize or 'fp32'} model and this one is "
+                                        f"{other.quantize or 'fp32'} (lowest probe cosine {worst:.4f}): load it with "
+                                        f"quantize={self.quantize or 'none'!r} (--quantize {self.quantize or 'none'}) "
+                                        "or rebuild the index")
         if worst < FINGERPRINT_MIN_COSINE:
-            raise BackboneMismatchError(
-                f"model {other.name!r} does not match the index's model {self.name!r}: its embeddings of the probe "
-                f"sentences differ (lowest cosine {worst:.4f} < {FINGERPRINT_MIN_COSINE}); use the index's model or "
-                "rebuild the index"
-            )
+            raise BackboneMismatchError(f"model {other.name!r} does not match the index's model {self.name!r}: its "
+                                        f"embeddings of the probe sentences differ (lowest cosine {worst:.4f} < "
+                                        f"{FINGERPRINT_MIN_COSINE}); use the index's model or rebuild the index")
         logger.debug("fingerprints differ only by numeric noise (lowest probe cosine %.6f)", worst)

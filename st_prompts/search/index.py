@@ -1,4 +1,4 @@
-""":class:`SemanticIndex`: build an index over a corpus, save/load it, search it (see :mod:`st_prompts.search`)."""
+""":class:`SemanticIndex`: build an index over a corpus, save/load it, search it (conventions: ``docs/search.md``)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,7 @@ from st_prompts.search.calibration import IndexCalibration
 from st_prompts.search.checks import MAX_COUNT, MAX_EF
 from st_prompts.search.corpus import check_queries
 from st_prompts.search.encoding import check_encode_length, encode_texts, l2_normalize
-from st_prompts.search.faiss_index import (
-    apply_search_params,
-    check_positive_int,
-    reconstruct_all,
-    rerank_exactly,
-)
+from st_prompts.search.faiss_index import apply_search_params, check_positive_int, reconstruct_all, rerank_exactly
 from st_prompts.search.identity import ModelIdentity, embedding_dimension
 from st_prompts.search.store import StoredIndex, load_index_dir, save_index_dir
 from st_prompts.search.updates import IndexUpdates
@@ -34,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+
 class SearchHit(NamedTuple):
     """One search result: the document's id and text and its cosine similarity to the query."""
     id: int | str
@@ -44,45 +40,26 @@ class SearchHit(NamedTuple):
 class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
     """A FAISS index over the L2-normalised embeddings of a corpus, with the documents' ids and texts.
 
-    Build one with :meth:`build` (a list of strings or a ``datasets.Dataset``), :meth:`from_file` (a text file with
-    one document per line, or a ``.jsonl``/``.json``/``.csv``/``.parquet`` dataset file) or, from precomputed
-    embeddings, :meth:`from_embeddings`; persist it with :meth:`save` / :meth:`load`; query it with :meth:`search`
-    (texts) or :meth:`search_embeddings` (vectors); update it with :meth:`add` / :meth:`remove`; tune an approximate
-    index with :meth:`calibrate`. See :mod:`st_prompts.search` for the conventions (scores, ids, duplicates, ``k``).
+    Build one with :meth:`build`, :meth:`from_file` or :meth:`from_embeddings`; persist it with :meth:`save` /
+    :meth:`load`; query it with :meth:`search` / :meth:`search_embeddings`; update it with :meth:`add` /
+    :meth:`remove`; tune an approximate index with :meth:`calibrate` (conventions: ``docs/search.md``).
 
     Attributes:
-        index: the underlying ``faiss.Index`` (row ``i`` is document ``ids[i]``).
-        ids: document ids, in FAISS order (a read-only lazy sequence for an index loaded with ``mmap=True``).
-        texts: document texts, in FAISS order (likewise).
-        index_type: ``"flat"``, ``"ivf"``, ``"hnsw"`` or ``"ivfpq"``.
-        index_params: the resolved parameters (e.g. ``{"nlist": 400, "nprobe": 32}``).
-        model_identity: the :class:`ModelIdentity` of the encoding model, or ``None`` for an index built from bare
-            embeddings.
-        model: the model used to encode queries (``None`` until needed; loaded lazily from ``model_identity``).
-        vectors: the original (normalised) vectors of an ``"ivfpq"`` index, float16, used to re-rank candidates
-            exactly (a read-only memory map for a loaded index); ``None`` for the other types, whose FAISS index
-            holds them.
+        index: the ``faiss.Index`` (row ``i`` is document ``ids[i]``); ``ids``, ``texts`` in that order (read-only
+            lazy sequences for an index loaded with ``mmap=True``).
+        index_type, index_params: ``"flat"``, ``"ivf"``, ``"hnsw"`` or ``"ivfpq"`` and its resolved parameters.
+        model_identity: the encoding model's :class:`ModelIdentity` (``None``: built from bare embeddings).
+        model: the model encoding queries (loaded lazily from ``model_identity``).
+        vectors: an ``"ivfpq"`` index's normalised float16 vectors, for exact re-ranking (else ``None``).
         info: extra metadata saved in ``meta.json`` (e.g. ``id_source``, ``calibration``).
     """
 
-    def __init__(
-        self,
-        index: faiss.Index,
-        ids: Sequence[int | str],
-        texts: Sequence[str],
-        *,
-        index_type: str,
-        index_params: dict[str, Any],
-        model_identity: ModelIdentity | None = None,
-        model: SentenceTransformer | None = None,
-        info: dict[str, Any] | None = None,
-        vectors: np.ndarray | None = None,
-        read_only: bool = False,
-    ) -> None:
+    def __init__(self, index: faiss.Index, ids: Sequence[int | str], texts: Sequence[str], *, index_type: str,
+                 index_params: dict[str, Any], model_identity: ModelIdentity | None = None,
+                 model: SentenceTransformer | None = None, info: dict[str, Any] | None = None,
+                 vectors: np.ndarray | None = None, read_only: bool = False) -> None:
         if index.ntotal != len(ids) or len(ids) != len(texts):
-            raise DataFormatError(
-                f"inconsistent index: {index.ntotal} vectors, {len(ids)} ids and {len(texts)} texts"
-            )
+            raise DataFormatError(f"inconsistent index: {index.ntotal} vectors, {len(ids)} ids and {len(texts)} texts")
         if vectors is not None and len(vectors) != len(ids):
             raise DataFormatError(f"inconsistent index: {len(vectors)} stored vectors for {len(ids)} documents")
         if index_type == "ivfpq" and vectors is None and int(index_params.get("rerank", 0)) > 0:
@@ -98,24 +75,17 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         self.vectors = vectors
         self.read_only = read_only
         self._positions: dict[int | str, int] | None = None
-        #: ``(folder, save_id)`` of the save this index was loaded from or last saved to: saving back to that folder
-        #: is refused if another process saved it meanwhile.
+        # (folder, save_id) it was loaded from or saved to: saving back is refused if another process saved meanwhile
         self._saved_as: tuple[str, str | None] | None = None
 
-    # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike, *, overwrite: bool = True) -> None:
-        """Write the index to ``directory`` (``index.faiss``, ``docs.jsonl``, ``meta.json``, ``probe.npy``, and
-        ``vectors.npy`` for an IVF-PQ index).
+        """Write the index to ``directory``, atomically (:func:`~st_prompts.search.store.save_index_dir`).
 
-        Written atomically with a manifest (:mod:`st_prompts.search.store`); an existing index is replaced (unless
-        ``overwrite=False``) only if its manifest lists everything in it (an older index without one only when saved
-        back to the folder it was loaded from). Saving back is refused if another process saved the folder meanwhile
-        (its update would be lost): use :meth:`update` to load, change and save under the index's lock.
+        An existing index is replaced (unless ``overwrite=False``) only if st-prompts wrote it. Saving back is refused
+        if another process saved the folder meanwhile: use :meth:`update` to load, change and save under its lock.
         """
-        stored = StoredIndex(
-            self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity, self.info,
-            self.vectors,
-        )  # fmt: skip
+        stored = StoredIndex(self.index, self.ids, self.texts, self.index_type, self.index_params, self.model_identity,
+                             self.info, self.vectors)
         updating = self._saved_as is not None and self._saved_as[0] == os.path.realpath(directory)
         expected = self._saved_as[1] if updating else None
         target, save_id = save_index_dir(stored, directory, overwrite=overwrite, expected_save_id=expected,
@@ -125,11 +95,9 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
 
     @classmethod
     @contextmanager
-    def update(
-        cls, directory: str | os.PathLike, model: SentenceTransformer | str | None = None
-    ) -> Iterator[SemanticIndex]:
-        """Load the index at ``directory``, let the caller change it, and save it, holding the index's lock
-        throughout, so that concurrent updates take turns and each one starts from the latest saved state::
+    def update(cls, directory: str | os.PathLike, model: SentenceTransformer | str | None = None
+               ) -> Iterator[SemanticIndex]:
+        """Load the index at ``directory``, let the caller change it, and save it, under the index's lock::
 
             with SemanticIndex.update("corpus.index") as index:
                 index.add(["a new document"])
@@ -142,19 +110,15 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             index.save(directory, overwrite=True)
 
     @classmethod
-    def load(
-        cls, directory: str | os.PathLike, model: SentenceTransformer | str | None = None, *, mmap: bool = False
-    ) -> SemanticIndex:
+    def load(cls, directory: str | os.PathLike, model: SentenceTransformer | str | None = None, *,
+             mmap: bool = False) -> SemanticIndex:
         """Load an index saved by :meth:`save`.
 
         Args:
-            model: optional model (or model name, loaded with :func:`st_prompts.loading.load_sentence_model`) to
-                encode queries with. It is checked against the index's recorded model identity (dimension and probe
-                fingerprint). Without it, the recorded model is loaded (and checked) at the first text search.
-            mmap: memory-map the index instead of reading it into RAM: the FAISS index is read with
-                ``faiss.IO_FLAG_MMAP``, the re-ranking vectors with ``numpy.load(mmap_mode="r")``, and documents are
-                read from ``docs.jsonl`` only for the hits, so an index larger than RAM can be searched (read-only:
-                :meth:`add` / :meth:`remove` raise).
+            model: a model (or name) to encode queries with, checked against the index's recorded model; by default
+                the recorded model is loaded at the first text search.
+            mmap: memory-map the index instead of reading it into RAM, so an index larger than RAM can be searched
+                (read-only: :meth:`add` / :meth:`remove` raise).
 
         Raises:
             DataNotFoundError: the directory does not exist.
@@ -162,41 +126,20 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             BackboneMismatchError: ``model`` is not the index's model.
         """
         stored = load_index_dir(directory, mmap=mmap)
-        loaded = cls(
-            stored.faiss_index,
-            stored.ids,
-            stored.texts,
-            index_type=stored.index_type,
-            index_params=stored.index_params,
-            model_identity=stored.model_identity,
-            info=stored.info,
-            vectors=stored.vectors,
-            read_only=mmap,
-        )
+        loaded = cls(stored.faiss_index, stored.ids, stored.texts, index_type=stored.index_type,
+                     index_params=stored.index_params, model_identity=stored.model_identity, info=stored.info,
+                     vectors=stored.vectors, read_only=mmap)
         loaded._saved_as = (os.path.realpath(directory), stored.save_id)
         if model is not None:
             loaded.set_model(model)
         return loaded
 
-    # ------------------------------------------------------------------ querying
-    def set_model(
-        self,
-        model: SentenceTransformer | str,
-        *,
-        device: str | None = None,
-        trust_remote_code: bool | None = None,
-    ) -> None:
-        """Use ``model`` to encode queries, after checking that it matches the index's model.
-
-        ``model`` is a model object or a name/path, loaded with :func:`st_prompts.loading.load_sentence_model`
-        (``device`` and ``trust_remote_code`` apply to that loading only).
-
-        Raises:
-            BackboneMismatchError: the model's dimension or probe embeddings differ from the index's model.
-        """
+    def set_model(self, model: SentenceTransformer | str, *, device: str | None = None,
+                  trust_remote_code: bool | None = None) -> None:
+        """Use ``model`` (a model, or a name/path loaded with ``device`` and ``trust_remote_code``) to encode queries,
+        after checking that it matches the index's model (else :class:`BackboneMismatchError`)."""
         if isinstance(model, (str, os.PathLike)):
-            # imported here: they import torch and sentence-transformers, which an index searched with vectors,
-            # or built from embedding files, never needs
+            # imported here: they import torch and sentence-transformers, which a vectors-only index never needs
             from st_prompts.loading import load_sentence_model
             from st_prompts.modules.chat_templates import guard_chat_templates
 
@@ -209,35 +152,27 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         if self.model_identity is not None:
             self.model_identity.check_compatible(ModelIdentity.of(model, task=self.model_identity.task))
         elif embedding_dimension(model) not in (None, self.dimension):
-            raise BackboneMismatchError(
-                f"the model produces {embedding_dimension(model)}-dimensional embeddings, the index has "
-                f"{self.dimension} dimensions"
-            )
+            raise BackboneMismatchError(f"the model produces {embedding_dimension(model)}-dimensional embeddings, the "
+                                        f"index has {self.dimension} dimensions")
         self.model = model
 
     def use_recorded_model(self, *, device: str | None = None, trust_remote_code: bool | None = None) -> None:
-        """Load the model recorded in the index (by name, or by its recorded local path) and use it for queries.
-
-        Raises:
-            ConfigurationError: the index was built from bare embeddings and records no model.
-        """
+        """Load the model recorded in the index and use it for queries (ConfigurationError if it records none)."""
         if self.model_identity is None:
-            raise ConfigurationError(
-                "this index was built from bare embeddings and has no model: pass one with set_model()/load(), "
-                "or use search_embeddings()"
-            )
+            raise ConfigurationError("this index was built from bare embeddings and has no model: pass one with "
+                                     "set_model()/load(), or use search_embeddings()")
         name = self.model_identity.loadable_name()
         logger.debug("loading the index's model %r", name)
         self.set_model(name, device=device, trust_remote_code=trust_remote_code)
 
-    def set_search_params(
-        self, *, nprobe: int | None = None, ef_search: int | None = None, rerank: int | None = None
-    ) -> None:
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None,
+                          rerank: int | None = None) -> None:
         """Change the speed/recall trade-off of an approximate index (saved with the index). A calibration recorded
         in :attr:`info` stays there, but no longer describes the parameters in use (``index info`` says so)."""
         if nprobe is not None:
             if self.index_type not in ("ivf", "ivfpq"):
-                raise ConfigurationError(f"nprobe applies to an 'ivf' or 'ivfpq' index, this one is {self.index_type!r}")
+                raise ConfigurationError(f"nprobe applies to an 'ivf' or 'ivfpq' index, this one is "
+                                         f"{self.index_type!r}")
             self.index_params["nprobe"] = min(check_positive_int(nprobe, "nprobe"), self.index_params["nlist"])
         if ef_search is not None:
             if self.index_type != "hnsw":
@@ -253,21 +188,13 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             self.index_params["rerank"] = int(rerank)
         apply_search_params(self.index, self.index_type, self.index_params)
 
-    def search(
-        self,
-        queries: str | Sequence[str],
-        k: int = 10,
-        *,
-        batch_size: int = 64,
-        show_progress_bar: bool = False,
-        task: str | None = None,
-    ) -> list[list[SearchHit]]:
+    def search(self, queries: str | Sequence[str], k: int = 10, *, batch_size: int = 64,
+               show_progress_bar: bool = False, task: str | None = None) -> list[list[SearchHit]]:
         """Return the ``k`` nearest documents of each query, best first, as :class:`SearchHit` (id, text, cosine).
 
-        ``queries`` is a string or a list of strings; the result always has one list per query. Queries are encoded
-        with ``encode_query`` of the index's model (loaded by :meth:`use_recorded_model` on first use if the index
-        has none yet), or with the prompt set that encoded the documents (an index built with ``task``; a ``task``
-        given here must be that one). ``k`` is clamped to the corpus size with a warning.
+        ``queries`` is a string or a list of strings; the result has one list per query. Queries are encoded as the
+        index's documents were (``encode_query``, or its ``task``'s prompt set: a ``task`` given must be that one).
+        ``k`` is clamped to the corpus size with a warning.
         """
         recorded = self.model_identity.task if self.model_identity is not None else None
         if task is not None and task != recorded:
@@ -287,9 +214,8 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         k = check_positive_int(k, "k")
         queries = self.check_query_embeddings(query_embeddings)
         if k > len(self):
-            warn_at_caller(
-                f"k={k} is larger than the corpus ({len(self)} documents); returning at most {len(self)} hits"
-            )
+            warn_at_caller(f"k={k} is larger than the corpus ({len(self)} documents); returning at most "
+                           f"{len(self)} hits")
             k = len(self)
         scores, positions = self.search_positions(queries, k)
         if positions.size and (positions.min() < -1 or positions.max() >= len(self)):
@@ -297,19 +223,16 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             row = int(positions.max()) if positions.max() >= len(self) else int(positions.min())
             raise DataFormatError(f"{where} returned the row {row} for an index of {len(self)} documents: it is "
                                   "damaged; rebuild the index")
-        return [
-            [SearchHit(self.ids[pos], self.texts[pos], float(score)) for score, pos in zip(row_scores, row_positions)
-             if pos >= 0]  # FAISS pads with -1 when too few candidates were visited
-            for row_scores, row_positions in zip(scores, positions)
-        ]  # fmt: skip
+        return [[SearchHit(self.ids[pos], self.texts[pos], float(score))
+                 for score, pos in zip(row_scores, row_positions) if pos >= 0]  # FAISS pads with -1
+                for row_scores, row_positions in zip(scores, positions)]
 
     def check_query_embeddings(self, query_embeddings: Any) -> np.ndarray:
         """``query_embeddings`` L2-normalised, checked to have the index's dimension."""
         queries = l2_normalize(query_embeddings)
         if queries.shape[1] != self.dimension:
-            raise BackboneMismatchError(
-                f"query embeddings have {queries.shape[1]} dimensions, the index has {self.dimension}"
-            )
+            raise BackboneMismatchError(f"query embeddings have {queries.shape[1]} dimensions, the index has "
+                                        f"{self.dimension}")
         return queries
 
     def encode_queries(self, queries: list[str], *, batch_size: int = 64, progress: bool = False) -> np.ndarray:
@@ -321,9 +244,8 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
 
     def search_positions(self, queries: np.ndarray, k: int, params: dict[str, Any] | None = None
                          ) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS search of normalised query vectors (then exact re-ranking of IVF-PQ candidates): ``(scores, row
-        positions)``, -1 where FAISS found too few. ``params`` (e.g. ``{"nprobe": 8}``) apply to this search only;
-        the index keeps its own."""
+        """``(scores, row positions)`` of normalised query vectors (-1: too few found), IVF-PQ candidates re-ranked;
+        ``params`` (e.g. ``{"nprobe": 8}``) apply to this search only."""
         if params is not None:
             apply_search_params(self.index, self.index_type, params)
         try:
@@ -343,7 +265,6 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             return self.vectors
         return reconstruct_all(self.index, self.index_type)
 
-    # ------------------------------------------------------------------ misc
     @property
     def dimension(self) -> int:
         """Embedding dimension of the index."""
@@ -354,7 +275,5 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
 
     def __repr__(self) -> str:
         model = self.model_identity.name if self.model_identity is not None else None
-        return (
-            f"SemanticIndex(type={self.index_type!r}, params={self.index_params}, docs={len(self)}, "
-            f"dim={self.dimension}, model={model!r})"
-        )
+        return (f"SemanticIndex(type={self.index_type!r}, params={self.index_params}, docs={len(self)}, "
+                f"dim={self.dimension}, model={model!r})")

@@ -1,11 +1,5 @@
-"""A 2-D ``.npy`` file written and read a block of rows at a time with plain file I/O, never memory-mapped: an index
-built from embedding files writes its IVF-PQ re-ranking vectors (``vectors.npy``, float16) this way and calibrates
-against them.
-
-Why not ``numpy.lib.format.open_memmap``: the pages of a mapped file count in the process's resident set (RSS) for
-as long as they stay mapped, so writing or scanning a 768 MB file through a map makes a build look (and, under a
-memory limit, be) 768 MB larger. Written with ``write`` and read with ``pread``, the data passes through the page
-cache, which the kernel reclaims, not through the process. The file is a standard ``.npy`` (``numpy.load`` reads it).
+"""A standard 2-D ``.npy`` file written and read a block of rows at a time with plain file I/O (``write``,
+``pread``), never memory-mapped: mapped pages count in the process's RSS, page-cache pages do not.
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ class NpyRowWriter:
 
 class NpyRows:
     """A read-only view of a 2-D ``.npy`` file that reads only the rows asked for (``view[3:9]``,
-    ``view[np.array([[4, 1], [7, 7]])]``), with ``pread``: what calibration and re-ranking need of ``vectors``."""
+    ``view[np.array([[4, 1], [7, 7]])]``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -87,8 +81,7 @@ class NpyRows:
     def __getitem__(self, key: Any) -> np.ndarray:
         if isinstance(key, slice):
             start, stop, step = key.indices(self.shape[0])
-            block = self._read(start, max(start, stop)) if step == 1 else self[np.arange(start, stop, step)]
-            return block
+            return self._read(start, max(start, stop)) if step == 1 else self[np.arange(start, stop, step)]
         rows = np.asarray(key)
         if rows.dtype.kind not in "iu":
             raise TypeError(f"rows must be integers, got {rows.dtype}")

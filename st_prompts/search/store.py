@@ -1,15 +1,7 @@
-"""Saving and loading an index directory, atomically.
-
-A saved index is a directory holding ``index.faiss`` (the FAISS index), ``docs.jsonl`` (one ``{"id", "text"}`` per
-row, in FAISS order), ``docs.offsets.npy`` (the byte offset of every line of ``docs.jsonl``, so that a memory-mapped
-index reads only the documents it returns), ``meta.json`` (format, model identity, index type and parameters,
-calibration, ...), ``probe.npy`` (the model's probe-sentence embeddings; absent for an index built from bare
-embeddings) and, for an IVF-PQ index, ``vectors.npy`` (the normalised vectors in float16, for exact re-ranking).
-
-Saves are atomic, carry a manifest and replace only a folder it fully lists (:mod:`st_prompts.storage`,
-:func:`save_index_dir`); writers take turns under a lock, and every save gets a new ``save_id`` so that an update made
-on a stale copy is refused. Readers need no lock: :func:`load_index_dir` reads again if a save replaced the folder
-meanwhile."""
+"""Saving and loading an index directory atomically: ``index.faiss``, ``docs.jsonl`` + ``docs.offsets.npy`` (documents
+in FAISS order), ``meta.json``, ``probe.npy`` (the model's probe embeddings), ``vectors.npy`` (IVF-PQ, for re-ranking).
+Saves carry a manifest, replace only a folder it fully lists, take turns under a lock and get a new ``save_id`` (a
+stale update is refused); :func:`load_index_dir` reads again if a save replaced the folder meanwhile."""
 
 from __future__ import annotations
 
@@ -21,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +22,15 @@ import numpy as np
 
 from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
-from st_prompts.search.checks import (
-    MMAP_HASH_LIMIT,
-    bad_value,
-    check_faiss_index,
-    check_files,
-    check_meta,
-    check_model_record,
-    record_files,
-    whole,
-)
+from st_prompts.search.checks import (MMAP_HASH_LIMIT, bad_value, check_faiss_index, check_files, check_meta,
+                                      check_model_record, record_files, whole)
 from st_prompts.search.docfile import DocsWriter, LazyDocs, check_offsets, read_docs
-from st_prompts.search.faiss_index import (
-    INDEX_TYPES,
-    PARAMETERS,
-    apply_search_params,
-    code_bytes_per_vector,
-    factory_string,
-)
+from st_prompts.search.faiss_index import (INDEX_TYPES, PARAMETERS, apply_search_params, code_bytes_per_vector,
+                                           factory_string)
 from st_prompts.search.identity import ModelIdentity
-from st_prompts.storage import (
-    INDEX_KIND,
-    MANIFEST_FILE,
-    STAGING_MARKER,
-    check_destination,
-    check_replaceable,
-    contained_path,
-    folder_lock,
-    interrupted_save_hint,
-    manifest_problem,
-    replace_folder,
-    save_in_progress,
-    write_manifest,
-)
+from st_prompts.storage import (INDEX_KIND, MANIFEST_FILE, STAGING_MARKER, check_destination, check_replaceable,
+                                contained_path, folder_lock, interrupted_save_hint, manifest_problem, replace_folder,
+                                save_in_progress, write_manifest)
 
 logger = logging.getLogger(__name__)
 
@@ -73,35 +42,24 @@ META_FILE = "meta.json"
 PROBE_FILE = "probe.npy"
 VECTORS_FILE = "vectors.npy"
 OFFSETS_FILE = "docs.offsets.npy"
-#: Every file an index saved without a manifest (by an older st-prompts) may hold (see :func:`index_folder_problem`).
+#: Every file an index saved without a manifest (by an older st-prompts) may hold.
 INDEX_FILES = frozenset({INDEX_FILE, DOCS_FILE, META_FILE, PROBE_FILE, VECTORS_FILE, OFFSETS_FILE})
 #: The files whose size and SHA-256 ``meta.json`` records (``files``, format 3 on), each written if the index has it.
 RECORDED_FILES = (INDEX_FILE, DOCS_FILE, OFFSETS_FILE, VECTORS_FILE, PROBE_FILE)
-#: The largest ``meta.json`` read (one is a few kilobytes; a larger one is damaged, not read into memory).
-_META_LIMIT = 16 << 20
-#: How long a reader retries while a save replaces the index under it.
-_READ_RETRY_SECONDS = 5.0
-# Keys of meta.json written by make_meta() itself; any other key is kept in StoredIndex.info.
-_CORE_META_KEYS = frozenset(
-    {
-        "format", "format_version", "model", "dimension", "num_docs", "index_type", "index_params",
-        "faiss_factory", "metric", "normalization", "score", "duplicate_texts", "created",
-        "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector", "save_id", "files",
-    }
-)  # fmt: skip
+_META_LIMIT = 16 << 20  # one is a few kilobytes: a larger one is damaged, not read into memory
+_READ_RETRY_SECONDS = 5.0  # how long a reader retries while a save replaces the index under it
+_OVERWRITE_HINT = "pass overwrite=True / --overwrite to replace it"
+_CORE_META_KEYS = frozenset({  # keys of meta.json that make_meta() writes; any other is kept in StoredIndex.info
+    "format", "format_version", "model", "dimension", "num_docs", "index_type", "index_params",
+    "faiss_factory", "metric", "normalization", "score", "duplicate_texts", "created",
+    "st_prompts_version", "faiss_version", "vectors", "bytes_per_vector", "save_id", "files",
+})  # fmt: skip
 
 
 @dataclass
 class StoredIndex:
-    """The parts of a saved index (see :func:`save_index_dir` / :func:`load_index_dir`).
-
-    Attributes:
-        faiss_index: the FAISS index (row ``i`` is document ``ids[i]``), search parameters applied.
-        ids, texts: the documents, in FAISS order.
-        index_type, index_params: ``"flat"``/``"ivf"``/``"hnsw"`` and the resolved parameters.
-        model_identity: the encoding model, or ``None`` for an index built from bare embeddings.
-        info: extra ``meta.json`` keys (e.g. ``id_source``, ``source``, ``calibration``).
-        vectors: the re-ranking vectors of an IVF-PQ index (float16), else ``None``.
+    """The parts of a saved index (as :class:`~st_prompts.search.SemanticIndex` holds them): ``info`` holds the
+    extra ``meta.json`` keys, ``save_id`` the save it was read from (``None``: not read, or saved by an old version).
     """
     faiss_index: faiss.Index
     ids: list[int | str]
@@ -111,61 +69,38 @@ class StoredIndex:
     model_identity: ModelIdentity | None = None
     info: dict[str, Any] | None = None
     vectors: np.ndarray | None = None
-    #: The ``save_id`` of the save it was read from (``None``: not read from disk, or saved by an older version).
     save_id: str | None = None
 
 
 def make_meta(stored: StoredIndex, save_id: str | None = None, files: dict[str, Any] | None = None, *,
               duplicate_texts: int | None = None) -> dict[str, Any]:
-    """The ``meta.json`` content of ``stored`` (``save_id``: this save's identifier, new by default; ``files``: the
-    size and SHA-256 of each file written, :func:`~st_prompts.search.checks.record_files`; ``duplicate_texts``: the
-    count when the caller has it, else counted from ``stored.texts``)."""
+    """The ``meta.json`` content of ``stored`` (``save_id``: new by default; ``files``: from
+    :func:`~st_prompts.search.checks.record_files`; ``duplicate_texts``: counted from ``stored.texts`` by default)."""
+    # what one vector costs: FAISS codes + ids in RAM (no HNSW links), and the re-ranking vector on disk
+    per_vector = {"faiss_codes_and_ids": code_bytes_per_vector(stored.faiss_index, stored.index_type)}
+    if stored.vectors is not None:
+        per_vector["rerank_vectors_on_disk"] = int(stored.vectors.dtype.itemsize * stored.vectors.shape[1])
     return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
         "model": stored.model_identity.to_json() if stored.model_identity is not None else None,
-        "dimension": int(stored.faiss_index.d),
-        "num_docs": len(stored.ids),
-        "index_type": stored.index_type,
-        "index_params": stored.index_params,
-        "faiss_factory": factory_string(stored.index_type, stored.index_params),
-        "metric": "inner_product",
-        "normalization": "l2",
-        "score": "cosine",
-        "duplicate_texts": (len(stored.texts) - len(set(stored.texts)) if duplicate_texts is None
-                            else duplicate_texts),
-        "bytes_per_vector": _bytes_per_vector(stored),
-        "vectors": (
-            {"file": VECTORS_FILE, "dtype": str(stored.vectors.dtype), "use": "exact re-ranking"}
-            if stored.vectors is not None else None
-        ),
+        "dimension": int(stored.faiss_index.d), "num_docs": len(stored.ids), "index_type": stored.index_type,
+        "index_params": stored.index_params, "faiss_factory": factory_string(stored.index_type, stored.index_params),
+        "metric": "inner_product", "normalization": "l2", "score": "cosine",
+        "duplicate_texts": len(stored.texts) - len(set(stored.texts)) if duplicate_texts is None else duplicate_texts,
+        "bytes_per_vector": per_vector,
+        "vectors": ({"file": VECTORS_FILE, "dtype": str(stored.vectors.dtype), "use": "exact re-ranking"}
+                    if stored.vectors is not None else None),
         **(stored.info or {}),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "save_id": save_id or uuid.uuid4().hex,
-        "st_prompts_version": __version__,
-        "faiss_version": getattr(faiss, "__version__", None),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "save_id": save_id or uuid.uuid4().hex,
+        "st_prompts_version": __version__, "faiss_version": getattr(faiss, "__version__", None),
         **({"files": files} if files is not None else {}),
     }
 
 
-def _bytes_per_vector(stored: StoredIndex) -> dict[str, Any]:
-    """What one vector costs: the FAISS codes + ids kept in RAM when searching (graph links of HNSW not included),
-    and the re-ranking vector kept on disk (memory-mapped, read only for candidates)."""
-    out: dict[str, Any] = {"faiss_codes_and_ids": code_bytes_per_vector(stored.faiss_index, stored.index_type)}
-    if stored.vectors is not None:
-        out["rerank_vectors_on_disk"] = int(stored.vectors.dtype.itemsize * stored.vectors.shape[1])
-    return out
-
-
 def index_folder_problem(folder: str | os.PathLike, *, legacy: bool = False) -> str | None:
-    """``None`` if ``folder`` is a semantic index st-prompts wrote and holds nothing else; else why it may not be
-    replaced.
-
-    The proof is the index's manifest (:data:`~st_prompts.storage.MANIFEST_FILE`, kind
-    :data:`~st_prompts.storage.INDEX_KIND`), which lists every file the save wrote: a folder holding anything it does
-    not list (a file, a folder, a symbolic link) is refused. Indexes saved before st-prompts wrote that proof have
-    none: with ``legacy`` (an update saving back to the folder it loaded the index from), such a folder passes when it
-    holds nothing but an index's own files and a ``meta.json`` that describes an index; the save then adds the proof.
+    """``None`` if ``folder`` is a semantic index st-prompts wrote (its manifest lists everything in it); else why it
+    may not be replaced. With ``legacy`` (saving back where it was loaded from), an index saved before manifests
+    passes when it holds only an index's own files and a ``meta.json`` describing one.
     """
     folder = Path(folder)
     if legacy and not os.path.lexists(folder / MANIFEST_FILE):
@@ -195,21 +130,16 @@ def _legacy_index_problem(folder: Path) -> str | None:
 
 def check_index_destination(directory: str | os.PathLike, overwrite: bool) -> None:
     """Refuse, before any work, a folder an index may not be saved to (the rules of :func:`save_index_dir`)."""
-    check_replaceable(check_destination(directory), index_folder_problem, overwrite, "an index",
-                      "pass overwrite=True / --overwrite to replace it")
+    check_replaceable(check_destination(directory), index_folder_problem, overwrite, "an index", _OVERWRITE_HINT)
 
 
 def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwrite: bool = True,
                    expected_save_id: str | None = None, updating: bool = False) -> tuple[Path, str]:
     """Write ``stored`` to ``directory`` atomically; return the directory and the new ``save_id``.
 
-    An existing index at ``directory`` is replaced (unless ``overwrite=False``) when st-prompts wrote it: its
-    manifest (:data:`~st_prompts.storage.MANIFEST_FILE`) lists every file in it; a folder holding anything else, or
-    without that proof, is never touched (:class:`ConfigurationError`). ``updating``: ``stored`` was loaded from
-    ``directory`` (an update), so an index saved before st-prompts wrote the proof is replaced too, and gets it. With
-    ``expected_save_id``, the index on disk must still be that save (nobody else updated it since it was read), else
-    :class:`ConfigurationError`. Every save writes the manifest anew from the files it wrote, so it stays exact
-    through updates.
+    An existing index is replaced (unless ``overwrite=False``) only when :func:`index_folder_problem` finds none
+    (``updating``: ``stored`` was loaded from ``directory``), else :class:`ConfigurationError`; so is a save whose
+    ``expected_save_id`` is no longer the one on disk.
     """
     save_id = uuid.uuid4().hex
 
@@ -229,7 +159,7 @@ def save_index_dir(stored: StoredIndex, directory: str | os.PathLike, *, overwri
 
 def finish_index_folder(tmp: Path, stored: StoredIndex, save_id: str, *, duplicate_texts: int | None = None) -> None:
     """Complete an index folder whose ``index.faiss``, documents (and vectors) are written: ``probe.npy``,
-    ``meta.json`` (with every file's size and SHA-256) and the manifest (:func:`make_meta` for ``duplicate_texts``)."""
+    ``meta.json`` and the manifest."""
     if stored.model_identity is not None:
         np.save(tmp / PROBE_FILE, stored.model_identity.probe_embeddings.astype(np.float32))
     with (tmp / META_FILE).open("w", encoding="utf-8") as handle:
@@ -242,25 +172,19 @@ def finish_index_folder(tmp: Path, stored: StoredIndex, save_id: str, *, duplica
 
 def write_index_folder(directory: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool,
                        expected_save_id: str | None = None, updating: bool = False) -> Path:
-    """Put the index folder that ``write(staging_folder)`` fills at ``directory`` atomically, under the folder's lock,
-    with the ownership and ``expected_save_id`` rules of :func:`save_index_dir`; ``write`` ends with
-    :func:`finish_index_folder`. Returns ``directory`` as a :class:`~pathlib.Path`."""
-
-    def ownership(folder: Path) -> str | None:
-        return index_folder_problem(folder, legacy=updating)
-
+    """Put the folder that ``write(staging_folder)`` fills (ending with :func:`finish_index_folder`) at
+    ``directory``, atomically and under its lock, with the rules of :func:`save_index_dir`."""
+    ownership = partial(index_folder_problem, legacy=updating)
     target = Path(directory)
     with folder_lock(check_destination(target)):
-        check_replaceable(check_destination(target), ownership, overwrite, "an index",
-                          "pass overwrite=True / --overwrite to replace it")
-        if expected_save_id is not None and (target / META_FILE).is_file():
-            if _read_save_id(target) != expected_save_id:
-                raise ConfigurationError(
-                    f"the index at {directory} was changed by another process since it was loaded; load it again "
-                    "and redo the update (SemanticIndex.update() holds the index's lock from load to save)"
-                )
+        check_replaceable(check_destination(target), ownership, overwrite, "an index", _OVERWRITE_HINT)
+        if expected_save_id is not None and (target / META_FILE).is_file() and (
+                _read_save_id(target) != expected_save_id):
+            raise ConfigurationError(f"the index at {directory} was changed by another process since it was loaded; "
+                                     "load it again and redo the update (SemanticIndex.update() holds the index's "
+                                     "lock from load to save)")
         replace_folder(target, write, ownership=ownership, overwrite=overwrite, what="an index",
-                       overwrite_hint="pass overwrite=True / --overwrite to replace it", lock=False)
+                       overwrite_hint=_OVERWRITE_HINT, lock=False)
     return target
 
 
@@ -283,18 +207,10 @@ def _save_array(path: Path, array: np.ndarray, rows_per_write: int = 65_536) -> 
 def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: bool | None = None) -> StoredIndex:
     """Read an index directory written by :func:`save_index_dir`, checking that it is complete and consistent.
 
-    With ``mmap=True`` the FAISS index is read with ``faiss.IO_FLAG_MMAP`` (its inverted lists / codes stay in the
-    file and are paged in on demand), ``vectors.npy`` is memory-mapped and the documents are :class:`LazyDocs` views
-    that read ``docs.jsonl`` line by line through ``docs.offsets.npy``.
-
-    Every value of ``meta.json`` a command reads, the FAISS index's type, parameters and labels, and every file's
-    size are checked (:mod:`st_prompts.search.checks`), and each file's SHA-256 against the one recorded when it was
-    written: ``verify=None`` (default) every file of a full load (they are read whole anyway), the files up to
-    :data:`~st_prompts.search.checks.MMAP_HASH_LIMIT` of a memory-mapped one; ``True``: every file; ``False``: none.
-
-    A save may replace the index while it is read (no lock is taken): the read is checked against the folder at the
-    path afterwards (its inode and ``save_id``) and repeated if the folder changed, so the result is always one
-    complete save.
+    ``mmap=True`` memory-maps the FAISS index, ``vectors.npy`` and the documents (:class:`LazyDocs`). Each file's
+    SHA-256 is checked with ``verify=True``, none with ``False``; by default every file of a full load, those up to
+    :data:`~st_prompts.search.checks.MMAP_HASH_LIMIT` of a memory-mapped one. No lock is taken: a read that a save
+    overlapped (the folder's inode or ``save_id`` changed) is repeated.
 
     Raises:
         DataNotFoundError: the directory does not exist.
@@ -311,8 +227,7 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: 
             limit = (MMAP_HASH_LIMIT if mmap else None) if verify is None else (None if verify else -1)
             stored = _read_index(root, mmap, limit)
         except (FileNotFoundError, DataFormatError):
-            # a missing folder is waited for only while a save holds its lock (it is absent for a moment while a
-            # save swaps it); otherwise a mistyped path would cost the user the whole wait
+            # a missing folder is waited for only while a save holds its lock (not for a mistyped path)
             missing = before is None and not save_in_progress(root) and _snapshot(root) is None  # in this order
             if missing or _snapshot(root) == before and before is not None or time.monotonic() > deadline:
                 if not root.exists():
@@ -327,7 +242,7 @@ def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: 
 
 
 def _snapshot(root: Path) -> tuple[int, int, str | None] | None:
-    """What identifies the save at ``root``: the folder's inode and device and its ``save_id`` (``None``: absent)."""
+    """The folder's inode, device and ``save_id`` (``None``: absent)."""
     try:
         status = os.stat(root)
     except OSError:
@@ -347,7 +262,7 @@ def _load_array(path: Path, mmap: bool = False) -> np.ndarray:
 
 
 def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
-    """One read of every file of the index at ``root``, each checked (see :func:`load_index_dir`)."""
+    """One read of every file of the index at ``root``, each checked."""
     if not root.is_dir():
         raise DataFormatError(f"{root} is not an index directory (expected {META_FILE}, {INDEX_FILE}, ...)")
     for name in (META_FILE, INDEX_FILE, DOCS_FILE):
@@ -359,7 +274,9 @@ def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
     check_files(root, meta_path, meta.get("files"), hash_limit=hash_limit, version=meta.get("format_version", 0),
                 expected=RECORDED_FILES)  # sizes (and hashes) before any parsing
     try:
-        faiss_index = faiss.read_index(str(root / INDEX_FILE), _mmap_flags(index_type) if mmap else 0)
+        # IO_FLAG_MMAP maps IVF lists; flat codes (also HNSW's storage) need IO_FLAG_MMAP_IFC (faiss 1.15)
+        flags = faiss.IO_FLAG_MMAP if index_type in ("ivf", "ivfpq") else faiss.IO_FLAG_MMAP_IFC
+        faiss_index = faiss.read_index(str(root / INDEX_FILE), flags | faiss.IO_FLAG_READ_ONLY if mmap else 0)
     except (RuntimeError, MemoryError, OverflowError) as exc:
         if not (root / INDEX_FILE).is_file():
             raise FileNotFoundError(root / INDEX_FILE) from exc
@@ -406,15 +323,6 @@ def _read_index(root: Path, mmap: bool, hash_limit: int | None) -> StoredIndex:
                               "file; rebuild the index")
     info = {key: value for key, value in meta.items() if key not in _CORE_META_KEYS}
     return StoredIndex(faiss_index, ids, texts, index_type, params, identity, info, vectors, meta.get("save_id"))
-
-
-def _mmap_flags(index_type: str | None) -> int:
-    """FAISS read flags that map an index's bulk data instead of reading it (checked with faiss 1.15):
-    ``IO_FLAG_MMAP`` maps the inverted lists of IVF / IVF-PQ (``OnDiskInvertedLists``); flat codes (also an HNSW
-    graph's flat storage) need ``IO_FLAG_MMAP_IFC`` instead (``IO_FLAG_MMAP`` alone reads them into RAM)."""
-    if index_type in ("ivf", "ivfpq"):
-        return faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
-    return faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
 
 
 def read_meta(root: Path) -> dict[str, Any]:

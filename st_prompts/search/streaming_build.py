@@ -1,21 +1,7 @@
-"""Building a saved index from embedding files (:mod:`st_prompts.search.embedding_files`: the Parquet parts
-``st-prompts embed`` writes) without encoding anything and without holding all the vectors in memory.
-
-Two passes over the parts, a batch of rows at a time:
-
-1. the ids (checked present and unique across all parts) and, for IVF / IVF-PQ, the training sample: the same
-   seeded rows :func:`~st_prompts.search.faiss_index.training_rows` picks for an index built in memory, so that both
-   are trained alike;
-2. the vectors (L2-normalised, as :meth:`SemanticIndex.from_embeddings` does) go into the trained FAISS index, the
-   documents straight into ``docs.jsonl`` / ``docs.offsets.npy``, and, for IVF-PQ, the float16 re-ranking vectors
-   straight into ``vectors.npy`` (:mod:`st_prompts.search.rowfile`), all in the staging folder of the atomic save.
-
-Memory: the FAISS index (for IVF-PQ, ``pq_m`` + 8 bytes per vector), the training sample, one batch, and 8 bytes per
-document (offsets, integer ids; a set for string ids). No torch or sentence-transformers is imported unless text
-calibration queries need the model. Calibration (approximate types) runs before the save on the files just written:
-without text queries it uses perturbed document vectors (the vectors-only calibration of
-:mod:`st_prompts.search.calibration`, with its caveat), since encoding perturbed texts would load the model.
-"""
+"""Building a saved index from embedding files (the Parquet parts ``st-prompts embed`` writes) without encoding
+anything or holding all the vectors in memory: a first pass checks the ids and gathers the training sample (the rows
+an in-memory build would train on), a second fills the FAISS index and writes the documents (and IVF-PQ's vectors)
+straight into the staging folder. Calibration loads the model only for text queries."""
 
 from __future__ import annotations
 
@@ -36,44 +22,25 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError, first_line
+from st_prompts.numbers import whole
 from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.calibration import resolve_target
+from st_prompts.search.calibration import are_texts, resolve_target
 from st_prompts.search.docfile import DocsWriter, LazyDocs
 from st_prompts.search.embedding_files import EmbeddingFiles, open_parquet, part_record
-from st_prompts.search.encoding import l2_normalize
-from st_prompts.search.faiss_index import (
-    add_vectors,
-    ivf_sq_distances,
-    new_faiss_index,
-    resolve_index_params,
-    train_faiss_index,
-    training_rows,
-)
+from st_prompts.search.encoding import l2_normalize, positive_int
+from st_prompts.search.faiss_index import (add_vectors, ivf_sq_distances, new_faiss_index, resolve_index_params,
+                                           train_faiss_index, training_rows)
 from st_prompts.search.rowfile import NpyRows, NpyRowWriter
-from st_prompts.search.store import (
-    DOCS_FILE,
-    INDEX_FILE,
-    OFFSETS_FILE,
-    VECTORS_FILE,
-    StoredIndex,
-    check_index_destination,
-    finish_index_folder,
-    write_index_folder,
-)
+from st_prompts.search.store import (DOCS_FILE, INDEX_FILE, OFFSETS_FILE, VECTORS_FILE, StoredIndex,
+                                     check_index_destination, finish_index_folder, write_index_folder)
 
-#: Rows read from the parts at a time (a 384-dimensional batch is 6 MB of float32). At 1M 384-dimensional rows the
-#: build peaked at 423 MiB with 4,096-row batches, 466 MiB with 16,384, in about the same time (2026-11-29).
-DEFAULT_BATCH_ROWS = 4_096
-#: The most points per list FAISS's k-means uses (``max_points_per_centroid``): an IVF index is trained on at most
-#: this many rows per list, drawn like IVF-PQ's sample (in memory, FAISS draws them itself).
-_FAISS_POINTS_PER_LIST = 256
+DEFAULT_BATCH_ROWS = 4_096  # rows read from the parts at a time (larger batches cost memory, not time)
+_FAISS_POINTS_PER_LIST = 256  # FAISS's k-means max_points_per_centroid: an IVF index's sample is drawn here
 
 
 @dataclass
 class EmbeddingFilesBuild:
-    """What :func:`build_index_from_embedding_files` wrote: the folder, its documents, index type and parameters
-    (after calibration), the calibration record (``None``: none ran), the model's name (``None``: a vectors-only
-    index), the parts read and the seconds it took."""
+    """What :func:`build_index_from_embedding_files` wrote (``calibration``, ``model``: ``None`` if none)."""
 
     directory: Path
     rows: int
@@ -86,38 +53,23 @@ class EmbeddingFilesBuild:
     seconds: float
 
 
-def build_index_from_embedding_files(
-    index_class: Any,
-    patterns: Sequence[str | os.PathLike],
-    directory: str | os.PathLike,
-    index_type: str = "flat",
-    *,
-    overwrite: bool = False,
-    target_recall: float | str | None = "auto",
-    calibration_queries: Any = None,
-    show_progress_bar: bool = True,
-    batch_rows: int = DEFAULT_BATCH_ROWS,
-    **index_params: Any,
-) -> EmbeddingFilesBuild:
-    """Index the embedding files named by ``patterns`` (files, folders of parts, glob patterns) and save the index
-    to ``directory`` in the format :meth:`SemanticIndex.save` writes (atomically, under the folder's lock; an
-    existing index is replaced only with ``overwrite`` and only if st-prompts wrote it).
-
-    ``index_class``: :class:`~st_prompts.search.SemanticIndex` (passed in, not imported, to keep the import graph
-    acyclic); it wraps the new index while it is calibrated. ``index_type``, ``target_recall``,
-    ``calibration_queries`` and ``**index_params``: as for :meth:`SemanticIndex.build`; text calibration queries load
-    the model the parts record. The parts' model record becomes the index's (text search works); parts without one
-    give a vectors-only index. Every part must hold texts (an index returns its documents).
+def build_index_from_embedding_files(index_class: Any, patterns: Sequence[str | os.PathLike],
+                                     directory: str | os.PathLike, index_type: str = "flat", *,
+                                     overwrite: bool = False, target_recall: float | str | None = "auto",
+                                     calibration_queries: Any = None, show_progress_bar: bool = True,
+                                     batch_rows: int = DEFAULT_BATCH_ROWS, **index_params: Any) -> EmbeddingFilesBuild:
+    """Index the embedding files named by ``patterns`` (files, folders of parts, glob patterns; every part with its
+    texts) and save the index to ``directory`` as :meth:`SemanticIndex.save` does; the parts' model record becomes
+    the index's (none: a vectors-only index). ``index_class``: :class:`~st_prompts.search.SemanticIndex` (passed in
+    to keep the import graph acyclic); other arguments as for :meth:`SemanticIndex.build`.
 
     Raises:
         DataNotFoundError: a pattern names no file.
-        DataFormatError: a part is not readable or damaged, parts disagree (dimension, model, columns), an id is
-            missing or appears twice, a text is missing or blank, a vector is missing or not finite.
+        DataFormatError: a part is damaged, parts disagree, an id is missing or repeated, a text or vector is bad.
         ConfigurationError: a bad index type, parameter or target; a destination that may not be replaced.
     """
     start = time.perf_counter()
-    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
-        raise ConfigurationError(f"batch_rows must be a positive integer, got {batch_rows!r}")
+    batch_rows = positive_int(batch_rows, "batch_rows")
     files = EmbeddingFiles.open(patterns)
     if files.rows == 0:
         raise DataFormatError("the embedding files hold no rows: there is no document to index")
@@ -128,21 +80,60 @@ def build_index_from_embedding_files(
     identity = files.identity()
     params = resolve_index_params(index_type, files.rows, index_params, files.dimension)
     target = resolve_target(index_type, target_recall, index_params, calibration_queries)
-    if identity is None and _are_texts(calibration_queries):
+    if identity is None and are_texts(calibration_queries):
         raise ConfigurationError("text calibration queries need the model that encoded the documents, and these "
                                  "embedding files record none: give query embeddings instead")
     check_index_destination(directory, overwrite)  # before the passes over the parts
 
-    with _arrow_memory_returned():
-        return _build(index_class, files, directory, index_type, params, identity, target, calibration_queries,
-                      overwrite, show_progress_bar, batch_rows, start)
+    with _arrow_memory_returned():  # both passes and the write
+        sample = _first_pass(files, _sample_rows(files.rows, index_type, params), batch_rows, show_progress_bar)
+        faiss_index = new_faiss_index(files.dimension, index_type, params)
+        info: dict[str, Any] = {"id_source": "column:id", "source": _describe_source(files.paths),
+                                "embedding_files": {"parts": len(files.paths), "rows": files.rows}}
+        if sample is not None:
+            # consume: the sample is shrunk in place to PQ's subsample (see train_faiss_index), then dropped here
+            train_faiss_index(faiss_index, sample, index_type, params, consume=True)
+            del sample
+        save_id = uuid.uuid4().hex
+        outcome: dict[str, Any] = {}
+
+        def write(tmp: Path) -> None:
+            drift, duplicates = _fill(files, faiss_index, index_type, tmp, batch_rows, show_progress_bar)
+            if drift is not None:
+                mean = float(np.mean(ivf_sq_distances(faiss_index, drift)))
+                info["ivf_training"] = {"mean_sq_distance": round(mean, 5)}
+            info["build_seconds"] = round(time.perf_counter() - start, 2)
+            docs = LazyDocs(tmp / DOCS_FILE, np.load(tmp / OFFSETS_FILE))
+            vectors = NpyRows(tmp / VECTORS_FILE) if index_type == "ivfpq" else None
+            try:
+                resolved = dict(params)
+                outcome["warnings"] = []
+                if target is not None:
+                    resolved, info["calibration"], outcome["warnings"] = _calibrate(
+                        index_class, faiss_index, docs, vectors, index_type, params, identity, info, target,
+                        calibration_queries)
+                faiss.write_index(faiss_index, str(tmp / INDEX_FILE))
+                stored = StoredIndex(faiss_index, docs.ids, docs.texts, index_type, resolved, identity, info, vectors)
+                finish_index_folder(tmp, stored, save_id, duplicate_texts=duplicates)
+            finally:
+                docs.close()
+                if vectors is not None:
+                    vectors.close()
+            outcome["params"] = resolved
+
+        target_dir = write_index_folder(directory, write, overwrite=overwrite)
+    for message in outcome["warnings"]:
+        warn_at_caller(message)
+    return EmbeddingFilesBuild(directory=target_dir, rows=files.rows, dimension=files.dimension, index_type=index_type,
+                               index_params=outcome["params"], calibration=info.get("calibration"),
+                               model=identity.name if identity is not None else None, parts=len(files.paths),
+                               seconds=round(time.perf_counter() - start, 2))
 
 
 @contextmanager
 def _arrow_memory_returned() -> Iterator[None]:
-    """Read the parts with a pyarrow memory pool that gives freed memory back to the system at once (jemalloc with
-    no decay, else the system allocator): pyarrow's default pool (mimalloc) keeps what a part's reading freed; the
-    IVF-PQ build of 1M 384-dimensional vectors peaked at 467 MiB with it, 423 MiB without (2026-11-29)."""
+    """Read the parts with a pyarrow memory pool that gives freed memory back at once (jemalloc with no decay, else
+    the system's): the default one (mimalloc) keeps what a part's reading freed."""
     import pyarrow as pa
 
     previous = pa.default_memory_pool()
@@ -158,60 +149,6 @@ def _arrow_memory_returned() -> Iterator[None]:
         pa.set_memory_pool(previous)
 
 
-def _build(index_class: Any, files: EmbeddingFiles, directory: str | os.PathLike, index_type: str,
-           params: dict[str, Any], identity: Any, target: float | None, calibration_queries: Any, overwrite: bool,
-           show_progress_bar: bool, batch_rows: int, start: float) -> EmbeddingFilesBuild:
-    """The passes, the training, the calibration and the save of :func:`build_index_from_embedding_files`."""
-    sample_rows = _sample_rows(files.rows, index_type, params)
-    sample = _first_pass(files, sample_rows, batch_rows, show_progress_bar)
-    faiss_index = new_faiss_index(files.dimension, index_type, params)
-    info: dict[str, Any] = {
-        "id_source": "column:id",
-        "source": _describe_source(files.paths),
-        "embedding_files": {"parts": len(files.paths), "rows": files.rows},
-    }
-    if sample is not None:
-        # consume: the sample is shrunk in place to PQ's subsample (see train_faiss_index), then dropped here
-        train_faiss_index(faiss_index, sample, index_type, params, consume=True)
-        del sample
-    save_id = uuid.uuid4().hex
-    outcome: dict[str, Any] = {}
-
-    def write(tmp: Path) -> None:
-        drift, duplicates = _fill(files, faiss_index, index_type, tmp, batch_rows, show_progress_bar)
-        if drift is not None:
-            info["ivf_training"] = {"mean_sq_distance": round(float(np.mean(ivf_sq_distances(faiss_index, drift))),
-                                                              5)}
-        info["build_seconds"] = round(time.perf_counter() - start, 2)
-        docs = LazyDocs(tmp / DOCS_FILE, np.load(tmp / OFFSETS_FILE))
-        vectors = NpyRows(tmp / VECTORS_FILE) if index_type == "ivfpq" else None
-        try:
-            resolved = dict(params)
-            outcome["warnings"] = []
-            if target is not None:
-                resolved, info["calibration"], outcome["warnings"] = _calibrate(
-                    index_class, faiss_index, docs, vectors, index_type, params, identity, info, target,
-                    calibration_queries)
-            faiss.write_index(faiss_index, str(tmp / INDEX_FILE))
-            stored = StoredIndex(faiss_index, docs.ids, docs.texts, index_type, resolved, identity, info, vectors)
-            finish_index_folder(tmp, stored, save_id, duplicate_texts=duplicates)
-        finally:
-            docs.close()
-            if vectors is not None:
-                vectors.close()
-        outcome["params"] = resolved
-
-    target_dir = write_index_folder(directory, write, overwrite=overwrite)
-    for message in outcome["warnings"]:
-        warn_at_caller(message)
-    return EmbeddingFilesBuild(
-        directory=target_dir, rows=files.rows, dimension=files.dimension, index_type=index_type,
-        index_params=outcome["params"], calibration=info.get("calibration"),
-        model=identity.name if identity is not None else None, parts=len(files.paths),
-        seconds=round(time.perf_counter() - start, 2),
-    )  # fmt: skip
-
-
 def _describe_source(paths: list[Path]) -> str:
     """``meta.json``'s ``source``: the parts' folder and how many, or the one file."""
     if len(paths) == 1:
@@ -221,13 +158,8 @@ def _describe_source(paths: list[Path]) -> str:
     return f"{len(paths)} embedding files in {where} ({paths[0].name} .. {paths[-1].name})"
 
 
-def _are_texts(queries: Any) -> bool:
-    return isinstance(queries, (list, tuple)) and bool(queries) and all(isinstance(q, str) for q in queries)
-
-
 def _check_one_origin(paths: list[Path]) -> None:
-    """Parts that name their model and parts that do not cannot be mixed: the vectors would have two origins, and the
-    index would claim the named model for all of them."""
+    """Refuse parts that name their model mixed with parts that do not (the index would claim it for all)."""
     named = [path for path in paths if (part_record(path) or {}).get("model") is not None]
     if named and len(named) != len(paths):
         unnamed = next(path for path in paths if path not in named)
@@ -236,8 +168,8 @@ def _check_one_origin(paths: list[Path]) -> None:
 
 
 def _sample_rows(n: int, index_type: str, params: dict[str, Any]) -> np.ndarray | None:
-    """The rows an IVF / IVF-PQ index is trained on (``None``: no training). In memory, an IVF index is trained on
-    every vector and FAISS's k-means keeps at most 256 per list; here that many rows are drawn (seeded) instead."""
+    """The rows an IVF / IVF-PQ index is trained on (``None``: no training); for IVF, the at most 256 per list FAISS's
+    k-means would keep, drawn (seeded)."""
     if index_type not in ("ivf", "ivfpq"):
         return None
     rows = training_rows(n, index_type, params)
@@ -250,16 +182,22 @@ def _sample_rows(n: int, index_type: str, params: dict[str, Any]) -> np.ndarray 
 
 def _batches(files: EmbeddingFiles, batch_rows: int, *, texts: bool) -> Iterator[tuple[Path, list, list | None,
                                                                                          np.ndarray]]:
-    """``(part, ids, texts, vectors)`` batches of every part in order; a damaged part is a one-line error naming it."""
+    """``(part, ids, texts, vectors)`` batches of every part in order."""
     for path in files.paths:
-        part = dataclasses.replace(files, paths=[path])
-        try:
-            for ids, part_texts, vectors in part.batches(batch_rows, texts=texts):
+        with _damaged_part(path):
+            for ids, part_texts, vectors in dataclasses.replace(files, paths=[path]).batches(batch_rows, texts=texts):
                 yield path, ids, part_texts, vectors
-        except StPromptsError:
-            raise
-        except Exception as error:  # pyarrow raises its own errors (ArrowInvalid, OSError) for a damaged page
-            raise DataFormatError(f"{path} is damaged: {first_line(error, 200)}") from None
+
+
+@contextmanager
+def _damaged_part(path: Path) -> Iterator[None]:
+    """Make pyarrow's own errors (ArrowInvalid, OSError) for a damaged page a one-line error naming the part."""
+    try:
+        yield
+    except StPromptsError:
+        raise
+    except Exception as error:
+        raise DataFormatError(f"{path} is damaged: {first_line(error, 200)}") from None
 
 
 def _first_pass(files: EmbeddingFiles, sample_rows: np.ndarray | None, batch_rows: int,
@@ -270,9 +208,8 @@ def _first_pass(files: EmbeddingFiles, sample_rows: np.ndarray | None, batch_row
     integer_ids: list[np.ndarray] = []
     string_ids: set[str] = set()
     row = taken = 0
-    bar = tqdm(total=files.rows, desc="Checking ids" + (", sampling" if sample is not None else ""), unit="row",
-               disable=not progress, dynamic_ncols=True)
-    try:
+    with tqdm(total=files.rows, desc="Checking ids" + (", sampling" if sample is not None else ""), unit="row",
+              disable=not progress, dynamic_ncols=True) as bar:
         for path in files.paths:
             if sample is not None:
                 batches = ((ids, vectors) for _, ids, _, vectors in
@@ -289,8 +226,6 @@ def _first_pass(files: EmbeddingFiles, sample_rows: np.ndarray | None, batch_row
                     taken = int(end)
                 row += len(ids)
                 bar.update(len(ids))
-    finally:
-        bar.close()
     if integer_ids:
         values = np.sort(np.concatenate(integer_ids))
         twice = values[1:][values[1:] == values[:-1]]
@@ -301,13 +236,9 @@ def _first_pass(files: EmbeddingFiles, sample_rows: np.ndarray | None, batch_row
 
 
 def _id_batches(path: Path, batch_rows: int) -> Iterator[tuple[list, None]]:
-    try:
+    with _damaged_part(path):
         for batch in open_parquet(path).iter_batches(batch_size=batch_rows, columns=["id"]):
             yield batch.column("id").to_pylist(), None
-    except StPromptsError:
-        raise
-    except Exception as error:  # pyarrow's errors for a damaged page
-        raise DataFormatError(f"{path} is damaged: {first_line(error, 200)}") from None
 
 
 def _check_ids(path: Path, ids: list, integer_ids: list[np.ndarray], string_ids: set[str]) -> None:
@@ -319,7 +250,7 @@ def _check_ids(path: Path, ids: list, integer_ids: list[np.ndarray], string_ids:
                 raise DataFormatError(f"{path}: the id {doc_id[:80]!r} appears twice in the embedding files: ids "
                                       "must be unique")
             string_ids.add(doc_id)
-        elif isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        elif whole(doc_id):
             integers.append(doc_id)
         else:
             raise DataFormatError(f"{path}: an id is {'missing' if doc_id is None else type(doc_id).__name__}; "
@@ -330,10 +261,9 @@ def _check_ids(path: Path, ids: list, integer_ids: list[np.ndarray], string_ids:
 
 def _fill(files: EmbeddingFiles, faiss_index: faiss.Index, index_type: str, folder: Path, batch_rows: int,
           progress: bool) -> tuple[np.ndarray | None, int]:
-    """Second pass: add every vector (normalised) to ``faiss_index`` and write the documents (and, for IVF-PQ, the
-    float16 re-ranking vectors) into ``folder``. Returns the rows IVF's drift statistic is measured on (every
-    ``n // 10,000``-th, as an index built in memory does; ``None`` for other types) and the count of duplicate
-    texts."""
+    """Second pass: add every vector (normalised) to ``faiss_index`` and write the documents (and IVF-PQ's vectors)
+    into ``folder``. Returns the rows IVF's drift statistic is measured on (every ``n // 10,000``-th, as in memory;
+    ``None`` for other types) and the count of duplicate texts."""
     n = files.rows
     docs = DocsWriter(folder / DOCS_FILE, folder / OFFSETS_FILE, n)
     vectors_out = NpyRowWriter(folder / VECTORS_FILE, n, files.dimension, np.float16) if index_type == "ivfpq" else None
@@ -379,12 +309,10 @@ def _fill(files: EmbeddingFiles, faiss_index: faiss.Index, index_type: str, fold
 def _calibrate(index_class: Any, faiss_index: faiss.Index, docs: LazyDocs, vectors: NpyRows | None, index_type: str,
                params: dict[str, Any], identity: Any, info: dict[str, Any], target: float,
                queries: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """Calibrate the new index as :meth:`SemanticIndex.calibrate` does, on the files just written (documents read
-    lazily, IVF-PQ vectors read by rows); without text queries no model is loaded (perturbed vectors, not texts).
-    Returns the calibrated parameters, the record and the warnings to give."""
-    text_queries = _are_texts(queries)
+    """Calibrate the new index on the files just written (no model loaded without text queries); returns the
+    calibrated parameters, the record and the warnings to give."""
     wrapped = index_class(faiss_index, docs.ids, docs.texts, index_type=index_type, index_params=dict(params),
-                          model_identity=identity if text_queries else None, info=dict(info), vectors=vectors,
+                          model_identity=identity if are_texts(queries) else None, info=dict(info), vectors=vectors,
                           read_only=True)
     with warnings.catch_warnings(record=True) as caught:  # given again once the save is done, at the caller's line
         warnings.simplefilter("always", UserWarning)

@@ -9,40 +9,25 @@ from typing import Any
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, shorten
+from st_prompts.numbers import whole
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.corpus import prepare_corpus
 from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
-from st_prompts.search.faiss_index import (
-    DRIFT_WARN_RATIO,
-    add_vectors,
-    apply_search_params,
-    ivf_sq_distances,
-    remove_rows,
-)
+from st_prompts.search.faiss_index import (DRIFT_WARN_RATIO, add_vectors, apply_search_params, ivf_sq_distances,
+                                           remove_rows)
 
 
 class IndexUpdates:
     """The updates of :class:`~st_prompts.search.SemanticIndex` (a mixin)."""
 
-    def add(
-        self,
-        documents: Sequence[str],
-        ids: Sequence[int | str] | None = None,
-        *,
-        embeddings: Any = None,
-        batch_size: int = 64,
-        show_progress_bar: bool = False,
-    ) -> list[int | str]:
-        """Add documents without rebuilding; return their ids.
+    def add(self, documents: Sequence[str], ids: Sequence[int | str] | None = None, *, embeddings: Any = None,
+            batch_size: int = 64, show_progress_bar: bool = False) -> list[int | str]:
+        """Add documents without rebuilding (nothing is written until :meth:`save`); return their ids.
 
-        The documents are encoded with the index's model (``encode_document``), unless ``embeddings`` gives their
-        vectors. Ids: the given ones (unique, and not already in the index), else, when every existing id is an
-        integer, the integers following the largest one. Blank documents are an error here (their ids would be
-        ambiguous). An IVF / IVF-PQ index keeps its trained lists: when the new documents lie much farther from the
-        centroids than the training documents did (mean squared distance more than
-        :data:`~st_prompts.search.faiss_index.DRIFT_WARN_RATIO` times the training one), a warning says so
-        (recall can drop: recalibrate with :meth:`calibrate`, or rebuild). Nothing is written to disk until
-        :meth:`save`, which replaces the index atomically.
+        The documents are encoded with the index's model unless ``embeddings`` gives their vectors. Ids: the given
+        ones, else the integers after :meth:`next_id`. An IVF / IVF-PQ index keeps its trained lists, with a warning
+        when the new documents lie much farther from the centroids than the training ones
+        (:data:`~st_prompts.search.faiss_index.DRIFT_WARN_RATIO`).
 
         Raises:
             ConfigurationError: a read-only (memory-mapped) index, non-integer existing ids without ``ids``.
@@ -77,7 +62,8 @@ class IndexUpdates:
             if vectors.shape[0] != len(documents):
                 raise DataFormatError(f"got {vectors.shape[0]} embeddings for {len(documents)} documents")
         if vectors.shape[1] != self.dimension:
-            raise BackboneMismatchError(f"embeddings have {vectors.shape[1]} dimensions, the index has {self.dimension}")
+            raise BackboneMismatchError(f"embeddings have {vectors.shape[1]} dimensions, the index has "
+                                        f"{self.dimension}")
         if self.index_type in ("ivf", "ivfpq"):
             self._check_drift(vectors)
         add_vectors(self.index, vectors, self.index_type, progress=show_progress_bar)
@@ -93,9 +79,8 @@ class IndexUpdates:
         return new_ids
 
     def remove(self, ids: Sequence[int | str]) -> int:
-        """Remove the documents with these ids; return how many were removed. The other documents keep their ids
-        and texts (and their order). IVF / IVF-PQ lists and flat indexes delete in place; an HNSW graph (FAISS cannot
-        delete from one) is rebuilt from the remaining vectors. Nothing is written to disk until :meth:`save`.
+        """Remove the documents with these ids (others keep their ids and order; an HNSW graph is rebuilt); return
+        how many were removed. Nothing is written until :meth:`save`.
 
         Raises:
             ConfigurationError: a read-only (memory-mapped) index.
@@ -129,9 +114,8 @@ class IndexUpdates:
         return len(rows)
 
     def next_id(self) -> int:
-        """The integer id :meth:`add` gives the next document: above every id this index has ever held, so that an
-        id that was removed is never handed out again (kept in ``meta.json`` as ``next_id``)."""
-        largest = max((i for i in self.ids if isinstance(i, int) and not isinstance(i, bool)), default=-1)
+        """The integer id :meth:`add` gives the next document: above every id this index has ever held."""
+        largest = max((i for i in self.ids if whole(i)), default=-1)
         return max(int(self.info.get("next_id", 0)), largest + 1)
 
     def _remember_next_id(self) -> None:
@@ -140,9 +124,8 @@ class IndexUpdates:
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
-            raise ConfigurationError(
-                f"cannot {what} an index loaded with mmap=True (read-only); load it without mmap to update it"
-            )
+            raise ConfigurationError(f"cannot {what} an index loaded with mmap=True (read-only); load it without mmap "
+                                     "to update it")
 
     def _position_map(self) -> dict[int | str, int]:
         if self._positions is None:
@@ -157,9 +140,8 @@ class IndexUpdates:
         ratio = added / reference
         self.info["drift"] = {"last_add_mean_sq_distance": round(added, 5), "ratio_to_training": round(ratio, 3)}
         if ratio > DRIFT_WARN_RATIO:
-            warn_at_caller(
-                f"the added documents lie far from the IVF centroids: mean squared distance {added:.3f}, "
-                f"{ratio:.1f}x that of the documents the lists were trained on ({reference:.3f}); they come from "
-                "another distribution, so recall may drop: recalibrate (calibrate()) or rebuild the index"
-            )
+            warn_at_caller(f"the added documents lie far from the IVF centroids: mean squared distance {added:.3f}, "
+                           f"{ratio:.1f}x that of the documents the lists were trained on ({reference:.3f}); they "
+                           "come from another distribution, so recall may drop: recalibrate (calibrate()) or rebuild "
+                           "the index")
 

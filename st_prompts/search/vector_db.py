@@ -1,30 +1,7 @@
-"""A semantic index in a vector database (Milvus): export a FAISS index folder into a collection, open it, search it.
-
-Milvus because one client API (``pymilvus.MilvusClient``) reaches an embedded file (Milvus Lite, in this process) and
-a server or a sharded cluster (Milvus standalone / distributed) by changing only the URI; the choice is measured in
-``benchmarks/results/vector_db.md`` and argued in ``docs/search.md`` ("A vector database").
-
-Addresses (:func:`parse_address`), ``#COLLECTION`` optional everywhere:
-
-* ``milvus:PATH`` or ``PATH.db``: a Milvus Lite file (embedded; one process opens it at a time);
-* ``http://HOST:PORT`` / ``https://HOST:PORT`` (also ``milvus://HOST:PORT``, read as ``http://``): a Milvus server or
-  cluster; a token, if the server needs one, comes from the ``MILVUS_TOKEN`` environment variable (never from a
-  command line, where other users see it).
-
-A collection written here holds ``id`` (the index's ids: INT64, or VARCHAR for string ids), ``text`` and ``vector``
-(float32, L2-normalised, inner product: scores are cosines as in FAISS). ``NAME`` is an alias: each export writes a
-new collection ``NAME__st_vSTAMP`` (a version), and beside it the collection ``NAME__st_vSTAMP__st_prompts`` holding
-this package's record of it: the source index, the search parameters and the model's identity with its probe
-embeddings (:func:`~st_prompts.search.embedding_files.identity_record`), so a server checks that its model encodes
-like the index's before serving it. The record is written first, marked unfinished, and marked finished once every
-document is in; only then does the alias move to the new version (one call, atomic in Milvus). So an export that
-breaks off leaves ``NAME`` as it was (the previous version, or none), two exports into one collection at once each
-write their own version and the alias ends on one of them, whole, and readers never see a half-written collection.
-The version before is kept until the next export (a server that opened it answers until its index is reloaded);
-older ones are dropped, and unfinished ones once no export can still be filling them (a Milvus Lite file has one
-writer at a time; on a server, after :data:`STALE_SECONDS`). An export replaces only a collection that has such a
-record (one that st-prompts wrote).
-"""
+"""A semantic index in a Milvus collection: export a FAISS index folder into one, open it, search it. Addresses
+(:func:`parse_address`): ``milvus:PATH`` or ``PATH.db`` (Milvus Lite), ``http(s)://HOST:PORT`` (a server; token
+from ``MILVUS_TOKEN``), with an optional ``#COLLECTION``. ``NAME`` is an alias to the latest finished version
+``NAME__st_vSTAMP``, whose record (``...__st_prompts``) holds the model identity (design: ``docs/search.md``)."""
 
 from __future__ import annotations
 
@@ -35,14 +12,16 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line, shorten
+from st_prompts.search.checks import whole
 from st_prompts.search.embedding_files import identity_from_record, identity_record
+from st_prompts.search.encoding import positive_int
 from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
 from st_prompts.storage import managed_ancestor
 
@@ -50,10 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from st_prompts.search.index import SearchHit, SemanticIndex
 
 RECORD_SUFFIX = "__st_prompts"
-#: Between ``NAME`` and the stamp of each version (an export's own collection); names with ``__st_`` are reserved.
-VERSION_MARK = "__st_v"
-#: An unfinished version on a server older than this is an export that broke off (dropped by the next export); a
-#: younger one may be another export still filling it.
+VERSION_MARK = "__st_v"  # between NAME and each version's stamp; names with "__st_" are reserved
+#: An unfinished version on a server older than this is an export that broke off; a younger one may still be filling.
 STALE_SECONDS = 24 * 3600
 RECORD_FORMAT = "st-prompts-collection"
 RECORD_VERSION = 1
@@ -64,8 +41,8 @@ INSTALL_HINT = 'pip install "st-prompts[scale]"'
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _STAMP = re.compile(r"[0-9]{14}_[0-9a-f]{8}")
 
-#: How each FAISS index type is mirrored: a flat index stays exact, IVF and HNSW keep their parameters, IVF-PQ becomes
-#: IVF_SQ8 with its nlist / nprobe (Milvus Lite has no IVF_PQ; SQ8 also compresses the vectors, 4x).
+#: How each FAISS index type is mirrored: (Milvus type, build parameters, search parameters); IVF-PQ becomes IVF_SQ8
+#: (Milvus Lite has no IVF_PQ).
 _MIRRORS = {
     "flat": ("FLAT", (), ()),
     "ivf": ("IVF_FLAT", (("nlist", "nlist"),), (("nprobe", "nprobe"),)),
@@ -76,8 +53,7 @@ _MIRRORS = {
 
 @dataclass(frozen=True)
 class CollectionAddress:
-    """Where a collection lives: ``uri`` as ``MilvusClient`` takes it (an absolute ``.db`` path or a server URL) and
-    the collection's name."""
+    """Where a collection lives: ``uri`` as ``MilvusClient`` takes it (a ``.db`` path or a server URL), its name."""
 
     uri: str
     collection: str
@@ -88,8 +64,7 @@ class CollectionAddress:
 
 
 def is_address(text: str) -> bool:
-    """Whether ``text`` names a vector-database collection rather than a FAISS index folder (a ``.db`` path is a
-    Milvus Lite file, a folder too, unless it holds an index's ``meta.json``)."""
+    """Whether ``text`` names a vector-database collection rather than a FAISS index folder (one with ``meta.json``)."""
     if text.startswith(("milvus:", "http://", "https://")):
         return True
     location = text.partition("#")[0]
@@ -99,9 +74,7 @@ def is_address(text: str) -> bool:
 def parse_address(text: str, default_collection: str | None = None) -> CollectionAddress:
     """Read ``[milvus:]PATH.db[#NAME]``, ``milvus:PATH[#NAME]`` or ``http(s)://HOST:PORT[#NAME]``.
 
-    Raises:
-        ConfigurationError: an unknown scheme, an empty path, a bad collection name, or no name where none is
-            defaulted.
+    Raises ConfigurationError for an unknown scheme, an empty path, or a missing or bad collection name.
     """
     location, _, collection = str(text).partition("#")
     collection = collection or default_collection or ""
@@ -113,7 +86,7 @@ def parse_address(text: str, default_collection: str | None = None) -> Collectio
             raise ConfigurationError(f"{shorten(text)} is not a server address: use http://HOST:PORT[#COLLECTION]")
         uri, embedded = location.rstrip("/"), False
     elif location.startswith("milvus:") or (location.endswith(".db") and "://" not in location):
-        path = location[len("milvus:"):] if location.startswith("milvus:") else location
+        path = location.removeprefix("milvus:")
         if not path:
             raise ConfigurationError(f"{shorten(text)} names no file: use milvus:PATH[#COLLECTION]")
         uri, embedded = os.path.abspath(os.path.expanduser(path)), True
@@ -135,12 +108,8 @@ def collection_name_for(folder: str | os.PathLike) -> str:
 
 
 def connect(address: CollectionAddress) -> Any:
-    """A ``pymilvus.MilvusClient`` for ``address``.
-
-    Raises:
-        ConfigurationError: pymilvus (or milvus-lite, for a file) is not installed, the file is open in another
-            process, or the server cannot be reached.
-    """
+    """A ``pymilvus.MilvusClient`` for ``address``; ConfigurationError if pymilvus / milvus-lite is missing or the
+    file or server cannot be opened."""
     try:
         from pymilvus import MilvusClient
     except ImportError:
@@ -152,9 +121,7 @@ def connect(address: CollectionAddress) -> Any:
             import milvus_lite  # noqa: F401 - pymilvus opens a .db file through it
         except ImportError:
             raise ConfigurationError(f"a Milvus Lite file needs milvus-lite: {INSTALL_HINT}") from None
-        # milvus-lite logs a traceback when it cannot open a file (another process holds it): the error below says
-        # it; its in-process gRPC server logs one for each call pymilvus makes that it lacks (AllocTimestamp), which
-        # pymilvus then does without
+        # milvus-lite and its gRPC server log tracebacks for a locked file and for calls pymilvus then does without
         logging.getLogger("milvus_lite.server_manager").setLevel(logging.CRITICAL)
         logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
         if not os.path.isdir(os.path.dirname(address.uri)):
@@ -168,8 +135,7 @@ def connect(address: CollectionAddress) -> Any:
 
 @contextmanager
 def database_errors(address: CollectionAddress, doing: str) -> Iterator[None]:
-    """Turn the database's own errors (a server gone, a collection dropped meanwhile, a refused call) into one
-    :class:`ConfigurationError` line."""
+    """Turn the database's own errors into one :class:`ConfigurationError` line."""
     from pymilvus.exceptions import MilvusException
 
     try:
@@ -180,8 +146,7 @@ def database_errors(address: CollectionAddress, doing: str) -> Iterator[None]:
 
 
 def release(address: CollectionAddress) -> None:
-    """Close the Milvus Lite file of ``address`` in this process (pymilvus keeps it open, locked, until the process
-    exits otherwise), so that another process can open it; nothing for a server."""
+    """Close the Milvus Lite file of ``address`` in this process (pymilvus keeps it locked until exit otherwise)."""
     if address.embedded:
         from milvus_lite.server_manager import server_manager_instance
 
@@ -204,8 +169,8 @@ def _read_record(client: Any, collection: str) -> dict[str, Any] | None:
 
 
 def _write_record(client: Any, collection: str, record: dict[str, Any]) -> None:
-    """Write the record beside ``collection``: a collection of its own (Milvus needs a vector field in each, so a
-    2-dimensional placeholder), its JSON in parts, replaced in place (upsert, then drop parts left over)."""
+    """Write the record beside ``collection``, JSON in parts, in a collection of its own (with a 2-d placeholder
+    vector, as Milvus needs one); upsert, then drop parts left over."""
     from pymilvus import DataType
 
     name = collection + RECORD_SUFFIX
@@ -225,8 +190,8 @@ def _write_record(client: Any, collection: str, record: dict[str, Any]) -> None:
 
 
 def _target(client: Any, name: str) -> tuple[str | None, bool]:
-    """The collection ``name`` reads and whether ``name`` is an alias: the version its alias points to, or a
-    collection called ``name`` itself (a user's, or one exported before versions), or ``None``."""
+    """The collection ``name`` reads (its alias's target, a collection of that name, or ``None``), and whether it is
+    an alias."""
     from pymilvus.exceptions import MilvusException
 
     try:
@@ -249,18 +214,15 @@ def _drop(client: Any, collection: str) -> None:
     """Drop ``collection`` and its record (a server refuses to drop a collection an alias still names: kept)."""
     from pymilvus.exceptions import MilvusException
 
-    try:
+    with suppress(MilvusException):
         client.drop_collection(collection)
         if client.has_collection(collection + RECORD_SUFFIX):
             client.drop_collection(collection + RECORD_SUFFIX)
-    except MilvusException:
-        pass
 
 
 def _drop_superseded(client: Any, name: str, keep: set[str], embedded: bool) -> None:
-    """Drop the versions of ``name`` not in ``keep`` and not the alias's target now: finished ones, and unfinished
-    ones no export can still be filling (a Lite file has one writer, this one; on a server, after
-    :data:`STALE_SECONDS`)."""
+    """Drop the versions of ``name`` not in ``keep`` nor the alias's target: finished ones, and unfinished ones no
+    export can still be filling (a Lite file has one writer; on a server, after :data:`STALE_SECONDS`)."""
     from pymilvus.exceptions import MilvusException
 
     for version in _versions(client, name):
@@ -279,8 +241,7 @@ def _drop_superseded(client: Any, name: str, keep: set[str], embedded: bool) -> 
 
 
 def _vector_batches(index: SemanticIndex, rows: int) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first row, vectors)`` of the index, ``rows`` at a time: the stored ones of an IVF-PQ index (float16, as its
-    exact re-ranking uses them), the FAISS index's own otherwise, read batch by batch where FAISS allows."""
+    """``(first row, vectors)`` of the index, ``rows`` at a time (read block by block where FAISS allows)."""
     import faiss
 
     total = len(index)
@@ -313,12 +274,10 @@ def export_index(index: SemanticIndex, address: CollectionAddress, *, overwrite:
     per insert; returns the record written beside it.
 
     Raises:
-        ConfigurationError: the collection exists (without ``overwrite``), or exists and was not written by
-            st-prompts (never replaced), or the database cannot be reached.
+        ConfigurationError: the collection exists (without ``overwrite``) or was not written by st-prompts.
         DataFormatError: mixed or oversized ids, a document longer than a VARCHAR holds.
     """
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
-        raise ConfigurationError(f"rows must be a positive integer, got {rows!r}")
+    rows = positive_int(rows, "rows")
     if index.vectors is None and index.index_type == "ivfpq":
         raise ConfigurationError("this IVF-PQ index keeps no vectors (built with rerank 0): it cannot be exported "
                                  "exactly; rebuild it with --rerank, or as another type")
@@ -400,8 +359,7 @@ def _export(client: Any, index: SemanticIndex, address: CollectionAddress, *, ov
 
 
 def _point(client: Any, name: str, version: str, target: str | None, aliased: bool) -> None:
-    """Make ``name`` read ``version``: move its alias (one call), or create it; a collection called ``name``
-    (exported before versions, its record checked by the caller) is dropped first, as an alias cannot shadow it."""
+    """Make ``name`` read ``version``: move or create its alias (dropping first a collection called ``name``)."""
     from pymilvus.exceptions import MilvusException
 
     if aliased:
@@ -417,16 +375,12 @@ def _point(client: Any, name: str, version: str, target: str | None, aliased: bo
 
 
 def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
-    """The values of a record that a search uses, checked (a database is input like a folder): whole numbers in
-    range, the search parameters Milvus takes, a model identity that reads."""
-    def count(value: Any, low: int, high: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
+    """Check the values of a record that a search uses (a database is input like a folder)."""
     search = record.get("search")
-    good = (count(record.get("dimension"), 1, 1 << 16) and count(record.get("documents"), 0, 1 << 62)
+    good = (whole(record.get("dimension"), 1, 1 << 16) and whole(record.get("documents"), 0, 1 << 62)
             and isinstance(search, dict) and isinstance(search.get("index_type"), str)
             and isinstance(search.get("params"), dict)
-            and all(k in ("nprobe", "ef") and count(v, 1, 1 << 20) for k, v in search["params"].items()))
+            and all(k in ("nprobe", "ef") and whole(v, 1, 1 << 20) for k, v in search["params"].items()))
     if good and record.get("model") is not None:
         try:
             identity = identity_from_record(record["model"])
@@ -440,12 +394,10 @@ def _check_record(record: dict[str, Any], address: CollectionAddress) -> None:
 
 
 class VectorCollection:
-    """A collection written by :func:`export_index`, searched like a :class:`~st_prompts.search.SemanticIndex`
-    (:meth:`search_embeddings` returns the same :class:`~st_prompts.search.SearchHit` s: id, text, cosine). It
-    searches the version its name pointed to when opened (a later export moves the name, not an open collection).
+    """A collection written by :func:`export_index`, searched like a :class:`~st_prompts.search.SemanticIndex`.
 
-    The client is opened per process (a server's forked workers each open their own: a gRPC channel does not
-    survive a fork)."""
+    It searches the version its name pointed to when opened; the client is opened per process (a gRPC channel does
+    not survive a fork)."""
 
     def __init__(self, address: CollectionAddress, record: dict[str, Any], client: Any,
                  collection: str | None = None) -> None:
@@ -479,7 +431,6 @@ class VectorCollection:
 
     @classmethod
     def _checked(cls, address: CollectionAddress, client: Any) -> VectorCollection:
-        """The collection at ``address``, its record checked, once connected."""
         name = address.collection
         target, _ = _target(client, name)
         if target is None:
@@ -536,7 +487,6 @@ class VectorCollection:
                 for row in results]
 
     def close(self) -> None:
-        """Close this process's client. A Milvus Lite file stays open in this process (other collections of the
-        file may be in use): :func:`release` closes it."""
+        """Close this process's client (a Milvus Lite file stays open: :func:`release` closes it)."""
         if self._pid == os.getpid():
             self._client.close()
