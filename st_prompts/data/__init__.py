@@ -1,8 +1,5 @@
-"""Data loading: SentEval STS files (and their hub copies) and SimCSE-format training data.
-
-The training-data helpers need ``datasets``; they are imported on first use, so that importing
-:mod:`st_prompts.data.senteval` (e.g. for the CLI's ``--help``) stays light.
-"""
+"""Data loading: SentEval STS files (and their hub copies) and SimCSE-format training data (which needs
+``datasets``: imported on first use)."""
 
 from st_prompts.data.senteval import STS_TASKS, STSPairs, check_senteval_dir, load_sts, load_sts_from_hub
 from st_prompts.utils import lazy_exports

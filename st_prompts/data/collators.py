@@ -10,17 +10,9 @@ from sentence_transformers.sentence_transformer.data_collator import SentenceTra
 
 @dataclass
 class ColumnMaxLengthCollator(SentenceTransformerDataCollator):
-    """sentence-transformers' collator with a maximum token length per column.
-
-    sentence-transformers tokenises every column with the model's ``max_seq_length``. SKICSE's SKI texts are
-    paragraphs while its sentences are short, so the SKI column may get a longer limit (``{"ski": 96}``) while the
-    sentences keep the model's (which is also what the saved model uses at inference). Columns not named in
-    ``column_max_lengths`` keep the model's ``max_seq_length``.
-
-    Each column is tokenised by the stock collator with its own ``max_length`` override (the argument
-    ``Transformer.preprocess`` takes for that purpose), and the columns are put back in their dataset order, which
-    is the order the loss receives them in.
-    """
+    """sentence-transformers' collator with a maximum token length per column (``column_max_lengths``, e.g.
+    ``{"ski": 96}`` for SKICSE's paragraphs); other columns keep the model's ``max_seq_length``. Each column is
+    tokenised by the stock collator with its own ``max_length``, and the columns keep their dataset order."""
 
     column_max_lengths: dict[str, int] = field(default_factory=dict)
 
@@ -29,8 +21,7 @@ class ColumnMaxLengthCollator(SentenceTransformerDataCollator):
             return super().__call__(features)
         label_columns = [c for c in features[0] if c in self.valid_label_columns or c == "dataset_name"]
         text_columns = [c for c in features[0] if c not in label_columns]
-        # The column-order check belongs to the whole row, once (as the stock collator does it); the one-column
-        # collators below would otherwise warn on every batch that 'positive' is not at index 1.
+        # the column-order check belongs to the whole row, once: the one-column collators below would warn every batch
         names = tuple(c for c in features[0] if c != "dataset_name")
         warned = getattr(self, "_warned_columns", None)
         if warned is not None and names not in warned:

@@ -1,19 +1,6 @@
-"""Readers for the STS evaluation data in the SentEval directory layout (what SimCSE and its successors evaluate on).
-
-The layout is the one SentEval's ``data/downstream/get_transfer_data.bash`` produces::
-
-    DIR/STS/STS12-en-test/STS.input.<subset>.txt + STS.gs.<subset>.txt    (likewise STS13 ... STS16)
-    DIR/STS/STSBenchmark/sts-{train,dev,test}.csv
-    DIR/SICK/SICK_{train,trial,test_annotated}.txt
-
-Files are read the way SentEval reads them: UTF-8, fields split on tabs (no CSV quoting: STS-B sentences contain
-unbalanced ``"``), STS12-16 gold scores line-aligned with the inputs where a blank gold line means "not scored" and
-the pair is skipped. SentEval tokenizes sentences on whitespace and SimCSE joins the tokens back with one space; we
-do the same, so runs of whitespace inside a sentence become a single space.
-
-Problems are reported as :class:`~st_prompts.errors.DataNotFoundError` (missing directory or file) or
-:class:`~st_prompts.errors.DataFormatError` (malformed file, with file name and line number).
-"""
+"""Readers for the STS evaluation data in the SentEval directory layout, read as SentEval reads them
+(:data:`EXPECTED_LAYOUT`: UTF-8, tab-separated, no CSV quoting, a blank gold line skips its pair, whitespace runs
+joined); problems raise DataNotFoundError or DataFormatError (file and line)."""
 
 from __future__ import annotations
 
@@ -42,12 +29,9 @@ SPLITS = ("train", "dev", "test")
 _SPLIT_ALIASES = {"validation": "dev", "trial": "dev"}
 _STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
 _SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-_TASK_ALIASES = {
-    "stsb": "STSBenchmark",
-    "sts-b": "STSBenchmark",
-    "sickr": "SICKRelatedness",
-    "sick-r": "SICKRelatedness",
-}
+SICK_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score")  # what a SICK file is read by
+_TASK_ALIASES = {"stsb": "STSBenchmark", "sts-b": "STSBenchmark", "sickr": "SICKRelatedness",
+                 "sick-r": "SICKRelatedness"}
 
 EXPECTED_LAYOUT = (
     "expected the SentEval layout: DIR/STS/STS12-en-test/STS.input.<subset>.txt + STS.gs.<subset>.txt "
@@ -58,13 +42,8 @@ EXPECTED_LAYOUT = (
 
 @dataclass(frozen=True)
 class STSPairs:
-    """Scored sentence pairs of one STS task and split.
-
-    Attributes:
-        sentences1, sentences2: the two sentences of each pair.
-        scores: gold similarity (0-5 for STS12-16 and STS-B, 1-5 for SICK).
-        subsets: subset name of each pair (e.g. ``"MSRpar"``), ``"all"`` for tasks without subsets.
-    """
+    """Scored sentence pairs of one STS task and split: gold ``scores`` (0-5; SICK 1-5) and the subset name of each
+    pair (e.g. ``"MSRpar"``; ``"all"`` for tasks without subsets)."""
 
     sentences1: list[str]
     sentences2: list[str]
@@ -85,41 +64,31 @@ class STSPairs:
         return list(dict.fromkeys(self.subsets))
 
     def subset(self, name: str) -> STSPairs:
-        """The pairs of one subset (e.g. ``pairs.subset("headlines")``).
-
-        Raises:
-            ConfigurationError: if no pair belongs to ``name``.
-        """
+        """The pairs of one subset (e.g. ``pairs.subset("headlines")``); ConfigurationError if it has none."""
         keep = [i for i, s in enumerate(self.subsets) if s == name]
         if not keep:
             raise ConfigurationError(f"no subset {name!r}; available: {', '.join(self.subset_names)}")
-        return STSPairs(
-            sentences1=[self.sentences1[i] for i in keep],
-            sentences2=[self.sentences2[i] for i in keep],
-            scores=[self.scores[i] for i in keep],
-            subsets=[name] * len(keep),
-        )
+        return STSPairs([self.sentences1[i] for i in keep], [self.sentences2[i] for i in keep],
+                        [self.scores[i] for i in keep], [name] * len(keep))
 
 
 def normalize_task(task: str) -> str:
-    """Canonical task name (one of :data:`STS_TASKS`), accepting any case and ``STSB``/``STS-B``/``SICK-R``.
-
-    Raises:
-        ConfigurationError: for an unknown task.
-    """
-    by_lower = {t.lower(): t for t in STS_TASKS}
-    key = str(task).lower()
-    if key in by_lower:
-        return by_lower[key]
-    if key in _TASK_ALIASES:
-        return _TASK_ALIASES[key]
+    """Canonical task name (one of :data:`STS_TASKS`), accepting any case and ``STSB``/``STS-B``/``SICK-R``."""
+    canonical = {**{t.lower(): t for t in STS_TASKS}, **_TASK_ALIASES}.get(str(task).lower())
+    if canonical is not None:
+        return canonical
     raise ConfigurationError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
 
 
-def _normalize_split(task: str, split: str) -> str:
+def _split(split: str) -> str:
     split = _SPLIT_ALIASES.get(split, split)
     if split not in SPLITS:
         raise ConfigurationError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    return split
+
+
+def _normalize_split(task: str, split: str) -> str:
+    split = _split(split)
     if task in STS_SUBSETS and split != "test":
         raise ConfigurationError(f"{task} only has a test split (asked for {split!r})")
     return split
@@ -179,16 +148,13 @@ def _load_sts_year(root: Path, task: str) -> STSPairs:
         input_path, gold_path = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
         inputs, golds = _read_lines(input_path), _read_lines(gold_path)
         if len(inputs) != len(golds):
-            raise DataFormatError(
-                f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}: "
-                "gold scores must be line-aligned with the input pairs (a blank gold line for an unscored pair)"
-            )
+            raise DataFormatError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}: gold scores "
+                                  "must be line-aligned with the input pairs (a blank gold line for an unscored pair)")
         for lineno, (line, gold) in enumerate(zip(inputs, golds), start=1):
             fields = line.rstrip("\r").split("\t")
             if len(fields) != 2:
-                raise DataFormatError(
-                    f"{input_path}:{lineno}: expected 2 tab-separated sentences, found {len(fields)} field(s)"
-                )
+                raise DataFormatError(f"{input_path}:{lineno}: expected 2 tab-separated sentences, found "
+                                      f"{len(fields)} field(s)")
             gold = gold.strip()
             if not gold:  # not scored
                 continue
@@ -217,27 +183,22 @@ def _scored_rows(path: Path, lines: list[str], start: int, columns: tuple[int, i
 
 
 def read_stsb_file(path) -> STSPairs:
-    """One STS Benchmark file as SentEval distributes it (``sts-train.csv``, ``sts-dev.csv``, ``sts-test.csv``):
-    headerless, tab-separated, genre, file, year, id, score (0-5), sentence 1, sentence 2, and on some lines the
-    sources after them. Read as :func:`load_sts` reads it (the same checks and messages)."""
-    # SentEval: text = line.strip().split("\t"); score = text[4]; sentences = text[5], text[6]
+    """One STS Benchmark file as SentEval distributes it (``sts-test.csv``, ...), read as :func:`load_sts` does."""
     path = Path(path)
     return _scored_rows(path, _read_lines(path), 1, (5, 6, 4), "at least 7 tab-separated columns (genre, file, year, "
                         "id, score, sentence1, sentence2)")
 
 
 def read_sick_file(path) -> STSPairs:
-    """One SICK file as SentEval distributes it (``SICK_train.txt``, ...): tab-separated with a header naming
-    ``sentence_A``, ``sentence_B`` and ``relatedness_score`` (1-5). Read as :func:`load_sts` reads it."""
+    """One SICK file as SentEval distributes it (``SICK_train.txt``, ...), read as :func:`load_sts` does."""
     path = Path(path)
     lines = _read_lines(path)
     if not lines:
         raise DataFormatError(f"{path}: empty file (expected a header row and data rows)")
     header = [h.strip() for h in lines[0].strip().split("\t")]
-    needed = ("sentence_A", "sentence_B", "relatedness_score")
-    if any(col not in header for col in needed):
-        raise DataFormatError(f"{path}:1: header must contain the columns {', '.join(needed)}; found {header}")
-    columns = tuple(header.index(col) for col in needed)
+    if any(col not in header for col in SICK_COLUMNS):
+        raise DataFormatError(f"{path}:1: header must contain the columns {', '.join(SICK_COLUMNS)}; found {header}")
+    columns = tuple(header.index(col) for col in SICK_COLUMNS)
     return _scored_rows(path, lines[1:], 2, columns, f"{len(header)} tab-separated columns ({', '.join(header)})")
 
 
@@ -272,39 +233,29 @@ def _check_files(senteval_dir, tasks, split: str) -> tuple[Path, list[tuple[str,
             missing.append(item)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise DataNotFoundError(
-            f"SentEval directory {root} is missing {shown}{_layout_hint(root)}; {EXPECTED_LAYOUT}"
-        )
+        raise DataNotFoundError(f"SentEval directory {root} is missing {shown}{_layout_hint(root)}; {EXPECTED_LAYOUT}")
     return root, plan
 
 
 def load_sts(senteval_dir, task: str, split: str = "test") -> STSPairs:
     """Read one STS task from a SentEval directory (the folder holding ``STS/`` and ``SICK/``).
 
-    ``split``: ``"test"`` (the only split of STS12-16), ``"dev"`` or ``"train"`` (STS-B and SICK-R; SICK's dev split
-    is ``SICK_trial.txt``). For STS12-16 all of SentEval's subsets are concatenated in SentEval's order and ``subsets``
-    names the subset of each pair; unscored pairs (blank gold line) are skipped. Errors: see the module docstring.
+    ``split``: ``"test"`` (the only split of STS12-16), ``"dev"`` or ``"train"``. STS12-16's subsets are concatenated
+    in SentEval's order.
     """
     root, [(task, split)] = _check_files(senteval_dir, [task], split)
     if task in STS_SUBSETS:
         pairs = _load_sts_year(root, task)
-    elif task == "STSBenchmark":
-        pairs = read_stsb_file(root / _task_files(task, split)[0])
     else:
-        pairs = read_sick_file(root / _task_files(task, split)[0])
+        pairs = (read_stsb_file if task == "STSBenchmark" else read_sick_file)(root / _task_files(task, split)[0])
     if len(pairs) == 0:
         raise DataFormatError(f"{task} {split} in {root} has no scored pairs")
     return pairs
 
 
 def check_senteval_dir(senteval_dir, tasks=STS_TASKS, split: str = "test") -> Path:
-    """Validate a SentEval directory up front, before any model work.
-
-    All files of ``tasks`` must exist (every missing one is named in a single error) and parse (each file is read
-    fully, so a malformed line is found now rather than after training).
-
-    A missing file's error lists them all and the expected layout. Returns the directory as a :class:`~pathlib.Path`.
-    """
+    """Validate a SentEval directory up front, before any model work: every file of ``tasks`` must exist (the missing
+    ones named in one error) and parse. Returns the directory as a :class:`~pathlib.Path`."""
     root, plan = _check_files(senteval_dir, tasks, split)
     for task, sp in plan:
         load_sts(root, task, sp)
@@ -318,19 +269,13 @@ _HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
 
 def load_sts_from_hub(task: str, split: str = "test") -> STSPairs:
-    """Load an STS task from the Hugging Face hub with :func:`datasets.load_dataset` (needs network access).
+    """Load an STS task (:data:`HUB_DATASETS`) from the Hugging Face hub (needs network access).
 
-    Datasets: :data:`HUB_DATASETS`. STS12-16 and SICK-R exist only as a test split there. The hub copies are not
-    byte-identical to SentEval's files (untokenized text; ``mteb/sickr-sts`` holds all 9,927 SICK pairs rather than
-    the 4,927 of the test split; ``sentence-transformers/stsb`` scores are scaled to 0-1), so numbers can differ
-    slightly from those computed on a SentEval directory. Use a SentEval directory to compare with the papers.
-
-    Every pair has subset ``"all"``. A dataset that cannot be loaded (offline) is a DataNotFoundError.
+    The hub copies differ from SentEval's files (untokenized text, all of SICK, STS-B scaled to 0-1), so use a
+    SentEval directory to compare with the papers. Every pair has subset ``"all"``.
     """
     task = normalize_task(task)
-    split = _SPLIT_ALIASES.get(split, split)
-    if split not in SPLITS:
-        raise ConfigurationError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    split = _split(split)
     if task != "STSBenchmark" and split != "test":
         raise ConfigurationError(f"{task} is only available as a test split on the hub (asked for {split!r})")
     repo = HUB_DATASETS[task]
@@ -339,10 +284,8 @@ def load_sts_from_hub(task: str, split: str = "test") -> STSPairs:
     try:
         data = datasets.load_dataset(repo, split=_HUB_SPLITS[split])
     except Exception as exc:  # network / hub errors come in many types; report one clear line
-        reason = first_line(exc)
-        raise DataNotFoundError(
-            f"could not load {repo} ({_HUB_SPLITS[split]}) from the Hugging Face hub: {reason}"
-        ) from exc
+        raise DataNotFoundError(f"could not load {repo} ({_HUB_SPLITS[split]}) from the Hugging Face hub: "
+                                f"{first_line(exc)}") from exc
     missing = [c for c in ("sentence1", "sentence2", "score") if c not in data.column_names]
     if missing:
         raise DataFormatError(f"{repo}: missing column(s) {', '.join(missing)} (has {', '.join(data.column_names)})")

@@ -1,17 +1,6 @@
-"""Training data of a prompt set from a CSV (or TSV) or JSON-lines file: scored pairs, pairs, triplets or sentences.
-
-The shape is read off the columns: two text columns and a numeric one (``score``/``label``) are scored pairs (for
-``CoSENTLoss``); three text columns are triplets (anchor, positive, hard negative) and two are pairs (for
-``MultipleNegativesRankingLoss``); one is sentences (unsupervised: each sentence is its own positive, as in SimCSE
-and DCPCSE). Column names are free; their order is kept.
-
-The files of the SentEval layout (``--data-dir``) are read as they are distributed: STS Benchmark's headerless,
-tab-separated ``sts-{train,dev,test}.csv`` and SICK's ``SICK_{train,trial,test_annotated}.txt`` are scored pairs
-(through :mod:`st_prompts.data.senteval`, with its checks), and a ``.txt`` file otherwise holds one sentence per line
-(``train/wiki_sentences.txt``). Their gold scores (STS-B 0-5, SICK 1-5) are rescaled to 0-1, the scale of
-sentence-transformers' own STS data; CoSENT and Spearman's correlation read only their order, so training and
-selection are the same on either scale.
-"""
+"""Training data of a prompt set from a CSV, TSV or JSON-lines file, its shape read off the columns: a numeric
+``score``/``label`` column and two text columns are scored pairs, else three, two or one text columns are triplets,
+pairs or sentences. A SentEval STS-B or SICK file is scored pairs, its scores rescaled to 0-1."""
 
 from __future__ import annotations
 
@@ -23,14 +12,14 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
+from st_prompts.data.senteval import SICK_COLUMNS, read_sick_file, read_stsb_file
 from st_prompts.errors import DataFormatError, DataNotFoundError
 from st_prompts.utils import check_utf8
 
 #: The data shapes and the loss each trains with by default.
 KINDS = {"scored-pairs": "cosent", "triplets": "mnrl", "pairs": "mnrl", "sentences": "dcpcse"}
 #: Which shapes each loss can train on.
-LOSS_KINDS = {"cosent": ("scored-pairs",), "mnrl": ("pairs", "triplets"),
-              "dcpcse": ("sentences", "pairs", "triplets")}
+LOSS_KINDS = {"cosent": ("scored-pairs",), "mnrl": ("pairs", "triplets"), "dcpcse": ("sentences", "pairs", "triplets")}
 _SCORE_NAMES = ("score", "label", "similarity", "relatedness")
 
 
@@ -46,14 +35,7 @@ class TaskData:
 def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskData:
     """Read ``path`` (``.csv``, ``.tsv``, ``.jsonl``/``.json``, ``.txt``) into a :class:`TaskData`.
 
-    A SentEval STS Benchmark or SICK file is scored pairs, its score rescaled to 0-1 (see the module docstring); any
-    other ``.txt`` file is one sentence per line.
-
-    Raises:
-        DataNotFoundError: no such file.
-        DataFormatError: an unknown extension, a file that is not UTF-8, an empty file, a row with another number of
-            fields than the header,
-            a score that is not a number, or a shape none of the losses takes (with the line number where it applies).
+    Raises DataNotFoundError (no such file) or DataFormatError (anything wrong with it, with its line number).
     """
     path = str(path)
     if not os.path.isfile(path):
@@ -74,8 +56,7 @@ def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskDat
                               "or sentences.")
     if not rows:
         raise DataFormatError(f"{path}: no rows.")
-    if limit is not None:
-        rows = rows[:limit]
+    rows = rows[:limit]
     scores = [c for c in columns if c.lower() in _SCORE_NAMES]
     texts = [c for c in columns if c not in scores]
     if len(scores) > 1:
@@ -108,20 +89,16 @@ def read_task_file(path: str | os.PathLike, limit: int | None = None) -> TaskDat
                           "for scored pairs) or 3 (triplets).")
 
 
-#: SICK's header names the columns it is read by (st_prompts.data.senteval reads them by name).
-_SICK_COLUMNS = {"sentence_A", "sentence_B", "relatedness_score"}
-#: Where each SentEval format's gold scores lie, to rescale them to 0-1.
+#: Where each SentEval format's gold scores lie.
 _SENTEVAL_RANGES = {"stsb": (0.0, 5.0), "sick": (1.0, 5.0)}
 
 
 def _senteval_format(path: str) -> str | None:
-    """``"stsb"`` for an STS Benchmark file of the SentEval layout (no header; its first line has at least seven
-    tab-separated fields, the fifth a number: a header's fifth field is a name), ``"sick"`` for a SICK file (a
-    tab-separated header naming :data:`_SICK_COLUMNS`), else ``None``."""
+    """``"stsb"`` (no header: 7 tab-separated fields, the fifth a number), ``"sick"`` (its header), or ``None``."""
     with open(path, encoding="utf-8-sig") as handle:
         first = handle.readline().rstrip("\r\n")
     fields = first.split("\t")
-    if _SICK_COLUMNS <= {field.strip() for field in fields}:
+    if set(SICK_COLUMNS) <= {field.strip() for field in fields}:
         return "sick"
     if len(fields) >= 7:
         try:
@@ -134,15 +111,12 @@ def _senteval_format(path: str) -> str | None:
 
 def _read_senteval(path: str, kind: str, limit: int | None) -> TaskData:
     """A SentEval STS-B or SICK file as scored pairs, its scores rescaled to 0-1 (:data:`_SENTEVAL_RANGES`)."""
-    from st_prompts.data.senteval import read_sick_file, read_stsb_file
-
     pairs = read_stsb_file(path) if kind == "stsb" else read_sick_file(path)
     if not len(pairs):
         raise DataFormatError(f"{path}: no rows.")
     low, high = _SENTEVAL_RANGES[kind]
-    end = len(pairs) if limit is None else limit
-    data = {"sentence1": pairs.sentences1[:end], "sentence2": pairs.sentences2[:end],
-            "score": [(score - low) / (high - low) for score in pairs.scores[:end]]}
+    data = {"sentence1": pairs.sentences1[:limit], "sentence2": pairs.sentences2[:limit],
+            "score": [(score - low) / (high - low) for score in pairs.scores[:limit]]}
     return TaskData("scored-pairs", Dataset.from_dict(data), path)
 
 

@@ -48,12 +48,8 @@ def read_sentences(path: str | Path, limit: int | None = None, seed: int = 42) -
 
 
 def read_csv_rows(path: str | Path, *headers: tuple[str, ...]) -> tuple[tuple[str, ...], list[list[str]]]:
-    """Read a CSV file with Python's CSV reader (quoted fields may hold commas and line breaks).
-
-    Returns ``(header, rows)``: which of the accepted ``headers`` (their first columns, lower-cased) the file has, and
-    its rows (blank lines skipped). Another header, or a row with another number of fields (an unquoted comma), is a
-    DataFormatError naming its line.
-    """
+    """Read a CSV file: which of the accepted ``headers`` (their first columns, lower-cased) it has, and its rows
+    (blank lines skipped). Another header, or a row with another number of fields, is a DataFormatError."""
     with open(_existing(path), encoding="utf-8", newline="") as f:
         reader = csv.reader(f)
         header = [h.strip().lower() for h in (next(reader, None) or [])]
@@ -65,10 +61,8 @@ def read_csv_rows(path: str | Path, *headers: tuple[str, ...]) -> tuple[tuple[st
         line = reader.line_num
         for row in reader:
             if row and len(row) != len(header):
-                raise DataFormatError(
-                    f"{path}, line {line + 1}: expected {len(header)} fields ({','.join(header)}), got {len(row)}; "
-                    "quote fields that contain commas."
-                )
+                raise DataFormatError(f"{path}, line {line + 1}: expected {len(header)} fields ({','.join(header)}), "
+                                      f"got {len(row)}; quote fields that contain commas.")
             if row:
                 rows.append(row)
             line = reader.line_num
@@ -80,9 +74,7 @@ _PAIR_HEADER = ("premise", "hypothesis", "label")
 
 
 def read_nli_triplets(path: str | Path, limit: int | None = None, seed: int = 42) -> list[tuple[str, str, str]]:
-    """Rows of a ``sent0,sent1,hard_neg`` CSV (SimCSE's ``nli_for_simcse.csv``): premise, entailment, contradiction.
-
-    A row with more or fewer fields than the header (e.g. an unquoted comma) is refused with its line number."""
+    """Rows of a ``sent0,sent1,hard_neg`` CSV (SimCSE's ``nli_for_simcse.csv``): premise, entailment, contradiction."""
     _, rows = read_csv_rows(path, _TRIPLET_HEADER)
     triplets = [(row[0], row[1], row[2]) for row in rows]
     if not triplets:
@@ -102,21 +94,12 @@ def supervised_dataset(triplets: list[tuple[str, str, str]]) -> Dataset:
 
 
 def bundled_data_dir() -> Path:
-    """The small data set shipped inside the package (``st_prompts/resources/demo``).
-
-    3,000 Wikipedia sentences (``wiki_sentences.txt``), 1,500 SNLI triplets (``nli_triplets.csv``) and STS-B dev in
-    SentEval's layout (``senteval/``): enough for the demo and for smoke runs of every recipe at ``--scale cpu``.
-    It has the layout :func:`load_training_dataset` and the STS-B dev evaluator read, so it works as a ``--data-dir``.
-    """
+    """The small data set shipped inside the package (``st_prompts/resources/demo``), a ``--data-dir``."""
     return Path(str(resources.files("st_prompts") / "resources" / "demo"))
 
 
 def download_simcse_file(filename: str) -> Path:
-    """Download one of SimCSE's training files from the hub (needs network access).
-
-    Raises:
-        DataNotFoundError: when the hub cannot be reached (offline machine), saying how to train without it.
-    """
+    """Download one of SimCSE's training files from the hub (DataNotFoundError offline, saying how to do without)."""
     try:
         return Path(huggingface_hub.hf_hub_download(repo_id=SIMCSE_HUB_REPO, filename=filename, repo_type="dataset"))
     except Exception as exc:  # offline, firewalled, HF_HUB_OFFLINE=1, ...: all end the same way for the user
@@ -124,18 +107,13 @@ def download_simcse_file(filename: str) -> Path:
             f"Could not download {filename} from the Hugging Face dataset {SIMCSE_HUB_REPO!r} ({type(exc).__name__}). "
             "Without network access, pass --data-dir DIR with DIR/train/wiki_sentences.txt (one sentence per line) or "
             "DIR/train/nli_triplets.csv (sent0,sent1,hard_neg), or use --scale cpu, which defaults to the small data "
-            "set bundled with st_prompts."
-        ) from exc
+            "set bundled with st_prompts.") from exc
 
 
-def load_training_dataset(
-    supervised: bool, data_dir: str | Path | None = None, limit: int | None = None, seed: int = 42
-) -> Dataset:
-    """The SimCSE-format training set for a run.
-
-    With ``data_dir``, reads ``train/wiki_sentences.txt`` or ``train/nli_triplets.csv`` below it (the layout of this
-    project's shared data); without, downloads SimCSE's full files from the hub.
-    """
+def load_training_dataset(supervised: bool, data_dir: str | Path | None = None, limit: int | None = None,
+                          seed: int = 42) -> Dataset:
+    """The SimCSE-format training set for a run: ``train/wiki_sentences.txt`` or ``train/nli_triplets.csv`` below
+    ``data_dir``, or without one SimCSE's full files from the hub."""
     path = nli_path(data_dir) if supervised else sentences_path(data_dir)
     if supervised:
         return supervised_dataset(read_nli_triplets(path, limit, seed))
@@ -147,8 +125,7 @@ NLI_PAIR_LABELS = {"entailment": 1, "contradiction": 0}
 
 
 def sample_fraction(rows: list, fraction: float, seed: int) -> list:
-    """A random share ``fraction`` (0 < fraction <= 1) of ``rows``, at least one, drawn with ``seed`` (the
-    low-label setting: 1% or 10% of the NLI data)."""
+    """A random share ``fraction`` (0 < fraction <= 1) of ``rows``, at least one, drawn with ``seed``."""
     if not 0.0 < fraction <= 1.0:
         raise DataFormatError(f"label_fraction must be in (0, 1], got {fraction}.")
     if fraction >= 1.0:
@@ -157,18 +134,13 @@ def sample_fraction(rows: list, fraction: float, seed: int) -> list:
     return random.Random(seed).sample(rows, count)
 
 
-def read_nli_pairs(
-    path: str | Path, limit: int | None = None, seed: int = 42, fraction: float = 1.0
-) -> tuple[list[tuple[str, str, int]], Counter]:
-    """Labelled NLI pairs ``(premise, hypothesis, label)`` with entailment = 1 and contradiction = 0.
+def read_nli_pairs(path: str | Path, limit: int | None = None, seed: int = 42,
+                   fraction: float = 1.0) -> tuple[list[tuple[str, str, int]], Counter]:
+    """Labelled NLI pairs ``(premise, hypothesis, label)`` with entailment = 1 and contradiction = 0, and a
+    ``Counter`` of the labels skipped (any other: neutral, ``-``, ...).
 
-    Reads either SimCSE's triplets (header ``sent0,sent1,hard_neg``: each row gives ``(premise, entailment, 1)`` and
-    ``(premise, contradiction, 0)``) or labelled pairs (header ``premise,hypothesis,label`` with textual labels
-    ``entailment``/``contradiction``/``neutral``). Rows with any other label (``neutral``, ``-``, numbers, ...) are
-    skipped, never mapped to a class; they are counted in the returned counter (and in the log).
-
-    ``fraction`` samples that share of the labelled rows (triplets or pairs) with ``seed`` first; ``limit`` then keeps
-    at most that many rows. Returns ``(pairs, skipped)``: the pairs and a ``Counter`` of skipped labels.
+    Reads SimCSE's triplets (``sent0,sent1,hard_neg``: two pairs a row) or labelled pairs
+    (``premise,hypothesis,label``); at most ``limit`` rows, then a share ``fraction`` of them, drawn with ``seed``.
     """
     header, rows = read_csv_rows(path, _TRIPLET_HEADER, _PAIR_HEADER)
     rows = sample_fraction(_subsample(rows, limit, seed), fraction, seed)

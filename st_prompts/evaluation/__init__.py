@@ -6,13 +6,5 @@ from st_prompts.evaluation.pairs import PairsEvaluator
 from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
 from st_prompts.evaluation.sts import STSSuiteEvaluator, format_results_table, stsb_dev_evaluator
 
-__all__ = [
-    "AlignmentUniformityEvaluator",
-    "PairsEvaluator",
-    "STSRetrievalEvaluator",
-    "STSSuiteEvaluator",
-    "alignment_loss",
-    "format_results_table",
-    "stsb_dev_evaluator",
-    "uniformity_loss",
-]
+__all__ = ["AlignmentUniformityEvaluator", "PairsEvaluator", "STSRetrievalEvaluator", "STSSuiteEvaluator",
+           "alignment_loss", "format_results_table", "stsb_dev_evaluator", "uniformity_loss"]

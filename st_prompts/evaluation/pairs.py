@@ -1,12 +1,6 @@
-"""The shared base of the evaluators that score a model on the sentence pairs of one STS split.
-
-:class:`PairsEvaluator` holds what :class:`~st_prompts.evaluation.retrieval.STSRetrievalEvaluator` and
-:class:`~st_prompts.evaluation.alignment.AlignmentUniformityEvaluator` have in common: the checked
-``(sentences1, sentences2, scores)`` input, the encoding options, :meth:`~PairsEvaluator.from_senteval` (which also
-records the task and split it read), and the ``__call__`` protocol of a sentence-transformers evaluator: compute the
-metrics (:meth:`~PairsEvaluator.compute`, defined by each subclass), log them, append a row to a CSV file, prefix the
-metric names with ``name`` and store them in the model card.
-"""
+"""The shared base of the evaluators that score a model on the sentence pairs of one STS split: the checked input,
+the encoding options, :meth:`~PairsEvaluator.from_senteval`, and a sentence-transformers evaluator's ``__call__``
+(compute, log, append to a CSV file, prefix the names, store them in the model card)."""
 
 from __future__ import annotations
 
@@ -38,69 +32,43 @@ class PairsOptions(TypedDict, total=False):
     write_csv: bool
 
 
+def check_pair_lengths(sentences1: Sequence[str], sentences2: Sequence[str], scores: Sequence[float]) -> None:
+    """Raise DataFormatError unless the three sequences have the same length."""
+    if not (len(sentences1) == len(sentences2) == len(scores)):
+        raise DataFormatError(f"sentences1, sentences2 and scores must have the same length, got "
+                              f"{len(sentences1)}, {len(sentences2)} and {len(scores)}")
+
+
 class PairsEvaluator(BaseEvaluator):
     """Base class of evaluators over the sentence pairs of an STS split and their gold scores.
 
-    Subclasses set :attr:`csv_prefix` and ``csv_headers`` (``["epoch", "steps", *metric names]``), and implement
-    :meth:`compute` (metrics without the name prefix) and :meth:`describe` (one log line).
-
-    Args:
-        sentences1, sentences2, scores: the pairs of the split and their gold scores (same length).
-        name: prefix of the result keys (``from_senteval`` uses ``"{task}-{split}"``); empty for none.
-        batch_size: encoding batch size (default 32).
-        show_progress_bar: show encoding progress (default ``False``; ``None``: sentence-transformers' choice, by
-            log level).
-        write_csv: append a row to ``{csv_prefix}_{name}_results.csv`` in ``output_path`` at each call (default).
-
-    Attributes:
-        task, split: the SentEval task and split the pairs were read from (set by :meth:`from_senteval`;
-            ``None`` when the pairs were given directly).
-
-    Raises:
-        DataFormatError: if the three sequences differ in length.
+    Subclasses set :attr:`csv_prefix` and ``csv_headers``, and implement :meth:`compute` (metrics without the name
+    prefix) and :meth:`describe`. ``name`` prefixes the result keys; ``write_csv`` appends a row to
+    ``{csv_prefix}_{name}_results.csv`` in ``output_path`` at each call; ``task`` and ``split`` are set by
+    :meth:`from_senteval`.
     """
 
-    #: First part of the CSV file name, e.g. ``"STS-Retrieval_evaluation"``.
     csv_prefix: str = "Pairs_evaluation"
-    #: Encodes without truncation below the model's limit (:func:`~st_prompts.modules.lengths.full_length`).
-    encodes_full_length = True
+    encodes_full_length = True  # no truncation below the model's limit (modules.lengths.full_length)
 
-    def __init__(
-        self,
-        sentences1: Sequence[str],
-        sentences2: Sequence[str],
-        scores: Sequence[float],
-        *,
-        name: str = "",
-        batch_size: int = 32,
-        show_progress_bar: bool | None = False,
-        write_csv: bool = True,
-    ) -> None:
+    def __init__(self, sentences1: Sequence[str], sentences2: Sequence[str], scores: Sequence[float], *,
+                 name: str = "", batch_size: int = 32, show_progress_bar: bool | None = False,
+                 write_csv: bool = True) -> None:
         super().__init__()
-        if not (len(sentences1) == len(sentences2) == len(scores)):
-            raise DataFormatError(
-                f"sentences1, sentences2 and scores must have the same length, got "
-                f"{len(sentences1)}, {len(sentences2)} and {len(scores)}"
-            )
+        check_pair_lengths(sentences1, sentences2, scores)
         self.name = name
         self.batch_size = batch_size
         self.show_progress_bar = show_progress_bar
         self.write_csv = write_csv
         self.task: str | None = None
         self.split: str | None = None
-        #: The most tokens per sentence the last call encoded (the model's full length, as SentEval).
-        self.max_length: int | None = None
+        self.max_length: int | None = None  # the tokens per sentence the last call encoded at most
         self.csv_file = self.csv_prefix + (f"_{name}" if name else "") + "_results.csv"
 
     @classmethod
-    def from_senteval(
-        cls, senteval_dir: str | os.PathLike, task: str = "STSBenchmark", split: str = "test", **kwargs: Any
-    ) -> Self:
-        """Build the evaluator from a SentEval data directory (via :func:`st_prompts.data.senteval.load_sts`).
-
-        ``name`` defaults to ``"{task}-{split}"``; other keyword arguments go to the constructor. The evaluator
-        remembers ``task`` and ``split`` (attributes of the same names), for reports.
-        """
+    def from_senteval(cls, senteval_dir: str | os.PathLike, task: str = "STSBenchmark", split: str = "test",
+                      **kwargs: Any) -> Self:
+        """Build the evaluator from a SentEval data directory (``name`` defaults to ``"{task}-{split}"``)."""
         pairs = load_sts(senteval_dir, task, split)
         kwargs.setdefault("name", f"{task}-{split}")
         evaluator = cls(pairs.sentences1, pairs.sentences2, pairs.scores, **kwargs)
@@ -120,11 +88,9 @@ class PairsEvaluator(BaseEvaluator):
         values = ", ".join(f"{key} {value:.4f}" for key, value in metrics.items())
         return f"{type(self).__name__}{f' on {self.name}' if self.name else ''}: {values}"
 
-    def __call__(
-        self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1
-    ) -> dict[str, float]:
-        """Compute the metrics of ``model`` (encoding at its full length, :func:`~st_prompts.modules.lengths.full_length`),
-        log them, append them to the CSV file and return them, name-prefixed."""
+    def __call__(self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1,
+                 steps: int = -1) -> dict[str, float]:
+        """Compute the metrics of ``model`` at its full length, log them, write them to the CSV file, return them."""
         with full_length(model) as self.max_length:
             metrics = self.compute(model)
         logger.info(self.describe(metrics))

@@ -1,25 +1,6 @@
-"""The HTTP application: OpenAI-compatible embeddings, search, health, metrics and the optional admin endpoint.
-
-Built on Starlette (the ASGI toolkit FastAPI itself runs on) and served by uvicorn (:mod:`st_prompts.serving.server`).
-Every endpoint checks its body by hand (:mod:`st_prompts.serving.limits`) so that a refusal is one line in OpenAI's
-error schema, and reads the body in chunks so that an oversized one is refused before it is held in memory.
-
-=====================================  ==============================================================================
-``POST /v1/embeddings``                OpenAI's embeddings API: ``input`` (a string or a list of strings), ``model``
-                                       (a task name, ``backbone`` for the plain backbone), ``encoding_format``
-                                       (``float`` or ``base64``), ``dimensions`` (only the model's own)
-``GET /v1/models``, ``/v1/models/ID``  the task names served
-``POST /search``                       ``query`` (a string or a list), ``index`` (a name), ``k``: the best documents
-``GET /health``                        readiness: 200 while serving, 503 ``draining`` while draining (after
-                                       SIGTERM); ``ready``, ``pid``, the served sets' digests (``sets``) and their
-                                       ``fingerprint``, which replicas compare (:mod:`st_prompts.serving.fingerprint`)
-``GET /live``                          liveness: 200 while the process answers, draining included
-``GET /metrics``                       Prometheus metrics (:mod:`st_prompts.serving.metrics`)
-``POST /admin/prompt-sets``            add a prompt set (``name``, ``source``: a folder on the server); only with an
-``DELETE /admin/prompt-sets/NAME``     admin token, given as ``Authorization: Bearer TOKEN``; without a token these
-``POST /admin/indexes/NAME/reload``    routes do not exist (404)
-=====================================  ==============================================================================
-"""
+"""The HTTP application (Starlette): OpenAI-compatible embeddings, search, health, metrics and, with an admin token,
+``/admin/prompt-sets[/NAME]`` and ``/admin/indexes/NAME/reload``. Bodies are read in chunks and checked by hand, so
+that a refusal is one line in OpenAI's error schema."""
 
 from __future__ import annotations
 
@@ -46,12 +27,7 @@ from st_prompts.errors import first_line, shorten
 from st_prompts.precision import cpu_summary
 from st_prompts.serving.batcher import DEFAULT_PASS_OVERHEAD_TOKENS, Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
-from st_prompts.serving.limits import (
-    RequestError,
-    ServingLimits,
-    parse_embedding_request,
-    parse_search_request,
-)
+from st_prompts.serving.limits import RequestError, ServingLimits, parse_embedding_request, parse_search_request
 from st_prompts.serving.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from st_prompts.serving.model import Role, ServedModel
 from st_prompts.utils import release_free_memory
@@ -71,8 +47,7 @@ class ServerContext:
     def __init__(self, served: ServedModel, indexes: IndexRegistry, limits: ServingLimits,
                  admin_token: str | None = None, link: Any = None) -> None:
         self.served = served
-        #: a worker's pipes to its parent (:class:`st_prompts.serving.workers.WorkerLink`), or ``None`` (one process)
-        self.link = link
+        self.link = link  # a worker's pipes to its parent (a WorkerLink), or None (one process)
         self.indexes = indexes
         self.limits = limits
         self.admin_token = admin_token
@@ -84,10 +59,9 @@ class ServerContext:
         self.metrics = ServerMetrics(queued_rows=lambda: self.batcher.queued_rows,
                                      running_rows=lambda: self.batcher.running_rows,
                                      prompt_sets=lambda: len(served.internal_sets()), label=self.label)
-        # the option, else what the start measured (server.py), else the batcher's default
+        # the options, else what the start measured (server.py), else the defaults
         overhead = next((v for v in (limits.pass_overhead_tokens, served.pass_overhead_tokens) if v is not None),
                         DEFAULT_PASS_OVERHEAD_TOKENS)
-        # likewise the pass's size: the options, else the device's (server.py measures an accelerator's)
         self.batcher = Batcher(served.encode, max_wait_ms=limits.max_wait_ms,
                                max_batch_tokens=limits.max_batch_tokens or served.batch_tokens,
                                max_batch_rows=limits.max_batch_rows or served.batch_rows,
@@ -99,8 +73,6 @@ class ServerContext:
 
     def label(self, route: Any) -> str:
         """The metrics label of a batcher task: a public task name."""
-        if route is None:
-            return self.served.name
         if isinstance(route, Role):
             return f"({route.name} side)"
         return self.served.public_name(route)  # "name@2" (added again while the old one drains) -> "name"
@@ -126,20 +98,11 @@ class ServerContext:
                                    code=payload.get("code"), headers=payload.get("headers")) from None
             raise RuntimeError(payload["message"]) from None
 
-    def render_metrics(self) -> bytes:
-        """The metrics: this process's, or every worker's summed (through the parent)."""
-        if self.link is None:
-            return self.metrics.render()
-        return self.link.ask(("metrics",), timeout=60.0)
-
     async def tokenize(self, texts: list[str], route: Any) -> tuple[list[Any], list[int]]:
-        """The rows of ``texts`` for the batcher (token ids, made once) and their token counts (a thread of its own:
-        the loop goes on)."""
-        return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.tokenize, texts,
-                                                                route)
+        """The rows of ``texts`` for the batcher and their token counts (in a thread of its own)."""
+        return await asyncio.get_running_loop().run_in_executor(self.count_executor, self.served.tokenize, texts, route)
 
 
-# ---------------------------------------------------------------------------------------------------------- helpers
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json", headers=headers)
@@ -150,8 +113,7 @@ def _error(error: RequestError) -> Response:
 
 
 async def _read_json(request: Request, limit: int, context: ServerContext) -> Any:
-    """The JSON body, refused early when it is not JSON or larger than ``limit`` bytes (counted in
-    ``context.receiving`` while it streams in)."""
+    """The JSON body, refused early when it is not JSON or larger than ``limit`` bytes."""
     kind = request.headers.get("content-type", "")
     if kind.split(";", 1)[0].strip().lower() != "application/json":
         raise RequestError(415, f"Send the body as JSON with 'Content-Type: application/json' (got "
@@ -190,8 +152,7 @@ async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
 
 
 async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
-    """Await ``work``; if the client goes away first, cancel it (its queued rows leave the queue) and raise
-    :class:`_ClientGone`."""
+    """Await ``work``; if the client goes away first, cancel it and raise :class:`_ClientGone`."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request.receive))
     try:
@@ -212,6 +173,7 @@ async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
 
 #: Endpoints that take work (refused with 503 while the server drains); /health, /metrics and /v1/models answer on.
 _WORK = ("embeddings", "search", "admin")
+_CLOSING = {"Retry-After": "5", "Connection": "close"}  # the headers of a 503 while the server shuts down
 
 
 def _show_tracebacks() -> bool:
@@ -219,8 +181,7 @@ def _show_tracebacks() -> bool:
 
 
 def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Awaitable[Response]]):
-    """Wrap a handler: errors become OpenAI error responses, every answer is counted and timed; while the server
-    drains, new work is refused (503, ``Connection: close``)."""
+    """Wrap a handler: errors become OpenAI error responses; answers are counted and timed; a drain refuses work."""
 
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
@@ -228,6 +189,8 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
         try:
             if context.draining and name in _WORK:
                 raise BatcherClosed("The server is shutting down; retry (on another replica).")
+            if name == "admin":
+                _authorize(request, context.admin_token)
             response = await handler(request)
         except RequestError as exc:
             response = _error(exc)
@@ -235,8 +198,7 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
             response = _error(RequestError(503, str(exc), code="queue_full",
                                            headers={"Retry-After": str(exc.retry_after)}))
         except BatcherClosed as exc:
-            response = _error(RequestError(503, str(exc), code="shutting_down",
-                                           headers={"Retry-After": "5", "Connection": "close"}))
+            response = _error(RequestError(503, str(exc), code="shutting_down", headers=_CLOSING))
         except (_ClientGone, ClientDisconnect):
             context.metrics.cancelled.inc()
             response = Response(status_code=499)
@@ -245,14 +207,12 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
                 raise
             # the drain timeout passed while this request waited for a pass: answer instead of a dropped connection
             response = _error(RequestError(503, "The server is shutting down: its drain timeout passed before this "
-                                           "request's answer; retry.", code="shutting_down",
-                                           headers={"Retry-After": "5", "Connection": "close"}))
+                                           "request's answer; retry.", code="shutting_down", headers=_CLOSING))
         except Exception as exc:  # a bug or a failed pass: one line to the client (and the log)
             first = first_line(exc, 300)
             logger.error("%s failed: %s: %s", name, type(exc).__name__, first, exc_info=_show_tracebacks())
             if name == "admin":  # an admin call carries a folder or a name: what fails with it is refused, not a 500
-                response = _error(RequestError(422, f"The admin request was refused: {first}",
-                                               code="invalid_request"))
+                response = _error(RequestError(422, f"The admin request was refused: {first}", code="invalid_request"))
             else:
                 response = _error(RequestError(500, f"The server failed to answer: {first}", code="internal_error"))
         finally:
@@ -263,15 +223,29 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
     return endpoint
 
 
+def _authorize(request: Request, admin_token: str) -> None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
+        raise RequestError(401, "The admin endpoint needs 'Authorization: Bearer <admin token>'.",
+                           code="invalid_admin_token")
+
+
 def _usage(tokens: list[int]) -> dict[str, int]:
     total = int(sum(tokens))
     return {"prompt_tokens": total, "total_tokens": total}
 
 
-# ---------------------------------------------------------------------------------------------------------- the app
 def create_app(context: ServerContext, on_ready: Callable[[], None] | None = None) -> Starlette:
     """The Starlette application of ``context`` (its lifespan starts and drains the batcher)."""
     served, limits, batcher = context.served, context.limits, context.batcher
+
+    async def encode(request: Request, texts: list[str], route: Any) -> tuple[np.ndarray, list[int]]:
+        """The vectors and token counts of ``texts`` under a pinned ``route``, released at the end."""
+        try:
+            rows, tokens = await context.tokenize(texts, route)
+            return await _unless_gone(request, batcher.encode(rows, tokens, route)), tokens
+        finally:
+            served.release(route)
 
     async def embeddings(request: Request) -> Response:
         body = await _read_json(request, limits.max_body_bytes, context)
@@ -280,12 +254,8 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
             raise RequestError(422, f"'dimensions'={parsed.dimensions} is not supported: {parsed.model!r} gives "
                                f"{served.dimension}-dimensional embeddings and does not shorten them.",
                                param="dimensions", code="dimensions_unsupported")
-        route = served.acquire(parsed.model)  # the set this request uses, whatever changes meanwhile
-        try:
-            rows, tokens = await context.tokenize(parsed.texts, route)
-            vectors = await _unless_gone(request, batcher.encode(rows, tokens, route))
-        finally:
-            served.release(route)
+        # the set this request uses, whatever changes meanwhile
+        vectors, tokens = await encode(request, parsed.texts, served.acquire(parsed.model))
         if parsed.encoding_format == "base64":
             little = np.ascontiguousarray(vectors, dtype="<f4")
             items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
@@ -299,11 +269,7 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         parsed = parse_search_request(body, limits)
         entry = context.indexes.get(parsed.index)  # this request searches the index as it is now
         served.pin(entry.route)
-        try:
-            rows, tokens = await context.tokenize(parsed.queries, entry.route)
-            vectors = await _unless_gone(request, batcher.encode(rows, tokens, entry.route))
-        finally:
-            served.release(entry.route)
+        vectors, tokens = await encode(request, parsed.queries, entry.route)
         results = await asyncio.get_running_loop().run_in_executor(None, entry.search, vectors, parsed.k)
         data = [{"object": "search_result", "query_index": i, "hits": hits} for i, hits in enumerate(results)]
         return _json({"object": "list", "index": entry.name, "data": data, "usage": _usage(tokens)})
@@ -333,58 +299,39 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
         draining = context.draining or batcher.closing
         return _json({"status": "draining" if draining else "ok", "pid": os.getpid()})
 
+    async def in_admin_thread(function, *args):
+        return await asyncio.get_running_loop().run_in_executor(context.admin_executor, function, *args)
+
     async def metrics(request: Request) -> Response:
         if context.link is None:
             return Response(context.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-        text = await asyncio.get_running_loop().run_in_executor(context.admin_executor, context.render_metrics)
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+        # every worker's, summed by the parent (asked from the admin thread, not on the event loop)
+        return Response(await in_admin_thread(context.link.ask, ("metrics",), 60.0), media_type=CONTENT_TYPE_LATEST)
 
-    def _authorize(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 context.admin_token.encode()):
-            raise RequestError(401, "The admin endpoint needs 'Authorization: Bearer <admin token>'.",
-                               code="invalid_admin_token")
-
-    async def _in_admin_thread(function, *args):
-        return await asyncio.get_running_loop().run_in_executor(context.admin_executor, function, *args)
-
-    async def add_set(request: Request) -> Response:
-        _authorize(request)
+    async def add_set(request: Request) -> Response:  # the admin endpoints' token is checked by _endpoint
         body = await _read_json(request, limits.max_body_bytes, context)
         if not isinstance(body, dict):
             raise RequestError(400, "The request body must be a JSON object with 'name' and 'source'.")
-        info = await _in_admin_thread(context.change, "add_set", (body.get("name"), body.get("source")))
+        info = await in_admin_thread(context.change, "add_set", (body.get("name"), body.get("source")))
         return _json({"object": "model", **info, "created": int(time.time()), "owned_by": "st-prompts"}, 201)
 
     async def remove_set(request: Request) -> Response:
-        _authorize(request)
         name = request.path_params["name"]
-        await _in_admin_thread(context.change, "remove_set", (name,))
+        await in_admin_thread(context.change, "remove_set", (name,))
         return _json({"id": name, "object": "model", "deleted": True})
 
     async def reload_index(request: Request) -> Response:
-        _authorize(request)
-        described = await _in_admin_thread(context.change, "reload_index", (request.path_params["name"],))
-        return _json(described)
+        return _json(await in_admin_thread(context.change, "reload_index", (request.path_params["name"],)))
 
-    routes = [
-        Route("/v1/embeddings", _endpoint(context, "embeddings", embeddings), methods=["POST"]),
-        Route("/embeddings", _endpoint(context, "embeddings", embeddings), methods=["POST"]),
-        Route("/v1/models", _endpoint(context, "models", models), methods=["GET"]),
-        Route("/v1/models/{name:path}", _endpoint(context, "models", model), methods=["GET"]),
-        Route("/search", _endpoint(context, "search", search), methods=["POST"]),
-        Route("/health", _endpoint(context, "health", health), methods=["GET"]),
-        Route("/live", _endpoint(context, "live", live), methods=["GET"]),
-        Route("/metrics", _endpoint(context, "metrics", metrics), methods=["GET"]),
-    ]
+    table = [("/v1/embeddings", "embeddings", embeddings, "POST"), ("/embeddings", "embeddings", embeddings, "POST"),
+             ("/v1/models", "models", models, "GET"), ("/v1/models/{name:path}", "models", model, "GET"),
+             ("/search", "search", search, "POST"), ("/health", "health", health, "GET"),
+             ("/live", "live", live, "GET"), ("/metrics", "metrics", metrics, "GET")]
     if context.admin_token is not None:
-        routes += [
-            Route("/admin/prompt-sets", _endpoint(context, "admin", add_set), methods=["POST"]),
-            Route("/admin/prompt-sets/{name:path}", _endpoint(context, "admin", remove_set), methods=["DELETE"]),
-            Route("/admin/indexes/{name}/reload", _endpoint(context, "admin", reload_index), methods=["POST"]),
-        ]
+        table += [("/admin/prompt-sets", "admin", add_set, "POST"),
+                  ("/admin/prompt-sets/{name:path}", "admin", remove_set, "DELETE"),
+                  ("/admin/indexes/{name}/reload", "admin", reload_index, "POST")]
+    routes = [Route(path, _endpoint(context, name, handler), methods=[method]) for path, name, handler, method in table]
 
     @asynccontextmanager
     async def lifespan(app):
@@ -418,7 +365,6 @@ def create_app(context: ServerContext, on_ready: Callable[[], None] | None = Non
 
 
 def _model_card(name: str, created: int, served: Any) -> dict[str, Any]:
-    """OpenAI's model object, and how the model is stored (``quantization``: ``"none"`` or ``"int8"``; ``dtype``:
-    ``"float32"``, ``"bfloat16"`` or ``"float16"``; OpenAI clients ignore fields they do not know)."""
+    """OpenAI's model object, and how the model is stored (``quantization``, ``dtype``: clients ignore them)."""
     return {"id": name, "object": "model", "created": created, "owned_by": "st-prompts",
             "quantization": served.quantization, "dtype": served.dtype}

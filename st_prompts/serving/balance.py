@@ -1,17 +1,7 @@
-"""Connections spread over forked workers by how many each holds open (``st-prompts serve --workers N``).
-
-Workers accepting on one shared socket do not share connections evenly: asyncio accepts every waiting connection when
-its loop wakes, so a burst lands mostly on one worker (two workers, 16 clients: 8/8, 3/13, 5/11, 8/8, 7/9; the
-benchmark's rounds were bimodal, 69-76 against 120-131 sentences/s), and ``SO_REUSEPORT`` hashing is blind to load.
-So the parent accepts and hands each connection (``SCM_RIGHTS`` over a socket pair per worker) to the ready worker
-holding the fewest open connections; workers publish in shared memory how many they closed and took.
-
-The parent also holds the only count of the whole server (issue 60): at most :data:`HANDOFF_DEPTH` connections are on
-their way to a worker, beyond which it waits up to :data:`HANDOFF_WAIT` seconds and accepts nothing (new connections
-wait in the kernel's listen queue instead of being closed; a deep queue would count as open and fill the cap);
-``--max-connections`` is the server's (the worker answers the excess 503); and a worker holding two connections more
-than another is asked to close half the difference after their next answer, so that clients that all reconnected to
-the survivors of a killed worker spread again. Details and measurements: ``docs/serving.md`` (Workers)."""
+"""Connections spread over forked workers by how many each holds open (``--workers N``): a shared accept spreads a
+burst unevenly, so the parent accepts and hands each connection (``SCM_RIGHTS``) to the ready worker holding the
+fewest, holds ``--max-connections``, and asks a worker holding two more than another to shed keep-alive clients;
+workers publish in shared memory how many they closed and took. Details: ``docs/serving.md`` (Workers)."""
 
 from __future__ import annotations
 
@@ -31,51 +21,39 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Balancer", "Receiver"]
 
-#: Connections on their way to one worker at most (the socket pair's default buffer holds about 270).
+#: Connections on their way to one worker at most; seconds the parent waits when every hand-off queue is full before
+#: closing a connection; seconds between two warnings about those; seconds between two looks at the balance.
 HANDOFF_DEPTH = 64
-#: Seconds the parent waits for a worker to take a connection when every hand-off queue is full, before closing it.
 HANDOFF_WAIT = 5.0
-#: The fewest seconds between two warnings about connections closed because no worker took them.
 WARNING_INTERVAL = 10.0
-#: Seconds between two looks at whether one worker holds more connections than another.
 REBALANCE_INTERVAL = 0.5
 
 _SERVE, _REFUSE = b"c", b"r"  # what a hand-off carries beside the connection: serve it, or answer it 503
 
 
 class Balancer:
-    """The parent's side: accepts on ``listener`` in a thread and hands connections to ready workers.
-
-    The supervisor calls :meth:`pair` before each fork (the child's end goes to the worker's :class:`Receiver`),
-    :meth:`ready` when a worker says it is ready, :meth:`forget` when it is gone, :meth:`start` once the workers are
-    forked and :meth:`stop` when the server stops (the listener itself is closed by the supervisor).
-
-    Args:
-        listener: the bound, listening socket.
-        count: the number of workers.
-        max_connections: connections open in the whole server; more are handed over marked, to be answered 503.
-    """
+    """The parent's side: accepts on ``listener`` in a thread and hands connections to ready workers (``count``);
+    beyond ``max_connections`` open in the whole server, marked to be answered 503. The supervisor calls :meth:`pair`
+    before each fork, :meth:`ready`, :meth:`forget`, :meth:`start` and :meth:`stop`."""
 
     def __init__(self, listener: socket.socket, count: int, max_connections: int = 1000) -> None:
         self.listener = listener
         self.max_connections = max_connections
-        self.closed = RawArray("q", count)  # written by worker i only: connections it was handed and has closed
-        #: written by worker i only: connections it has made into connections of its event loop (or found closed)
+        # closed, taken (into its event loop), shed_done: written by worker i only; shed_asked, sent: by the parent
+        self.closed = RawArray("q", count)
         self.taken = RawArray("q", count)
-        self.shed_asked = RawArray("q", count)  # written by the parent: keep-alive connections worker i is to close
-        self.shed_done = RawArray("q", count)  # written by worker i only: how many of those it has closed
-        self.sent = [0] * count  # written by the parent only
-        #: connections closed because no worker took them within HANDOFF_WAIT (the parent's own metric)
-        self.unplaced = 0
+        self.shed_asked = RawArray("q", count)  # keep-alive connections worker i is to close
+        self.shed_done = RawArray("q", count)
+        self.sent = [0] * count
+        self.unplaced = 0  # connections closed because no worker took them within HANDOFF_WAIT
         self._unplaced_logged = 0
         self._lead: tuple[int, int | None] = (0, None)  # the last look's lead, and which worker had it
         self._warned = -float("inf")
         self._ends: dict[int, socket.socket] = {}
         self._ready: set[int] = set()
         self._lock = threading.Lock()
-        #: held from an accept to the close of the parent's copy, and by the supervisor around each fork: a worker
-        #: forked meanwhile would inherit the parent's copy of a connection and keep it open after its own worker
-        #: closed it (the client would never see it closed)
+        #: held from an accept to the close of the parent's copy, and around each fork: a worker forked meanwhile
+        #: would inherit that copy and keep the connection open after its own worker closed it
         self.fork_lock = threading.Lock()
         self._wake_read, self._wake_write = socket.socketpair()
         self._stopped = False
@@ -89,11 +67,8 @@ class Balancer:
             old = self._ends.pop(index, None)
             self._ready.discard(index)
             self._ends[index] = parent_end
-            self.sent[index] = 0
-            self.closed[index] = 0
-            self.taken[index] = 0
-            self.shed_asked[index] = 0
-            self.shed_done[index] = 0
+            for counts in (self.sent, self.closed, self.taken, self.shed_asked, self.shed_done):
+                counts[index] = 0
         if old is not None:
             old.close()
         return child_end
@@ -167,9 +142,7 @@ class Balancer:
             selector.close()
 
     def _hand(self, connection: socket.socket) -> None:
-        """Give ``connection`` to the ready worker holding the fewest open connections that has fewer than
-        HANDOFF_DEPTH on their way (marked to be refused when the server holds ``max_connections``); when none has,
-        wait until one takes some."""
+        """Give ``connection`` to the ready worker holding the fewest with fewer than HANDOFF_DEPTH on their way."""
         deadline = None
         while not self._stopped:
             with self._lock:
@@ -191,8 +164,7 @@ class Balancer:
             deadline = now + HANDOFF_WAIT if deadline is None else deadline
             if now >= deadline:
                 break
-            # every worker has its fill on the way: wait until one takes some (the listen queue holds the next
-            # connections meanwhile); a stop wakes the wait
+            # every worker has its fill on the way: wait until one takes some (a stop wakes the wait)
             select.select([self._wake_read], [], [], min(0.005, deadline - now))
         if not self._stopped:  # (a stopping server closes what it holds anyway)
             self.unplaced += 1
@@ -207,9 +179,8 @@ class Balancer:
             self._warned = time.monotonic()
 
     def _rebalance(self) -> None:
-        """Ask the worker holding the most open connections to close half its lead over the one holding the fewest,
-        each after its next answer, when it led at the last look too (a flood of short connections makes brief
-        leads: they are no reason to move keep-alive clients); a lead of one is no imbalance."""
+        """Ask the worker holding the most open connections to close half its lead over the one holding the fewest
+        after their next answers, when it led at the last look too (brief leads are no reason to move clients)."""
         with self._lock:  # connections open in each worker's event loop (not those on their way)
             held = sorted((self.taken[i] - self.closed[i], i) for i in self._ready)
         lead, index = ((held[-1][0] - held[0][0]) // 2, held[-1][1]) if len(held) >= 2 else (0, None)
@@ -224,11 +195,11 @@ class Balancer:
 class Receiver:
     """A worker's side: takes the connections the parent hands it into its event loop."""
 
-    def __init__(self, end: socket.socket, closed, index: int, taken=None, shed_asked=None, shed_done=None) -> None:
+    def __init__(self, end: socket.socket, index: int, closed, taken, shed_asked, shed_done) -> None:
         self.end = end
+        self.index = index
         self.closed = closed
         self.taken = taken
-        self.index = index
         self.shed_asked = shed_asked
         self.shed_done = shed_done
         self.received = 0
@@ -265,11 +236,10 @@ class Receiver:
         self._publish()
 
     def shed(self) -> bool:
-        """Whether to close this keep-alive connection after its answer (counted as done when ``True``): the parent
-        asks for it, and this worker still holds at least two connections more than another now (an ask made
-        before a lead went away, e.g. before a burst of new clients, is not carried out)."""
+        """Whether to close this keep-alive connection after its answer: the parent asks for it, and this worker still
+        holds at least two connections more than another."""
         index = self.index
-        if self.shed_asked is None or self.shed_done[index] >= self.shed_asked[index]:
+        if self.shed_done[index] >= self.shed_asked[index]:
             return False
         held = [self.taken[i] - self.closed[i] for i in range(len(self.closed))]
         mine = held.pop(index)
@@ -280,8 +250,7 @@ class Receiver:
 
     def _publish(self) -> None:
         self.closed[self.index] = max(0, self.received - self.pending - self.open)
-        if self.taken is not None:
-            self.taken[self.index] = self.received - self.pending
+        self.taken[self.index] = self.received - self.pending
 
     def _take(self, factory) -> None:
         loop = self._loop
@@ -311,10 +280,7 @@ class Receiver:
         def protocol() -> asyncio.Protocol:
             made = factory()
             made.over_capacity = refuse  # the server holds --max-connections: answered 503 (the guard)
-            # leaving `pending` just before the guard counts the connection open (and publishes) keeps the published
-            # count exact at every moment; left after connect_accepted_socket returned, the connection counted twice
-            # (pending and open) meanwhile, the worker looked busier than it was, and the next connection of a burst
-            # could go to the other worker even when that one held more (7/9 instead of 8/8 after a replacement)
+            # leaving `pending` just as the guard counts it open keeps the published count exact (not counted twice)
             made.connection_made = functools.partial(made_now, made.connection_made)
             return made
 

@@ -1,19 +1,6 @@
-"""Dynamic batching across requests and tasks: one queue of rows, forward passes bounded by a token budget.
-
-The batcher knows nothing of HTTP or of models: it is given an ``encode(texts, tasks) -> array`` function (run in
-one worker thread, so the event loop keeps accepting requests while a pass runs) and rows with their token counts::
-
-    batcher = Batcher(encode, max_wait_ms=2, max_batch_tokens=4096)
-    await batcher.start()
-    vectors = await batcher.encode(["a text", "another"], tokens=[4, 3], tasks="sts")   # rows in request order
-    await batcher.close()                                                                # drains what is queued
-
-The oldest row waits at most ``max_wait_ms`` (while a pass runs, the next full one is formed and queued behind it).
-The oldest ``4 x max_batch_rows`` rows are sorted by length and split into the passes that cost least in all (padded
-tokens plus ``pass_overhead_tokens`` a pass); the pass holding the oldest row runs next, so no row starves, and rows of
-any task share a pass. Row ``i`` of a request lands in row ``i`` of its result. A request that would take the queue
-past ``max_queue_rows`` raises :class:`QueueFull`; a cancelled request leaves the queue at once; an exception in
-``encode`` fails the requests of that pass only. Details and measurements: ``docs/serving.md`` (Batching)."""
+"""Dynamic batching across requests and tasks: one queue of rows; the oldest ``4 x max_batch_rows``, sorted by length,
+are split into the passes that cost least (padded tokens plus ``pass_overhead_tokens`` a pass), and the one holding the
+oldest row runs next, in one worker thread. Details: ``docs/serving.md``."""
 
 from __future__ import annotations
 
@@ -35,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PASS_OVERHEAD_TOKENS", "BatchReport", "Batcher", "BatcherClosed", "QueueFull", "split_passes"]
 
-#: the batcher's pass overhead when none is given or measured: MiniLM on a 2-core CPU measures 90-102 tokens, and a
-#: split within 30-180 serves about the same (simulated on the benchmark's Wikipedia lengths)
+#: the pass overhead when none is given or measured (any within 30-180 serves about the same on a CPU)
 DEFAULT_PASS_OVERHEAD_TOKENS = 64.0
 
 
@@ -91,17 +77,12 @@ class Batcher:
     """Collect rows of many requests and tasks into forward passes (see the module docstring).
 
     Args:
-        encode: ``encode(texts, tasks) -> array (rows, dim)``, called in the batcher's own worker thread, one pass at a
-            time; ``tasks`` has one task per text (any hashable; ``None`` allowed).
-        max_batch_tokens: bound on ``rows x longest row`` (padded tokens) of a pass; a single longer row runs alone.
-        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens: small (tens) on a CPU,
-            so passes stay close in length; large on a GPU, so passes fill up
-            (:meth:`ServedModel.measure_pass_overhead` measures it).
-        max_queue_rows: bound on the queued rows of all requests (:class:`QueueFull` beyond; a request alone in an
-            empty queue is always admitted).
-        on_batch: called on the event loop after every pass with a :class:`BatchReport` (e.g. metrics).
-        on_idle: called in the worker thread once the queue has been empty for ``idle_seconds`` (e.g. to give the
-            memory the passes freed back to the system), then not again until new rows have come and gone.
+        encode: ``encode(texts, tasks) -> array (rows, dim)``, called in the worker thread, one pass at a time.
+        max_batch_tokens: bound on the padded tokens of a pass; a single longer row runs alone.
+        pass_overhead_tokens: what one forward pass costs beyond its padded tokens, in tokens.
+        max_queue_rows: bound on the queued rows (:class:`QueueFull` beyond; a request alone is always admitted).
+        on_batch: called on the event loop after every pass with a :class:`BatchReport`.
+        on_idle: called in the worker thread once the queue has been empty for ``idle_seconds``.
     """
 
     def __init__(self, encode: Callable[[list[str], list[Any]], Any], *, max_wait_ms: float = 2.0,
@@ -120,7 +101,6 @@ class Batcher:
         if not math.isfinite(overhead) or overhead < 0:
             raise ValueError(f"pass_overhead_tokens must be a non-negative number, got {pass_overhead_tokens!r}")
         self.pass_overhead_tokens = overhead
-        #: rows a pass is chosen from: the oldest ``4 x max_batch_rows`` queued
         self.window_rows = 4 * self.max_batch_rows
         self._on_batch = on_batch
         self._pending: list[_Row] = []
@@ -128,17 +108,14 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self._worker: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
-        self._closing = False
-        #: (end time, rows, seconds the worker spent on them: its wait for the batch and the pass) of recent
-        #: passes while rows were queued: the measured drain rate that ``Retry-After`` is computed from
+        self.closing = False  # close() was called: new requests are refused
+        #: (end time, rows, seconds the worker spent on them) of recent passes: the drain rate of ``Retry-After``
         self._drained: deque[tuple[float, int, float]] = deque(maxlen=64)
         self._busy_since: float | None = None  # when the worker, idle, was woken by new rows
         self._pass_end: float | None = None  # when the last pass ended
-        #: rows taken into passes that run or are queued behind the running one
-        self.running_rows = 0
+        self.running_rows = 0  # rows of the pass that runs and the one queued behind it
         self._abandoned = False  # abort_queued was called: passes not yet started fail instead of running
 
-    # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
         """Start the worker (on the running event loop)."""
         if self._worker is not None:
@@ -148,10 +125,9 @@ class Batcher:
         self._worker = asyncio.create_task(self._run(), name="st-prompts-batcher")
 
     async def close(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Take no new request; with ``drain`` finish every queued row first (for at most ``timeout`` seconds, then
-        as without ``drain``), else fail the queued requests with :class:`BatcherClosed`. Returns when the worker has
-        stopped (after the pass that runs, which is not interrupted)."""
-        self._closing = True
+        """Take no new request; with ``drain`` finish the queued rows first (for at most ``timeout`` seconds), else
+        fail them with :class:`BatcherClosed`. Returns when the worker has stopped."""
+        self.closing = True
         if self._worker is None:
             return
         if not drain:
@@ -166,8 +142,7 @@ class Batcher:
             self._executor.shutdown(wait=True)
 
     def abort_queued(self, message: str = "The server is shutting down.") -> int:
-        """Fail every queued request with :class:`BatcherClosed` (``message``); rows of the pass that runs are still
-        delivered. Returns the number of requests failed."""
+        """Fail every queued request with :class:`BatcherClosed` (not the pass that runs); returns how many."""
         self._abandoned = True  # a pass queued behind the running one does not start (its requests fail alike)
         requests = {id(r.request): r.request for r in self._pending}.values()
         failed = 0
@@ -183,57 +158,36 @@ class Batcher:
         return failed
 
     @property
-    def closing(self) -> bool:
-        """Whether :meth:`close` was called (new requests are refused)."""
-        return self._closing
-
-    @property
     def queued_rows(self) -> int:
         """Rows waiting for a pass (not counting the pass that runs)."""
         return len(self._pending)
 
     def drain_rate(self, window: float = 30.0) -> float | None:
-        """Rows per second the queue drained at over the passes of the last ``window`` seconds (each pass counted
-        with the worker's time on it: waiting for its rows and running it), or ``None`` before any was measured."""
+        """Rows per second the queue drained at over the last ``window`` seconds, or ``None`` before any pass."""
         now = time.perf_counter()
-        recent = [(rows, seconds) for end, rows, seconds in self._drained if now - end <= window]
-        if not recent:
-            recent = [(rows, seconds) for _, rows, seconds in list(self._drained)[-4:]]
-        rows = sum(r for r, _ in recent)
-        seconds = sum(t for _, t in recent)
+        recent = [entry for entry in self._drained if now - entry[0] <= window] or list(self._drained)[-4:]
+        rows, seconds = sum(rows for _, rows, _ in recent), sum(seconds for _, _, seconds in recent)
         return rows / seconds if rows and seconds > 0 else None
 
     def retry_after(self, extra_rows: int = 0) -> int:
-        """Seconds until the rows queued now (and the pass that runs) have drained at the measured drain rate
-        (:meth:`drain_rate`), so that the ``extra_rows`` of a refused request are next: at least 1, at most 600; 5
-        before any pass was measured."""
+        """Seconds until the rows queued now have drained at :meth:`drain_rate`: 1 to 600; 5 before any pass."""
         rate = self.drain_rate()
         if rate is None:
             return 5
         ahead = len(self._pending) + self.running_rows  # the whole queue ahead of the client: its turn after them
         return int(min(600, max(1, math.ceil(ahead / rate))))
 
-    # ------------------------------------------------------------------ requests
     async def encode(self, texts: Sequence[str], tokens: Sequence[int], tasks: Any | Sequence[Any]) -> np.ndarray:
-        """Encode ``texts`` (one row each, ``tokens`` their lengths) with their ``tasks`` (one for all, or one per
-        text); returns the ``(len(texts), dim)`` array in the order of ``texts``.
-
-        Raises:
-            QueueFull: the queue has no room for these rows now.
-            BatcherClosed: the batcher is closing.
-            Exception: what ``encode`` raised for a pass that held rows of this request.
-        """
-        if self._closing or self._worker is None:
-            raise BatcherClosed("The server is shutting down." if self._closing else "The batcher is not started.")
+        """Encode ``texts`` (``tokens``: their lengths) with their ``tasks`` (one for all, or one per text) into a
+        ``(len(texts), dim)`` array; raises :class:`QueueFull`, :class:`BatcherClosed`, or what ``encode`` raised."""
+        if self.closing or self._worker is None:
+            raise BatcherClosed("The server is shutting down." if self.closing else "The batcher is not started.")
         count = len(texts)
         if len(tokens) != count:
             raise ValueError(f"one token count per text: {len(tokens)} for {count} texts")
-        if isinstance(tasks, (list, tuple)):
-            if len(tasks) != count:
-                raise ValueError(f"one task per text: {len(tasks)} for {count} texts")
-            row_tasks = list(tasks)
-        else:
-            row_tasks = [tasks] * count
+        row_tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks] * count
+        if len(row_tasks) != count:
+            raise ValueError(f"one task per text: {len(row_tasks)} for {count} texts")
         if count == 0:
             return np.zeros((0, 0), dtype=np.float32)
         if self._pending and len(self._pending) + count > self.max_queue_rows:
@@ -261,7 +215,6 @@ class Batcher:
         self._pending = kept
         request.queued = 0
 
-    # ------------------------------------------------------------------ the worker
     def _full(self) -> bool:
         return self._pending_tokens >= self.max_batch_tokens or len(self._pending) >= self.max_batch_rows
 
@@ -272,26 +225,22 @@ class Batcher:
         while True:
             if not self._pending or running:
                 if not self._pending and not running:
-                    if self._closing:
+                    if self.closing:
                         return
                     self._wakeup.clear()
-                    if not idle_done and self._on_idle is not None:
-                        try:
-                            await asyncio.wait_for(self._wakeup.wait(), self.idle_seconds)
-                        except asyncio.TimeoutError:
-                            idle_done = True
-                            await loop.run_in_executor(self._executor, self._call_idle)
-                            if self._pending:
-                                self._busy_since = time.perf_counter()
+                    idle = not idle_done and self._on_idle is not None
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), self.idle_seconds if idle else None)
+                    except asyncio.TimeoutError:
+                        idle_done = True
+                        await loop.run_in_executor(self._executor, self._call_idle)
+                        if not self._pending:
                             continue
-                    else:
-                        await self._wakeup.wait()
                     self._busy_since = time.perf_counter()
                     continue
-                if self._pending and len(running) < 2 and not self._closing and self._full():
-                    # enough rows wait to fill a pass: queue it behind the running one, so that the thread starts it
-                    # the moment the other ends (no round trip through the event loop: measured, the thread sat
-                    # idle 16 % of the time at concurrency 16); with fewer rows, wait: later arrivals may join it
+                if self._pending and len(running) < 2 and not self.closing and self._full():
+                    # a full pass waits behind the running one, so the thread starts it without a round trip
+                    # through the event loop; with fewer rows, wait: later arrivals may join it
                     running.add(asyncio.create_task(self._run_pass(self._take())))
                     idle_done = False
                     continue
@@ -303,10 +252,7 @@ class Batcher:
                 running -= done
                 continue
             deadline = self._pending[0].arrival + self.max_wait
-            while self._pending and not self._closing and not self._full():
-                delay = deadline - loop.time()
-                if delay <= 0:
-                    break
+            while self._pending and not self.closing and not self._full() and (delay := deadline - loop.time()) > 0:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), delay)
@@ -324,23 +270,22 @@ class Batcher:
             logger.exception("the idle callback failed")
 
     def _start_pass(self, texts: list[str], tasks: list[Any]) -> Any:
-        """The worker thread's pass; one queued behind a pass that was running when the queue was aborted does not
-        start (the drain waits for the running pass only)."""
+        """The worker thread's pass; one queued when the queue was aborted does not start."""
         if self._abandoned:
             raise BatcherClosed("The server is shutting down: its drain timeout passed before this request's turn.")
         return self._encode(texts, tasks)
 
     def _take(self) -> list[_Row]:
-        """Choose the rows of the next pass (see the module docstring) and remove them from the queue; the rows come
-        sorted by length."""
+        """Take the rows of the next pass out of the queue, sorted by length."""
         pool = self._pending
-        # candidates: the oldest rows only, so that rows arriving later cannot keep jumping ahead of older ones of
-        # another length (the tail latency of requests whose rows spread over passes)
+        # the oldest rows only, so that later rows cannot keep jumping ahead of older ones of another length
         window = pool[:self.window_rows]
         lengths = [row.tokens for row in window]
         order = sorted(range(len(window)), key=lengths.__getitem__)  # stable: equal lengths stay oldest first
-        low, high = pass_of(order.index(0), [lengths[i] for i in order], self.max_batch_rows, self.max_batch_tokens,
-                            self.pass_overhead_tokens)
+        passes = split_passes([lengths[i] for i in order], self.max_batch_rows, self.max_batch_tokens,
+                              self.pass_overhead_tokens)
+        oldest = order.index(0)
+        low, high = next((low, high) for low, high in passes if low <= oldest < high)
         chosen = [window[i] for i in order[low:high]]
         taken = {id(row) for row in chosen}
         self._pending = [row for row in pool if id(row) not in taken]
@@ -357,8 +302,7 @@ class Batcher:
         self.running_rows += len(rows)
         failed = False
         try:
-            vectors = await loop.run_in_executor(self._executor, self._start_pass, texts, tasks)
-            vectors = np.asarray(vectors)
+            vectors = np.asarray(await loop.run_in_executor(self._executor, self._start_pass, texts, tasks))
             if vectors.ndim != 2 or len(vectors) != len(rows):
                 raise RuntimeError(f"the encoder returned {vectors.shape} for {len(rows)} rows")
         except Exception as exc:  # noqa: BLE001 - the requests of this pass fail; the server goes on
@@ -385,16 +329,14 @@ class Batcher:
         end = time.perf_counter()
         seconds = end - start
         if not failed:
-            # the worker's time for these rows: since the previous pass ended, or since new rows woke it from idle
-            # (an idle server's quiet time is not slow draining), at most its batching wait before the pass
+            # the worker's time since the previous pass or since it was woken (quiet time is not slow draining)
             began = max(t for t in (self._pass_end, self._busy_since, start - self.max_wait) if t is not None)
             self._drained.append((end, len(rows), max(end - began, seconds)))
         self._pass_end = end
         if self._on_batch is not None:
-            longest = max(row.tokens for row in rows)
             report = BatchReport(rows=len(rows), tasks=Counter(tasks), tokens=sum(row.tokens for row in rows),
-                                 padded_tokens=longest * len(rows), seconds=seconds, queued_rows=len(self._pending),
-                                 failed=failed)
+                                 padded_tokens=max(row.tokens for row in rows) * len(rows), seconds=seconds,
+                                 queued_rows=len(self._pending), failed=failed)
             try:
                 self._on_batch(report)
             except Exception:  # pragma: no cover - an observer must not stop the batcher
@@ -402,17 +344,11 @@ class Batcher:
 
 
 def split_passes(lengths: Sequence[int], max_rows: int, max_tokens: int, overhead: float) -> list[tuple[int, int]]:
-    """The cheapest split of rows sorted by length (``lengths``, ascending) into passes of adjacent rows: a pass
-    ``lengths[i:j]`` costs ``overhead + (j - i) * lengths[j - 1]`` (its padded tokens), holds at most ``max_rows``
-    rows and ``max_tokens`` padded tokens (a longer row alone). Returns the passes as ``(i, j)`` in order; of equally
-    cheap splits, the one with larger passes first.
+    """The cheapest split of rows sorted by length (``lengths``, ascending) into passes ``(i, j)`` of adjacent rows.
 
-    Dynamic programming over the end of the last pass: ``cost[j] = min over i of cost[i] + overhead + (j - i) x
-    lengths[j - 1]`` (the rows are sorted, so the last is the longest), vectorised over ``i``: ``O(rows x max_rows)``
-    for the batcher's window of ``4 x max_rows`` rows, measured 1.5 ms for 128 rows (32 a pass) and 12.6 ms for
-    1,024 (256 a pass) on a 2-core CPU, while the previous pass runs. Written here because
-    no library at hand partitions batches by padding (sentence-transformers sorts one whole ``encode`` call by
-    length and cuts it every ``batch_size`` rows, which is what its in-process ceiling does).
+    A pass costs ``overhead + (j - i) * lengths[j - 1]`` and holds at most ``max_rows`` rows and ``max_tokens`` padded
+    tokens (a longer row alone); of equally cheap splits, larger passes first. Dynamic programming over the end of
+    the last pass, vectorised over its start.
     """
     count = len(lengths)
     size = np.asarray(lengths, dtype=np.float64)
@@ -433,11 +369,3 @@ def split_passes(lengths: Sequence[int], max_rows: int, max_tokens: int, overhea
         passes.append((int(cut[j]), j))
         j = int(cut[j])
     return passes[::-1]
-
-
-def pass_of(position: int, lengths: Sequence[int], max_rows: int, max_tokens: int, overhead: float) -> tuple[int, int]:
-    """The pass ``(i, j)`` of :func:`split_passes` that holds row ``position``."""
-    for low, high in split_passes(lengths, max_rows, max_tokens, overhead):
-        if low <= position < high:
-            return low, high
-    raise ValueError(f"row {position} is not among {len(lengths)} rows")  # pragma: no cover - positions are rows

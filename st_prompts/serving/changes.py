@@ -6,10 +6,7 @@ __all__ = ["apply_change"]
 
 
 def apply_change(served, registry, op: str, args: tuple):
-    """Apply one admin change to this process's model or indexes; returns what the admin endpoint answers (a dict,
-    or ``None``). ``add_set`` (name, folder) reads a folder; in a worker, ``add_set_read`` does the same and returns
-    ``{"answer": ..., "data": ...}`` (the set as read, for the other workers) and ``add_set_data`` (name, folder,
-    data) adds a set another worker read; ``remove_set`` (name); ``reload_index`` (name)."""
+    """Apply one admin change here; returns what the admin endpoint answers (``add_set_read``: and the set)."""
     if op == "add_set":
         return served.add_prompt_set(*args)
     if op == "add_set_read":

@@ -1,13 +1,6 @@
-"""The indexes a server searches: FAISS folders loaded at start (memory-mapped) or vector-database collections
-(``st-prompts index export``; :mod:`st_prompts.search.vector_db`), checked against the served model, reloaded on
-demand after ``st-prompts index add`` / ``remove`` (or a new export).
-
-Each index decides how its queries are encoded: an index built with ``--task NAME`` records that prompt set, and its
-queries are rows of that task in the shared batches; an index built without a task is queried with the model's query
-side (``encode_query``: a bank's query set). At load, the served model must encode the index's probe sentences as the
-index's model did (:class:`~st_prompts.search.ModelIdentity`), so a set that changed since the index was built is
-caught. An index keeps the set it was checked with (pinned) until it is reloaded; a search in flight finishes on the
-index it started with.
+"""The indexes a server searches: FAISS folders (memory-mapped) or vector-database collections, checked against the
+served model at load (its probe sentences must encode as the index's model encoded them) and reloaded on demand. An
+index built with ``--task NAME`` is queried with that prompt set, one built without with the query side.
 """
 
 from __future__ import annotations
@@ -30,9 +23,7 @@ __all__ = ["IndexRegistry", "ServedIndex"]
 
 
 class ServedIndex:
-    """One loaded index: its name, folder (or collection address), the :class:`~st_prompts.search.SemanticIndex` (or
-    :class:`~st_prompts.search.vector_db.VectorCollection`, searched alike) and the route its queries take through
-    the served model."""
+    """One loaded index (FAISS, or a vector-database collection) and the route its queries take."""
 
     def __init__(self, name: str, path: str, index: Any, route: Any, task: str | None) -> None:
         self.name = name
@@ -76,13 +67,8 @@ class IndexRegistry:
         return entry
 
     def load(self, name: str, path: str) -> ServedIndex:
-        """Load (or reload) the index ``name`` from ``path``, memory-mapped (or open the collection ``path`` names:
-        ``milvus:FILE.db#COLLECTION``, ``http://HOST:PORT#COLLECTION``), and check it against the served model.
-
-        Raises:
-            StPromptsError: the folder is not a complete index, or the served model does not encode like the index's
-                model (another backbone, another set, a missing set).
-        """
+        """Load (or reload) the index ``name`` from ``path`` (a folder, or a collection address) and check it against
+        the served model (:class:`StPromptsError` when it does not encode like the index's model)."""
         from st_prompts.search import SemanticIndex
         from st_prompts.search.vector_db import VectorCollection, is_address, parse_address
 
@@ -136,16 +122,10 @@ class IndexRegistry:
         return entry
 
     def reload(self, name: str) -> ServedIndex:
-        """Read the index ``name`` again from its folder; on failure the loaded one stays.
-
-        Raises:
-            RequestError: 404 (no such index), 422 (the folder cannot be loaded now).
-        """
+        """Read the index ``name`` again from its folder; on failure (404, 422) the loaded one stays."""
         entry = self.get(name)
         try:
             return self.load(name, entry.path)
-        except RequestError:
-            raise
         except StPromptsError as exc:
             raise RequestError(422, f"Cannot reload the index {name!r}: {first_line(exc)} "
                                "(the loaded one is still served).", code="index_reload_failed") from exc

@@ -1,8 +1,6 @@
 """What one request and the whole server may ask for, and the errors a request gets (standard library only).
 
-Every refusal is a :class:`RequestError`: an HTTP status and one line, rendered in OpenAI's error schema
-(``{"error": {"message", "type", "param", "code"}}``) by :mod:`st_prompts.serving.app`. Nothing here knows HTTP
-beyond the status numbers, so the checks run and are tested without a server.
+Every refusal is a :class:`RequestError`: an HTTP status and one line, rendered in OpenAI's error schema.
 """
 
 from __future__ import annotations
@@ -12,15 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from st_prompts.errors import shorten
+from st_prompts.numbers import whole
 
-__all__ = [
-    "EmbeddingRequest",
-    "RequestError",
-    "SearchRequest",
-    "ServingLimits",
-    "parse_embedding_request",
-    "parse_search_request",
-]
+__all__ = ["EmbeddingRequest", "RequestError", "SearchRequest", "ServingLimits", "parse_embedding_request",
+           "parse_search_request"]
 
 #: The longest error message a client gets (a message that quotes input is cut here at the latest).
 MESSAGE_CHARS = 1000
@@ -30,22 +23,10 @@ MESSAGE_CHARS = 1000
 class ServingLimits:
     """Bounds of one server (all configurable from ``st-prompts serve``).
 
-    Attributes:
-        max_inputs: inputs (texts) per ``/v1/embeddings`` request; OpenAI's own limit is 2,048.
-        max_input_chars: characters per input (the model reads at most ``max_seq_length`` tokens of it anyway).
-        max_body_bytes: bytes of a request body (413 beyond).
-        max_queue_rows: rows waiting to be encoded, all requests together; a request that does not fit is answered
-            503 with ``Retry-After`` (a request alone in an empty queue is always admitted).
-        max_wait_ms: how long the first row of a batch waits for others to join it, at most.
-        max_batch_tokens: padded tokens (rows x longest row) of one forward pass; ``None``: the device's (4,096 on a
-            CPU; on an accelerator 256 a row of :attr:`max_batch_rows`).
-        max_batch_rows: rows of one forward pass; ``None``: the device's (64 on a CPU; on an accelerator measured
-            when the server starts: :meth:`st_prompts.serving.model.ServedModel.measure_batch_rows`).
-        pass_overhead_tokens: what a forward pass costs beyond its padded tokens, in tokens: passes are split by
-            length to cost least in all (:class:`st_prompts.serving.batcher.Batcher`); ``None``: measured when the
-            server starts (:meth:`st_prompts.serving.model.ServedModel.measure_pass_overhead`).
-        max_queries: queries per ``/search`` request.
-        max_k: hits per query.
+    ``max_inputs`` and ``max_input_chars`` bound ``/v1/embeddings``, ``max_queries`` and ``max_k`` ``/search``;
+    ``max_queue_rows`` the rows waiting, all requests together (503 with ``Retry-After`` beyond). ``max_batch_tokens``
+    (padded tokens), ``max_batch_rows`` and ``pass_overhead_tokens`` shape a forward pass; ``None``: the device's
+    (measured at start on an accelerator).
     """
 
     max_inputs: int = 2048
@@ -64,8 +45,8 @@ class ServingLimits:
                      "max_batch_rows", "max_queries", "max_k"):
             value = getattr(self, name)
             if value is None and name in ("max_batch_tokens", "max_batch_rows"):
-                continue  # the device's (see above)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                continue  # the device's
+            if not whole(value, 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.max_wait_ms, (int, float)) or not math.isfinite(self.max_wait_ms) \
                 or self.max_wait_ms < 0:
@@ -77,8 +58,7 @@ class ServingLimits:
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (HTTP), one-line ``message``, OpenAI's ``type``/``param``/``code``,
-    and ``headers`` to add (e.g. ``Retry-After``)."""
+    """A refused request: HTTP ``status``, one-line ``message``, OpenAI's ``param``/``code``, ``headers``."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  kind: str | None = None, headers: dict[str, str] | None = None) -> None:
@@ -98,15 +78,8 @@ class RequestError(Exception):
 
 
 def _default_kind(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 404:
-        return "not_found_error"
-    if status == 503:
-        return "overloaded_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
+    special = {401: "authentication_error", 404: "not_found_error", 503: "overloaded_error"}
+    return special.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 @dataclass(frozen=True)
@@ -129,16 +102,10 @@ class SearchRequest:
 
 
 def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
+    for kind, name in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (list, "an array"),
+                       (dict, "an object")):
+        if isinstance(value, kind):
+            return name
     return type(value).__name__
 
 
@@ -182,20 +149,17 @@ def _name(value: Any, param: str) -> str:
 
 
 def parse_embedding_request(body: Any, limits: ServingLimits) -> EmbeddingRequest:
-    """Check an OpenAI embeddings request (``input``, ``model``, ``encoding_format``, ``dimensions``; ``user`` and
-    unknown fields are ignored, as OpenAI-compatible servers commonly do)."""
+    """Check an OpenAI embeddings request (``input``, ``model``, ``encoding_format``, ``dimensions``)."""
     if not isinstance(body, dict):
         raise RequestError(400, f"The request body must be a JSON object, not {_type_name(body)}.")
     texts = _texts(body.get("input"), "input", limits, limit=limits.max_inputs, what="inputs")
     model = _name(body.get("model"), "model")
-    encoding = body.get("encoding_format")
-    if encoding is None:
-        encoding = "float"
+    encoding = "float" if body.get("encoding_format") is None else body["encoding_format"]
     if encoding not in ("float", "base64"):
         raise RequestError(422, f"'encoding_format' must be 'float' or 'base64', got {shorten(encoding)}.",
                            param="encoding_format")
     dimensions = body.get("dimensions")
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+    if dimensions is not None and not whole(dimensions, 1):
         raise RequestError(422, f"'dimensions' must be a positive integer, got {shorten(dimensions)}.",
                            param="dimensions")
     return EmbeddingRequest(texts=texts, model=model, encoding_format=encoding, dimensions=dimensions)
@@ -208,6 +172,6 @@ def parse_search_request(body: Any, limits: ServingLimits) -> SearchRequest:
     queries = _texts(body.get("query"), "query", limits, limit=limits.max_queries, what="queries")
     index = _name(body.get("index"), "index")
     k = body.get("k", 10)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+    if not whole(k, 1, limits.max_k):
         raise RequestError(422, f"'k' must be an integer from 1 to {limits.max_k}, got {shorten(k)}.", param="k")
     return SearchRequest(queries=queries, index=index, k=k)

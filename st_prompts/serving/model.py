@@ -1,16 +1,6 @@
-"""The model a server encodes with: its public task names, the prompt sets behind them, and changes while it serves.
-
-:class:`ServedModel` wraps one ``SentenceTransformer`` loaded with :func:`st_prompts.loading.load_sentence_model` (the
-command line's trust rules: no code that ships with a model runs). A prompt bank serves each prompt set under its name
-and the plain backbone as ``backbone``; any other model serves itself under one name.
-
-**Hot changes.** Sets are added (:meth:`ServedModel.add_prompt_set`: a saved model folder or prompts-only checkpoint,
-checked by the trust rules, read as data by :func:`st_prompts.bank.add_prompt_set`, fingerprint checked) and removed
-(:meth:`ServedModel.remove_prompt_set`) while requests are served. A request *pins* the set its task name meant when
-it arrived (:meth:`ServedModel.acquire`), so requests in flight finish on the state they started with: a removed set
-leaves the public names at once and the model when its last pinned request is done; a name added again while the old
-set still drains gets a new set under an internal name (``name@2``). One lock keeps changes out of a running pass.
-"""
+"""The model a server encodes with: its public task names (a bank: each prompt set, and ``backbone``; another model:
+one name), the prompt sets behind them, and changes while it serves. A request pins the set its task name meant when
+it arrived, so a removed set leaves the model when its last request is done (a re-added name: ``name@2``)."""
 
 from __future__ import annotations
 
@@ -36,18 +26,16 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BACKBONE_TASK", "DOCUMENT_ROLE", "QUERY_ROLE", "Role", "ServedModel", "choose_batch_rows"]
 
-#: A CPU's rows and padded tokens a pass (``st-prompts serve``'s defaults there).
+#: A CPU's rows and padded tokens a pass; the rows an accelerator tries, the padded tokens a row, the share of the best
+#: rate the fewest rows must reach (:meth:`ServedModel.measure_batch_rows`).
 CPU_BATCH_ROWS, CPU_BATCH_TOKENS = 64, 4096
-#: What :meth:`ServedModel.measure_batch_rows` tries on an accelerator, and the padded tokens it allows a row.
 BATCH_ROW_CANDIDATES = (32, 64, 128, 256, 512)
 BATCH_TOKENS_PER_ROW = 256
-#: The share of the best measured rate the fewest rows must reach.
 BATCH_RATE_SHARE = 0.9
 
 
 class Role:
-    """The query or document side of a model (``encode_query`` / ``encode_document``): what an index built without
-    a task encodes with. Two instances exist, :data:`QUERY_ROLE` and :data:`DOCUMENT_ROLE`."""
+    """The query or document side of a model (``encode_query`` / ``encode_document``)."""
 
     __slots__ = ("name",)
 
@@ -63,14 +51,7 @@ DOCUMENT_ROLE = Role("document")
 
 
 class ServedModel:
-    """One model and the task names it serves (see the module docstring).
-
-    Args:
-        name: the public name of a model that is not a prompt bank (default ``"model"``).
-        quantization: how its backbone is stored, as ``st-prompts serve --quantize`` says it (``"none"``,
-            ``"int8"``): reported by ``/health``, ``/v1/models`` and the start-up line, as is the dtype it was
-            loaded in (``dtype``, from :func:`st_prompts.precision.dtype_name`).
-    """
+    """One model and the task names it serves (``name``: a plain model's; ``quantization``: as reported)."""
 
     def __init__(self, model: Any, name: str | None = None, quantization: str = "none") -> None:
         from sentence_transformers.base.modules.router import Router
@@ -85,23 +66,17 @@ class ServedModel:
         self.quantization = quantization or "none"
         self.dtype = dtype_name(model)
         self.device = str(getattr(model, "device", "cpu"))
-        #: rows and padded tokens of a pass unless the options say otherwise: a CPU's defaults (benchmarks/serving.py
-        #: measured them on MiniLM); an accelerator's are measured at start (:meth:`measure_batch_rows`)
+        #: rows and padded tokens of a pass: a CPU's defaults; an accelerator's are measured at start
         self.batch_rows, self.batch_tokens = CPU_BATCH_ROWS, CPU_BATCH_TOKENS
         self.dimension = int(model.get_embedding_dimension())
         self.max_seq_length = getattr(model, "max_seq_length", None)
-        self._routes: dict[str, Any] = {}  # public name -> what encode() is given for it
-        #: internal set name -> the public name it was added under (``name@2`` -> ``name``): metrics labels
-        self._public: dict[str, str] = {}
+        # public name -> what encode() is given for it (None: the model's own prefix); backbone last
+        self._routes: dict[str, Any] = {} if self.is_bank else {self.name: None}
+        sets = list(self.encoder.prompt_set_names) if self.encoder is not None else []
+        self._routes.update(zip(sets, sets))
+        self._public: dict[str, str] = dict(zip(sets, sets))  # internal set name -> public name (name@2 -> name)
         if self.encoder is not None:
-            if not self.is_bank:
-                self._routes[self.name] = None  # the model's own prefix
-            for set_name in self.encoder.prompt_set_names:
-                self._routes[set_name] = set_name
-                self._public[set_name] = set_name
             self._routes[BACKBONE_TASK] = BACKBONE_TASK
-        else:
-            self._routes[self.name] = None
         self._pins: Counter = Counter()
         self._retired: set[str] = set()  # sets no longer public, removed from the model once unpinned
         self._generation: Counter = Counter()
@@ -109,12 +84,9 @@ class ServedModel:
         self._model_lock = threading.RLock()  # the model itself: a pass, an addition, a removal
         self._admin_lock = threading.Lock()  # one change at a time
         self._counter = self._token_counter()
-        #: what a forward pass costs beyond its padded tokens, in tokens (:meth:`measure_pass_overhead`), once measured
         self.pass_overhead_tokens: float | None = None
         prompts = getattr(model, "prompts", None) or {}
-        #: the query/document sides' prompts (put before each text of that side, as ``encode_query`` does)
         self._prompts = {role.name: prompts[role.name] for role in (QUERY_ROLE, DOCUMENT_ROLE) if prompts.get(role.name)}
-        #: a side whose prompt a pooling leaves out: the prompt's length in tokens (those rows pass apart)
         self._prompt_lengths = self._excluded_prompt_lengths()
         self._routed = isinstance(first, Router)  # sentence-transformers' Router: a side is a route
         self._ids_rows = self._ids_agree()
@@ -123,10 +95,7 @@ class ServedModel:
     @classmethod
     def load(cls, name_or_path: str, *, device: str | None = None, name: str | None = None,
              quantize: str | None = None, dtype: str | None = None) -> ServedModel:
-        """Load ``name_or_path`` with :func:`st_prompts.loading.load_sentence_model` (no code that ships with it
-        runs) and serve it; ``name`` defaults to the folder's name (``minilm`` for the packaged model);
-        ``quantize="int8"``: its backbone in int8 (:mod:`st_prompts.quantization`); ``dtype``: every module in that
-        type (:mod:`st_prompts.precision`)."""
+        """Load ``name_or_path`` (no code that ships with it runs) and serve it; ``name``: the folder's by default."""
         from st_prompts.loading import load_sentence_model
         from st_prompts.modules.chat_templates import guard_chat_templates
 
@@ -138,23 +107,17 @@ class ServedModel:
             name = os.path.basename(os.path.normpath(str(name_or_path))) or "model"
         return cls(model, name, quantization=quantize or "none")
 
-    # ------------------------------------------------------------------ names
     def names(self) -> list[str]:
         """The public task names, in the order they were added (``backbone`` last for a prompted model)."""
         with self._routes_lock:
-            names = [n for n in self._routes if n != BACKBONE_TASK]
-            return names + ([BACKBONE_TASK] if BACKBONE_TASK in self._routes else [])
+            return list(self._routes)  # add_prompt_set keeps the backbone last
 
     def has(self, name: str) -> bool:
         with self._routes_lock:
             return name in self._routes
 
     def acquire(self, name: str) -> Any:
-        """What ``encode`` is to be given for the public task ``name``, pinned until :meth:`release`.
-
-        Raises:
-            RequestError: 404, no such task.
-        """
+        """What ``encode`` is to be given for the public task ``name``, pinned until :meth:`release` (404: none)."""
         with self._routes_lock:
             if name not in self._routes:
                 raise self.unknown(name)
@@ -181,8 +144,7 @@ class ServedModel:
                 del self._pins[route]
 
     def public_name(self, route: Any) -> str:
-        """The public task name of a route (an internal set name such as ``name@2``: the name it was added under;
-        ``None``: the model's own name), for a metrics label."""
+        """The public task name of a route (``name@2``: ``name``; ``None``: the model's own), for a metrics label."""
         if route is None:
             return self.name
         with self._routes_lock:
@@ -192,11 +154,8 @@ class ServedModel:
         """Every prompt set in the model, retired ones still draining included."""
         return list(self.encoder.prompt_set_names) if self.encoder is not None else []
 
-    # ------------------------------------------------------------------ what replicas compare
     def set_digests(self) -> dict[str, str]:
-        """Public task name -> the digest of the prompt set it encodes with (:func:`~st_prompts.serving.fingerprint.
-        set_digest`), for every served prompt set (a prompted model's own prefix under its name; not the backbone,
-        which :meth:`fingerprint` covers)."""
+        """Public task name -> the digest of the prompt set it encodes with (not the backbone)."""
         from st_prompts.serving.fingerprint import set_digest
 
         if self.encoder is None:
@@ -215,9 +174,8 @@ class ServedModel:
         return out
 
     def fingerprint(self, digests: dict[str, str] | None = None) -> str:
-        """One digest of what this server serves: its task names, backbone fingerprint, dtype and quantization,
-        and :meth:`set_digests` (``digests``: those, already taken); equal on every replica that serves the same sets
-        with the same weights."""
+        """One digest of what this server serves (task names, backbone, dtype, quantization, :meth:`set_digests`);
+        equal on every replica that serves the same sets with the same weights."""
         from st_prompts.serving.fingerprint import served_fingerprint
 
         # not the folder's name: a bank rolled out as a new folder serves the same (a plain model's name is a task)
@@ -227,12 +185,9 @@ class ServedModel:
                     "backbone": self._digests["\0backbone"] or None, "tasks": sorted(self.names())}
         return served_fingerprint(identity, self.set_digests() if digests is None else digests)
 
-    # ------------------------------------------------------------------ encoding
     def tokenize(self, texts: Sequence[str], route: Any) -> tuple[list[Any], list[int]]:
-        """The rows of ``texts`` for :meth:`encode` under ``route`` and the tokens the model reads of each (special
-        tokens included, truncated at ``max_seq_length``): token ids made once here (a query/document side's prompt
-        put before each text first, as ``encode_query`` does), which the pass then uses as they are; texts where the
-        model tokenises otherwise (a template, a slow tokenizer, a Router), which the pass tokenises again."""
+        """The rows of ``texts`` for :meth:`encode` under ``route`` (token ids, or texts where the model tokenises
+        otherwise: a template, a slow tokenizer, a Router) and the tokens the model reads of each."""
         prompt = self._role_prompt(route)
         if prompt:
             texts = [prompt + text for text in texts]
@@ -265,9 +220,7 @@ class ServedModel:
         return counter
 
     def _ids_agree(self) -> bool:
-        """Whether the rows can be token ids: the first module tokenises texts plainly (no template, no chat
-        template, not a Router) and the private tokenizer gives exactly its ids, checked on sentences of several
-        kinds (short, long past ``max_seq_length``, accents, spaces)."""
+        """Whether the rows can be token ids: the private tokenizer gives exactly the first module's ids."""
         from sentence_transformers.base.modules.transformer import Transformer
 
         first = self.model[0]
@@ -285,32 +238,26 @@ class ServedModel:
 
     def _excluded_prompt_lengths(self) -> dict[Role, int]:
         """For each side with a prompt, its length in tokens if a pooling of the model leaves prompts out."""
-        if not any(getattr(module, "include_prompt", True) is False for module in self.model):
-            return {}
         measure = getattr(self.model[0], "_get_prompt_length", None)  # sentence-transformers' own measure
-        lengths = {}
-        for role in (QUERY_ROLE, DOCUMENT_ROLE):
-            if role.name in self._prompts and measure is not None:
-                length = measure(self._prompts[role.name])
-                if length is not None:
-                    lengths[role] = int(length)
-        return lengths
+        if measure is None or not any(getattr(module, "include_prompt", True) is False for module in self.model):
+            return {}
+        lengths = {role: measure(self._prompts[role.name]) for role in (QUERY_ROLE, DOCUMENT_ROLE)
+                   if role.name in self._prompts}
+        return {role: int(length) for role, length in lengths.items() if length is not None}
 
     def _role_prompt(self, route: Any) -> str:
         """The prompt a query/document side puts before each text (``""``: none)."""
         return self._prompts.get(route.name, "") if isinstance(route, Role) else ""
 
     def _task(self, route: Any) -> str | None:
-        """What :func:`~st_prompts.modules.rows.encode_rows` is given for a route: a set's name, the backbone, a
-        side (a bank's query/document set; a Router's route) or ``None`` (the model's own)."""
+        """What :func:`~st_prompts.modules.rows.encode_rows` is given for a route (``None``: the model's own)."""
         if isinstance(route, Role):
             return route.name if self.encoder is not None or self._routed else None
         return route
 
     def encode(self, rows: list[Any], routes: list[Any]) -> np.ndarray:
-        """One forward pass over rows of any routes, as ``model.encode(texts, task=...)`` computes them, through
-        :func:`~st_prompts.modules.rows.encode_rows` (a prompted model routes each row to its set); float32
-        ``(rows, dim)``. ``rows``: what :meth:`tokenize` made, or texts (tokenised here)."""
+        """One forward pass over rows of any routes (what :meth:`tokenize` made, or texts), as ``model.encode``
+        computes them; float32 ``(rows, dim)``."""
         if rows and isinstance(rows[0], str):  # texts: tokenised once per route, as a request's are
             made: list[Any] = list(rows)
             for route in dict.fromkeys(routes):
@@ -338,20 +285,13 @@ class ServedModel:
         vectors = encode_rows(self.model, rows, tasks, batch_size=max(1, len(rows)), prompt_length=prompt_length)
         return np.asarray(vectors, dtype=np.float32)
 
-    # ------------------------------------------------------------------ changes (a worker thread, not the loop)
     def add_prompt_set(self, name: Any, source: Any, data: tuple | None = None,
                        with_data: bool = False) -> dict[str, Any] | tuple[dict[str, Any], tuple]:
         """Add the prompt set of the saved model folder or prompts-only checkpoint ``source`` under ``name``.
 
-        The folder is checked by the trust rules (:func:`st_prompts.loading.untrusted_reason`), its set read once as
-        data (JSON and safetensors only) and must record the backbone fingerprint it was trained on; the bank then
-        checks and adds it. ``data``: a set another worker read already (what ``with_data`` returns: plain data a
-        parent process passes on without importing torch), added without reading the folder again, so that every
-        worker holds the same set whatever happens to the folder meanwhile.
-
-        Raises:
-            RequestError: 409 (not a prompted model, name taken), 422 (bad name, no such folder, refused folder,
-                unknown fingerprint, another backbone, ...).
+        The folder is checked by the trust rules and read as data; it must record its backbone fingerprint.
+        ``data``: a set another worker read already (what ``with_data`` returns), added without reading the folder.
+        Raises :class:`RequestError` 409 (not a prompted model, name taken) or 422 (anything wrong with the source).
         """
         from st_prompts import bank
         from st_prompts.loading import untrusted_reason
@@ -410,11 +350,7 @@ class ServedModel:
         return (info, _to_plain(data)) if with_data else info
 
     def remove_prompt_set(self, name: Any) -> None:
-        """Stop serving the prompt set ``name``; it leaves the model once no request in flight uses it.
-
-        Raises:
-            RequestError: 404 (no such set), 409 (not a set: the backbone or the model itself).
-        """
+        """Stop serving the prompt set ``name`` (404, 409); it leaves the model once no request uses it."""
         with self._admin_lock:
             with self._routes_lock:
                 if not isinstance(name, str) or name not in self._routes:
@@ -453,8 +389,7 @@ class ServedModel:
         return candidate
 
     def warm_up(self) -> None:
-        """Encode once per kind of pass (and compute the backbone fingerprint an addition checks against), so that
-        the first requests do not pay for it."""
+        """Encode once (and compute the backbone fingerprint), so that the first requests do not pay for it."""
         with self._model_lock:
             route = next(iter(self._routes.values()))
             self.encode(self.tokenize(["warm up"], route)[0], [route])
@@ -462,12 +397,9 @@ class ServedModel:
                 _ = self.encoder.fingerprint
 
     def measure_batch_rows(self, candidates: Sequence[int] = BATCH_ROW_CANDIDATES, repeats: int = 3) -> int:
-        """Rows a pass for this device: passes of each of ``candidates`` rows of a 32-token text are timed (the
-        fastest of ``repeats``), and the fewest rows whose rate is within 10 % of the best is kept
-        (:func:`choose_batch_rows`); :attr:`batch_tokens` becomes 256 a row. A candidate that runs out of device
-        memory ends the search. Stored in :attr:`batch_rows` and returned. For an accelerator, whose passes cost
-        little more with more rows (issue 62: on an H200, 256 rows and 65,536 tokens a pass served 0.91-1.01x of
-        in-process at concurrency 64-256, the CPU's 64 and 4,096 0.61-0.64x); a CPU keeps its measured defaults."""
+        """Rows a pass for an accelerator: times passes of each of ``candidates`` rows (the fastest of ``repeats``) and
+        keeps the fewest within 10 % of the best rate, until one runs out of memory; :attr:`batch_tokens` becomes 256
+        a row. Stored in :attr:`batch_rows` and returned."""
         import torch
 
         rates: dict[int, float] = {}
@@ -482,8 +414,7 @@ class ServedModel:
         return self.batch_rows
 
     def _fastest_pass(self, rows: int, repeats: int) -> tuple[float, int]:
-        """The fastest of ``repeats`` passes of ``rows`` copies of a 32-token text of the first route, in seconds, and
-        that text's tokens (the model lock held by the caller)."""
+        """The fastest of ``repeats`` passes of ``rows`` copies of a 32-token text, in seconds, and its tokens."""
         route = next(iter(self._routes.values()))
         made, counts = self.tokenize([" ".join(["measure"] * 30)], route)
         best = float("inf")
@@ -494,14 +425,8 @@ class ServedModel:
         return best, max(1, counts[0])
 
     def measure_pass_overhead(self, rows: int = 16, repeats: int = 3) -> float:
-        """What one forward pass costs beyond its padded tokens, in tokens (the batcher's ``pass_overhead_tokens``),
-        stored in :attr:`pass_overhead_tokens` and returned.
-
-        Times passes of one row and of ``rows`` rows of the same 32-token text (the fastest of ``repeats`` each) and
-        solves ``seconds = (overhead + padded tokens) x seconds per token``. Measured on a 2-core CPU for a MiniLM
-        bank on 2 threads: 90-102 tokens (a pass reads every weight once, whatever its rows); on a GPU a pass of
-        many rows costs little more than one, so the overhead is large and passes fill up. Clamped to [0, 1e6].
-        """
+        """What a forward pass costs beyond its padded tokens, in tokens (:attr:`pass_overhead_tokens`): times passes of
+        1 and ``rows`` rows, solves ``seconds = (overhead + padded tokens) x seconds per token``, clamps to [0, 1e6]."""
         with self._model_lock:
             one, tokens = self._fastest_pass(1, repeats)
             many, _ = self._fastest_pass(max(2, rows), repeats)
@@ -512,15 +437,13 @@ class ServedModel:
 
 
 def choose_batch_rows(rates: dict[int, float], share: float = BATCH_RATE_SHARE) -> int:
-    """The fewest rows a pass whose rate (rows/s) is within ``share`` of the best measured (``rates``: rows -> rate):
-    larger passes would add latency for little throughput."""
+    """The fewest rows a pass whose rate (``rates``: rows -> rows/s) is within ``share`` of the best."""
     best = max(rates.values())
     return min(rows for rows, rate in rates.items() if rate >= share * best)
 
 
 def _to_plain(data: PromptSetData) -> tuple[dict[str, Any], dict[str, np.ndarray], str | None]:
-    """A set read from a folder as plain data (options, numpy arrays, fingerprint): what a server's parent passes
-    from the worker that read it to the others without importing torch."""
+    """A set as plain data (options, numpy arrays, fingerprint), which a parent passes on without importing torch."""
     from dataclasses import asdict
 
     return asdict(data.spec), {key: value.detach().cpu().numpy() for key, value in data.state.items()}, data.fingerprint
@@ -538,8 +461,7 @@ def _from_plain(plain: tuple) -> PromptSetData:
                          {key: torch.from_numpy(value) for key, value in arrays.items()}, fingerprint)
 
 
-#: Weight files that are Python pickles: a prompt set is read from safetensors only, and a folder that holds one of
-#: these is refused rather than left for a later loader to unpickle.
+#: Pickled weight files: a folder that holds one is refused rather than left for a later loader to unpickle.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 

@@ -1,20 +1,7 @@
 """uvicorn's httptools protocol with timeouts, bounds on a request's head, a connection cap and OpenAI errors for
-malformed HTTP.
-
-uvicorn times out only idle keep-alive connections, so a client that sends part of its headers, never sends its body
-or never reads its answer holds a connection as long as it likes. :func:`guarded_protocol` returns a subclass of
-uvicorn's ``HttpToolsProtocol`` (given to ``uvicorn.Config(http=...)``) that bounds every phase with an event-loop
-timer: idle (``idle_timeout``, closed), headers (``header_timeout``, 408), body (``body_timeout``, 408) and an unread
-answer (``body_timeout`` without progress, closed). A request whose body has arrived is the application's (the
-server's drain timeout bounds it).
-
-The head of a request is bounded in bytes (431), fields (431) and URL length (414) because httptools copies a header
-arriving in pieces each time: one client streaming an endless header stalled every other client of its process
-(issue 60: 1,635 answers in 15 s fell to 32 in 20 s). Bytes that are not HTTP get a 400 in OpenAI's error object
-after the pipelined requests before them. A refused connection lingers (:data:`LINGER_BYTES`,
-:data:`LINGER_SECONDS`): closing at once with unread data sends a reset that can destroy the answer and lets an
-endless-header client reconnect at once (about 115 connections a second, 0.1-0.2 cores, measured with
-``benchmarks/serving_attack.py``). Details and measurements: ``docs/serving.md``."""
+malformed HTTP: a header arriving in pieces is copied each time, so one endless header would stall every client of the
+process. A refused connection lingers rather than sending a reset that can destroy its answer (``docs/serving.md``).
+"""
 
 from __future__ import annotations
 
@@ -29,41 +16,29 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from st_prompts.errors import first_line
+from st_prompts.numbers import whole
 from st_prompts.serving.limits import RequestError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_URL_BYTES", "ConnectionGuard", "guarded_protocol"]
 
-#: The longest URL any server may accept: httptools' URL parser keeps offsets in 16 bits (a longer one fails there).
+#: The longest URL any server may accept: httptools' URL parser keeps offsets in 16 bits.
 MAX_URL_BYTES = 65_535
-#: Seconds a refused connection stays open after its answer (see the module docstring), at most.
+#: Seconds a refused connection stays open after its answer, at most, and bytes of it read and dropped meanwhile.
 LINGER_SECONDS = 2.0
-#: Bytes a refused connection may still send that are read and dropped; then nothing more is read.
 LINGER_BYTES = 1 << 20
 
 
 @dataclass
 class ConnectionGuard:
-    """The bounds of every connection (seconds, bytes, counts) and what to call on what happens to one.
+    """The bounds of every connection and what to call on what happens to one.
 
-    Attributes:
-        header_timeout: a request's headers must be complete this long after its first byte.
-        body_timeout: a request's body must be complete this long after its headers; a client that reads nothing
-            of its answer for this long is dropped.
-        idle_timeout: a connection without a request (new, or between keep-alive requests) is closed after this.
-        max_connections: connections open at once; one more is answered 503 and closed.
-        max_header_bytes: bytes of a request's line and headers, from its first byte to the blank line that ends
-            them; more: 431.
-        max_headers: header fields of a request; more: 431.
-        max_url_bytes: bytes of a request's URL (at most :data:`MAX_URL_BYTES`); more: 414.
-        on_drop: ``on_drop(reason)``, called on the event loop for each connection closed on a client.
-        on_malformed: ``on_malformed(status)`` for each request refused before it reached the application (malformed
-            HTTP: 400; a head too large: 431; a URL too long: 414).
-        on_count: ``on_count(open_connections)`` after each connection opens or closes.
-        shed: asked once per keep-alive request; ``True``: its answer closes the connection (``Connection: close``),
-            so that its client reconnects (the parent of workers moves clients off a worker holding more than its
-            share: :mod:`st_prompts.serving.balance`).
+    ``header_timeout`` runs from a request's first byte, ``body_timeout`` from its headers (and bounds a client
+    that reads nothing of its answer), ``idle_timeout`` between requests. Beyond ``max_connections``: 503; beyond
+    ``max_header_bytes`` or ``max_headers``: 431; beyond ``max_url_bytes``: 414. ``on_drop(reason)``,
+    ``on_malformed(status)`` and ``on_count(open_connections)`` are told what happens; ``shed()``, asked once per
+    keep-alive request, closes the connection after its answer when true (:mod:`st_prompts.serving.balance`).
     """
 
     header_timeout: float = 10.0
@@ -81,7 +56,7 @@ class ConnectionGuard:
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_header_bytes", "max_headers", "max_url_bytes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not whole(value, 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.max_url_bytes > MAX_URL_BYTES:
             raise ValueError(f"max_url_bytes must be at most {MAX_URL_BYTES:,} (httptools' URL parser), got "
@@ -106,8 +81,7 @@ class _Refusal(Exception):
 
 
 def _answering(status: int, message: str, code: str) -> Callable[..., Any]:
-    """An ASGI application that answers ``status`` with OpenAI's error object and closes the connection: what runs,
-    in its turn, for a pipelined request refused while earlier ones are still being answered."""
+    """An ASGI application answering ``status`` with OpenAI's error object and closing (a refused pipelined request)."""
     body = orjson.dumps(RequestError(status, message, code=code).payload())
 
     async def app(scope, receive, send) -> None:
@@ -120,8 +94,7 @@ def _answering(status: int, message: str, code: str) -> Callable[..., Any]:
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's ``HttpToolsProtocol`` with the bounds of :class:`ConnectionGuard` (see the module docstring); the
-    guard is the class attribute ``guard`` (:func:`guarded_protocol` makes the subclass)."""
+    """uvicorn's ``HttpToolsProtocol`` with the bounds of its class attribute ``guard``."""
 
     guard: ConnectionGuard = ConnectionGuard()
 
@@ -130,8 +103,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._receive_timer = None  # the header or body deadline of the request being received
         self._send_timer = None  # the client does not read its answer
         self._phase = "idle"  # "headers", "body" (a request is being received) or "idle" (none is)
-        #: set before ``connection_made`` by the worker of a server whose parent counted too many connections open
-        self.over_capacity = False
+        self.over_capacity = False  # set before connection_made by a worker whose parent counted too many
         self._begun = 0  # requests begun on this connection (tells a head that began within a piece of data)
         self._head_bytes = 0  # bytes of the head being received, counted as they are handed to the parser
         self._seen_head = 0  # bytes of its URL and complete header fields, as the parser's callbacks give them
@@ -141,7 +113,6 @@ class GuardedProtocol(HttpToolsProtocol):
         self._linger_timer = None  # closes a refused connection that the client does not close
         self._dropped_bytes = 0  # what a refused connection sent since (read and dropped)
 
-    # ------------------------------------------------------------------ the connection
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         guard = self.guard
@@ -162,8 +133,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self.guard.on_count(len(self.connections))
 
     def data_received(self, data: bytes) -> None:
-        """Feed ``data`` to the parser; while a request's head is being received, no more than the bytes left of
-        ``max_header_bytes`` at a time (so that httptools never gathers more than that of one header)."""
+        """Feed ``data`` to the parser, a head no more than the bytes left of ``max_header_bytes`` at a time."""
         if self.parser is None:  # closed meanwhile
             return
         if self._refused:  # refused: what follows is dropped, and not read at all beyond LINGER_BYTES
@@ -192,7 +162,8 @@ class GuardedProtocol(HttpToolsProtocol):
             else:  # it began within the piece, after another request: what the parser's callbacks saw of it
                 self._head_bytes = self._seen_head
             if self._head_bytes >= limit:  # at the limit and not complete: more than the limit
-                self._refuse_head(f"The request's line and headers exceed {limit:,} bytes.")
+                self._refuse("header_too_large", 431, f"The request's line and headers exceed {limit:,} bytes.",
+                             "request_header_fields_too_large")
                 return
 
     def _feed(self, piece: memoryview) -> bool:
@@ -213,18 +184,16 @@ class GuardedProtocol(HttpToolsProtocol):
                 cause = exc.__context__ if isinstance(exc.__context__, httptools.HttpParserError) else exc
                 reason, status, code = "malformed", 400, "invalid_http_request"
                 message = f"Malformed HTTP request: {first_line(cause, 200)}."
-            if self.guard.on_malformed is not None:
-                self.guard.on_malformed(status)
-            self._drop(reason, status, message, code)
+            self._refuse(reason, status, message, code)
             return False
         return True
 
-    def _refuse_head(self, message: str) -> None:
+    def _refuse(self, reason: str, status: int, message: str, code: str) -> None:
+        """Refuse a request before it reaches the application (counted as malformed)."""
         if self.guard.on_malformed is not None:
-            self.guard.on_malformed(431)
-        self._drop("header_too_large", 431, message, "request_header_fields_too_large")
+            self.guard.on_malformed(status)
+        self._drop(reason, status, message, code)
 
-    # ------------------------------------------------------------------ request phases (parser callbacks)
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._begun += 1
@@ -275,7 +244,6 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.write(answer)
             self._linger()
 
-    # ------------------------------------------------------------------ the answer
     def pause_writing(self) -> None:
         super().pause_writing()
         self._cancel("_send_timer")
@@ -292,16 +260,13 @@ class GuardedProtocol(HttpToolsProtocol):
             logger.info("dropped a client that read nothing of its answer for %g s", self.guard.body_timeout)
             self.transport.abort()  # a close() would wait for the buffer to flush, i.e. for that client
 
-    # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        """Called by uvicorn when the server stops: a request still being sent is answered 503 (the server does not
-        wait for it), an idle connection is closed, one whose request is answered closes after its answer."""
+        """Called by uvicorn when the server stops: a request still being sent is answered 503."""
         if self._phase != "idle" and not self.transport.is_closing():
             self._drop("shutdown", 503, "The server is shutting down; retry (on another replica).", "shutting_down")
             return
         super().shutdown()
 
-    # ------------------------------------------------------------------ helpers
     def _arm_receive(self, seconds: float, reason: str, what: str) -> None:
         self._cancel("_receive_timer")
         self._receive_timer = self.loop.call_later(seconds, self._receive_timed_out, reason, what, seconds)
@@ -319,12 +284,8 @@ class GuardedProtocol(HttpToolsProtocol):
             setattr(self, timer, None)
 
     def _drop(self, reason: str, status: int, message: str, code: str) -> None:
-        """Refuse the request being received: answer ``status`` with OpenAI's error object and close the connection
-        (lingering, see the module docstring; at once when the server is full or stopping).
-
-        Requests of this connection that came before it (pipelined) and are not yet answered are answered first:
-        the refusal waits for them (nothing more is read meanwhile). The answer is left out when the refused request
-        already has one (an early 413)."""
+        """Refuse the request being received: answer ``status`` with OpenAI's error object (after the pipelined
+        requests before it; not when it has an answer already) and close the connection, lingering."""
         phase, self._phase = self._phase, "idle"
         self._cancel("_receive_timer")
         self._unset_keepalive_if_required()
@@ -341,8 +302,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 return
             if not cycle.response_started:
                 self.transport.write(error_response(status, message, code, self.server_state.default_headers))
-            # the application's request ends here: it sees its client gone (as a close would tell it) and writes
-            # nothing more, so nothing follows the refusal
+            # the application sees its client gone and writes nothing more
             cycle.keep_alive = False
             cycle.disconnected = True
             cycle.message_event.set()
@@ -358,8 +318,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _linger(self) -> None:
-        """Half-close a refused connection after its answer and close it when the client does, or after
-        LINGER_SECONDS (see the module docstring)."""
+        """Half-close a refused connection after its answer; close it when the client does, or after LINGER_SECONDS."""
         self._refused = True
         transport = self.transport
         if transport.is_closing():

@@ -1,16 +1,5 @@
 """Several ``st-prompts serve`` replicas as one: probe them, and send one admin change to each (docs/serving.md:
-Replicas).
-
-A replica's admin routes change that replica only (and its workers). :func:`apply_everywhere` sends the change to
-every replica in turn, then reads every replica's ``/health`` and checks that all of them serve the same sets (their
-``fingerprint``, :mod:`st_prompts.serving.fingerprint`): after a successful call every replica serves the new set, or
-none serves the removed one; otherwise the call fails in one line naming the replicas that differ. The first
-replica's checks decide: a change it refuses is sent nowhere else. Calling again after a partial failure is safe: a
-replica that already serves an added set (409 ``name_taken``) or already lacks a removed one (404) counts as done,
-and the final check compares what they serve.
-
-Only the standard library is used (``urllib``), without the environment's HTTP proxies: replicas are addressed
-directly, as a load balancer's health checks address them.
+Replicas). Standard library only, never through the environment's HTTP proxies: replicas are addressed directly.
 """
 
 from __future__ import annotations
@@ -27,8 +16,8 @@ from st_prompts.errors import ConfigurationError, ReplicasDisagreeError, printab
 
 __all__ = ["CHANGES", "ReplicaState", "apply_everywhere", "disagreement", "probe", "probe_all", "replica_url"]
 
-#: The admin changes that can be sent to every replica: op -> (method, path template, what "already done" looks like:
-#: the status and error code a replica answers when it is in the wanted state already).
+#: The admin changes that can be sent to every replica: op -> (method, path template, the status and error code of a
+#: replica in the wanted state already).
 CHANGES = {
     "add_set": ("POST", "/admin/prompt-sets", (409, "name_taken")),
     "remove_set": ("DELETE", "/admin/prompt-sets/{name}", (404, "model_not_found")),
@@ -67,8 +56,7 @@ class ReplicaState:
 
 
 def replica_url(text: str) -> str:
-    """``text`` as a replica's base URL (``http(s)://host[:port][/prefix]``, no trailing slash), or a one-line
-    :class:`~st_prompts.errors.ConfigurationError`."""
+    """``text`` as a replica's base URL (``http(s)://host[:port][/prefix]``, no trailing slash)."""
     parsed = urllib.parse.urlsplit(text.strip())
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
         raise ConfigurationError(f"--replica takes a base URL such as http://10.0.0.5:8000, got {shorten(text)}")
@@ -79,14 +67,9 @@ def replica_url(text: str) -> str:
     return text.strip().rstrip("/")
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through $http_proxy
-
-
 def _call(url: str, method: str = "GET", body: Any = None, token: str | None = None,
           timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
-    """One HTTP call: (status, the JSON object answered, ``{}`` when it is not one). Raises ``OSError`` (refused,
-    reset, timed out) when there is no answer."""
+    """One HTTP call: (status, the JSON object answered or ``{}``); ``OSError`` when there is no answer."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
@@ -94,7 +77,8 @@ def _call(url: str, method: str = "GET", body: Any = None, token: str | None = N
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with _opener().open(request, timeout=timeout) as response:
+        # never through $http_proxy: replicas are addressed directly
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as response:
             status, raw = response.status, response.read()
     except urllib.error.HTTPError as exc:  # an answer all the same (4xx, 5xx)
         status, raw = exc.code, exc.read()
@@ -126,8 +110,7 @@ def probe_all(urls: list[str], timeout: float = 5.0) -> list[ReplicaState]:
 
 
 def disagreement(states: list[ReplicaState]) -> str | None:
-    """Why these replicas cannot be used as one (one line), or ``None`` when every one is ready and they all serve
-    the same sets."""
+    """Why these replicas cannot be used as one (one line), or ``None``."""
     unready = [state for state in states if not state.ready]
     if unready:
         return "; ".join(state.describe() for state in unready)
@@ -149,14 +132,11 @@ def _message(payload: dict[str, Any], status: int) -> str:
 
 def apply_everywhere(urls: list[str], op: str, name: str, source: str | None = None, token: str | None = None,
                      timeout: float = 120.0, probe_timeout: float = 5.0) -> list[ReplicaState]:
-    """Send the admin change ``op`` (:data:`CHANGES`) on the set or index ``name`` (``source``: an added set's folder,
-    on every replica's disk) to every replica in turn, then check that they agree; returns their states after it.
+    """Send the admin change ``op`` (:data:`CHANGES`) on the set or index ``name`` (``source``: an added set's folder)
+    to every replica in turn, then check that they agree; returns their states after it.
 
-    Raises:
-        ConfigurationError: a replica is not ready before the change (nothing was changed), or the first replica
-            refused it (nothing was changed: the others would refuse it alike).
-        ReplicasDisagreeError: a later replica failed, or the replicas serve different sets after the change (one
-            line naming them).
+    Raises :class:`ConfigurationError` when nothing was changed (a replica not ready, the first one refused), and
+    :class:`ReplicasDisagreeError` when a later replica failed or they serve different sets after it.
     """
     method, template, done = CHANGES[op]
     before = probe_all(urls, probe_timeout)

@@ -1,15 +1,7 @@
-"""Start a server: load the model and the indexes, bind the socket, run uvicorn until SIGTERM or Ctrl-C.
-
-``st-prompts serve`` (:mod:`st_prompts.commands.serve`) calls :func:`run_server`. Connections are bounded by
-:mod:`st_prompts.serving.protocol` (header, body and idle timeouts, a connection cap, malformed HTTP answered in
-OpenAI's error object). **Draining**: on SIGTERM (or Ctrl-C) the server keeps listening, ``/health`` answers 503
-``draining`` and new work is refused with 503; once no accepted request is left (or ``drain_timeout`` seconds after the
-signal, whichever is first) the listening socket closes, connections still sending a request are answered 503 and
-closed, requests still queued are answered 503, and the process exits with status 0 (130 for Ctrl-C). No client can
-hold the drain beyond ``drain_timeout`` (only the forward pass that runs when it ends is waited for; one queued
-behind it does not start), and nothing prints a traceback (``ST_PROMPTS_TRACEBACK=1`` shows them in the log, for
-bug reports).
-"""
+"""Start a server: load the model and the indexes, bind the socket, run uvicorn until SIGTERM or Ctrl-C. On SIGTERM
+it drains: ``/health`` answers 503, new work is refused, and once no accepted request is left (at most
+``drain_timeout`` seconds) what is left is answered 503 and it exits with status 0. No traceback unless
+``ST_PROMPTS_TRACEBACK=1``."""
 
 from __future__ import annotations
 
@@ -21,7 +13,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -59,10 +50,8 @@ class ServerOptions:
     quantize: str = "none"
     dtype: str = "float32"
     workers: int = 1
-    #: one started worker per device (``--devices cuda:0,cuda:1``); the parent loads nothing
-    devices: tuple[str, ...] = ()
-    #: the command line's ``-v`` count, for the logging of started workers
-    verbose: int = 0
+    devices: tuple[str, ...] = ()  # one started worker per device; the parent loads nothing
+    verbose: int = 0  # the command line's ``-v`` count, for the logging of started workers
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -79,8 +68,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run_server(options: ServerOptions) -> int:
-    """Serve ``options.model`` until SIGTERM (drains, returns 0) or Ctrl-C (``KeyboardInterrupt``; with workers:
-    returns 130); with ``options.workers > 1`` in forked worker processes (:mod:`st_prompts.serving.workers`)."""
+    """Serve ``options.model`` until SIGTERM (returns 0) or Ctrl-C (``KeyboardInterrupt``; workers: 130)."""
     import torch
 
     devices = check_devices(options)  # each started, loading the model on its device: the parent loads nothing
@@ -98,8 +86,7 @@ def run_server(options: ServerOptions) -> int:
     sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
     served, registry = _load(options) if not devices else (None, None)
     host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}"
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def ready() -> None:
         admin = "on" if options.admin_token else "off (no token)"
@@ -117,17 +104,14 @@ def run_server(options: ServerOptions) -> int:
 
     threads = options.threads or max(1, (os.cpu_count() or 1) // workers)
     sock.listen(2048)  # connections queue from here; the workers accept them
-    # --max-queue-rows is the server's: rows queue in the workers, so each takes its share (--max-connections is
-    # counted by the parent, which holds the count of every worker: balance.Balancer)
+    # --max-queue-rows is the server's: rows queue in the workers, so each takes its share
     total_rows = options.limits.max_queue_rows
     options = dataclasses.replace(options, limits=dataclasses.replace(options.limits,
                                                                       max_queue_rows=max(1, total_rows // workers)))
 
     def start_worker(link, journal) -> int:
         torch.set_num_threads(threads)
-        _replay(served, registry, journal)
-        # the parent accepts and hands the connections over (link.receiver): the worker has closed its listener
-        return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
+        return _serve_worker(options, served, registry, link, journal)
 
     logger.info("%s %d workers%s, %d torch thread%s each; at most %d connections open in all, %d rows queued in "
                 "each (--max-queue-rows %d shared)", "starting" if devices else "forking", workers,
@@ -146,8 +130,7 @@ def run_server(options: ServerOptions) -> int:
 
 
 def check_devices(options: ServerOptions) -> list[str]:
-    """``options.devices`` checked (each a device this machine has: :func:`~st_prompts.loading.check_device`; not
-    with ``--device`` or ``--workers``), without initialising CUDA in this process (a started worker does)."""
+    """``options.devices`` checked, without initialising CUDA in this process (a started worker does)."""
     from st_prompts.loading import check_device, check_loadable
 
     devices = list(options.devices)
@@ -165,9 +148,7 @@ def check_devices(options: ServerOptions) -> list[str]:
 
 
 def run_device_worker(link, journal, options: ServerOptions, devices: list[str], threads: int) -> int:
-    """A started worker of ``--devices`` (:class:`~st_prompts.serving.workers.Supervisor`'s ``spawn``): its logging
-    as the command line's, then the model loaded on its device, the changes made since the server started replayed,
-    and the connections its parent hands over served."""
+    """A started worker of ``--devices``: load the model on its device, replay the changes, serve."""
     import torch
 
     from st_prompts.cli import configure_output
@@ -177,12 +158,11 @@ def run_device_worker(link, journal, options: ServerOptions, devices: list[str],
     label_log(link.index)
     torch.set_num_threads(threads)
     served, registry = _load(dataclasses.replace(options, device=devices[link.index], devices=()))
-    _replay(served, registry, journal)
-    return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
+    return _serve_worker(options, served, registry, link, journal)
 
 
-def _replay(served, registry, journal: list[tuple[str, tuple]]) -> None:
-    """Apply the changes made since the server started (a worker that replaces one, or a started worker)."""
+def _serve_worker(options: ServerOptions, served, registry, link, journal: list[tuple[str, tuple]]) -> int:
+    """Replay the changes made since the server started, then serve the connections the parent hands over."""
     from st_prompts.serving.changes import apply_change
 
     for op, args in journal:
@@ -190,6 +170,7 @@ def _replay(served, registry, journal: list[tuple[str, tuple]]) -> None:
             apply_change(served, registry, op, args)
         except Exception as exc:  # noqa: BLE001 - the others went on with it; this one logs and serves
             logger.warning("could not replay %s: %s", op, first_line(exc))
+    return _serve(options, None, served, registry, lambda: link.tell(("ready",)), link=link)
 
 
 def _load(options: ServerOptions):
@@ -236,8 +217,7 @@ def _refuse_shared_files(indexes: list[tuple[str, str]], workers: int) -> None:
 
 
 def _serve(options: ServerOptions, sock: socket.socket | None, served, registry, ready, link=None) -> int:
-    """Run uvicorn on ``sock`` until stopped (one server), or on the connections the parent hands over (a worker:
-    ``sock`` None, ``link`` to its parent)."""
+    """Run uvicorn on ``sock`` until stopped, or (a worker: ``sock`` None) on the connections its parent hands over."""
     from st_prompts.serving.app import ServerContext, create_app
 
     served.warm_up()
@@ -256,17 +236,28 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
     receiver = getattr(link, "receiver", None)
     app = create_app(context, on_ready=ready)
     metrics = context.metrics
+
+    def count(open_connections: int) -> None:
+        metrics.connections.set(open_connections)
+        if receiver is not None:  # what the parent balances on
+            receiver.on_count(open_connections)
+
+    def shed() -> bool:  # a worker: whether the parent asks it to move one more keep-alive client (counted)
+        moved = receiver.shed()
+        if moved:
+            metrics.rebalanced.inc()
+        return moved
+
     bounds = {f.name: getattr(options, f.name) for f in dataclasses.fields(ConnectionGuard) if hasattr(options, f.name)}
     guard = ConnectionGuard(**bounds, on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
                             on_malformed=lambda status: metrics.observe_request("malformed", status, 0.0),
-                            on_count=_counter(metrics, receiver), shed=_shedder(metrics, receiver))
+                            on_count=count, shed=shed if receiver is not None else None)
     config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",
                             server_header=False, timeout_graceful_shutdown=options.drain_timeout,
                             timeout_keep_alive=options.idle_timeout)
     _quiet_uvicorn()
     server = _Server(config, context, options.drain_timeout, receiver)
-    # uvicorn re-raises the signal it stopped on after its graceful shutdown; this handler takes it, so that a
-    # drained server exits with status 0 instead of dying by SIGTERM.
+    # uvicorn re-raises the signal it stopped on: taken here, so that a drained server exits with status 0
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     if sock is not None:
         sock.listen(2048)  # connections queue from here: "listening on" is logged just before uvicorn accepts them
@@ -280,36 +271,9 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
         raise ConfigurationError("the server could not start (see the lines above)")
     answered = sum(sample.value for metric in context.metrics.requests.collect() for sample in metric.samples
                    if sample.name.endswith("_total"))
-    logger.info("stopped after %s: %d requests answered, none left waiting", server.stopping_signal or "exit",
-                answered)
+    logger.info("stopped after %s: %d requests answered, none left waiting", server.stopping_signal or "exit", answered)
     gc.freeze()  # the interpreter's last collection would walk the whole heap: seconds on a busy machine
     return 0
-
-
-def _counter(metrics, receiver) -> Callable[[int], None]:
-    """The guard's ``on_count``: the open-connections gauge, and what the parent balances on (with workers)."""
-    if receiver is None:
-        return metrics.connections.set
-
-    def count(open_connections: int) -> None:
-        metrics.connections.set(open_connections)
-        receiver.on_count(open_connections)
-
-    return count
-
-
-def _shedder(metrics, receiver) -> Callable[[], bool] | None:
-    """The guard's ``shed`` (a worker: whether the parent asks it to move one more keep-alive client), counted."""
-    if receiver is None:
-        return None
-
-    def shed() -> bool:
-        if receiver.shed():
-            metrics.rebalanced.inc()
-            return True
-        return False
-
-    return shed
 
 
 def _quiet_uvicorn() -> None:
@@ -318,27 +282,24 @@ def _quiet_uvicorn() -> None:
         return
     for name in ("uvicorn.error", "uvicorn", "asyncio"):
         target = logging.getLogger(name)
-        if not any(isinstance(f, _OneLine) for f in target.filters):
-            target.addFilter(_OneLine())
+        if _one_line not in target.filters:
+            target.addFilter(_one_line)
 
 
-class _OneLine(logging.Filter):
-    """Turn a record's traceback into one line: its exception's type and message."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            exc = record.exc_info[1]
-            first = first_line(exc, 300)
-            record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + first if first else ''})"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
-        return True
+def _one_line(record: logging.LogRecord) -> bool:
+    """A log filter turning a record's traceback into one line: its exception's type and message."""
+    if record.exc_info and record.exc_info[1] is not None:
+        exc = record.exc_info[1]
+        first = first_line(exc, 300)
+        record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + first if first else ''})"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+    return True
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, draining as the module docstring says (uvicorn itself stops listening at once, so that
-    ``/health`` could not be seen saying "draining", and waits for every connection, a stalled one included)."""
+    """uvicorn's server, draining as the module docstring says (uvicorn's own stops listening at once)."""
 
     def __init__(self, config: uvicorn.Config, context, drain_timeout: float, receiver=None) -> None:
         super().__init__(config)
@@ -354,9 +315,8 @@ class _Server(uvicorn.Server):
             return
         self.stopping_signal = signal.Signals(sig).name
         self._captured_signals.append(sig)  # raised again after the shutdown (Ctrl-C: exit status 130)
-        self.deadline = time.monotonic() + self.drain_timeout
+        self.deadline = self.context.drain_deadline = time.monotonic() + self.drain_timeout
         self.context.draining = True
-        self.context.drain_deadline = self.deadline
         batcher = self.context.batcher
         logger.info("%s: draining (at most %g s): /health answers 503, new work is refused, %d requests in flight "
                     "(%d rows queued)", self.stopping_signal, self.drain_timeout, self.context.in_flight,
@@ -383,8 +343,7 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         if self.deadline is None:  # stopped otherwise (uvicorn's own limits): the same bound from now
-            self.deadline = time.monotonic() + self.drain_timeout
-            self.context.drain_deadline = self.deadline
+            self.deadline = self.context.drain_deadline = time.monotonic() + self.drain_timeout
         self.context.draining = True
         if self.receiver is not None:
             self.receiver.detach()

@@ -1,23 +1,6 @@
-"""Several server processes over one copy of the weights: ``st-prompts serve --workers N``.
-
-One process cannot fill a machine's cores with forward passes of a server's sizes, and N servers hold N copies of the
-model. So the parent loads the model and the indexes once, binds the socket and *forks* N workers, each with its own
-event loop, batcher and forward thread, reading the parent's weights as copy-on-write pages (``gc.freeze`` first, so
-that no collection touches them; ``benchmarks/serving.py`` measures the memory saved). Threads would share one
-interpreter lock with the event loop, and ``multiprocessing``'s spawn would load the model N times. Torch runs one
-thread in the parent until the fork (a parent that ran OpenMP on several threads leaves its forked children hanging in
-their first parallel region).
-
-The parent serves no request: it passes SIGTERM on and kills what outlives the drain; replaces a worker that dies
-(replaying the changes made since it started; one that dies before it is ready, or more than 5 replacements a minute,
-stop the server); carries admin changes to every worker in turn, one at a time (the first one's checks decide; an
-added set is read from its folder once and its tensors passed on, so every worker serves the same set); and answers
-``GET /metrics`` with every worker's sum. Details: ``docs/serving.md`` (Workers).
-
-With ``spawn`` (``st-prompts serve --devices cuda:0,cuda:1``) the workers are *started*, not forked: a process that
-has used CUDA cannot fork a child that uses it, and each device needs its own weights anyway. The parent loads
-nothing; each worker (a fresh interpreter) gets its pipes, hand-off socket and the balancer's counters, and runs
-``spawn``'s function, which loads the model onto its device. The rest is the same; a replacement is started again."""
+"""``st-prompts serve --workers N``: the parent loads the model once and forks N workers sharing its weights; it
+replaces a worker that dies, carries admin changes to every worker and merges their metrics (``--devices``: spawned
+workers, each loading the model onto its device). Details: ``docs/serving.md`` (Workers)."""
 
 from __future__ import annotations
 
@@ -40,12 +23,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Supervisor", "WorkerLink", "label_log", "merge_metrics"]
 
-#: Seconds the parent waits for a worker to apply a change (a pass that runs holds the model for its duration).
+#: Seconds the parent waits for a worker to apply a change; more than MAX_REPLACEMENTS replacements within
+#: REPLACEMENT_WINDOW seconds stop the server; seconds it waits beyond the drain timeout before it kills the rest.
 APPLY_TIMEOUT = 120.0
-#: More replacements than this within :data:`REPLACEMENT_WINDOW` seconds stop the server (a worker that keeps dying).
 MAX_REPLACEMENTS = 5
 REPLACEMENT_WINDOW = 60.0
-#: Seconds the parent waits beyond the drain timeout before it kills the workers left.
 EXIT_GRACE = 10.0
 
 
@@ -60,18 +42,11 @@ class RemoteError(Exception):
 def error_payload(exc: BaseException) -> dict[str, Any]:
     """What crosses the pipe of an exception raised by a change (a ``RequestError`` keeps its status and code)."""
     out = {"message": first_line(exc, 500), "type": type(exc).__name__}
-    for name in ("status", "param", "code", "headers"):
-        if hasattr(exc, name):
-            out[name] = getattr(exc, name)
-    return out
+    return out | {name: getattr(exc, name) for name in ("status", "param", "code", "headers") if hasattr(exc, name)}
 
 
 class WorkerLink:
-    """A worker's two pipes to the parent.
-
-    ``up`` carries the worker's requests (a change, the merged metrics) and their answers, one request at a time;
-    ``down`` carries the parent's commands (apply a change, render your metrics), answered by :meth:`listen`'s thread.
-    """
+    """A worker's two pipes to the parent: ``up`` its requests and their answers, ``down`` the parent's commands."""
 
     def __init__(self, index: int, up: connection.Connection, down: connection.Connection,
                  receiver: Any = None) -> None:
@@ -83,13 +58,8 @@ class WorkerLink:
         self._sequence = 0
 
     def ask(self, message: tuple, timeout: float) -> Any:
-        """Send ``message`` to the parent and return its answer.
-
-        Raises:
-            RemoteError: the change was refused or failed (in this worker or another).
-            TimeoutError: no answer within ``timeout`` seconds.
-            ConnectionError: the parent is gone.
-        """
+        """Send ``message`` to the parent and return its answer; raises :class:`RemoteError` (refused or failed),
+        ``TimeoutError`` or ``ConnectionError`` (the parent is gone)."""
         with self._lock:
             self._sequence += 1
             deadline = time.monotonic() + timeout
@@ -109,14 +79,12 @@ class WorkerLink:
 
     def tell(self, message: tuple) -> None:
         """Send ``message`` without waiting for an answer (e.g. ``("ready",)``)."""
-        with self._lock:
-            with contextlib.suppress(OSError):
-                self._up.send((0, *message))
+        with self._lock, contextlib.suppress(OSError):
+            self._up.send((0, *message))
 
     def listen(self, apply: Callable[[str, tuple], Any], render: Callable[[], bytes]) -> threading.Thread:
-        """Answer the parent's commands in a daemon thread: ``("apply", op, args)`` runs ``apply(op, args)``;
-        ``("render",)`` returns ``render()``. When the parent goes away, the worker drains and stops (SIGTERM to
-        itself): nobody would replace it or stop it otherwise."""
+        """Answer the parent's commands (``("apply", op, args)``, ``("render",)``) in a daemon thread; when the parent
+        goes away, the worker stops itself (SIGTERM): nobody would stop it otherwise."""
 
         def run() -> None:
             while True:
@@ -126,13 +94,8 @@ class WorkerLink:
                     logger.warning("the server's parent process is gone: stopping")
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
-                try:
-                    if message[0] == "apply":
-                        answer = ("ok", apply(message[1], tuple(message[2])))
-                    elif message[0] == "render":
-                        answer = ("ok", render())
-                    else:
-                        answer = ("error", {"message": f"unknown command {message[0]!r}"})
+                try:  # the parent sends ("apply", op, args) or ("render",)
+                    answer = ("ok", apply(message[1], tuple(message[2])) if message[0] == "apply" else render())
                 except Exception as exc:  # noqa: BLE001 - the parent reports it to the worker that asked
                     answer = ("error", error_payload(exc))
                 try:
@@ -156,19 +119,9 @@ class _Worker:
 
 
 class Supervisor:
-    """Fork ``count`` workers and look after them (see the module docstring).
-
-    Args:
-        count: workers.
-        start_worker: ``start_worker(link, journal) -> exit status``, run in each forked worker: serve until stopped;
-            ``journal`` is the list of changes ``(op, args)`` made since the server started (a replacement worker
-            replays them first).
-        on_ready: called once, when every worker has said it is ready.
-        drain_timeout: what each worker's drain is bounded by (the parent waits that long, and :data:`EXIT_GRACE`).
-        keep: objects that must stay open in the parent until it stops (the listening socket the balancer accepts on).
-        balancer: a :class:`~st_prompts.serving.balance.Balancer` that accepts in the parent and hands each
-            connection to the worker holding the fewest (None: the workers accept on the shared socket).
-    """
+    """Fork ``count`` workers and look after them: ``start_worker(link, journal) -> exit status`` serves in each
+    (``journal``: the changes made since the start, which a replacement replays); ``spawn``: ``(target, args)`` to
+    start workers instead; ``keep``: objects open in the parent until it stops; ``balancer``: a ``Balancer`` or None."""
 
     def __init__(self, count: int, start_worker: Callable[[WorkerLink, list[tuple[str, tuple]]], int] | None,
                  on_ready: Callable[[], None] | None = None, drain_timeout: float = 30.0,
@@ -189,85 +142,65 @@ class Supervisor:
         self._announced = False
         self._replaced: list[float] = []
 
-    # ------------------------------------------------------------------ workers
     def _spawn(self, index: int) -> None:
         up_parent, up_child = connection.Pipe()
         down_parent, down_child = connection.Pipe()
-        handoff = self.balancer.pair(index) if self.balancer is not None else None
+        balancer = self.balancer
+        handoff = balancer.pair(index) if balancer is not None else None
+        # the worker's balance.Receiver: its hand-off socket and the counts shared with the parent
+        receiver = None if balancer is None else (handoff, index, balancer.closed, balancer.taken,
+                                                  balancer.shed_asked, balancer.shed_done)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        if self.spawn is not None:
-            self._start(index, up_child, down_child, handoff, up_parent, down_parent)
-            return
-        with self.balancer.fork_lock if self.balancer is not None else contextlib.nullcontext():
-            pid = os.fork()  # not while the balancer holds an accepted connection (balance.Balancer.fork_lock)
-        if pid == 0:  # the worker: never returns
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                up_parent.close()
-                down_parent.close()
-                for other in self.workers.values():
-                    other.up.close()
-                    other.down.close()
-                label_log(index)
-                receiver = None
-                if self.balancer is not None:
-                    from st_prompts.serving.balance import Receiver
+        if self.spawn is not None:  # a fresh interpreter; the pipes and the socket travel as duplicated descriptors
+            import multiprocessing
 
-                    self.balancer.close_in_worker()
-                    receiver = Receiver(handoff, self.balancer.closed, index, self.balancer.taken,
-                                        self.balancer.shed_asked, self.balancer.shed_done)
-                code = self.start_worker(WorkerLink(index, up_child, down_child, receiver), list(self.journal))
-            except KeyboardInterrupt:
-                code = 130
-            except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
-                logger.error("worker %d failed: %s", index, first_line(exc))
-                code = 2
-            finally:
-                logging.shutdown()
-                for stream in (sys.stdout, sys.stderr):
-                    try:
-                        stream.flush()
-                    except Exception:  # noqa: BLE001, S110 - exiting: nothing is left to tell
-                        pass
-                os._exit(code)
+            process = multiprocessing.get_context("spawn").Process(
+                target=_started_worker, name=f"st-prompts-worker-{index}",
+                args=(index, up_child, down_child, receiver, list(self.journal), *self.spawn))
+            process.start()
+            pid = process.pid
+        else:
+            with balancer.fork_lock if balancer is not None else contextlib.nullcontext():
+                pid = os.fork()  # not while the balancer holds an accepted connection (balance.Balancer.fork_lock)
+            if pid == 0:  # the worker: never returns
+
+                def serve() -> int:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    for end in [up_parent, down_parent] + [e for w in self.workers.values() for e in (w.up, w.down)]:
+                        end.close()
+                    label_log(index)
+                    if balancer is not None:
+                        balancer.close_in_worker()
+                    link = WorkerLink(index, up_child, down_child, _receiver(receiver))
+                    return self.start_worker(link, list(self.journal))
+
+                code = 1
+                try:
+                    code = _worker_status(index, serve)
+                finally:
+                    logging.shutdown()
+                    for stream in (sys.stdout, sys.stderr):
+                        with contextlib.suppress(Exception):  # exiting: nothing is left to tell
+                            stream.flush()
+                    os._exit(code)
         up_child.close()
         down_child.close()
         if handoff is not None:
             handoff.close()
         self.workers[index] = _Worker(index, pid, up_parent, down_parent, time.monotonic())
 
-    def _start(self, index: int, up_child, down_child, handoff, up_parent, down_parent) -> None:
-        """Start (not fork) worker ``index``: a fresh interpreter running :func:`_started_worker`."""
-        import multiprocessing
-
-        shared = None
-        if self.balancer is not None:
-            shared = (self.balancer.closed, self.balancer.taken, self.balancer.shed_asked, self.balancer.shed_done)
-        target, args = self.spawn
-        process = multiprocessing.get_context("spawn").Process(
-            target=_started_worker, name=f"st-prompts-worker-{index}",
-            args=(index, up_child, down_child, handoff, shared, list(self.journal), target, args))
-        process.start()  # the pipes and the socket travel as duplicated file descriptors
-        up_child.close()
-        down_child.close()
-        if handoff is not None:
-            handoff.close()
-        self.workers[index] = _Worker(index, process.pid, up_parent, down_parent, time.monotonic())
-
     def run(self) -> int:
-        """Start the workers and look after them until they have stopped; returns 0 (SIGTERM), 130 (Ctrl-C) or 1
-        (a worker failed at its start)."""
+        """Start the workers and look after them until they have stopped; returns 0 (SIGTERM), 130 (Ctrl-C) or 1."""
         gc.collect()
         gc.freeze()  # no collection in a worker walks (and so copies) what the parent allocated
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for index in range(self.count):
                 self._spawn(index)
-            logger.info("started %d workers (pids %s)", self.count, ", ".join(str(w.pid) for w in
-                                                                             self.workers.values()))
+            pids = ", ".join(str(w.pid) for w in self.workers.values())
+            logger.info("started %d workers (pids %s)", self.count, pids)
             if self.balancer is not None:
                 self.balancer.start()
             self._loop()
@@ -309,11 +242,7 @@ class Supervisor:
     def _loop(self) -> None:
         while self.workers:
             ends = {w.up: w for w in self.workers.values()}
-            try:
-                readable = connection.wait(list(ends), timeout=0.2)
-            except InterruptedError:  # pragma: no cover - Python retries on EINTR since 3.5
-                readable = []
-            for end in readable:
+            for end in connection.wait(list(ends), timeout=0.2):
                 worker = ends[end]
                 try:
                     sequence, *message = end.recv()
@@ -362,25 +291,19 @@ class Supervisor:
             logger.warning("worker %d (pid %d) stopped (%s): starting another", worker.index, pid, how)
             self._spawn(worker.index)
 
-    # ------------------------------------------------------------------ requests of the workers
     def _handle(self, worker: _Worker, sequence: int, message: tuple) -> None:
         kind = message[0]
         if kind == "ready":
             worker.ready = True
             if self.balancer is not None:
                 self.balancer.ready(worker.index)
-            if not self._announced and len(self.workers) == self.count and all(w.ready for w in
-                                                                               self.workers.values()):
+            if not self._announced and len(self.workers) == self.count and all(w.ready for w in self.workers.values()):
                 self._announced = True
                 if self.on_ready is not None:
                     self.on_ready()
             return
-        if kind == "change":
-            answer = self._change(worker, message[1], tuple(message[2]))
-        elif kind == "metrics":
-            answer = ("ok", self._metrics())
-        else:
-            answer = ("error", {"message": f"unknown request {kind!r}"})
+        # a worker asks ("change", op, args) or ("metrics",)
+        answer = self._change(worker, message[1], tuple(message[2])) if kind == "change" else ("ok", self._metrics())
         with contextlib.suppress(OSError):
             worker.up.send((sequence, *answer))
 
@@ -398,20 +321,14 @@ class Supervisor:
         return "error", {"message": f"worker {worker.index} did not answer within {APPLY_TIMEOUT:g} s"}
 
     def _change(self, asking: _Worker, op: str, args: tuple) -> tuple[str, Any]:
-        """Apply a change to every worker, the one that asked first (its checks decide). A set is read from its
-        folder once, by that worker; the others (and replacements, from the journal) add what it read."""
-        order = [asking] + [w for w in self.workers.values() if w is not asking]
+        """Apply a change to every worker, the one that asked first (its checks decide; a set is read once, by it)."""
+        status, value = self._command(asking, ("apply", "add_set_read" if op == "add_set" else op, args))
+        if status != "ok":
+            return status, value
         if op == "add_set":
-            status, value = self._command(asking, ("apply", "add_set_read", args))
-            if status != "ok":
-                return status, value
             op, args, value = "add_set_data", (*args, value["data"]), value["answer"]
-        else:
-            status, value = self._command(asking, ("apply", op, args))
-            if status != "ok":
-                return status, value
         self._record(op, args)
-        for worker in order[1:]:
+        for worker in [w for w in self.workers.values() if w is not asking]:
             other, problem = self._command(worker, ("apply", op, args))
             if other != "ok":  # the workers hold the same state: this is a failure of that worker, not the change
                 logger.error("worker %d could not apply %s %s: %s; it is replaced", worker.index, op,
@@ -421,8 +338,7 @@ class Supervisor:
         return status, value
 
     def _record(self, op: str, args: tuple) -> None:
-        """Keep a change for replacements to replay; a removal takes its set's addition out instead (the journal
-        holds each served set's tensors once, not every set ever added)."""
+        """Keep a change for replacements to replay; a removal takes its set's addition out instead."""
         if op == "remove_set":
             for index in range(len(self.journal) - 1, -1, -1):
                 if self.journal[index][0] == "add_set_data" and self.journal[index][1][0] == args[0]:
@@ -431,36 +347,39 @@ class Supervisor:
         self.journal.append((op, args))
 
     def _metrics(self) -> bytes:
-        texts = []
-        for worker in list(self.workers.values()):
-            status, value = self._command(worker, ("render",))
-            if status == "ok":
-                texts.append((worker.index, value))
+        answers = [(worker.index, *self._command(worker, ("render",))) for worker in list(self.workers.values())]
+        texts = [(index, value) for index, status, value in answers if status == "ok"]
         return merge_metrics(texts, self.balancer.metrics_text() if self.balancer is not None else None)
 
 
-def _started_worker(index: int, up: connection.Connection, down: connection.Connection, handoff: Any,
-                    shared: tuple | None, journal: list[tuple[str, tuple]], target: Callable[..., int],
-                    args: tuple) -> None:
-    """The body of a started worker (:meth:`Supervisor._start`): ``target(link, journal, *args)`` (which sets up its
-    logging, :func:`label_log` included), then exit with its status, as a forked worker does."""
-    code = 1
-    try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        receiver = None
-        if handoff is not None:
-            from st_prompts.serving.balance import Receiver
+def _started_worker(index: int, up: connection.Connection, down: connection.Connection, receiver: tuple | None,
+                    journal: list[tuple[str, tuple]], target: Callable[..., int], args: tuple) -> None:
+    """The body of a started worker: ``target(link, journal, *args)``, then exit with its status."""
 
-            receiver = Receiver(handoff, shared[0], index, *shared[1:])
-        code = target(WorkerLink(index, up, down, receiver), journal, *args)
+    def serve() -> int:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return target(WorkerLink(index, up, down, _receiver(receiver)), journal, *args)
+
+    # sys.exit, unlike a forked worker: its finalizers run (its libraries' semaphores are released, not leaked)
+    sys.exit(_worker_status(index, serve))
+
+
+def _worker_status(index: int, serve: Callable[[], int]) -> int:
+    """``serve()``'s exit status: 130 on Ctrl-C, 2 (logged in one line) on any other exception."""
+    try:
+        return serve()
     except KeyboardInterrupt:
-        code = 130
+        return 130
     except BaseException as exc:  # noqa: BLE001 - one line, and the parent decides what follows
         logger.error("worker %d failed: %s", index, first_line(exc))
-        code = 2
-    # a started worker exits as multiprocessing's processes do (its finalizers run: the semaphores its libraries
-    # made are released, not reported leaked), unlike a forked one, which must not run its parent's
-    sys.exit(code)
+        return 2
+
+
+def _receiver(parts: tuple | None) -> Any:
+    """The :class:`~st_prompts.serving.balance.Receiver` made of ``parts`` (None: no balancer)."""
+    from st_prompts.serving.balance import Receiver
+
+    return None if parts is None else Receiver(*parts)
 
 
 def _shown(args: tuple) -> str:
@@ -470,24 +389,19 @@ def _shown(args: tuple) -> str:
 def label_log(index: int) -> None:
     """Prefix this worker's log lines with ``worker N:``."""
 
-    class _Prefix(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            record.msg = f"worker {index}: {record.getMessage()}"
-            record.args = None
-            return True
+    def prefix(record: logging.LogRecord) -> bool:
+        record.msg = f"worker {index}: {record.getMessage()}"
+        record.args = None
+        return True
 
-    prefix = _Prefix()
     for handler in logging.getLogger().handlers:
         handler.addFilter(prefix)
 
 
 def merge_metrics(texts: list[tuple[int, bytes]], parent: bytes | None = None) -> bytes:
-    """Merge the Prometheus text expositions of the workers (``(index, text)``) and the parent's own samples
-    (``parent``): each ``st_prompts_*`` sample is the sum over them (``_created`` samples: the earliest), except the
-    gauges that describe what every worker holds alike (:data:`~st_prompts.serving.metrics.SAME_IN_EVERY_WORKER`, e.g.
-    the prompt sets served: 3, not 3 per worker), which take the largest; every other family (the process
-    collector's) keeps each worker's samples under a ``worker`` label; one ``st_prompts_workers`` gauge says how many
-    workers answered."""
+    """Merge the Prometheus texts of the workers (``(index, text)``) and the parent's own samples: each
+    ``st_prompts_*`` sample is summed (``_created``: the earliest; :data:`~st_prompts.serving.metrics.
+    SAME_IN_EVERY_WORKER`: the largest), other families keep a ``worker`` label; ``st_prompts_workers`` counts them."""
     from prometheus_client.core import CollectorRegistry, Metric
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
