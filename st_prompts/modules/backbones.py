@@ -1,13 +1,8 @@
 """Which backbones can carry deep prompts, and how the prompts get into them.
 
 A backbone is *inspected*, not looked up in a list: :func:`inspect_backbone` runs it once on two tokens with this
-package's attention functions (:mod:`st_prompts.prompts.injection`) and records every attention call: how many
-prefix layers it needs (one per call, so ALBERT's shared layer gets one prefix per application), the key/value heads
-and head size (grouped-query decoders have fewer key/value heads than query heads), whether the model is causal, and
-whether its positions are learned absolute embeddings (the prefix then shifts them, as the official DCPCSE code's
-key/value cache did) or rotary (the prefix has no position). A backbone whose attention does not go through
-transformers' attention interface (MPNet, DeBERTa-v2 compute it themselves), or does not pass the model's keyword
-arguments down to it, is refused with one line naming the tested types.
+package's attention functions and records every attention call (prefix layers, key/value heads and head size,
+causality, learned absolute or rotary positions). A backbone whose attention bypasses the interface is refused.
 """
 
 from __future__ import annotations
@@ -20,26 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError, first_line
-from st_prompts.prompts.injection import (
-    BACKENDS,
-    LAYER_ATTRIBUTE,
-    PREFIX_KWARG,
-    PrefixInjection,
-    observe_attention_calls,
-    register_attention_functions,
-    wrapped_backend,
-)
+from st_prompts.prompts.injection import (BACKENDS, LAYER_ATTRIBUTE, PREFIX_KWARG, PrefixInjection,
+                                          observe_attention_calls, register_attention_functions, wrapped_backend)
 from st_prompts.prompts.prefix import PrefixDraw
 
 logger = logging.getLogger(__name__)
 
-#: Model types tested with deep prompts (tiny random configs in the tests; BERT and Llama with real weights too).
-#: Others whose attention goes through transformers' attention interface are accepted with a warning.
+#: Model types tested with deep prompts; others whose attention takes them are accepted with a warning.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "distilbert", "albert",
                          "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text")
-#: How the prefix gets into the backbone: through the attention functions (every supported type). A key/value cache
-#: (``"cache"``, the BERT family only) was removed: measured neither faster nor lighter (docs/backbones.md); folders
-#: saved with it load on the attention path, which gives the same outputs.
+#: How the prefix gets into the backbone (the removed ``"cache"`` loads as ``"attention"``, with the same outputs).
 INJECTIONS = ("attention",)
 
 
@@ -97,36 +82,37 @@ def _forward_arguments(model_class: type) -> frozenset[str]:
     return frozenset(inspect.signature(model_class.forward).parameters)
 
 
-def _probe_inputs(model: torch.nn.Module) -> dict:
-    device = next(model.parameters()).device
+def _probe(model: torch.nn.Module, injection: PrefixInjection) -> torch.Tensor:
+    """``model``'s last hidden states on two tokens, in eval mode and without gradient, ``injection`` passed on."""
     vocab = model.get_input_embeddings().num_embeddings
-    input_ids = torch.tensor([[1 % vocab, 2 % vocab]], device=device)
-    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    input_ids = torch.tensor([[1 % vocab, 2 % vocab]], device=next(model.parameters()).device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), PREFIX_KWARG: injection}
     if "use_cache" in forward_arguments(model):
         inputs["use_cache"] = False
-    return inputs
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(**inputs).last_hidden_state
+    finally:
+        model.train(was_training)
 
 
 def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
-    """Switch ``model`` to this package's attention functions and find out how it takes a prefix.
-
-    Sets ``config._attn_implementation`` to ``st_prompts_sdpa`` (or ``_eager``): without a prefix these compute
-    exactly what the backend does, so the backbone's outputs do not change. Marks each attention module with the
-    prefix layers it reads (:data:`~st_prompts.prompts.injection.LAYER_ATTRIBUTE`).
+    """Switch ``model`` to this package's attention functions (without a prefix: the backend's exact outputs), mark
+    each attention module with the prefix layers it reads, and find out how it takes a prefix.
 
     Raises:
-        UnsupportedArchitectureError: the attention does not go through the attention interface, or drops the
-            model's keyword arguments, or the prefix does not change the output; flash or flex attention (load the
-            backbone with ``attn_implementation="sdpa"``).
+        UnsupportedArchitectureError: the attention bypasses the interface or drops the model's keyword arguments,
+            the prefix does not change the output, or flash or flex attention.
     """
     config = model.config
     model_type = getattr(config, "model_type", type(model).__name__)
     backend = wrapped_backend(getattr(config, "_attn_implementation", None))
     if backend is None:
-        raise UnsupportedArchitectureError(
-            f"Deep prompts wrap the 'sdpa' or 'eager' attention; this {model_type} backbone uses "
-            f"{config._attn_implementation!r}: load it with model_kwargs={{'attn_implementation': 'sdpa'}}."
-        )
+        raise UnsupportedArchitectureError(f"Deep prompts wrap the 'sdpa' or 'eager' attention; this {model_type} "
+                                           f"backbone uses {config._attn_implementation!r}: load it with "
+                                           "model_kwargs={'attn_implementation': 'sdpa'}.")
     register_attention_functions()
     try:
         model.set_attn_implementation(BACKENDS[backend])
@@ -138,26 +124,20 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
             delattr(module, LAYER_ATTRIBUTE)
 
     recorder = _Recorder()
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad(), observe_attention_calls() as calls:
-            plain = model(**_probe_inputs(model), **{PREFIX_KWARG: recorder}).last_hidden_state
+        with observe_attention_calls() as calls:
+            plain = _probe(model, recorder)
     except TypeError as exc:  # a forward without **kwargs
         raise UnsupportedArchitectureError(f"The {model_type} backbone takes no extra arguments to its attention "
                                            f"({first_line(exc)}). {_supported()}") from exc
-    finally:
-        model.train(was_training)
     if not recorder.calls:
-        raise UnsupportedArchitectureError(
-            f"The {model_type} backbone computes attention itself, not through transformers' attention interface: "
-            f"deep prompts cannot reach it. {_supported()}"
-        )
+        raise UnsupportedArchitectureError(f"The {model_type} backbone computes attention itself, not through "
+                                           f"transformers' attention interface: deep prompts cannot reach it. "
+                                           f"{_supported()}")
     if len(calls) != len(recorder.calls):
-        raise UnsupportedArchitectureError(
-            f"The {model_type} backbone does not pass its arguments down to every attention layer "
-            f"({len(recorder.calls)} of {len(calls)} calls): deep prompts cannot reach them all. {_supported()}"
-        )
+        raise UnsupportedArchitectureError(f"The {model_type} backbone does not pass its arguments down to every "
+                                           f"attention layer ({len(recorder.calls)} of {len(calls)} calls): deep "
+                                           f"prompts cannot reach them all. {_supported()}")
     shapes = {(heads, size) for _, heads, size, _ in recorder.calls}
     if len(shapes) != 1:
         raise UnsupportedArchitectureError(f"The {model_type} backbone's layers differ in heads or head size "
@@ -170,10 +150,7 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
         setattr(module, LAYER_ATTRIBUTE, tuple(layers))
     embeddings = getattr(model, "embeddings", None)
     plan = BackbonePlan(
-        backend=backend,
-        layers=len(recorder.calls),
-        kv_heads=kv_heads,
-        head_dim=head_dim,
+        backend=backend, layers=len(recorder.calls), kv_heads=kv_heads, head_dim=head_dim,
         shared=any(len(layers) > 1 for layers in applications.values()),
         causal=any(call[3] for call in recorder.calls),
         absolute_positions=isinstance(getattr(embeddings, "position_embeddings", None), torch.nn.Embedding),
@@ -191,22 +168,14 @@ def _check_prefix_takes_effect(model, plan: BackbonePlan, plain: torch.Tensor, m
     device = plain.device
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randn(2 * plan.layers, 1, plan.kv_heads, 1, plan.head_dim, generator=generator).to(device)
-    injection = PrefixInjection(PrefixDraw(prefix, 1), None)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            prompted = model(**_probe_inputs(model), **{PREFIX_KWARG: injection}).last_hidden_state
-    finally:
-        model.train(was_training)
+    prompted = _probe(model, PrefixInjection(PrefixDraw(prefix, 1), None))
     if torch.allclose(plain.float(), prompted.float()):
         raise UnsupportedArchitectureError(f"The {model_type} backbone ignores the deep prompts (its output does not "
                                            f"change). {_supported()}")
 
 
 def check_injection(injection: str) -> str:
-    """The injection to use: ``"attention"``. ``"cache"`` (removed) becomes ``"attention"`` with a warning, so a
-    folder saved with it still loads (the same outputs); anything else is refused."""
+    """The injection to use: ``"attention"`` (``"cache"``, removed, becomes it with a warning); else refused."""
     if injection == "cache":
         logger.warning("prefix_injection='cache' was removed (measured neither faster nor lighter than the attention "
                        "path, which gives the same outputs): using 'attention'.")
@@ -222,8 +191,7 @@ DEFAULT_PREFIX_DROPOUT = 0.1
 
 
 def backbone_dropout(config) -> float:
-    """The backbone's hidden dropout probability, DCPCSE's default prefix dropout: ``hidden_dropout_prob`` (BERT
-    family), ``dropout`` (DistilBERT), else :data:`DEFAULT_PREFIX_DROPOUT`."""
+    """The backbone's hidden dropout (``hidden_dropout_prob``, ``dropout``), else :data:`DEFAULT_PREFIX_DROPOUT`."""
     for name in ("hidden_dropout_prob", "dropout"):
         value = getattr(config, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,15 +1,6 @@
-"""Chat templates of loaded models: not rendered for encoders, rendered with a time and size bound for decoders.
-
-sentence-transformers 6 gives every ``Transformer`` whose tokenizer (or processor) has a ``chat_template`` a
-``"message"`` modality, and then renders every text input through that template (``base/modules/transformer.py``:
-"Always convert to the message format if it's supported"). The template is Jinja code from the model folder: a
-hostile one can loop for hours (nested ``range`` loops), build a string of gigabytes (``'a' * 6000000000``) or raise
-at every call. An encoder (BERT, RoBERTa, MiniLM, ...) needs no chat template to embed text, so
-:func:`guard_chat_templates` drops it: its texts are tokenized as plain text, as the model was trained. A decoder
-may rely on one (instruction-tuned embedders), so its renders run under :data:`RENDER_SECONDS` (a timer in the main
-thread) and a rendered text longer than :data:`RENDER_CHARS` is refused; any failure of the template is one
-:class:`~st_prompts.errors.ConfigurationError`. The time bound cannot interrupt a single huge allocation inside
-the template engine: for a folder you do not trust, prefer an encoder, or remove its ``chat_template``.
+"""Chat templates of loaded models (Jinja code from the model folder, which sentence-transformers 6 renders every text
+through): :func:`guard_chat_templates` drops an encoder's, and bounds a decoder's renders in time
+(:data:`RENDER_SECONDS`, main thread only) and size (:data:`RENDER_CHARS`), any failure being one ConfigurationError.
 """
 
 from __future__ import annotations
@@ -41,8 +32,7 @@ def _is_decoder(module: Any) -> bool:
 
 
 def guard_chat_templates(model: Any) -> Any:
-    """Make the chat templates of ``model`` (a ``SentenceTransformer`` or one module) safe to use on untrusted
-    folders (see the module docstring) and return ``model``."""
+    """Make the chat templates of ``model`` (a model or one module) safe on untrusted folders; returns ``model``."""
     modules = list(model) if hasattr(model, "__iter__") else [model]
     for module in modules:
         config = getattr(module, "modality_config", None)
@@ -94,8 +84,7 @@ class _RenderTimeout(BaseException):  # not caught by the template engine's own 
 
 @contextmanager
 def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`ConfigurationError` after ``seconds`` (a timer signal; only in the main thread, elsewhere the
-    render runs unbounded in time)."""
+    """Raise :class:`ConfigurationError` after ``seconds`` (a timer signal: in the main thread only)."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return

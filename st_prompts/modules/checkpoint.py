@@ -23,12 +23,15 @@ PROMPTS_FILE = "soft_prompts.safetensors"
 
 
 def backbone_fingerprint(model: torch.nn.Module) -> str:
-    """A SHA-256 over the names, dtypes, shapes and bytes of every tensor in ``model.state_dict()``.
+    """A SHA-256 over the names, dtypes, shapes and bytes of every tensor in ``model.state_dict()``: prompts-only
+    checkpoints check with it that the prompts are put back on exactly the weights they were trained on."""
+    return tensors_fingerprint(model.state_dict())
 
-    Used by prompts-only checkpoints to make sure the prompts are put back on exactly the weights they were trained on.
-    """
+
+def tensors_fingerprint(state: dict[str, torch.Tensor]) -> str:
+    """:func:`backbone_fingerprint` of a state dict (e.g. read from a safetensors file)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
@@ -75,8 +78,7 @@ def is_local_reference(reference: str) -> bool:
 
 
 def resolve_quietly(name_or_path: str) -> str:
-    """Resolve a packaged-model alias if the package is there; otherwise keep the name (used for references only: no
-    hub access)."""
+    """Resolve a packaged-model alias if its package is there, else keep the name (no hub access)."""
     try:
         return utils.resolve_alias(name_or_path)
     except DataNotFoundError:
@@ -90,13 +92,8 @@ def write_prompts(state: dict[str, torch.Tensor], folder: str) -> None:
 
 
 def read_prompts(path: str | None, source: str, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The prompts stored at ``path`` (``None``: the checkpoint has none), checked against the expected shapes.
-
-    Raises:
-        DataNotFoundError: no prompts file.
-        DataFormatError: a damaged file.
-        ConfigurationError: prompts of another shape than the module's configuration.
-    """
+    """The prompts stored at ``path`` (``None``: the checkpoint has none), checked against the expected shapes:
+    DataNotFoundError without a file, DataFormatError for a damaged one, ConfigurationError for other shapes."""
     if path is None:
         raise DataNotFoundError(f"{source!r} has no {PROMPTS_FILE}: it is not a saved PromptedTransformer.")
     try:
@@ -114,22 +111,16 @@ def check_fingerprint(expected: str | None, backbone: torch.nn.Module, checkpoin
     """Refuse a backbone whose weights are not those the prompts of ``checkpoint`` were trained on."""
     actual = backbone_fingerprint(backbone)
     if expected != actual:
-        raise BackboneMismatchError(
-            f"The prompts in {checkpoint!r} were trained on a backbone with fingerprint {expected}, but the backbone "
-            f"loaded from {source!r} has fingerprint {actual}: its weights differ. Load the original backbone "
-            f"(model_kwargs={{'backbone_name_or_path': ...}}) or use a full checkpoint."
-        )
+        raise BackboneMismatchError(f"The prompts in {checkpoint!r} were trained on a backbone with fingerprint "
+                                    f"{expected}, but the backbone loaded from {source!r} has fingerprint {actual}: "
+                                    "its weights differ. Load the original backbone (model_kwargs="
+                                    "{'backbone_name_or_path': ...}) or use a full checkpoint.")
 
 
 @contextmanager
 def dequantized_gguf(model: torch.nn.Module):
-    """Let transformers save a backbone loaded from a GGUF file whose weights it de-quantised on loading.
-
-    transformers marks such a model as quantized and refuses ``save_pretrained``, although without a GGUF kernel
-    (``kernels``) it holds plain float weights. Within this context the GGUF marker is lifted when every weight is a
-    plain floating-point tensor, so the folder gets an ordinary safetensors checkpoint that loads without the GGUF
-    file; weights still in GGUF blocks keep transformers' refusal.
-    """
+    """Let transformers save a backbone it de-quantised from a GGUF file (it marks it quantized and refuses to save
+    it): within this context the marker is lifted when every weight is a plain floating-point tensor."""
     quantizer = getattr(model, "hf_quantizer", None)
     config = model.config
     plain = type(quantizer).__name__ == "GgufHfQuantizer" and all(
@@ -155,34 +146,23 @@ def check_backbone_at(source: str, backbone: torch.nn.Module) -> None:
     try:
         reference = load_backbone(source)
     except (OSError, DataNotFoundError) as exc:
-        raise BackboneMismatchError(
-            f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint referring to it could "
-            "not be loaded either. Save the full model with model.save(path)."
-        ) from exc
+        raise BackboneMismatchError(f"Cannot check the backbone against {source!r} ({exc}): a prompts-only checkpoint "
+                                    "referring to it could not be loaded either. Save the full model with "
+                                    "model.save(path).") from exc
     if backbone_fingerprint(reference) != backbone_fingerprint(backbone):
-        raise BackboneMismatchError(
-            f"The backbone's weights differ from those at {source!r} (it was trained, e.g. by DiffAug's stage 2, or "
-            "loaded from elsewhere): a prompts-only checkpoint would refer to weights it was not trained with and "
-            "could not be loaded. Save the full model with model.save(path)."
-        )
+        raise BackboneMismatchError(f"The backbone's weights differ from those at {source!r} (it was trained, e.g. by "
+                                    "DiffAug's stage 2, or loaded from elsewhere): a prompts-only checkpoint would "
+                                    "refer to weights it was not trained with and could not be loaded. Save the full "
+                                    "model with model.save(path).")
 
 
 def save_prompts_only(model, path: str, *, keep_projection: bool = False) -> None:
     """Save a SentenceTransformer whose first module is a :class:`PromptedTransformer` without the backbone weights.
 
-    The folder holds the soft prompts, the other (small) modules, and a reference to the backbone (name or path and a
-    fingerprint of its weights): kilobytes per task instead of the whole backbone. Load it as usual with
-    ``SentenceTransformer(path, trust_remote_code=True)``; loading fails clearly if the referenced backbone's weights
-    differ from the ones the prompts were trained with.
-
-    A model whose backbone was trained (e.g. DiffAug's stage 2) cannot be saved this way: the checkpoint would name the
-    original backbone, whose weights differ, and would never load. This is refused with
-    :class:`~st_prompts.errors.BackboneMismatchError` before anything is written (see
-    :meth:`PromptedTransformer.check_backbone_unchanged`); save such a model with ``model.save(path)``.
-
-    A reparameterised prefix (``prefix_projection=True``) is stored as the prefix its MLP computes, exactly, and
-    reloads as a plain prefix (a 16-position MiniLM prefix: 295 KB instead of 10 MB); ``keep_projection=True`` keeps
-    the embedding table and the MLP instead (for a checkpoint that training resumes from, e.g. DiffAug's stage 1).
+    The folder holds the soft prompts, the other (small) modules and a reference to the backbone (name or path and a
+    fingerprint of its weights); loading fails clearly if the referenced weights differ. A model whose backbone was
+    trained is refused with :class:`~st_prompts.errors.BackboneMismatchError` before anything is written.
+    A reparameterised prefix is stored as the prefix it computes, unless ``keep_projection=True`` (to resume training).
     """
     encoders = [m for m in model.modules() if hasattr(m, "prompts_only") and hasattr(m, "check_backbone_unchanged")]
     if len(encoders) != 1:

@@ -18,10 +18,8 @@ def validate_prompt_options(prefix_length, template, template_mode, cls_prompt, 
                                "prefix_hidden_size": prefix_hidden_size, "prefix_dropout": prefix_dropout,
                                "init_std": prefix_init_std}, "PromptedTransformer")
     if prefix_length is None and template is None and not cls_prompt and not bank:
-        raise ConfigurationError(
-            "Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, prompt_sets (a bank), or a "
-            "combination."
-        )
+        raise ConfigurationError("Give prefix_length (deep prompts), template (soft or hard), cls_prompt=True, "
+                                 "prompt_sets (a bank), or a combination.")
     if template is not None and not isinstance(template, str):
         raise ConfigurationError(f"template must be a string with [X] and [MASK], got {type(template).__name__}.")
     if template_mode not in TEMPLATE_MODES:
@@ -40,15 +38,13 @@ def cls_token_id(tokenizer) -> int:
 def check_room_for_text(max_positions: int, position_offset: int, special: int, template: int,
                         prefix_length: int | None) -> None:
     """Refuse prompts that leave fewer than :data:`MIN_TEXT_TOKENS` positions for text."""
-    positions = max_positions
-    prefix = prefix_length or 0
-    used = position_offset + special + template
-    if positions - used - prefix < MIN_TEXT_TOKENS:
-        largest = positions - used - MIN_TEXT_TOKENS
+    left = max_positions - position_offset - special - template  # for the prefix and the text
+    text = left - (prefix_length or 0)
+    if text < MIN_TEXT_TOKENS:
+        largest = left - MIN_TEXT_TOKENS
         hint = f"use prefix_length <= {largest}" if largest >= 1 else "use a shorter template or a longer backbone"
-        raise ConfigurationError(
-            f"prefix_length={prefix_length} leaves {max(positions - used - prefix, 0)} positions for text: "
-            f"the backbone has {positions} position embeddings, of which {position_offset} are reserved "
-            f"(position offset), {special} go to special tokens and {template} to the template; at least "
-            f"{MIN_TEXT_TOKENS} are needed (MIN_TEXT_TOKENS): {hint}."
-        )
+        raise ConfigurationError(f"prefix_length={prefix_length} leaves {max(text, 0)} positions "
+                                 f"for text: the backbone has {max_positions} position embeddings, of which "
+                                 f"{position_offset} are reserved (position offset), {special} go to special tokens "
+                                 f"and {template} to the template; at least {MIN_TEXT_TOKENS} are needed "
+                                 f"(MIN_TEXT_TOKENS): {hint}.")

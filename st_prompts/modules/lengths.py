@@ -1,18 +1,8 @@
 """How many tokens a model reads: the training length, the length a saved model encodes, and full-length evaluation.
 
-Two settings, never one:
-
-* the **training length** (``max_seq_length`` of a method, 32 in the papers) truncates the sentences of the training
-  batches only;
-* the **encoding length** is what a trained, saved model encodes (``model.max_seq_length`` after training): the
-  backbone's own limit (:func:`backbone_encode_length`: the shipped sentence-transformers model's ``max_seq_length``,
-  else the tokenizer's limit, capped by the position table less the prefix), or what the user asks for
-  (``--max-encode-length``).
-
-Evaluation follows SentEval and the official PromCSE, SimCSE and DiffAug batchers, which tokenize without a maximum
-length: :func:`full_length` lifts a model's limit to what its backbone can take (:func:`encode_limit`) while an
-evaluator encodes, whatever length the model trains at, and :class:`FullLengthEvaluator` does it around any
-sentence-transformers evaluator (the trainer's model selection included).
+The **training length** truncates the training batches only; the **encoding length** is what a saved model encodes
+(the backbone's own limit, :func:`backbone_encode_length`, or ``--max-encode-length``). Evaluation tokenizes without
+a maximum length, as SentEval does: :func:`full_length` and :class:`FullLengthEvaluator`.
 """
 
 from __future__ import annotations
@@ -26,6 +16,8 @@ from typing import Any
 
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
+from st_prompts.numbers import whole
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FullLengthEvaluator", "backbone_encode_length", "encode_limit", "full_length", "full_length_evaluator",
@@ -36,19 +28,15 @@ _NO_LIMIT = 1_000_000
 
 
 def shipped_max_seq_length(location: str | os.PathLike | None) -> int | None:
-    """``max_seq_length`` of the sentence-transformers model saved in the folder ``location`` (its
-    ``sentence_bert_config.json``), or ``None`` (not a folder, no such file, no valid value). Reads JSON only."""
+    """``max_seq_length`` of the sentence-transformers model saved in the folder ``location``, or ``None``."""
     if not location:
         return None
-    path = os.path.join(str(location), "sentence_bert_config.json")
-    if not os.path.isfile(path):
-        return None
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(os.path.join(str(location), "sentence_bert_config.json"), encoding="utf-8") as handle:
             value = json.load(handle).get("max_seq_length")
     except (OSError, ValueError, AttributeError):
         return None
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return int(value) if whole(value, 1) else None
 
 
 def _input_module(model: Any) -> Any:
@@ -61,10 +49,8 @@ def _input_module(model: Any) -> Any:
 
 
 def position_capacity(module: Any) -> int | None:
-    """The most tokens ``module``'s backbone can take in one input: a
-    :class:`~st_prompts.PromptedTransformer`'s position table less its offset and its prefix (``max_position_limit``),
-    a sentence-transformers ``Transformer``'s ``max_position_embeddings`` less the RoBERTa offset; ``None`` when the
-    backbone has no position table (or is not a transformers model)."""
+    """The most tokens ``module``'s backbone can take in one input: its position table less the RoBERTa offset (and a
+    prefix's positions); ``None`` when the backbone has no position table."""
     module = _input_module(module)
     limit = getattr(module, "max_position_limit", None)
     if isinstance(limit, int):
@@ -82,10 +68,8 @@ def position_capacity(module: Any) -> int | None:
 
 
 def backbone_encode_length(module: Any, location: str | os.PathLike | None = None) -> int | None:
-    """What a model trained from ``module`` should encode after training: the ``max_seq_length`` of the
-    sentence-transformers model saved at ``location`` (e.g. 256 for all-MiniLM-L6-v2), else the module's recorded
-    backbone limit (:attr:`PromptedTransformer.backbone_max_length`), else its position capacity; never more than the
-    position capacity (:func:`position_capacity`). ``None`` when nothing is known."""
+    """What a model trained from ``module`` should encode: the ``max_seq_length`` of the model saved at ``location``,
+    else its ``backbone_max_length``, never more than its position capacity (``None``: nothing is known)."""
     module = _input_module(module)
     capacity = position_capacity(module)
     own = shipped_max_seq_length(location) or getattr(module, "backbone_max_length", None)
@@ -107,12 +91,8 @@ def encode_limit(model: Any) -> int | None:
 
 @contextmanager
 def full_length(model: Any, length: int | None = None) -> Iterator[int | None]:
-    """Encode without truncation below the model's limit inside the block (SentEval's protocol), then restore the
-    model's ``max_seq_length``.
-
-    ``length`` defaults to :func:`encode_limit`. Yields the length used (``None`` if the model has no length to set;
-    then nothing changes).
-    """
+    """Encode at ``length`` (default: :func:`encode_limit`) inside the block (SentEval's protocol), then restore the
+    model's ``max_seq_length``. Yields the length used (``None``: the model has no length to set)."""
     module = _input_module(model)
     limit = length if length is not None else encode_limit(module)
     previous = getattr(module, "max_seq_length", None)
@@ -127,18 +107,16 @@ def full_length(model: Any, length: int | None = None) -> Iterator[int | None]:
 
 
 class FullLengthEvaluator(BaseEvaluator):
-    """Wrap any sentence-transformers evaluator so that it encodes at full length (:func:`full_length`), e.g. the
-    STS-B dev evaluator that selects a model while it trains at 32 tokens. Every other attribute is the wrapped
-    evaluator's (``primary_metric``, ``greater_is_better``, ``name``, ...); :attr:`max_length` is the length the last
-    call encoded at.
+    """Wrap any sentence-transformers evaluator so that it encodes at full length (:func:`full_length`). Every other
+    attribute is the wrapped evaluator's; :attr:`max_length` is the length the last call encoded at.
 
-    A subclass of sentence-transformers' ``BaseEvaluator`` (the trainer takes anything else for a list of
-    evaluators), whose own ``__init__`` is not run: its attributes would hide the wrapped evaluator's.
+    A ``BaseEvaluator`` (the trainer takes anything else for a list of evaluators) whose own ``__init__`` is not run:
+    its attributes would hide the wrapped evaluator's.
     """
 
     encodes_full_length = True
 
-    def __init__(self, evaluator: Any) -> None:  # super().__init__ is not called on purpose (see above)
+    def __init__(self, evaluator: Any) -> None:  # no super().__init__ (see above)
         self.__dict__["evaluator"] = evaluator
         self.__dict__["max_length"] = None
 
@@ -162,8 +140,7 @@ class FullLengthEvaluator(BaseEvaluator):
 
 
 def full_length_evaluator(evaluator: Any) -> Any:
-    """``evaluator`` wrapped in :class:`FullLengthEvaluator` (once: st_prompts' own evaluators and wrapped ones are
-    returned as they are); ``None`` stays ``None``."""
+    """``evaluator`` wrapped in :class:`FullLengthEvaluator`, once (``None`` stays ``None``)."""
     if evaluator is None or getattr(evaluator, "encodes_full_length", False):
         return evaluator
     return FullLengthEvaluator(evaluator)

@@ -1,10 +1,5 @@
-"""One line for a backbone that cannot be loaded (damaged weights, a malformed config, a missing file).
-
-transformers and safetensors fail on a damaged folder with whatever their code meets first (``SafetensorError``,
-``RuntimeError`` on a negative size, ``ValueError`` on an unknown model type, ``OSError``); :func:`backbone_errors`
-turns any of them into :class:`~st_prompts.errors.DataFormatError` naming the backbone and the first line of the
-cause. Errors st_prompts raises on purpose (a refusal of the trust check, a bad option) pass unchanged.
-"""
+"""One line for a backbone that cannot be loaded (damaged weights, a malformed config, a missing file): whatever the
+loaders raise becomes one :class:`~st_prompts.errors.DataFormatError`; st_prompts' own refusals pass unchanged."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ def describe(exc: BaseException) -> str:
 @contextmanager
 def backbone_errors(backbone: object, what: str = "the backbone") -> Iterator[None]:
     """Within this context, an unexpected exception while loading ``backbone`` becomes one
-    :class:`~st_prompts.errors.DataFormatError`: ``cannot load the backbone 'X': it is damaged or incomplete
-    (Type: message)``."""
+    :class:`~st_prompts.errors.DataFormatError` (``cannot load the backbone 'X': ... (Type: message)``)."""
     try:
         yield
     except StPromptsError:

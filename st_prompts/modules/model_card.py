@@ -1,12 +1,6 @@
-"""The model card an st_prompts model carries: sentence-transformers' own card, plus what a person who downloads the
-model needs first — that it needs st_prompts (and how to load it without granting ``trust_remote_code`` to anything
-else), which method and paper it is, its frozen backbone, the share of parameters trained and its STS-B dev reading.
-
-:class:`PromptsModelCardData` extends ``SentenceTransformerModelCardData``: it renders sentence-transformers' template
-(read from the installed sentence-transformers, so that the card follows its updates) with one section added near the
-top and the install line extended, and replaces the usage snippet (whose default ``SentenceTransformer("...")`` fails
-without st_prompts).
-"""
+"""The model card an st_prompts model carries: sentence-transformers' own card (its installed template) with a section
+saying that the model needs st_prompts and how to load it, its method, paper, frozen backbone, the share of
+parameters trained and its STS-B dev reading, and a usage snippet that works without ``trust_remote_code``."""
 
 from __future__ import annotations
 
@@ -22,7 +16,6 @@ from sentence_transformers.sentence_transformer.model_card import SentenceTransf
 from st_prompts.sizes import prompt_set_size
 from st_prompts.storage import write_file_atomic
 
-#: The papers of the registered methods (method name -> (title, link)), for the card.
 #: The hub id of the packaged MiniLM (what the ``minilm`` alias stands for).
 PACKAGED_MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: Real STS-B dev pairs shown as widget and usage examples (sentences 1 and 2 of the first scored pairs).
@@ -79,8 +72,7 @@ def _template() -> Path:
 
 
 def backbone_card_name(name_or_path: str) -> str:
-    """How a card names a backbone: the hub id of the packaged MiniLM for its alias, a hub id as it is, a local
-    folder by its name."""
+    """How a card names a backbone: the packaged MiniLM's hub id, a hub id, or a local folder's name."""
     from st_prompts.utils import PACKAGED_MINILM_ALIASES, packaged_minilm_alias
 
     if name_or_path in PACKAGED_MINILM_ALIASES or packaged_minilm_alias(name_or_path):
@@ -216,9 +208,8 @@ def _score(value: Any) -> str:
 
 
 def bank_section(encoder: Any, backbone: str, model_id: str) -> str:
-    """The card section of a prompt bank: its prompt sets (size, what each was trained on and its selection score
-    beside the backbone's, where :func:`st_prompts.bank.train_prompt_set` recorded them) and how to encode per call
-    and per row."""
+    """The card section of a prompt bank: its prompt sets (size, training record and selection score beside the
+    backbone's) and how to encode per call and per row."""
     names = encoder.prompt_set_names
     roles = {"default": encoder.default_task, "query": encoder.query_task, "document": encoder.document_task}
     lines = ["## A prompt bank (st_prompts)", "",

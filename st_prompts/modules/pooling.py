@@ -11,18 +11,9 @@ from st_prompts.errors import ConfigurationError
 
 
 class MaskTokenPooling(Module):
-    """Sentence embedding = last hidden state at the template's ``[MASK]`` position (PromptBERT / SCPCSE pooling).
-
-    Reads ``features["prompt_mask_index"]``, which :class:`~st_prompts.PromptedTransformer` writes when it has a
-    template (soft or hard; :meth:`~st_prompts.PromptedTransformer.template_only_features` writes it too).
-
-    When the encoder has ``template_denoising=True`` it also writes the template-only hidden states
-    (``features["template_token_embeddings"]``, ``features["template_mask_index"]``); the template-only ``[MASK]``
-    state is then subtracted (PromptBERT's template denoising): ``h = h_[MASK](sentence) - h_[MASK](template alone)``.
-
-    Args:
-        embedding_dimension: hidden size of the encoder (``encoder.get_embedding_dimension()``).
-    """
+    """Sentence embedding = last hidden state at the template's ``[MASK]`` position (PromptBERT / SCPCSE pooling),
+    read from ``features["prompt_mask_index"]``. With template denoising, the template-alone ``[MASK]`` state
+    (``features["template_token_embeddings"]``) is subtracted. ``embedding_dimension``: the encoder's hidden size."""
 
     config_keys = ["embedding_dimension"]
 
@@ -32,9 +23,8 @@ class MaskTokenPooling(Module):
 
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         if "prompt_mask_index" not in features:
-            raise ConfigurationError(
-                "MaskTokenPooling needs a PromptedTransformer with a template (it pools the [MASK] position)."
-            )
+            raise ConfigurationError("MaskTokenPooling needs a PromptedTransformer with a template (it pools the "
+                                     "[MASK] position).")
         tokens = features["token_embeddings"]
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         embedding = tokens[rows, features["prompt_mask_index"].to(tokens.device)]

@@ -1,17 +1,9 @@
 """The prompt sets a :class:`~st_prompts.PromptedTransformer` holds (:class:`PromptSets`), and which prefix each row of
-a pass uses.
-
-A prompt set is a deep prefix with its :class:`~st_prompts.prompts.spec.PromptSetSpec`. A model trained by a method
-holds one, its own (``prefix_encoder``, kept under the internal name :data:`OWN`); a bank holds any number of *named*
-sets on one copy of the backbone, each a few hundred kilobytes. Both are the same thing here: a model with one prefix
-is a bank of one set whose default is that set. A task name chooses a set per call (``encode(task=...)``) or per row
-(:func:`~st_prompts.modules.rows.encode_rows`): the rows' sets are stacked (padded with masked positions to the
-longest) and each layer gathers its row's prefix, so one forward pass serves any mix of tasks.
-"""
+a pass uses: a model's own prefix (the set :data:`OWN`) and a bank's named sets are the same thing here. Rows of
+several sets share a pass: the sets are stacked (padded with masked positions) and each layer gathers its row's."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -22,7 +14,7 @@ from safetensors.torch import load_file
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.modules import set_checks
-from st_prompts.modules.checkpoint import PROMPTS_FILE
+from st_prompts.modules.checkpoint import PROMPTS_FILE, tensors_fingerprint
 from st_prompts.prompts.injection import PrefixInjection
 from st_prompts.prompts.names import BACKBONE_TASK, check_set_name, is_internal_name
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
@@ -39,10 +31,8 @@ RECORD_FIELDS = {"rows": "count", "steps": "count", "best_step": "count", "loss"
 
 
 def clean_record(record: Any) -> dict[str, Any]:
-    """The known fields of a prompt set's record with values of their kind: counts are non-negative integers, scores
-    finite numbers, texts one line of at most 200 characters. Anything else is dropped: a record is read from a
-    model folder and ends up in its model card, so a malformed or hostile one must neither fail a save nor reshape
-    the card."""
+    """The known fields of a prompt set's record with values of their kind (counts non-negative integers, scores finite
+    numbers, texts one line of at most 200 characters); anything else is dropped, as it would end up in a model card."""
     import math
 
     clean: dict[str, Any] = {}
@@ -65,9 +55,7 @@ def clean_record(record: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PromptSetData:
-    """A prompt set read as data (from a folder, or handed from one server worker to another): its spec, its
-    prefix's tensors (keys of a :class:`~st_prompts.prompts.PrefixEncoder` state dict) and the fingerprint of the
-    backbone it was trained on (``None``: unknown)."""
+    """A prompt set read as data: its spec, its prefix's state dict, its backbone's fingerprint (``None``: unknown)."""
 
     spec: PromptSetSpec
     state: dict[str, torch.Tensor]
@@ -98,10 +86,8 @@ class PromptSelection:
 
 
 class RowTaskEncode:
-    """``model.encode`` of a model with prompt sets: ``task`` may be one name per input, which goes to
-    :func:`~st_prompts.modules.rows.encode_rows` (the server's path too); one task per call (or none) is
-    sentence-transformers' own ``encode``. Installed on the model by :meth:`~st_prompts.PromptedTransformer.on_model_ready`; pickles
-    with the model."""
+    """``model.encode`` of a model with prompt sets: one task per input goes to
+    :func:`~st_prompts.modules.rows.encode_rows`; one per call (or none) is sentence-transformers' own ``encode``."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -126,17 +112,9 @@ class RowTaskEncode:
 
 
 class PromptSets(torch.nn.Module):
-    """The prompt sets of one backbone: their prefixes (:attr:`prefixes`, a ``ModuleDict``), specs and records, the
-    roles (the default set, the query and document sets) and the choice of each row's prefix (:meth:`select`).
-    Its parameters are the prefixes' (``prefixes.NAME.*``).
-
-    The owner (:class:`~st_prompts.PromptedTransformer`) builds each prefix for its backbone and checks that it fits;
-    everything about sets as a collection is here. A model's own prefix is the set :data:`OWN`: without a task the
-    rows use the default set if there is one, else the own prefix, else none (the plain backbone).
-
-    Args:
-        is_bank: whether the owner is a bank (it saves its named sets' dict even when empty, and loads as a bank).
-    """
+    """The prompt sets of one backbone: their prefixes (a ``ModuleDict``), specs and records, the roles (default, query
+    and document sets) and the choice of each row's prefix (:meth:`select`). The owner builds each prefix for its
+    backbone. ``is_bank``: the owner saves its named sets' dict even when empty, and loads as a bank."""
 
     def __init__(self, is_bank: bool = False) -> None:
         super().__init__()
@@ -150,7 +128,6 @@ class PromptSets(torch.nn.Module):
         self.document: str | None = None
         self._stack_cache: tuple[Any, PrefixDraw, dict[int, int]] | None = None
 
-    # ------------------------------------------------------------------ the collection
     @property
     def own(self) -> PrefixEncoder | None:
         """The owner's own prefix (``None`` without one)."""
@@ -166,8 +143,7 @@ class PromptSets(torch.nn.Module):
         return {name: encoder for name, encoder in self.prefixes.items() if name != OWN}
 
     def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec, internal: bool = False) -> PrefixEncoder:
-        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (:data:`OWN`: the owner's own prefix;
-        ``internal``: a server's ``name@N`` may be given)."""
+        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (``internal``: a server's ``name@N``)."""
         if name != OWN:
             self.check_new_name(name, internal)
         self.prefixes[name] = encoder
@@ -175,10 +151,14 @@ class PromptSets(torch.nn.Module):
         self._stack_cache = None
         return encoder
 
-    def remove(self, name: str) -> None:
-        """Drop the set ``name`` (and any role it had)."""
+    def _check_named(self, name: str) -> str:
         if name not in self.prefixes or name == OWN:
             raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
+        return name
+
+    def remove(self, name: str) -> None:
+        """Drop the set ``name`` (and any role it had)."""
+        self._check_named(name)
         del self.prefixes[name], self.specs[name]
         self.info.pop(name, None)
         for role in ("default", "query", "document"):
@@ -188,15 +168,11 @@ class PromptSets(torch.nn.Module):
 
     def spec(self, name: str) -> PromptSetSpec:
         """The spec of the set ``name``."""
-        if name not in self.specs or name == OWN:
-            raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
-        return self.specs[name]
+        return self.specs[self._check_named(name)]
 
     def record(self, name: str, **record: Any) -> None:
         """Record what the set ``name`` was trained on and how it scored (see :data:`RECORD_FIELDS`)."""
-        if name not in self.prefixes or name == OWN:
-            raise ConfigurationError(f"No prompt set {name!r} ({self.known()}).")
-        self.info[name] = clean_record(record)
+        self.info[self._check_named(name)] = clean_record(record)
 
     def set_roles(self, default: str | None, query: str | None, document: str | None) -> None:
         """Set the default, query and document sets, each a named set (or ``"backbone"`` / ``None``)."""
@@ -225,16 +201,13 @@ class PromptSets(torch.nn.Module):
         """The non-empty records of the named sets."""
         return {name: record for name, record in self.info.items() if name in self.prefixes and record}
 
-    # ------------------------------------------------------------------ the stored form
     @staticmethod
     def file_prefix(name: str) -> str:
-        """The key prefix of a set's tensors in ``soft_prompts.safetensors`` (the format of every saved folder:
-        ``prefix_encoder.`` for the own prefix, ``prompt_sets.NAME.`` for a named set)."""
+        """The key prefix of a set's tensors in ``soft_prompts.safetensors``."""
         return "prefix_encoder." if name == OWN else f"prompt_sets.{name}."
 
     def stored_state(self, keep_projection: bool = False) -> dict[str, torch.Tensor]:
-        """Every set's tensors under their file keys: a reparameterised prefix as the prefix it computes, exactly
-        (:meth:`~st_prompts.prompts.PrefixEncoder.stored_state_dict`), unless ``keep_projection``."""
+        """Every set's tensors under their file keys (a reparameterised prefix as the prefix it computes)."""
         state = {}
         for name, encoder in self.prefixes.items():
             tensors = encoder.state_dict() if keep_projection else encoder.stored_state_dict()
@@ -252,12 +225,10 @@ class PromptSets(torch.nn.Module):
         """The sets whose prefix is reparameterised by an MLP (saved as the prefix it computes)."""
         return [name for name, encoder in self.prefixes.items() if encoder.projection]
 
-    # ------------------------------------------------------------------ choosing
     def resolve(self, task: str | None) -> PrefixEncoder | None:
         """The prefix a task name selects: a named set, the own prefix (no task and no default), or none
-        (``"backbone"``, or no task on a model without an own prefix or default). ``"query"``/``"document"`` (from
-        ``encode_query``/``encode_document``) select a set of that name, else the query/document set, else the
-        default."""
+        (``"backbone"``, or nothing to choose). ``"query"``/``"document"`` select a set of that name, else the
+        query/document set, else the default."""
         if task in (QUERY, DOCUMENT) and task not in self.prefixes:
             task = self.query if task == QUERY else self.document
         if task is None:
@@ -290,8 +261,7 @@ class PromptSets(torch.nn.Module):
         return PromptSelection(draw=draw, rows=rows, lengths=lengths, offsets=offsets)
 
     def _stacked(self, members: list[PrefixEncoder], device) -> tuple[PrefixDraw, dict[int, int]]:
-        """The keys/values of ``members`` stacked along the batch dimension, padded to the longest set (inference:
-        cached until a parameter changes)."""
+        """The keys/values of ``members`` stacked along the batch dimension, padded to the longest (cached)."""
         params = [p for m in members for p in m.parameters()]
         # parameters change in place (optimizer steps, load_state_dict): their version counters say so
         key = (tuple(id(m) for m in members), tuple(p._version for p in params), device)
@@ -334,9 +304,8 @@ class PromptSets(torch.nn.Module):
 
 
 def read_prompt_set(path: str) -> PromptSetData:
-    """The deep prefix saved in a model folder or
-    prompts-only checkpoint at ``path``: read from its JSON files and ``soft_prompts.safetensors`` only (no module is
-    imported, no code runs). A full model folder's fingerprint is that of its saved backbone weights.
+    """The deep prefix saved in a model folder or prompts-only checkpoint at ``path``, read from its JSON and
+    safetensors files only (no code runs). A full folder's fingerprint is that of its saved backbone weights.
 
     Raises:
         DataNotFoundError, DataFormatError, ConfigurationError: no such folder, damaged files, or no deep prefix.
@@ -350,22 +319,21 @@ def read_prompt_set(path: str) -> PromptSetData:
     sets = set_checks.config_prompt_sets(config, path)
     if not config.get("prefix_length") and len(sets) == 1:  # a bank of one set: that set
         (name, spec), = sets.items()
-        state = _load_prompts_file(folder, path)
-        prefix = f"prompt_sets.{name}."
-        return PromptSetData(spec, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)},
-                             _fingerprint(config, folder))
-    if not config.get("prefix_length"):
+    elif not config.get("prefix_length"):
         raise ConfigurationError(
             f"{path!r} has no deep prefix to add as a prompt set" + (
                 f": it is a bank of {len(sets)} sets ({', '.join(list(sets)[:5])}{', ...' if len(sets) > 5 else ''}); "
                 f"export the one you want first (st-prompts bank export {path} SET OUT, or "
                 "st_prompts.bank.export_prompt_set) and add OUT." if sets else "."))
-    if config.get("template") is not None or config.get("cls_prompt"):
+    elif config.get("template") is not None or config.get("cls_prompt"):
         raise ConfigurationError(f"Only a deep prefix can join a prompt bank; {path!r} also has a template or a [CLS] "
                                  "prompt.")
-    state = _load_prompts_file(folder, path)
-    state = {k[len("prefix_encoder."):]: v for k, v in state.items() if k.startswith("prefix_encoder.")}
-    spec = PromptSetSpec.from_config({k: config.get(k) for k in SAVED_FIELDS}, repr(path))  # before any allocation
+    else:
+        name, spec = OWN, None
+    prefix = PromptSets.file_prefix(name)
+    state = {k[len(prefix):]: v for k, v in _load_prompts_file(folder, path).items() if k.startswith(prefix)}
+    if spec is None:  # checked before any allocation
+        spec = PromptSetSpec.from_config({k: config.get(k) for k in SAVED_FIELDS}, repr(path))
     return PromptSetData(spec, state, _fingerprint(config, folder))
 
 
@@ -382,7 +350,7 @@ def _fingerprint(config: dict[str, Any], folder: str) -> str | None:
     fingerprint = config.get("backbone_fingerprint")
     weights = os.path.join(folder, "model.safetensors")
     if fingerprint is None and os.path.isfile(weights):
-        fingerprint = _file_fingerprint(weights)
+        fingerprint = tensors_fingerprint(load_file(weights))  # as backbone_fingerprint of the loaded model
     return fingerprint
 
 
@@ -400,13 +368,3 @@ def _prompted_module_folder(path: str) -> str:
         if isinstance(entry, dict) and str(entry.get("type", "")).endswith("PromptedTransformer"):
             return str(contained_path(path, entry["path"], modules)) if entry.get("path") else path
     raise ConfigurationError(f"{path!r} holds no PromptedTransformer: nothing to add as a prompt set.")
-
-
-def _file_fingerprint(path: str) -> str:
-    """:func:`backbone_fingerprint` of the weights saved in a safetensors file (same names, dtypes, bytes)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(load_file(path).items()):
-        tensor = tensor.contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return "sha256:" + digest.hexdigest()

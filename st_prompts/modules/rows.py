@@ -1,19 +1,13 @@
 """One path from text to vector when every row may have its own task (prompt set): :func:`encode_rows`.
 
-``model.encode(texts, task=[one name per text])`` and the server's forward passes both call it. It sorts the rows by
-length once, cuts them into batches, builds each batch's features with the task of every row beside them
-(``features["prompt_tasks"]``: the task never travels inside a string) and runs the model's modules on them, as
-sentence-transformers' own ``encode`` does for a call with one task. Rows are texts (tokenised here, batch by batch,
-by the model's own ``preprocess``: templates, prompts and truncation as ``encode`` does them) or token ids already
-made by the model's tokenizer (the server tokenises each request once, to count its tokens, and hands the ids on).
-
-Written here rather than taken from sentence-transformers: its ``encode`` chooses one route per call (``task="sts"``)
-and offers no per-row feature; passing the task inside each text (a ``str`` subclass, this package's earlier way)
-survived its sorting but was a second path beside the server's own batching.
+``model.encode(texts, task=[one name per text])`` and the server both call it: rows (texts, or token ids made by the
+model's tokenizer) are sorted by length and batched, each batch's features carrying every row's task
+(``features["prompt_tasks"]``), then run through the model's modules as sentence-transformers' ``encode`` does.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,6 +18,7 @@ from sentence_transformers.util import batch_to_device
 from tqdm.autonotebook import tqdm
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.numbers import whole
 from st_prompts.prompts.features import PROMPT_TASK, PROMPT_TASKS
 
 __all__ = ["encode_rows", "row_tasks"]
@@ -62,23 +57,18 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
         model: a ``SentenceTransformer`` (with prompt sets for tasks other than ``None``).
         rows: texts, or token ids made by the model's tokenizer (special tokens included, already truncated).
         tasks: one task per row (a set's name, ``"backbone"``, or ``None``: the model's default), or one for all.
-        batch_size, show_progress_bar, prompt, prompt_name, normalize_embeddings, truncate_dim, convert_to_tensor,
-        convert_to_numpy, device, precision: as ``model.encode`` (a prompt with texts only).
-        output_value: ``"sentence_embedding"`` only (token embeddings need one task per call: ``model.encode``).
-        prompt_length: token ids that already start with a prompt of this many tokens (the server prepends a role's
-            prompt before it tokenises): a pooling that leaves the prompt out (``include_prompt=False``) skips them.
-        prefetch: keep an accelerator busy (default: on any device but the CPU): the next batch is tokenised and
-            padded on a second thread while this one runs, its tensors are copied from pinned host memory without
-            blocking, and the vectors stay on the device until the last batch (one copy back instead of a wait per
-            batch). The vectors are the same either way; on a CPU the thread would only take cores from the pass.
+        output_value: ``"sentence_embedding"`` only; the other options are ``model.encode``'s.
+        prompt_length: token ids that already start with a prompt of this many tokens: a pooling that leaves the
+            prompt out (``include_prompt=False``) skips them.
+        prefetch: keep an accelerator busy (default: on any device but the CPU): the next batch is prepared on a
+            second thread and the vectors stay on the device until the end. The vectors are the same either way.
 
-    Returns:
-        ``(rows, dim)``, in the order of ``rows``: numpy, or a tensor with ``convert_to_tensor``.
+    Returns ``(rows, dim)`` in the order of ``rows``: numpy, or a tensor with ``convert_to_tensor``.
     """
     if output_value != "sentence_embedding":
         raise ConfigurationError(f"a task per row gives sentence embeddings only, not output_value={output_value!r}; "
                                  "encode one task per call for those.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not whole(batch_size, 1):
         raise ConfigurationError(f"batch_size must be a positive integer, got {batch_size!r}.")
     rows = list(rows)
     tasks = row_tasks(len(rows), tasks)
@@ -118,11 +108,10 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
             features = model.preprocess([rows[i] for i in batch], prompt=prompt)
         if prompt_length is not None:
             features["prompt_length"] = int(prompt_length)
-        if not per_batch and len(set(batch_tasks)) == 1:
-            if batch_tasks[0] is not None:
-                features[PROMPT_TASK] = batch_tasks[0]
-        elif not per_batch:
+        if not per_batch and len(set(batch_tasks)) > 1:
             features[PROMPT_TASKS] = batch_tasks
+        elif not per_batch and batch_tasks[0] is not None:
+            features[PROMPT_TASK] = batch_tasks[0]
         if pinned:
             features = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in features.items()}
         return features, routing
@@ -170,22 +159,14 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
 
 def _batches(order: np.ndarray, tasks: list[str | None], batch_size: int, per_batch: bool) -> list[np.ndarray]:
     """``order`` cut into batches of ``batch_size`` rows (``per_batch``: also wherever the task changes)."""
-    if not per_batch:
-        return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-    batches: list[np.ndarray] = []
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and end - start < batch_size and tasks[order[end]] == tasks[order[start]]:
-            end += 1
-        batches.append(order[start:end])
-        start = end
-    return batches
+    runs = [order]
+    if per_batch:  # the runs of one task (the order keeps each task's rows together)
+        runs = [np.asarray(list(run)) for _, run in itertools.groupby(order, key=lambda i: tasks[i])]
+    return [run[start:start + batch_size] for run in runs for start in range(0, len(run), batch_size)]
 
 
 def _prompt(model: Any, prompt: str | None, prompt_name: str | None) -> str | None:
-    """The prompt text of a call, as ``model.encode`` chooses it: ``prompt``, else the model's prompt called
-    ``prompt_name``, else its default prompt (if any)."""
+    """The prompt text of a call, as ``model.encode`` chooses it (``prompt``, ``prompt_name``, the default)."""
     if prompt is not None:
         return prompt
     prompts = getattr(model, "prompts", None) or {}

@@ -1,10 +1,6 @@
-"""Checks of prompt sets read from a bank's config or a checkpoint, made before anything is allocated.
-
-A bank's ``sentence_bert_config.json`` lists its sets (``prompt_sets``: name -> options); a set's options decide how
-much memory its prefix takes (``prefix_length`` positions x layers x heads x head size). Everything here refuses a
-malformed or out-of-range value with one :class:`~st_prompts.errors.ConfigurationError` (or
-:class:`~st_prompts.errors.DataFormatError` for stored weights) instead of a traceback or a huge allocation.
-"""
+"""Checks of prompt sets read from a bank's config or a checkpoint, made before anything is allocated: a malformed or
+out-of-range value is one :class:`~st_prompts.errors.ConfigurationError` (or ``DataFormatError`` for stored weights),
+never a traceback or a huge allocation."""
 
 from __future__ import annotations
 
@@ -33,17 +29,15 @@ def check_prompt_sets(raw: Any, where: str = "the bank's config") -> dict[str, P
 
 
 def config_prompt_sets(config: Any, path: str) -> dict[str, PromptSetSpec]:
-    """The checked ``prompt_sets`` of a prompted encoder's ``sentence_bert_config.json`` read from ``path`` (``{}``
-    when it has none)."""
+    """The checked ``prompt_sets`` of a prompted encoder's config read from ``path`` (``{}`` without any)."""
     if not isinstance(config, dict):
         raise ConfigurationError(f"The prompted encoder's configuration in {path!r} is not a JSON object.")
     return check_prompt_sets(config.get("prompt_sets"), repr(path)) or {}
 
 
 def check_prefix_fits(module: Any, prefix_length: int, gated: bool, template_tokens: int = 0) -> None:
-    """Refuse a prefix the backbone's position table cannot hold, before it is allocated: with learned absolute
-    positions an ungated prefix takes positions from the text (at least ``MIN_TEXT_TOKENS`` must stay for it);
-    otherwise (a gated prefix, rotary positions) it may not be longer than the position table itself."""
+    """Refuse, before it is allocated, a prefix that leaves too little room for text (an ungated prefix on learned
+    absolute positions) or is longer than the position table (a gated prefix, rotary positions)."""
     positions = min(module.max_positions, MAX_PREFIX_LENGTH)
     if module.backbone_plan.absolute_positions and not gated:
         check_room_for_text(module.max_positions, module._position_offset,
@@ -54,17 +48,15 @@ def check_prefix_fits(module: Any, prefix_length: int, gated: bool, template_tok
 
 
 def finite(tensor: Any) -> bool:
-    """Whether every value of the floating-point ``tensor`` is finite. Its sum first: NaN and infinity carry into it,
-    and one reduction reads the tensor without writing a mask (MiniLM's weights: 10 ms against 165 ms for
-    ``isfinite(t).all()`` on one thread, 2026-11-29); only a sum that overflowed is checked value by value."""
+    """Whether every value of the floating-point ``tensor`` is finite. Its sum first (NaN and infinity carry into it,
+    and it writes no mask: much faster); only a sum that overflowed is checked value by value."""
     import torch
 
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def check_finite_prompts(state: dict[str, Any], label: str) -> dict[str, Any]:
-    """``state``, unless its prompt weights hold NaN or infinite values (a set saved from a diverged run, or a damaged
-    file): then :class:`~st_prompts.errors.DataFormatError`."""
+    """``state``, unless its weights hold NaN or infinite values: then :class:`~st_prompts.errors.DataFormatError`."""
     import torch
 
     for key, tensor in state.items():

@@ -1,26 +1,7 @@
-"""Deep prompts through transformers' attention interface: the prefix keys/values go in front of every layer's keys and
-values inside the attention function, without a key/value cache.
-
-transformers 5 computes attention through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` in BERT, RoBERTa,
-ELECTRA, DistilBERT, ALBERT, ModernBERT, Llama, Qwen, Mistral, Gemma and more, and passes the model's extra keyword
-arguments down to that function. This module registers two attention functions, ``st_prompts_sdpa`` and
-``st_prompts_eager``, each wrapping the backend of the same name: called with a :class:`PrefixInjection` under the
-keyword :data:`PREFIX_KWARG`, they put the layer's prefix keys/values in front of the sequence's and the prefix
-columns in front of the attention mask; called without it, they are the backend itself. The text's own mask (padding,
-causality, a sliding window) is built by the model as always and kept, so the prefix is visible to every token in
-every layer, global or local, and a rotary model's prefix enters after the rotation (it has no position).
-
-**Gated prefixes** (zero-initialised attention, LLaMA-Adapter, Zhang et al. 2023): a prefix with a gate is not put in
-the text's softmax. The text attends to itself exactly as the backbone does (the wrapped backend, unchanged), and the
-prefix adds ``tanh(g) · softmax(q · K_p / sqrt(d)) · V_p``, its scores softmaxed on their own, with one gate ``g``
-per layer and key/value head (LLaMA-Adapter's released code gates each head with ``tanh``; PEFT's adaption prompt uses
-one ungated-scalar per layer). At ``g = 0`` a gated prefix leaves every layer's output as the backbone's, and it takes
-no positions, so an untrained set is the backbone. Rows of gated and ungated sets mix in one pass: the ungated rows'
-prefix joins their softmax, the gated rows' is masked out of it and added through the gate.
-
-Why not a cache (what PEFT's prefix tuning and this package's first implementation use): DistilBERT and ModernBERT
-take none, ALBERT takes one and ignores it, and transformers 5.24 renamed the argument. Why not PEFT: it has no
-per-row views of a prefix (DiffAug) and wraps the backbone, which sentence-transformers must keep as a plain model.
+"""Deep prompts through transformers' attention interface: ``st_prompts_sdpa`` and ``st_prompts_eager`` wrap the
+backends of the same name; given a :class:`PrefixInjection` under :data:`PREFIX_KWARG` they put the layer's prefix in
+front of its keys, values and mask (no key/value cache: DistilBERT and ModernBERT take none). A **gated** prefix
+(LLaMA-Adapter) adds ``tanh(g) · softmax(q · K_p / sqrt(d)) · V_p`` instead, so at ``g = 0`` a layer is the backbone's.
 """
 
 from __future__ import annotations
@@ -52,16 +33,12 @@ BACKENDS = {"sdpa": "st_prompts_sdpa", "eager": "st_prompts_eager"}
 
 def wrapped_backend(name: str | None) -> str | None:
     """The backend (``"sdpa"``/``"eager"``) behind an attention implementation name, ours or transformers'."""
-    for backend, ours in BACKENDS.items():
-        if name in (backend, ours):
-            return backend
-    return None
+    return next((backend for backend, ours in BACKENDS.items() if name in (backend, ours)), None)
 
 
 @functools.cache
 def _eager_function(module_class: type):
-    """The model's own eager attention (each modelling file defines ``eager_attention_forward``: scaling, soft-capping
-    and grouped heads differ between architectures)."""
+    """The model's own eager attention (``eager_attention_forward`` of its modelling file)."""
     function = getattr(sys.modules.get(module_class.__module__), "eager_attention_forward", None)
     if function is None:
         raise UnsupportedArchitectureError(f"{module_class.__name__} has no eager attention function to wrap; load "
@@ -74,8 +51,7 @@ _observer = threading.local()
 
 @contextmanager
 def observe_attention_calls() -> Iterator[list[bool]]:
-    """Within this context (in this thread), every call of the attention functions appends whether it carried a
-    :class:`PrefixInjection` to the list yielded: how a backbone is checked to pass it to every layer."""
+    """Within this context (this thread), each attention call appends whether it carried a prefix to the list."""
     calls: list[bool] = []
     _observer.calls = calls
     try:
@@ -179,9 +155,7 @@ class PrefixInjection:
         return keys, values, mask
 
     def gated_attention(self, function, module, query, key, value, attention_mask, backend: str, kwargs: dict):
-        """The attention of a pass with a gated prefix: the text's own attention (with the ungated rows' prefix in
-        their softmax, when sets of both kinds share the pass), plus each gated row's ``tanh(g) · softmax(q K_p) V_p``
-        (see the module docstring)."""
+        """The text's own attention (the ungated rows' prefix in their softmax), plus each gated row's gated term."""
         layer = self.layer(module)
         if not self.all_gated:
             key, value, attention_mask = self.inject(module, query, key, value, attention_mask, backend, kwargs, layer)

@@ -1,11 +1,7 @@
 """The one grammar of a prompt set's name, checked wherever a name enters (no torch).
 
-A set's name is typed on command lines, sent to the server's admin endpoint, written into a bank's config, shown in
-start-up lines, logs, ``/metrics`` labels and file names. So it is plain: 1 to :data:`MAX_SET_NAME_LENGTH` ASCII
-letters, digits, ``_`` and ``-``, starting with a letter or a digit (``sts``, ``nli-v2``, ``query_2025``). That keeps
-out what broke a line or a label before (a newline, ESC, ``@``: the server's internal ``name@2``, ``/``, ``.``,
-surrounding spaces, 5,000 characters, letters that look like ASCII ones but are not). :data:`BACKBONE_TASK`
-(``"backbone"``) is reserved: it selects the plain backbone.
+Names end up on command lines, in configs, logs, ``/metrics`` labels and file names, so they are plain ASCII (see
+:data:`SET_NAME_RULE`); :data:`BACKBONE_TASK` is reserved for the plain backbone.
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ def set_name_problem(name: Any) -> str | None:
 
 
 def internal_name(name: str, generation: int) -> str:
-    """``name@generation``: the internal name under which a server holds a set added again while the old one of
-    that name still answers requests in flight. Outside the grammar, so no user's set can take it; only code that
-    asks for it (``add_prompt_set(..., internal=True)``) adds one."""
+    """``name@generation``: a server's internal name for a set added again while the old one still answers requests
+    in flight; outside the grammar, so only code that asks for it (``internal=True``) adds one."""
     return f"{check_set_name(name)}@{int(generation)}"
 
 

@@ -1,20 +1,7 @@
 """Row-exact attention: each row's attention computed over its own positions only, so that a row's output does not
-depend on the other rows of its batch (their lengths, their prompt sets), to the last bit.
-
-Why: an int8 model quantizes every linear layer's input per token (:mod:`st_prompts.quantization`), so a difference
-of 1e-7 in an attention output (what padding does to fp32 attention: the masked keys change how the kernel blocks its
-sums) can flip a rounding of the next layer's 7-bit input, and the row's embedding moves by up to 1e-2. Everything
-else in an encoder layer (the int8 linear layers with their integer sums, layer norms, activations) already computes
-each row on its own. A quantized encoder therefore marks its attention modules (:data:`ROW_EXACT_ATTRIBUTE`), and the
-attention functions of :mod:`st_prompts.prompts.injection` then run each group of rows with the same positions
-(the same real tokens, the same visible prefix positions, the same mask among them) as one call on those positions
-alone, the same call a row alone gets: without a mask where every token sees every other, with the rows' own block of
-the model's mask where not (ModernBERT's sliding-window layers). The linear layers still run on the whole padded
-batch (the reason this exists: grouping whole forward passes by length multiplies the matrix products and costs a
-third of int8's speed).
-
-Only bidirectional self-attention is handled (an encoder); anything else (a causal decoder, a prefix passed as a
-cache) returns ``None`` and is computed as usual.
+depend on the other rows of its batch, to the last bit. An int8 model quantizes each linear layer's input per token,
+so the 1e-7 that padding changes in fp32 attention can move a row's embedding by 1e-2: a quantized encoder marks its
+attention modules (:data:`ROW_EXACT_ATTRIBUTE`). Only bidirectional self-attention is handled, else ``None``.
 """
 
 from __future__ import annotations
@@ -58,8 +45,7 @@ class _Group:
 
 
 def _allowed(mask: torch.Tensor | None, batch: int, keys: int, device) -> torch.Tensor | None:
-    """``(batch, queries, keys)``: which text positions each query attends (True), or ``None`` for a mask this does
-    not read."""
+    """``(batch, queries, keys)``: the text positions each query attends, or ``None`` for a mask not read here."""
     if mask is None:
         return torch.ones(1, 1, keys, dtype=torch.bool, device=device).expand(batch, -1, -1)
     if mask.dim() != 4 or mask.shape[-1] != keys:
@@ -69,15 +55,12 @@ def _allowed(mask: torch.Tensor | None, batch: int, keys: int, device) -> torch.
     return mask[:, 0].expand(batch, -1, -1)
 
 
-def _positions(row: torch.Tensor | None, length: int) -> tuple[int, ...]:
-    if row is None:
-        return tuple(range(length))
+def _positions(row: torch.Tensor) -> tuple[int, ...]:
     return tuple(row.nonzero().flatten().tolist())
 
 
 def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[_Group] | None:
-    """The groups of this pass for this mask (a model may alternate masks between layers: ModernBERT's global and
-    sliding-window ones), computed once per pass and mask."""
+    """The groups of this pass for this mask (layers may alternate masks), computed once per pass and mask."""
     state = getattr(_plans, "state", None)
     if state is None or state[0] is not injection or state[1] != (batch, queries, keys):
         state = _plans.state = (injection, (batch, queries, keys), {})
@@ -89,24 +72,22 @@ def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[
     if allowed is not None:
         real = allowed.any(dim=1)  # a position some query attends is a real token (padding is attended by none)
         joint = gated = None
-        length = 0
         if injection is not None:
-            length = injection.prefix[0].shape[2]
             if injection.gate is None or not injection.all_gated:
                 joint = injection.visible if injection.visible is not None else torch.ones(
-                    1, length, dtype=torch.bool, device=device)
+                    1, injection.prefix[0].shape[2], dtype=torch.bool, device=device)
                 joint = joint.to(device).expand(batch, -1)
             if injection.gate is not None:
                 gated = injection.gate_visible.to(device).expand(batch, -1)
         members: dict[tuple, list[int]] = {}
         blocks: dict[tuple, torch.Tensor | None] = {}
         for row in range(batch):
-            tokens = _positions(real[row], keys)
+            tokens = _positions(real[row])
             index = torch.tensor(tokens, dtype=torch.long, device=device)
             block = None if mask is None else allowed[row].index_select(0, index).index_select(1, index)
             full = block is None or bool(block.all())
-            key = (tokens, _positions(joint[row], length) if joint is not None else (),
-                   _positions(gated[row], length) if gated is not None else (),
+            key = (tokens, _positions(joint[row]) if joint is not None else (),
+                   _positions(gated[row]) if gated is not None else (),
                    None if full else block.cpu().numpy().tobytes())
             if key not in members:
                 blocks[key] = None if full else mask[row if mask.shape[0] > 1 else 0, 0].index_select(
@@ -123,15 +104,9 @@ def _plan(batch: int, queries: int, keys: int, mask, injection, device) -> list[
 def row_exact_attention(function, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, injection: Any, kwargs: dict) -> tuple | None:
     """``module``'s attention output ``(batch, queries, heads, head_dim)``, each group of rows computed on its own
-    positions by ``function`` (the wrapped sdpa or eager backend) with the group's own mask (``None`` where
-    all-visible), positions no query attends (padding) left at zero; ``None`` where this does not apply (see the
-    module docstring).
-
-    ``injection`` is the pass's :class:`~st_prompts.prompts.injection.PrefixInjection` or ``None``: a row's visible
-    prefix positions go in front of its keys and values (joint softmax), a gated row's prefix adds
-    ``tanh(g) · softmax(q K_p^T · scaling) V_p`` over its own visible positions, as
-    :meth:`~st_prompts.prompts.injection.PrefixInjection.gated_attention` computes for the whole batch.
-    """
+    positions by ``function`` (the wrapped backend), padding left at zero; ``None`` where this does not apply.
+    ``injection`` (the pass's :class:`~st_prompts.prompts.injection.PrefixInjection` or ``None``): each row's visible
+    prefix joins its keys and values, or adds its gated term, as for the whole batch."""
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
     if queries != keys or getattr(module, "is_causal", False) or kwargs.get("is_causal"):
@@ -170,9 +145,7 @@ def gated_term(module, query: torch.Tensor, keys: torch.Tensor, values: torch.Te
                kwargs: dict, visible: torch.Tensor | None = None) -> torch.Tensor:
     """``tanh(g) · softmax(q K_p^T · scaling) V_p`` per row, in the attention functions' output layout
     ``(rows, queries, heads, head_dim)``: ``keys``/``values`` ``(rows, kv heads, l, head_dim)``, ``gate`` ``tanh(g)``
-    ``(rows, kv heads)``, ``visible`` ``(rows or 1, 1, 1, l)`` (True = attend; ``None``: every position). Shared by
-    :meth:`~st_prompts.prompts.injection.PrefixInjection.gated_attention` (the whole batch, masked) and the row-exact
-    groups (their own positions only)."""
+    ``(rows, kv heads)``, ``visible`` ``(rows or 1, 1, 1, l)`` (True = attend; ``None``: every position)."""
     rows, heads = query.shape[0], query.shape[1]
     repeats = heads // keys.shape[1]  # grouped-query attention: each key/value head serves several queries
     if repeats > 1:

@@ -1,26 +1,11 @@
-"""Input-embedding prompts: vectors placed at given input positions, and templates.
-
-One mechanism covers every shallow prompt: a table of trainable vectors (:class:`ShallowPrompt`) and, per batch, a
-*slot* tensor saying which vector replaces the input embedding at each position (``-1`` keeps the token's own
-embedding). It carries
-
-* **soft template tokens** (the SCPCSE ablation of DCPCSE): every template token except ``[MASK]`` becomes a trainable
-  vector initialised from that token's input embedding;
-* a trainable **[CLS] prompt**: one vector, initialised from the [CLS] token's input embedding, that replaces the
-  input row at position 0.
-
-An *external* vector (one per row, e.g. a sentence embedding conditioning a second pass of the encoder) replaces a
-row with :func:`place_vectors`, keeping the gradient.
-
-A template such as ``This sentence : "[X]" means [MASK] .`` is tokenised once. ``[X]`` is where the sentence goes and
-``[MASK]`` (written literally, whatever the tokenizer's own mask token is) is the position whose last hidden state is
-the sentence embedding. A template is *soft* (its tokens become trainable vectors, see above) or *hard* (its tokens
-stay real, untrained tokens, as in PromptBERT). The ``[MASK]`` token and the special tokens ([CLS]/[SEP], <s>/</s>)
-are real tokens in both modes.
+"""Input-embedding prompts: trainable vectors (:class:`ShallowPrompt`) that a per-batch *slot* tensor places at input
+positions (``-1``: the token's own embedding): soft template tokens and the [CLS] prompt. A template such as
+``This sentence : "[X]" means [MASK] .`` is *soft* (its tokens trainable) or *hard* (real tokens, PromptBERT).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +42,8 @@ class ParsedTemplate:
 
     def soft_slots(self, mask_token_id: int) -> tuple[list[int], list[int]]:
         """Index of the trainable vector for every template token (``-1`` for the mask token), left and right part."""
-        slots, k = [], 0
-        for token in self.left_ids + self.right_ids:
-            if token == mask_token_id:
-                slots.append(-1)
-            else:
-                slots.append(k)
-                k += 1
+        vector = itertools.count()
+        slots = [-1 if token == mask_token_id else next(vector) for token in self.left_ids + self.right_ids]
         return slots[: len(self.left_ids)], slots[len(self.left_ids) :]
 
 
@@ -75,17 +55,13 @@ def parse_template(template: str, tokenizer) -> ParsedTemplate:
             mask token.
     """
     if template.count(SENTENCE_SLOT) != 1 or template.count(MASK_SLOT) != 1:
-        raise ConfigurationError(
-            f"A prompt template needs exactly one {SENTENCE_SLOT} (where the sentence goes) and one {MASK_SLOT} "
-            f"(the position used as the sentence embedding); got {template!r}."
-        )
+        raise ConfigurationError(f"A prompt template needs exactly one {SENTENCE_SLOT} (where the sentence goes) and "
+                                 f"one {MASK_SLOT} (the position used as the sentence embedding); got {template!r}.")
     if tokenizer.mask_token is None:
         raise ConfigurationError(f"The tokenizer {type(tokenizer).__name__} has no mask token; templates need one.")
-    left, right = template.split(SENTENCE_SLOT)
-    left = left.replace(MASK_SLOT, tokenizer.mask_token)
-    right = right.replace(MASK_SLOT, tokenizer.mask_token)
-    left_ids = tuple(tokenizer(left, add_special_tokens=False)["input_ids"]) if left.strip() else ()
-    right_ids = tuple(tokenizer(right, add_special_tokens=False)["input_ids"]) if right.strip() else ()
+    parts = template.replace(MASK_SLOT, tokenizer.mask_token).split(SENTENCE_SLOT)
+    left_ids, right_ids = (tuple(tokenizer(part, add_special_tokens=False)["input_ids"]) if part.strip() else ()
+                           for part in parts)
     mask_id = tokenizer.mask_token_id
     if mask_id in left_ids:
         return ParsedTemplate(left_ids, right_ids, True, left_ids.index(mask_id))
@@ -93,10 +69,7 @@ def parse_template(template: str, tokenizer) -> ParsedTemplate:
 
 
 class ShallowPrompt(nn.Module):
-    """Trainable vectors placed at given input positions (soft template tokens, a [CLS] prompt, ...).
-
-    ``init_vectors`` (``(n, dim)``, typically rows of the backbone's input embedding matrix) are copied into a new
-    parameter."""
+    """Trainable vectors placed at given input positions, initialised from ``init_vectors`` (``(n, dim)``)."""
 
     def __init__(self, init_vectors: torch.Tensor) -> None:
         super().__init__()
@@ -116,8 +89,7 @@ class ShallowPrompt(nn.Module):
         return self.embeddings.shape[0]
 
     def forward(self, inputs_embeds: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Replace the rows of ``inputs_embeds`` (``(batch, seq, dim)``) where ``slots`` (``(batch, seq)``) is
-        ``>= 0`` by the trainable vector it names."""
+        """Replace the rows of ``inputs_embeds`` where ``slots`` is ``>= 0`` by the trainable vector it names."""
         slots = slots.to(inputs_embeds.device)
         is_soft = (slots >= 0).unsqueeze(-1)
         soft = self.embeddings[slots.clamp(min=0)].to(inputs_embeds.dtype)
@@ -129,18 +101,16 @@ def place_vectors(inputs_embeds: torch.Tensor, vectors: torch.Tensor, position: 
     the matching row of ``vectors`` (``(batch, dim)``, not detached: gradient flows into it)."""
     batch, _, dim = inputs_embeds.shape
     if vectors.dim() != 2 or vectors.shape != (batch, dim):
-        raise ConfigurationError(
-            f"An input-row override needs shape (batch, input embedding size) = {(batch, dim)}, got {tuple(vectors.shape)}."
-        )
+        raise ConfigurationError(f"An input-row override needs shape (batch, input embedding size) = {(batch, dim)}, "
+                                 f"got {tuple(vectors.shape)}.")
     vectors = vectors.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype).unsqueeze(1)
     return torch.cat([inputs_embeds[:, :position], vectors, inputs_embeds[:, position + 1 :]], dim=1)
 
 
 def tokenize_with_template(tokenizer, template: ParsedTemplate, soft: bool, texts: list[str],
                        max_seq_length: int) -> dict[str, torch.Tensor]:
-    """Tokenise ``texts`` into ``template``'s ``[X]`` slot: ``[CLS] left sentence right [SEP]``, padded; only the
-    sentence is truncated (to ``max_seq_length`` with the template and special tokens), so the template and its
-    ``[MASK]`` always survive. Writes ``prompt_mask_index`` and, for a soft template, the trainable-vector slots."""
+    """Tokenise ``texts`` into ``template``'s ``[X]`` slot (``[CLS] left sentence right [SEP]``, padded), truncating
+    only the sentence; writes ``prompt_mask_index`` and, for a soft template, the trainable-vector slots."""
     budget = max_seq_length - template.num_tokens - 2
     if budget < 1:
         raise ConfigurationError(f"max_seq_length={max_seq_length} leaves no room for text after the template.")

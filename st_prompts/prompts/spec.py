@@ -1,22 +1,14 @@
-"""What a prompt set is made of, checked in one place (no torch).
-
-A prompt set is a deep prefix: ``prefix_length`` trainable key/value positions in every attention layer, optionally
-reparameterised by an MLP (``prefix_projection``, ``prefix_hidden_size``), with its own dropout and, optionally, a
-zero-initialised gate (LLaMA-Adapter) so that it starts as the backbone. :class:`PromptSetSpec` holds those options
-and refuses, in one line, any of the wrong kind or out of range. Every place a set's options enter uses it: the
-``PromptedTransformer`` constructor (its own prefix and its named sets), a bank's saved config, a prompts-only
-checkpoint added to a bank, the methods' settings, the command line's option types (:data:`MAX_PREFIX_LENGTH`,
-:data:`MAX_PREFIX_HIDDEN_SIZE`) and the server's admin endpoint. What depends on the backbone (whether the prefix
-fits its position table) is checked by the module that holds the backbone.
-"""
+"""What a prompt set is made of, checked in one place (no torch): :class:`PromptSetSpec` holds a deep prefix's options
+and refuses, in one line, any of the wrong kind or out of range, wherever they enter (constructor, bank config,
+checkpoint, command line, server). What depends on the backbone is checked by the module that holds it."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from st_prompts.errors import ConfigurationError, shorten
+from st_prompts.numbers import real, whole
 
 __all__ = ["MAX_PREFIX_HIDDEN_SIZE", "MAX_PREFIX_LENGTH", "SAVED_FIELDS", "SPEC_FIELDS", "PromptSetSpec"]
 
@@ -29,14 +21,6 @@ SPEC_FIELDS = ("prefix_length", "prefix_projection", "prefix_hidden_size", "pref
                "init_std")
 #: The options a bank's config records per set (the initialisation is not part of a trained set).
 SAVED_FIELDS = SPEC_FIELDS[:-1]
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -65,19 +49,19 @@ class PromptSetSpec:
 
     def check(self, where: str = "a prompt set") -> None:
         """Refuse options of the wrong kind or out of range, one line naming ``where`` and the option."""
-        if not _whole(self.prefix_length) or not 1 <= self.prefix_length <= MAX_PREFIX_LENGTH:
+        if not whole(self.prefix_length) or not 1 <= self.prefix_length <= MAX_PREFIX_LENGTH:
             raise ConfigurationError(f"{where}: prefix_length must be a whole number from 1 to {MAX_PREFIX_LENGTH}, "
                                      f"got {shorten(self.prefix_length)}.")
-        if self.prefix_hidden_size is not None and (not _whole(self.prefix_hidden_size)
+        if self.prefix_hidden_size is not None and (not whole(self.prefix_hidden_size)
                                                     or not 1 <= self.prefix_hidden_size <= MAX_PREFIX_HIDDEN_SIZE):
             raise ConfigurationError(f"{where}: prefix_hidden_size must be a whole number from 1 to "
                                      f"{MAX_PREFIX_HIDDEN_SIZE} (or none: the backbone's hidden size), got "
                                      f"{shorten(self.prefix_hidden_size)}.")
-        if self.prefix_dropout is not None and (not _real(self.prefix_dropout)
+        if self.prefix_dropout is not None and (not real(self.prefix_dropout)
                                                 or not 0.0 <= self.prefix_dropout < 1.0):
             raise ConfigurationError(f"{where}: prefix_dropout must be a number in [0, 1) (or none: the backbone's "
                                      f"hidden dropout), got {shorten(self.prefix_dropout)}.")
-        if self.init_std is not None and (not _real(self.init_std) or not self.init_std > 0):
+        if self.init_std is not None and (not real(self.init_std) or not self.init_std > 0):
             raise ConfigurationError(f"{where}: init_std (prefix_init_std) must be a positive number (or none: "
                                      f"the backbone's initializer_range), got {shorten(self.init_std)}.")
         for name in ("prefix_projection", "prefix_gate"):
@@ -96,13 +80,11 @@ class PromptSetSpec:
                                      f"{', '.join(SPEC_FIELDS)}).")
         if "prefix_length" not in raw:
             raise ConfigurationError(f"{where}: prefix_length is missing.")
-        options = dict(raw)
-        for flag in ("prefix_projection", "prefix_gate"):
-            if options.get(flag) is None:
-                options[flag] = False
         spec = object.__new__(cls)  # checked below with ``where`` in the message, not by __post_init__
         for name in SPEC_FIELDS:
-            object.__setattr__(spec, name, options.get(name, getattr(cls, name)))
+            value = raw.get(name, getattr(cls, name))
+            is_flag = name in ("prefix_projection", "prefix_gate")
+            object.__setattr__(spec, name, False if is_flag and value is None else value)
         spec.check(where)
         return spec
 

@@ -9,14 +9,9 @@ from transformers import TrainerCallback
 
 
 class SyncLossParametersCallback(TrainerCallback):
-    """Average the gradients of a loss's own trainable parameters over the processes of a distributed run.
-
-    The trainer wraps only the model in ``DistributedDataParallel``; parameters that live in the loss (SimCSE's
-    training-only MLP, the MLM, CRTD and NLI heads) are optimised but their gradients are never synchronised, so each
-    process's copy would drift apart. This callback all-reduces them right before every optimizer step (after the
-    model's gradients are clipped, which the trainer does for the model's parameters only). Without
-    ``torch.distributed`` (one process) it does nothing. :func:`st_prompts.training.train` adds it by itself.
-    """
+    """Average the gradients of a loss's own trainable parameters (SimCSE's MLP, the MLM, CRTD and NLI heads) over the
+    processes of a distributed run, before every optimizer step: ``DistributedDataParallel`` wraps only the model, so
+    each process's copy would drift apart. Without ``torch.distributed`` it does nothing."""
 
     def __init__(self, loss, model) -> None:
         model_parameters = {id(p) for p in model.parameters()}

@@ -1,13 +1,6 @@
-"""The one training pipeline: load a method's data, train with model selection, save the model safely.
-
-``st-prompts train``, the recipes and Python users take this same path::
-
-    from st_prompts.training import train_and_save
-    model, result, output = train_and_save("dcpcse", scale="cpu", data_dir="data", output="runs/dcpcse")
-
-Saving (:func:`save_run`) is atomic and replaces only a model st-prompts saved (:mod:`st_prompts.storage`).
-Destinations are checked before training starts, so a refusal costs nothing.
-"""
+"""The one training pipeline: load a method's data, train with model selection, save the model safely (atomically,
+replacing only a model st-prompts saved; destinations are checked before training starts). ``st-prompts train``, the
+recipes and Python users take this path: ``train_and_save("dcpcse", scale="cpu", output="runs/dcpcse")``."""
 
 from __future__ import annotations
 
@@ -24,6 +17,7 @@ from st_prompts.errors import ConfigurationError
 from st_prompts.evaluation.sts import stsb_dev_evaluator
 from st_prompts.modules import save_prompts_only
 from st_prompts.modules.set_checks import check_finite_training
+from st_prompts.numbers import whole
 from st_prompts.storage import check_model_destination, save_model_folder
 from st_prompts.training.run import train
 from st_prompts.utils import is_main_process
@@ -39,9 +33,8 @@ PROMPTS_KIND = "prompts-only checkpoint"
 
 
 def dev_subset(evaluator, pairs: int):
-    """The STS-B dev evaluator on ``pairs`` of its pairs, evenly spaced over the set (STS-B dev is ordered by genre:
-    news, captions, forums; the first pairs would be one genre), with the same name and so the same metric keys.
-    The whole evaluator when it has no more pairs than that."""
+    """The STS-B dev evaluator on ``pairs`` of its pairs, evenly spaced (the set is ordered by genre), with the same
+    name and metric keys; the whole evaluator when it has no more pairs than that."""
     from st_prompts.evaluation.sts import FullLengthEmbeddingSimilarityEvaluator
 
     total = len(evaluator.sentences1)
@@ -60,8 +53,7 @@ def default_output(method_name: str, supervised: bool, scale: str) -> str:
 
 
 def model_destinations(method: methods.Method, settings, output: str, prompts_only: bool) -> list[tuple[str, str]]:
-    """Every folder a run writes and the kind its manifest records: the model, its prompts-only checkpoint, and the
-    method's own side outputs."""
+    """Every folder a run writes and its manifest's kind: the model, its prompts-only checkpoint, side outputs."""
     base = output.rstrip("/") or output
     out = [(output, "model")]
     if prompts_only and method.prompts_only:
@@ -72,10 +64,7 @@ def model_destinations(method: methods.Method, settings, output: str, prompts_on
 
 def save_run(model, result, output: str, prompts_only: bool = False, overwrite: bool = False) -> None:
     """Save the model (safetensors), ``train_result.json`` beside it and, optionally, a prompts-only checkpoint to
-    ``OUTPUT-prompts``; each folder atomically (:func:`save_model_folder`).
-
-    In a distributed run (``torchrun``) only the process of rank 0 writes.
-    """
+    ``OUTPUT-prompts``; each folder atomically. In a distributed run only rank 0 writes."""
     if not is_main_process():
         return  # under torchrun every process holds the same model: only rank 0 writes it
     check_finite_training(model, result.best_metric)  # a diverged run is refused, the destination left as it was
@@ -93,42 +82,30 @@ def save_run(model, result, output: str, prompts_only: bool = False, overwrite: 
         logger.info(f"Saved the prompts-only checkpoint to {prompts_path}.")
 
 
-def train_and_save(
-    method_name: str,
-    *,
-    supervised: bool = False,
-    scale: str = "cpu",
-    data_dir: str | os.PathLike | None = None,
-    senteval_dir: str | os.PathLike | None = None,
-    output: str | None = None,
-    prompts_only: bool = False,
-    limit: int | None = None,
-    overwrite: bool = False,
-    show_progress_bar: bool = True,
-    dev_limit: int | None = None,
-    **options: Any,
-):
+def train_and_save(method_name: str, *, supervised: bool = False, scale: str = "cpu",
+                   data_dir: str | os.PathLike | None = None, senteval_dir: str | os.PathLike | None = None,
+                   output: str | None = None, prompts_only: bool = False, limit: int | None = None,
+                   overwrite: bool = False, show_progress_bar: bool = True, dev_limit: int | None = None,
+                   **options: Any):
     """Train a registered method and save it: the path of ``st-prompts train``, the recipes and the benchmarks.
 
     Args:
         scale: ``"cpu"`` (packaged MiniLM, minutes) or ``"paper"`` (the paper's hyperparameters).
-        data_dir: folder with ``train/wiki_sentences.txt``, ``train/nli_triplets.csv`` and ``senteval/``; default:
-            the small data set bundled with st_prompts at ``scale="cpu"``, SimCSE's hub files at ``"paper"``.
+        data_dir: folder with ``train/`` and ``senteval/``; default: the bundled small data set at ``scale="cpu"``,
+            SimCSE's hub files at ``"paper"``.
         senteval_dir: SentEval folder for STS-B dev selection (default: ``data_dir/senteval``).
         output: where to save (default: ``outputs/<method>-<sup|unsup>-<scale>``).
         prompts_only: also save a prompts-only checkpoint to ``OUTPUT-prompts``.
         limit: train on a random subset of this many examples.
-        dev_limit: select the weights during training on this many STS-B dev pairs (evenly spaced over the set, so
-            every genre is in it) instead of all 1,500, and evaluate the selected weights on the whole dev set once at
-            the end (the reported ``best_metric``). Default ``None``: the papers' protocol, the whole dev set at every
-            evaluation. For slow backbones (decoder LLMs on a CPU), where each evaluation takes minutes.
+        dev_limit: select the weights on this many STS-B dev pairs (evenly spaced) instead of all 1,500, then
+            evaluate them on the whole dev set once (the reported ``best_metric``); for slow backbones.
         **options: settings of the method (``backbone``, ``learning_rate``, ``prefix_length``, ...).
 
     Returns ``(model, TrainResult, output)``.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not whole(limit, 1):
         raise ConfigurationError(f"limit must be a positive number of examples, got {limit!r}")
-    if dev_limit is not None and (isinstance(dev_limit, bool) or not isinstance(dev_limit, int) or dev_limit < 2):
+    if dev_limit is not None and not whole(dev_limit, 2):
         raise ConfigurationError(f"dev_limit must be a number of STS-B dev pairs of at least 2, got {dev_limit!r}")
     method = methods.get(method_name)
     output = output or default_output(method_name, supervised, scale)

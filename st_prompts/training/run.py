@@ -1,9 +1,5 @@
-"""One training routine shared by the recipes, the CLI and the benchmarks.
-
-A method is a registered recipe (:mod:`st_prompts.methods`): settings, a model builder and a list of stages, each with
-its loss, callbacks and data columns. :func:`train` runs the stages one after the other with
-``SentenceTransformerTrainer`` and keeps the best STS-B dev weights of the stages that select a model.
-"""
+"""One training routine shared by the recipes, the CLI and the benchmarks: :func:`train` runs a registered method's
+stages one after the other with ``SentenceTransformerTrainer`` and keeps the best STS-B dev weights."""
 
 from __future__ import annotations
 
@@ -25,12 +21,8 @@ from transformers.trainer_callback import PrinterCallback
 from st_prompts import methods
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Stage, TrainSettings
-from st_prompts.modules.lengths import (
-    FullLengthEvaluator,
-    backbone_encode_length,
-    full_length_evaluator,
-    position_capacity,
-)
+from st_prompts.modules.lengths import (FullLengthEvaluator, backbone_encode_length, full_length_evaluator,
+                                        position_capacity)
 from st_prompts.training.callbacks import SyncLossParametersCallback
 
 logger = logging.getLogger(__name__)
@@ -47,11 +39,8 @@ def build_loss(model: SentenceTransformer, settings: TrainSettings, stage: int =
 
 
 class KeepBestCallback(TrainerCallback):
-    """Keep the trainable weights of the best evaluation in memory; :meth:`restore` puts them back.
-
-    For prompt tuning this is a few hundred kilobytes instead of a checkpoint of the whole model on disk every
-    ``eval_steps`` (what ``load_best_model_at_end`` would write).
-    """
+    """Keep the trainable weights of the best evaluation in memory (a few hundred kilobytes for prompt tuning, not a
+    checkpoint on disk every ``eval_steps``); :meth:`restore` puts them back."""
 
     def __init__(self, model: torch.nn.Module, evaluator) -> None:
         self.model = model
@@ -77,17 +66,11 @@ class KeepBestCallback(TrainerCallback):
         that is not a finite number (a diverged model) is never preferred to a finite one."""
         self.last_step = step
         greater = getattr(self.evaluator, "greater_is_better", True)
-        if self.best is None:
-            take = True
-        elif not math.isfinite(self.best):
-            take = math.isfinite(value)
-        else:
-            take = math.isfinite(value) and (value > self.best if greater else value < self.best)
-        if take:
+        if self.best is None or (math.isfinite(value) and (
+                not math.isfinite(self.best) or (value > self.best if greater else value < self.best))):
             self.best, self.best_step = value, step
-            self._state = {
-                name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters() if p.requires_grad
-            }
+            self._state = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()
+                           if p.requires_grad}
 
     def restore(self) -> None:
         """Load the best weights seen back into the model."""
@@ -97,8 +80,7 @@ class KeepBestCallback(TrainerCallback):
 
 
 class AnnouncedEvaluator(FullLengthEvaluator):
-    """A selection evaluator that says, in one log line, what it evaluates before it runs (an evaluation through a
-    large backbone can take minutes, and progress bars may be off). Every attribute is the wrapped evaluator's."""
+    """A selection evaluator that says, in one log line, what it evaluates before it runs (it may take minutes)."""
 
     def __call__(self, model: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
         inner = self.__dict__["evaluator"]
@@ -145,58 +127,44 @@ class TrainResult:
     trainable_parameters: int
     total_parameters: int
     settings: dict[str, Any]
-    #: What each stage's ``prepare_loss`` pre-pass reported (e.g. D2CSE's generator accuracy and replaced share).
+    #: What each stage's ``prepare_loss`` pre-pass reported.
     stage_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: With a bounded selection set (``dev_limit``): how many STS-B dev pairs selected the weights, and the selected
-    #: weights' score on them (``best_metric`` is then their score on the whole dev set, evaluated once at the end).
+    #: With ``dev_limit``: the STS-B dev pairs that selected the weights and their score there (``best_metric``: all).
     selection_pairs: int | None = None
     selection_metric: float | None = None
-    #: The most tokens the trained model encodes (its ``max_seq_length`` after training; it trained at
-    #: ``settings["max_seq_length"]``): :func:`apply_encode_length`.
+    #: The most tokens the trained model encodes (:func:`apply_encode_length`).
     encode_length: int | None = None
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    return trainable, total
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), sum(p.numel() for p in model.parameters())
 
 
 def stage_dataset(stage: Stage, train_dataset, settings: TrainSettings, index: int):
     dataset = train_dataset.get(stage.name) if isinstance(train_dataset, dict) else train_dataset
     if dataset is None:
-        raise ConfigurationError(
-            f"No training data for stage {stage.name!r} of {settings.method}; pass {{'{stage.name}': dataset, ...}}."
-        )
+        raise ConfigurationError(f"No training data for stage {stage.name!r} of {settings.method}; pass "
+                                 f"{{'{stage.name}': dataset, ...}}.")
     expected = list(stage.columns(settings))
     columns = [c for c in dataset.column_names if c not in ("label", "score")]
     if columns != expected:
-        raise ConfigurationError(
-            f"Stage {stage.name!r} of {settings.method} needs the columns {expected} (in this order), the dataset has "
-            f"{dataset.column_names}. Columns are matched by name: rename them or use the method's data loader."
-        )
+        raise ConfigurationError(f"Stage {stage.name!r} of {settings.method} needs the columns {expected} (in this "
+                                 f"order), the dataset has {dataset.column_names}. Columns are matched by name: rename "
+                                 "them or use the method's data loader.")
     return dataset
 
 
-def train(
-    settings: TrainSettings,
-    train_dataset,
-    dev_evaluator=None,
-    model: SentenceTransformer | None = None,
-    show_progress_bar: bool = True,
-    callbacks: list[TrainerCallback] | None = None,
-) -> tuple[SentenceTransformer, TrainResult]:
+def train(settings: TrainSettings, train_dataset, dev_evaluator=None, model: SentenceTransformer | None = None,
+          show_progress_bar: bool = True, callbacks: list[TrainerCallback] | None = None,
+          ) -> tuple[SentenceTransformer, TrainResult]:
     """Train a registered method with ``SentenceTransformerTrainer``, stage after stage.
 
     Args:
-        settings: from :func:`st_prompts.methods.settings`.
-        train_dataset: a ``datasets.Dataset`` with the stage's columns, or ``{stage name: Dataset}`` for a method
-            with several stages.
-        dev_evaluator: STS-B dev evaluator; the stages with ``select_model`` keep their best weights (every trainable
-            parameter, the backbone too when it trains) and restore them at the end of the stage.
+        train_dataset: a ``datasets.Dataset`` with the stage's columns, or ``{stage name: Dataset}``.
+        dev_evaluator: STS-B dev evaluator; the stages with ``select_model`` keep and restore their best weights.
         model: a model built earlier (default: the method's builder).
-        callbacks: extra trainer callbacks for every stage (e.g. timing or profiling).
+        callbacks: extra trainer callbacks for every stage.
 
     Returns the trained model (in eval mode) and a :class:`TrainResult`.
     """
@@ -206,7 +174,7 @@ def train(
         logger.info(f"Loading the backbone {settings.backbone} for {settings.method}.")
         from st_prompts.modules.load_errors import backbone_errors
 
-        with backbone_errors(settings.backbone):  # a damaged backbone is one line, not the loaders' traceback
+        with backbone_errors(settings.backbone):  # a damaged backbone is one line
             model = method.build_model(settings)
     check_encode_length(model, settings)  # refused before training, not after it
     stages = method.stages(settings)
@@ -226,15 +194,13 @@ def train(
                                                    schedule_steps=schedule)
         if report:
             stage_reports[stage.name] = dict(report)
-        batch_size = trainer.args.per_device_train_batch_size
         if len(stages) > 1:
             logger.info(f"Stage {index + 1}/{len(stages)}: {stage.name}")
         start = time.perf_counter()
         trainer.train()
         seconds += time.perf_counter() - start
         if keep_best is not None:
-            # The trainer does not always evaluate the final weights (e.g. when the last step is not a multiple of
-            # eval_steps): evaluate them here unless it did.
+            # the trainer does not always evaluate the final weights: evaluate them here unless it did
             if keep_best.last_step != trainer.state.global_step:
                 final = keep_best.evaluator(model)
                 keep_best.consider(final[keep_best.evaluator.primary_metric], trainer.state.global_step)
@@ -242,7 +208,7 @@ def train(
             best = keep_best
         total_steps += trainer.state.global_step
         log_history.extend({**entry, "stage": stage.name} for entry in trainer.state.log_history)
-        steps_per_epoch = math.ceil(len(dataset) / batch_size)
+        steps_per_epoch = math.ceil(len(dataset) / trainer.args.per_device_train_batch_size)
         logger.info(f"{settings.method} {stage.name}: {trainer.state.global_step} steps ({steps_per_epoch} per epoch)"
                     f" in {time.perf_counter() - start:.0f}s.")
     scratch.cleanup()
@@ -250,16 +216,9 @@ def train(
     encode_length = apply_encode_length(model, settings)
     trainable, total = count_parameters(model)
     result = TrainResult(
-        steps=total_steps,
-        seconds=seconds,
-        best_metric=best.best if best else None,
-        best_step=best.best_step if best else None,
-        log_history=log_history,
-        trainable_parameters=trainable,
-        total_parameters=total,
-        settings=asdict(settings),
-        stage_reports=stage_reports,
-        encode_length=encode_length,
+        steps=total_steps, seconds=seconds, best_metric=best.best if best else None,
+        best_step=best.best_step if best else None, log_history=log_history, trainable_parameters=trainable,
+        total_parameters=total, settings=asdict(settings), stage_reports=stage_reports, encode_length=encode_length,
     )
     if best is not None:
         logger.info(f"Best STS-B dev Spearman {best.best:.4f} at step {best.best_step} (restored).")
@@ -267,8 +226,7 @@ def train(
 
 
 def check_encode_length(model: SentenceTransformer, settings: TrainSettings) -> None:
-    """Refuse a ``settings.max_encode_length`` longer than ``model``'s backbone takes (its position table less the
-    prefix), with :class:`~st_prompts.errors.ConfigurationError`: called before training starts."""
+    """Refuse a ``settings.max_encode_length`` longer than ``model``'s backbone takes (before training)."""
     capacity = position_capacity(model) if getattr(model, "max_seq_length", None) is not None else None
     length = settings.max_encode_length
     if length is not None and capacity is not None and length > capacity:
@@ -278,15 +236,8 @@ def check_encode_length(model: SentenceTransformer, settings: TrainSettings) -> 
 
 def apply_encode_length(model: SentenceTransformer, settings: TrainSettings) -> int | None:
     """Give the trained ``model`` its encoding length: ``settings.max_encode_length``, else the backbone's own limit
-    (:func:`~st_prompts.modules.lengths.backbone_encode_length`: the shipped sentence-transformers model's
-    ``max_seq_length``, else its tokenizer's, capped by the position table less the prefix). Training truncated the
-    batches at ``settings.max_seq_length``; the saved model, its card and every later ``encode`` use this length.
-
-    Returns the length set (``None`` when the model has no length to set).
-
-    Raises:
-        ConfigurationError: ``max_encode_length`` exceeds what the backbone can take.
-    """
+    (:func:`~st_prompts.modules.lengths.backbone_encode_length`). Returns it (``None``: the model has no length);
+    a ``max_encode_length`` the backbone cannot take is a ConfigurationError."""
     from st_prompts.utils import resolve_gguf, resolve_model_name
 
     if getattr(model, "max_seq_length", None) is None:
@@ -304,24 +255,13 @@ def apply_encode_length(model: SentenceTransformer, settings: TrainSettings) -> 
     return model.max_seq_length
 
 
-def stage_trainer(
-    settings: TrainSettings,
-    stage: Stage,
-    dataset,
-    model: SentenceTransformer,
-    dev_evaluator=None,
-    callbacks: list[TrainerCallback] | None = None,
-    show_progress_bar: bool = True,
-    trainer_dir: str | None = None,
-    schedule_steps: int | None = None,
-) -> tuple[SentenceTransformerTrainer, KeepBestCallback | None, dict[str, Any] | None]:
-    """What :func:`train` does for one stage before ``trainer.train()``: the stage's preparation, its loss (and the
-    loss's pre-pass), the training arguments, callbacks and collator, and the trainer.
-
-    Returns ``(trainer, keep_best, report)``: ``keep_best`` is the callback keeping the best STS-B dev weights (``None``
-    when the stage selects no model), ``report`` what the loss's pre-pass reported. The benchmarks use it to time the
-    trainer's own steps (``trainer.training_step``) exactly as :func:`train` runs them.
-    """
+def stage_trainer(settings: TrainSettings, stage: Stage, dataset, model: SentenceTransformer, dev_evaluator=None,
+                  callbacks: list[TrainerCallback] | None = None, show_progress_bar: bool = True,
+                  trainer_dir: str | None = None, schedule_steps: int | None = None,
+                  ) -> tuple[SentenceTransformerTrainer, KeepBestCallback | None, dict[str, Any] | None]:
+    """What :func:`train` does for one stage before ``trainer.train()``: preparation, loss (and its pre-pass), training
+    arguments, callbacks, collator and trainer. Returns ``(trainer, keep_best, report)``: the callback keeping the best
+    STS-B dev weights (``None`` when the stage selects no model), and what the loss's pre-pass reported."""
     if stage.prepare is not None:
         stage.prepare(model, settings)
     loss = stage.build_loss(model, settings)
@@ -346,14 +286,9 @@ def stage_trainer(
         learning_rate=stage.learning_rate(settings) if stage.learning_rate is not None else settings.learning_rate,
         learning_rate_mapping=learning_rates,
         warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps in transformers 5
-        weight_decay=0.0,
-        lr_scheduler_type="linear",
-        seed=settings.seed,
-        eval_strategy="steps" if evaluator is not None else "no",
-        eval_steps=settings.eval_steps,
-        save_strategy="no",
-        logging_steps=settings.logging_steps,
-        report_to="none",
+        weight_decay=0.0, lr_scheduler_type="linear", seed=settings.seed,
+        eval_strategy="steps" if evaluator is not None else "no", eval_steps=settings.eval_steps,
+        save_strategy="no", logging_steps=settings.logging_steps, report_to="none",
         disable_tqdm=not show_progress_bar,
         use_cpu=not torch.cuda.is_available(),
         **_checkpointing_arguments(settings.gradient_checkpointing),
@@ -364,24 +299,20 @@ def stage_trainer(
         stage_callbacks.append(StopAtStep(stop_at))
     stage_callbacks.append(SyncLossParametersCallback(loss, model))  # loss-owned heads under DDP
     stage_callbacks.append(AnnounceTrainingCallback(f"{settings.method} {stage.name}", len(dataset)))
-    keep_best = None
-    if evaluator is not None:
-        keep_best = KeepBestCallback(model, evaluator)
+    keep_best = KeepBestCallback(model, evaluator) if evaluator is not None else None
+    if keep_best is not None:
         stage_callbacks.append(keep_best)
     collator = stage.collator(model, settings) if stage.collator is not None else None
-    trainer = SentenceTransformerTrainer(
-        model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator, callbacks=stage_callbacks,
-        data_collator=collator,
-    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, evaluator=evaluator,
+                                         callbacks=stage_callbacks, data_collator=collator)
     if not show_progress_bar:  # without a bar transformers prints every log dict instead: say nothing
         trainer.remove_callback(PrinterCallback)
     return trainer, keep_best, report
 
 
 def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
-    """The training arguments that turn activation checkpointing on, under the name this transformers uses
-    (``activation_checkpointing`` in recent releases, ``gradient_checkpointing`` before; the old name warns). Nothing
-    when it is off, so no deprecation warning is printed for the default."""
+    """The training arguments that turn activation checkpointing on, under the name this transformers uses (the old
+    one warns); nothing when it is off."""
     if not enabled:
         return {}
 
