@@ -1,15 +1,6 @@
-"""``type=`` helpers for numeric command-line options: every number is finite and in range when argparse parses it.
-
-Each helper returns a callable for ``add_argument(type=...)``. A value that is not a number, not finite (``nan``,
-``inf``, ``1e999``), not an integer where one is needed (``1e8``, ``2.5``) or out of range is refused by argparse with
-one line (``st-prompts CMD: error: argument --x: ...``), before any model is loaded. Standard library only, so that
-``--help`` stays fast::
-
-    parser.add_argument("--batch-size", type=positive_int(1 << 20), default=32)
-    parser.add_argument("--temperature", type=finite_float(0, 100, min_inclusive=False))
-    parser.add_argument("--warmup-ratio", type=fraction)
-    parser.add_argument("--seed", type=seed)
-"""
+"""``type=`` helpers for numeric command-line options: argparse refuses a value that is not a number, not finite
+(``nan``, ``1e999``), not whole where needed (``2.5``) or out of range with one line, before any model loads. Standard
+library only, so that ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ _MAX_DIGITS = 40  # an integer option longer than this is refused before int() c
 
 
 def _show(text: str) -> str:
-    """The user's text for an error message, cut short (argparse's message is made printable by the parser)."""
+    """The user's text for an error message, cut short (the parser makes it printable)."""
     return repr(text if len(text) <= 40 else text[:40] + "...")
 
 
@@ -58,7 +49,6 @@ def int_range(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be a whole number from {minimum} to {maximum}, got {_show(text)}")
         return value
 
-    parse.__name__ = f"int_range({minimum}, {maximum})"
     return parse
 
 
@@ -72,13 +62,8 @@ def non_negative_int(maximum: int = MAX_COUNT) -> Callable[[str], int]:
     return int_range(0, maximum)
 
 
-def finite_float(
-    minimum: float | None = None,
-    maximum: float | None = None,
-    *,
-    min_inclusive: bool = True,
-    max_inclusive: bool = True,
-) -> Callable[[str], float]:
+def finite_float(minimum: float | None = None, maximum: float | None = None, *, min_inclusive: bool = True,
+                 max_inclusive: bool = True) -> Callable[[str], float]:
     """A finite number, optionally bounded (``min_inclusive=False``: strictly above ``minimum``)."""
 
     def parse(text: str) -> float:
@@ -91,7 +76,6 @@ def finite_float(
             raise argparse.ArgumentTypeError(f"must be {' and '.join(p for p in (low, high) if p)}, got {_show(text)}")
         return value
 
-    parse.__name__ = "finite_float"
     return parse
 
 
@@ -102,8 +86,6 @@ def positive_float(maximum: float | None = None) -> Callable[[str], float]:
 
 #: A finite number in ``[0, 1]`` (ratios, probabilities, dropout).
 fraction = finite_float(0.0, 1.0)
-fraction.__name__ = "fraction"
 
 #: A seed for numpy, torch and ``random``: a whole number in ``[0, 2**32 - 1]``.
 seed = int_range(0, MAX_SEED)
-seed.__name__ = "seed"

@@ -25,19 +25,16 @@ import logging
 import os
 
 from st_prompts.commands import _numbers as n
-from st_prompts.commands.options import (
-    add_no_progress_argument,
-    add_trust_remote_code_argument,
-    cli_text,
-    show_progress,
-)
+from st_prompts.commands.options import (add_no_progress_argument, add_trust_remote_code_argument, cli_text,
+                                         show_progress)
+from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.prompts.spec import MAX_PREFIX_LENGTH
 
 logger = logging.getLogger(__name__)
 
 LOSSES = ("cosent", "mnrl", "dcpcse")
-#: ``bank train``'s evaluation interval: the CPU presets' of ``st-prompts train`` (a dev evaluation of 1,500 STS-B
-#: pairs costs more than many training steps on a CPU; every tenth of an 8-step run was every step).
+#: ``bank train``'s evaluation interval: the CPU presets' of ``st-prompts train`` (on a CPU a dev evaluation costs more
+#: than many training steps).
 EVAL_STEPS = 50
 
 
@@ -68,13 +65,11 @@ def add_parser(subparsers) -> None:
     train.add_argument("--senteval-dir", help="SentEval folder (STS-B dev selects the best weights)")
     train.add_argument("--prefix-length", type=n.positive_int(MAX_PREFIX_LENGTH), default=16,
                        help="prefix positions of a new set (default: 16)")
-    train.add_argument("--learning-rate", "--lr", type=n.positive_float(10.0), default=1e-1,
-                       help="peak learning rate (default 1e-1: the best on average over the multitask study's tasks "
-                       "with the gate)")
-    train.add_argument("--no-gate", dest="prefix_gate", action="store_false",
-                       help="a new set without the zero-initialised gate (the ungated prefix of earlier versions; "
-                       "it changes the model before it trains; use --lr 1e-2 to 3e-2 with it); default: gated, so a new set starts "
-                       "as the backbone")
+    train.add_argument("--learning-rate", "--lr", type=n.positive_float(10.0), default=1e-1, help="peak learning rate "
+                       "(default 1e-1: the best on average over the multitask study's tasks with the gate)")
+    train.add_argument("--no-gate", dest="prefix_gate", action="store_false", help="a new set without the "
+                       "zero-initialised gate (the ungated prefix of earlier versions; it changes the model before it "
+                       "trains; use --lr 1e-2 to 3e-2 with it); default: gated, so a new set starts as the backbone")
     train.add_argument("--epochs", type=n.positive_float(1e6), default=1.0, help="training epochs (default 1)")
     train.add_argument("--batch-size", type=n.positive_int(1 << 20), default=32, help="batch size (default 32)")
     train.add_argument("--max-steps", type=n.int_range(-1), default=-1,
@@ -82,10 +77,9 @@ def add_parser(subparsers) -> None:
     train.add_argument("--eval-steps", type=n.positive_int(), default=EVAL_STEPS,
                        help=f"evaluate the dev set every this many steps, besides before the first step and after the "
                        f"last (default {EVAL_STEPS}, as st-prompts train --scale cpu)")
-    train.add_argument("--dev-limit", type=n.int_range(2), metavar="N",
-                       help="select the weights on N dev pairs (evenly spaced) instead of all of them, then evaluate "
-                       "the selected weights on the whole dev set once, as st-prompts train --dev-limit (default: the "
-                       "whole dev set at every evaluation)")
+    train.add_argument("--dev-limit", type=n.int_range(2), metavar="N", help="select the weights on N dev pairs "
+                       "(evenly spaced) instead of all of them, then evaluate the selected weights on the whole dev "
+                       "set once, as st-prompts train --dev-limit (default: the whole dev set at every evaluation)")
     train.add_argument("--limit", type=n.positive_int(), help="train on the first N rows")
     train.add_argument("--seed", type=n.seed, default=42, help="random seed (default 42)")
     train.add_argument("--replace", action="store_true", help="retrain NAME from scratch if the bank has it")
@@ -194,7 +188,6 @@ def _changed_bank_destination(args) -> str:
     """Where a changed bank is written: ``--output``, else ``BANK`` itself, which must be a bank st-prompts saved
     (checked before anything loads; the refusal says how to go on)."""
     from st_prompts.bank import BANK_KIND
-    from st_prompts.errors import ConfigurationError
     from st_prompts.storage import MANIFEST_FILE, check_model_destination, read_manifest
 
     if getattr(args, "output", None):
@@ -233,13 +226,6 @@ def _modify(args, change) -> int:
     return 0
 
 
-def _trust(args: argparse.Namespace) -> dict:
-    """The backbone's loader arguments for ``--trust-remote-code`` (none without it: the backbone is checked)."""
-    if not getattr(args, "trust_remote_code", None):
-        return {}
-    return {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")}
-
-
 def run_create(args: argparse.Namespace) -> int:
     from st_prompts.bank import BANK_KIND, create_bank
     from st_prompts.storage import check_model_destination
@@ -275,7 +261,6 @@ def run_remove(args: argparse.Namespace) -> int:
 
 def run_roles(args: argparse.Namespace) -> int:
     from st_prompts.bank import bank_encoder
-    from st_prompts.errors import ConfigurationError
 
     def change(model) -> None:
         encoder = bank_encoder(model)
@@ -283,12 +268,11 @@ def run_roles(args: argparse.Namespace) -> int:
             value = getattr(args, role)
             if value is None:
                 continue
-            value = None if value == "none" else value
-            if value is not None:
+            if value != "none":
                 encoder.resolve_task(value)  # an unknown name is refused here
                 if value in ("query", "document") and value not in encoder.prompt_sets:
                     raise ConfigurationError(f"No prompt set {value!r}.")
-            setattr(encoder, f"{role}_task", value)
+            setattr(encoder, f"{role}_task", None if value == "none" else value)
 
     return _modify(args, change)
 
@@ -331,7 +315,7 @@ def format_summary(summary: dict) -> str:
 def run_train(args: argparse.Namespace) -> int:
     from st_prompts.bank import BANK_KIND, create_bank, train_prompt_set
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
-    from st_prompts.errors import ConfigurationError
+    from st_prompts.methods.models import backbone_kwargs
     from st_prompts.modules.set_checks import check_finite_training
     from st_prompts.storage import check_model_destination
 
@@ -353,7 +337,7 @@ def run_train(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"{args.bank} holds no bank: --output DIR is for changing an existing one "
                                          "(a missing BANK is created where it is named).")
             check_model_destination(out, overwrite=False, kind=BANK_KIND)
-            model = create_bank(args.backbone, pooling=args.pooling, **_trust(args))
+            model = create_bank(args.backbone, pooling=args.pooling, **backbone_kwargs(args))
         encoder = model[0]
         if args.name in encoder.prompt_sets:
             if not args.replace:
@@ -383,17 +367,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _loss(name: str, model):
-    if name == "cosent":
-        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+    from sentence_transformers.sentence_transformer.losses import CoSENTLoss, MultipleNegativesRankingLoss
 
-        return CoSENTLoss(model)
-    if name == "mnrl":
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
-        return MultipleNegativesRankingLoss(model)
     from st_prompts.losses import PromptContrastiveLoss
 
-    return PromptContrastiveLoss(model, mlp=True)
+    losses = {"cosent": CoSENTLoss, "mnrl": MultipleNegativesRankingLoss,
+              "dcpcse": lambda model: PromptContrastiveLoss(model, mlp=True)}
+    return losses[name](model)
 
 
 def _selection(full_dev, dev_limit: int | None):
@@ -402,8 +382,6 @@ def _selection(full_dev, dev_limit: int | None):
     if dev_limit is None:
         return full_dev
     if full_dev is None:
-        from st_prompts.errors import ConfigurationError
-
         raise ConfigurationError("--dev-limit limits the dev set: give one with --dev, --data-dir or --senteval-dir.")
     from st_prompts.training.pipeline import dev_subset
 
@@ -427,8 +405,6 @@ def _evaluator(args: argparse.Namespace):
 
         dev = read_task_file(args.dev)
         if dev.kind != "scored-pairs":
-            from st_prompts.errors import DataFormatError
-
             raise DataFormatError(f"--dev {args.dev} must hold scored pairs (two text columns and a score).")
         d = dev.dataset
         return EmbeddingSimilarityEvaluator(d["sentence1"], d["sentence2"], d["score"], name="dev",

@@ -38,21 +38,18 @@ def add_parser(subparsers) -> None:
 #: Bundled NLI triplets: the first train the 'contradiction' set, the next select its best step, the rest give its
 #: score.
 NLI_TRAIN, NLI_SELECT = 1000, 1250
-#: Bundled STS-B train pairs the 'sts' set trains on (20 steps of 32: the shipped model was tuned for this task and a
-#: longer run does not beat it at the demo's budget either: 47 steps kept step 0 too, 2026-11-26).
+#: Bundled STS-B train pairs the 'sts' set trains on (the shipped model was tuned for this task: longer runs keep
+#: step 0 too).
 STS_TRAIN = 640
 #: Bundled STS-B dev pairs: the first select the 'sts' set's best step, the next (to STS_END) give its score.
 STS_SELECT = 250
-#: Where the held-out slices end (None: the end of the bundled file); tests shrink the demo with these. STS-B dev's
-#: 500 pairs after the selection slice: encoding is most of the demo's time (2026-11-28, a py-spy profile: 72 % of
-#: its first 90 s scored the shipped model on 1,000 held-out pairs).
+#: Where the held-out slices end (None: the end of the bundled file; encoding them is most of the demo's time);
+#: tests shrink the demo with these.
 STS_END: int | None = 750
 NLI_END: int | None = None
-#: Steps between selection evaluations (step 0 and the last step are evaluated too): three per set, which keeps the
-#: demo short; bank.train_prompt_set's default is a tenth of the steps.
+#: Steps between selection evaluations (besides step 0 and the last): three per set, which keeps the demo short.
 EVAL_STEPS = {"sts": 10, "contradiction": 16}
-#: Each set's learning rate: 'contradiction' selected on its selection slice (0.1: 27.2 %, 0.3: 49.2 % of the
-#: selection triplets, 2026-11-26); 'sts' at bank.train_prompt_set's default.
+#: Each set's learning rate: 'contradiction' selected on its selection slice; 'sts' at bank.train_prompt_set's default.
 LEARNING_RATES = {"sts": 1e-1, "contradiction": 3e-1}
 #: The demo's two tasks, in order.
 TASKS = ("sts", "contradiction")
@@ -63,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.evaluation import (
-        EmbeddingSimilarityEvaluator,
-        TripletEvaluator,
-    )
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator, TripletEvaluator
     from sentence_transformers.sentence_transformer.losses import CoSENTLoss, MultipleNegativesRankingLoss
 
     from st_prompts import bank

@@ -20,13 +20,8 @@ import argparse
 from pathlib import Path
 
 from st_prompts.commands._numbers import positive_float, positive_int
-from st_prompts.commands.options import (
-    add_dtype_argument,
-    add_no_progress_argument,
-    add_trust_remote_code_argument,
-    cli_text,
-    show_progress,
-)
+from st_prompts.commands.options import (add_dtype_argument, add_no_progress_argument, add_trust_remote_code_argument,
+                                         cli_text, show_progress)
 from st_prompts.errors import ConfigurationError
 
 
@@ -37,16 +32,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="model or bank folder, hub id, or 'minilm' (the packaged "
                         "all-MiniLM-L6-v2)")
-    parser.add_argument("input", metavar="INPUT", type=Path, help="text file (one document a line), .jsonl or "
-                        ".parquet")
+    parser.add_argument("input", metavar="INPUT", type=Path, help="text file (one document a line), .jsonl or .parquet")
     parser.add_argument("output", metavar="OUTPUT", type=Path, help="folder of parts to write (new, or one this "
                         "command wrote with the same settings: resumed)")
     parser.add_argument("--text-column", default="text", help="text column of a .jsonl/.parquet input (default: text)")
-    parser.add_argument("--id-column", default=None, help="id column of a .jsonl/.parquet input (default: row "
-                        "numbers)")
-    parser.add_argument("--task-column", default=None, help="column naming each row's prompt set of a bank (rows "
+    parser.add_argument("--id-column", help="id column of a .jsonl/.parquet input (default: row numbers)")
+    parser.add_argument("--task-column", help="column naming each row's prompt set of a bank (rows "
                         "without one take --task, else the document side)")
-    parser.add_argument("--task", default=None, help="a prompt set of a bank (st-prompts bank) for every row "
+    parser.add_argument("--task", help="a prompt set of a bank (st-prompts bank) for every row "
                         "(default: the model's document side)")
     add_dtype_argument(parser)
     parser.add_argument("--quantize", choices=("none", "int8"), default="none",
@@ -56,18 +49,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--part-rows", type=positive_int(1 << 30), default=100_000,
                         help="input rows per part (default: 100000); a resumed run must keep it")
     parser.add_argument("--no-texts", action="store_true", help="write ids and vectors only (no text column)")
-    parser.add_argument("--device", default=None, help="device of --engine local (default: sentence-transformers' "
-                        "choice)")
+    parser.add_argument("--device", help="device of --engine local (default: sentence-transformers' choice)")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: Ray Data actors (pip install \"st-prompts[scale]\")")
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="an existing Ray cluster (default: start a local Ray on this machine)")
-    parser.add_argument("--actors", type=positive_int(1 << 16), default=None,
-                        help="Ray actors, each with its own copy of the model (default: as many as the cluster's "
-                        "CPUs, or GPUs with --num-gpus, hold)")
-    parser.add_argument("--num-cpus", type=positive_float(1024.0), default=None,
+    parser.add_argument("--actors", type=positive_int(1 << 16), help="Ray actors, each with its own copy of the model "
+                        "(default: as many as the cluster's CPUs, or GPUs with --num-gpus, hold)")
+    parser.add_argument("--num-cpus", type=positive_float(1024.0),
                         help="CPUs per Ray actor (default: 1; also its torch threads)")
-    parser.add_argument("--num-gpus", type=positive_float(64.0), default=None,
+    parser.add_argument("--num-gpus", type=positive_float(64.0),
                         help="GPUs per Ray actor (default: none; the model then runs on a GPU)")
     add_trust_remote_code_argument(parser)
     add_no_progress_argument(parser)

@@ -7,18 +7,8 @@ Examples::
         STSBenchmark --json results.json
     st-prompts evaluate sentence-transformers/all-mpnet-base-v2 --hub
 
-Metric groups live in :data:`METRIC_GROUPS` (``--metrics``): each one builds an evaluator from the parsed arguments
-and says which rows it adds to the table: ``sts`` (the SentEval/SimCSE STS suite), ``retrieval`` (D2CSE's recall@k)
-and ``alignment`` (alignment/uniformity).
-
-Output: one column per model, headed ``MODEL (POOLING)`` (e.g. ``minilm (mean)``, ``runs/dcpcse ([CLS])``; see
-:func:`st_prompts.loading.pooling_label`), a caption line per metric group naming the data it used, and with
-``--json`` the same results: metric values exactly as the evaluators return them (fractions; the table shows
-Spearman and recall x 100), with each group's set-up and each model's path and pooling.
-
-Models are loaded with :func:`st_prompts.loading.load_sentence_model` (``--trust-remote-code`` to allow code from
-outside sentence-transformers and st_prompts). Only light modules are imported at module level, so that ``--help``
-is fast; the runner imports the heavy parts.
+One column per model, headed ``MODEL (POOLING)``; with ``--json`` the same results as the evaluators return them.
+Metric groups: :data:`METRIC_GROUPS` (``--metrics``). Only light modules are imported here, so ``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -32,12 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from st_prompts.commands._numbers import positive_int
-from st_prompts.commands.options import (
-    add_dtype_argument,
-    add_no_progress_argument,
-    add_trust_remote_code_argument,
-    show_progress,
-)
+from st_prompts.commands.options import (add_dtype_argument, add_no_progress_argument, add_trust_remote_code_argument,
+                                         show_progress)
 from st_prompts.data.senteval import STS_TASKS, TASK_LABELS, normalize_task
 from st_prompts.errors import ConfigurationError, DataNotFoundError, StPromptsError
 from st_prompts.utils import resolve_model_name
@@ -57,14 +43,10 @@ class MetricGroup:
     """A family of metrics ``st-prompts evaluate`` can compute.
 
     Attributes:
-        build: makes the evaluator from the parsed arguments; it should load and validate its data right away,
-            so that bad input fails before any model is loaded.
-        rows: the table rows for an evaluator built by ``build``: ``(label, metric key)`` or
-            ``(label, metric key, scale)`` (see :func:`st_prompts.evaluation.sts.format_results_table`).
-        info: what to record about the evaluator in the JSON output (tasks, protocol, data source, what the values
-            are ...).
-        caption: the line printed above the table for an evaluator built by ``build``: what the rows show, on which
-            data (the actual task and split, not option names).
+        build: the evaluator from the parsed arguments; it loads and validates its data at once, before any model.
+        rows: its table rows, ``(label, metric key[, scale])`` (:func:`st_prompts.evaluation.sts.format_results_table`).
+        info: what the JSON output records about it (tasks, protocol, data source, what the values are).
+        caption: the line above the table: what the rows show, on which task and split.
     """
 
     build: Callable[[argparse.Namespace], BaseEvaluator]
@@ -78,14 +60,9 @@ def _build_sts(args: argparse.Namespace) -> BaseEvaluator:
 
     if not args.hub and args.senteval_dir is None:
         raise ConfigurationError("--senteval-dir is required for the STS metrics (or pass --hub to use the hub copies)")
-    return STSSuiteEvaluator(
-        senteval_dir=None if args.hub else args.senteval_dir,
-        tasks=args.tasks,
-        source="hub" if args.hub else "senteval",
-        batch_size=args.batch_size,
-        show_progress_bar=show_progress(args),
-        name="sts",
-    )
+    return STSSuiteEvaluator(senteval_dir=None if args.hub else args.senteval_dir, tasks=args.tasks,
+                             source="hub" if args.hub else "senteval", batch_size=args.batch_size,
+                             show_progress_bar=show_progress(args), name="sts")
 
 
 def _sts_rows(evaluator) -> list[tuple]:
@@ -96,15 +73,11 @@ def _sts_rows(evaluator) -> list[tuple]:
 
 def _sts_info(evaluator) -> dict[str, Any]:
     return {
-        "tasks": list(evaluator.tasks),
-        "split": "test",
-        "similarity": evaluator.similarity,
-        "protocol": STS_PROTOCOL,
+        "tasks": list(evaluator.tasks), "split": "test", "similarity": evaluator.similarity, "protocol": STS_PROTOCOL,
         "source": evaluator.source,
         "senteval_dir": None if evaluator.senteval_dir is None else str(Path(evaluator.senteval_dir).resolve()),
         "pairs": {task: len(pairs) for task, pairs in evaluator.pairs.items()},
-        "values": "Spearman correlation, as a fraction (-1 to 1)",
-        "table": "Spearman x 100",
+        "values": "Spearman correlation, as a fraction (-1 to 1)", "table": "Spearman x 100",
     }
 
 
@@ -163,22 +136,18 @@ def _alignment_info(evaluator) -> dict[str, Any]:
 #: ``--metrics`` choices. Add an entry to add a metric group to the command.
 METRIC_GROUPS: dict[str, MetricGroup] = {
     "sts": MetricGroup(
-        build=_build_sts,
-        rows=_sts_rows,
-        info=_sts_info,
+        build=_build_sts, rows=_sts_rows, info=_sts_info,
         caption=lambda e: "STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
     ),
     "retrieval": MetricGroup(
-        build=_build_retrieval,
+        build=_build_retrieval, info=_retrieval_info,
         rows=lambda e: [("Recall@1", "retrieval_recall@1"), ("Recall@3", "retrieval_recall@3"),
                         ("Recall@5", "retrieval_recall@5"), ("MRR@10", "retrieval_mrr@10")],
-        info=_retrieval_info,
         caption=lambda e: f"Retrieval (D2CSE protocol) on {_pairs_data(e)}: recall@k and MRR@10 x 100",
     ),
     "alignment": MetricGroup(
-        build=_build_alignment,
+        build=_build_alignment, info=_alignment_info,
         rows=lambda e: [("Alignment", "alignment_alignment", 1.0), ("Uniformity", "alignment_uniformity", 1.0)],
-        info=_alignment_info,
         caption=lambda e: f"Alignment / uniformity on {_pairs_data(e)}: raw values, lower is better",
     ),
 }
@@ -194,49 +163,33 @@ def _task_arg(value: str) -> str:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``evaluate`` sub-command."""
     parser = subparsers.add_parser(
-        "evaluate",
-        help="evaluate models (STS suite, recall@K retrieval, alignment/uniformity) in one table",
+        "evaluate", help="evaluate models (STS suite, recall@K retrieval, alignment/uniformity) in one table",
         description="Evaluate each MODEL and print one table (one column per model, headed 'MODEL (POOLING)'). "
         "STS: Spearman x100 of cosine similarity on the test sets of STS12-16, STS-B and SICK-R, read from a "
         "SentEval directory (SimCSE's protocol, 'all' setting), and their average.",
     )
-    parser.add_argument(
-        "models", metavar="MODEL", nargs="+", help="model path or hub name ('minilm' = the packaged all-MiniLM-L6-v2)"
-    )
-    parser.add_argument(
-        "--senteval-dir", type=Path, default=None,
-        help="SentEval data directory, holding STS/ and SICK/ (SentEval's data/downstream)",
-    )
-    parser.add_argument(
-        "--tasks", nargs="+", type=_task_arg, choices=STS_TASKS, default=list(STS_TASKS), metavar="TASK",
-        help=f"STS tasks to run (default: all): {' '.join(STS_TASKS)}",
-    )
-    parser.add_argument(
-        "--metrics", nargs="+", choices=list(METRIC_GROUPS), default=["sts"],
-        help=f"metric groups to compute (default: sts); choices: {', '.join(METRIC_GROUPS)}",
-    )
-    parser.add_argument(
-        "--pairs-task", type=_task_arg, choices=STS_TASKS, default="STSBenchmark", metavar="TASK",
-        help="STS task whose pairs the retrieval and alignment metrics use (default: STSBenchmark)",
-    )
-    parser.add_argument(
-        "--pairs-split", default="test", choices=["train", "dev", "test"],
-        help="split of --pairs-task for retrieval and alignment (default: test; STS-B test gives 97 queries)",
-    )
-    parser.add_argument(
-        "--hub", action="store_true",
-        help="load the STS data from the Hugging Face hub (mteb/*, sentence-transformers/stsb) instead of a SentEval "
-        "directory; needs network access and gives slightly different numbers than SentEval's files",
-    )
+    parser.add_argument("models", metavar="MODEL", nargs="+",
+                        help="model path or hub name ('minilm' = the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--senteval-dir", type=Path,
+                        help="SentEval data directory, holding STS/ and SICK/ (SentEval's data/downstream)")
+    parser.add_argument("--tasks", nargs="+", type=_task_arg, choices=STS_TASKS, default=list(STS_TASKS),
+                        metavar="TASK", help=f"STS tasks to run (default: all): {' '.join(STS_TASKS)}")
+    parser.add_argument("--metrics", nargs="+", choices=list(METRIC_GROUPS), default=["sts"],
+                        help=f"metric groups to compute (default: sts); choices: {', '.join(METRIC_GROUPS)}")
+    parser.add_argument("--pairs-task", type=_task_arg, choices=STS_TASKS, default="STSBenchmark", metavar="TASK",
+                        help="STS task whose pairs the retrieval and alignment metrics use (default: STSBenchmark)")
+    parser.add_argument("--pairs-split", default="test", choices=["train", "dev", "test"], help="split of --pairs-task "
+                        "for retrieval and alignment (default: test; STS-B test gives 97 queries)")
+    parser.add_argument("--hub", action="store_true", help="load the STS data from the Hugging Face hub (mteb/*, "
+                        "sentence-transformers/stsb) instead of a SentEval directory; needs network access and gives "
+                        "slightly different numbers than SentEval's files")
     parser.add_argument("--batch-size", type=positive_int(1 << 20), default=64,
                         help="encoding batch size (default: 64)")
-    parser.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
+    parser.add_argument("--device", help="device to encode on (default: sentence-transformers' choice)")
     add_dtype_argument(parser)
     add_trust_remote_code_argument(parser)
-    parser.add_argument(
-        "--json", type=Path, default=None, metavar="OUT",
-        help="also write the results to this JSON file (metric values as fractions, as the evaluators return them)",
-    )
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results to this JSON "
+                        "file (metric values as fractions, as the evaluators return them)")
     add_no_progress_argument(parser)
     parser.set_defaults(func=run)
 
@@ -252,48 +205,35 @@ def run(args: argparse.Namespace) -> int:
     from st_prompts.modules.chat_templates import guard_chat_templates
     from st_prompts.storage import write_json_atomic
 
-    if args.batch_size < 1:
-        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     if args.json is not None and args.json.is_dir():
         raise ConfigurationError(f"--json {args.json} is a directory; give a file name")
     groups = list(dict.fromkeys(args.metrics))
     # Build (and so validate) every evaluator and check local model paths before loading any model.
     evaluators = {g: METRIC_GROUPS[g].build(args) for g in groups}
-    models = list(dict.fromkeys(args.models))
-    resolved = {}
-    for name in models:
-        resolved[name] = resolve_model_name(name)
-        if _looks_local(resolved[name]) and not os.path.exists(os.path.expanduser(resolved[name])):
+    resolved = {name: resolve_model_name(name) for name in dict.fromkeys(args.models)}
+    for name, path in resolved.items():
+        if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             raise DataNotFoundError(f"model path {name} does not exist")
 
     results: dict[str, dict[str, float]] = {}
     pooling: dict[str, str] = {}
-    for name in models:
+    for name in resolved:
         model = guard_chat_templates(load_sentence_model(name, args.trust_remote_code, device=args.device,
                                                          dtype=args.dtype))
         pooling[name] = pooling_label(model)
-        metrics: dict[str, float] = {}
-        for evaluator in evaluators.values():
-            metrics.update(evaluator(model))
-        results[name] = metrics
+        results[name] = {key: value for evaluator in evaluators.values() for key, value in evaluator(model).items()}
         del model
         gc.collect()
 
     rows = [row for g in groups for row in METRIC_GROUPS[g].rows(evaluators[g])]
     title = "\n".join(caption for g in groups if (caption := METRIC_GROUPS[g].caption(evaluators[g])))
-    columns = {f"{name} ({pooling[name]})": results[name] for name in models}
+    columns = {f"{name} ({pooling[name]})": results[name] for name in resolved}
     print(format_results_table(columns, rows=rows, title=title or None))
     if args.json is not None:
         try:
-            write_json_atomic(
-                args.json,
-                {
-                    "results": results,
-                    "metrics": {g: METRIC_GROUPS[g].info(evaluators[g]) for g in groups},
-                    "models": {name: resolved[name] for name in models},
-                    "pooling": pooling,
-                },
-            )
+            write_json_atomic(args.json, {"results": results,
+                                          "metrics": {g: METRIC_GROUPS[g].info(evaluators[g]) for g in groups},
+                                          "models": resolved, "pooling": pooling})
         except OSError as exc:
             raise StPromptsError(f"could not write {args.json}: {exc.strerror or exc}") from exc
     return 0

@@ -15,12 +15,8 @@ Examples::
     st-prompts index info corpus.index                                     # shows the calibration
     st-prompts index export corpus.index --to milvus:./docs.db#corpus      # into a Milvus Lite file (or http://...)
 
-See :mod:`st_prompts.search` for the conventions (cosine scores, ids, duplicates, ``k`` clamping). Models are loaded
-with :func:`st_prompts.loading.load_sentence_model`: their code is trusted only when it all comes from
-sentence-transformers or st_prompts, unless ``--trust-remote-code`` is given.
-
-Only the standard library and :mod:`st_prompts.errors` are imported at module level, so that ``--help`` is fast;
-the runners import the heavy parts.
+Conventions: :mod:`st_prompts.search`. Only the standard library and :mod:`st_prompts.errors` are imported here, so
+that ``--help`` is fast; the runners import the heavy parts.
 """
 
 from __future__ import annotations
@@ -38,12 +34,8 @@ from typing import Any, Iterator
 from st_prompts.commands._numbers import finite_float as _bounded_float
 from st_prompts.commands._numbers import non_negative_int, positive_int
 from st_prompts.commands.index_output import calibration_line, clip, print_info, print_results
-from st_prompts.commands.options import (
-    add_dtype_argument,
-    add_no_progress_argument,
-    add_trust_remote_code_argument,
-    show_progress,
-)
+from st_prompts.commands.options import (add_dtype_argument, add_no_progress_argument, add_trust_remote_code_argument,
+                                         missing_subcommand, show_progress)
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
 
 # Bounds of the numeric options (FAISS takes 32-bit counts; HNSW allocates ef heap entries and 2*m links per node).
@@ -61,26 +53,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``index`` and its sub-commands (``build``, ``search``, ``add``, ``remove``, ``calibrate``, ``info``,
     ``export``)."""
     parser = subparsers.add_parser(
-        "index",
-        help="build and query a FAISS semantic-search index",
+        "index", help="build and query a FAISS semantic-search index",
         description="Build a FAISS semantic-search index over a corpus encoded with a sentence-transformers model, "
         "and query it. Scores are cosine similarities.",
     )
     commands = parser.add_subparsers(dest="index_command", metavar="SUBCOMMAND")
-    parser.set_defaults(func=lambda args: _missing_subcommand(parser))
-    _add_build(commands)
-    _add_search(commands)
-    _add_add(commands)
-    _add_remove(commands)
-    _add_calibrate(commands)
-    _add_info(commands)
-    _add_export(commands)
+    parser.set_defaults(func=lambda args: missing_subcommand(parser))
+    for add in (_add_build, _add_search, _add_add, _add_remove, _add_calibrate, _add_info, _add_export):
+        add(commands)
 
 
 def _add_build(commands: argparse._SubParsersAction) -> None:
     build = commands.add_parser(
-        "build",
-        help="encode a corpus and save an index",
+        "build", help="encode a corpus and save an index",
         description="Encode CORPUS with MODEL and save the index to the directory OUT. CORPUS is a text file with "
         "one document per line (ids = 1-based line numbers; blank lines skipped) or a .jsonl/.json/.csv/.parquet "
         "dataset (--column, --id-column; ids = 0-based rows by default). Duplicate texts are kept with a warning; "
@@ -92,7 +77,7 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
                        help="model name or path ('minilm' = the packaged all-MiniLM-L6-v2)")
     build.add_argument("corpus", metavar="CORPUS", nargs="?", type=Path, help="text file or dataset file to index")
     build.add_argument("out", metavar="OUT", nargs="?", type=Path, help="index directory to write")
-    build.add_argument("--from-embeddings", nargs="+", metavar="PATH", default=None,
+    build.add_argument("--from-embeddings", nargs="+", metavar="PATH",
                        help="embedding files, folders of them or glob patterns (quoted) to index instead of MODEL "
                        "CORPUS; OUT is the last argument (st-prompts index build --from-embeddings emb/ emb.index)")
     build.add_argument("--index-type", choices=("flat", "ivf", "hnsw", "ivfpq"), default="flat",
@@ -100,36 +85,33 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
                        "(product quantization, re-ranked exactly), for corpora too large for float vectors in RAM")
     build.add_argument("--batch-size", type=_BATCH, default=64, help="encoding batch size (default: 64)")
     build.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
-    build.add_argument("--id-column", default=None, help="id column of a dataset file (default: row numbers)")
-    build.add_argument("--nlist", type=_COUNT, default=None, help="IVF: number of lists (default: 4*sqrt(n))")
-    build.add_argument("--nprobe", type=_COUNT, default=None, help="IVF: lists visited per query")
-    build.add_argument("--m", type=positive_int(256), default=None, help="HNSW: neighbours per node")
-    build.add_argument("--ef-construction", type=_EF, default=None, help="HNSW: build-time candidate list size")
-    build.add_argument("--ef-search", type=_EF, default=None, help="HNSW: search-time candidate list size")
-    build.add_argument("--pq-m", type=positive_int(1 << 16), default=None,
-                       help="IVF-PQ: bytes per vector code (default: 48)")
+    build.add_argument("--id-column", help="id column of a dataset file (default: row numbers)")
+    build.add_argument("--nlist", type=_COUNT, help="IVF: number of lists (default: 4*sqrt(n))")
+    build.add_argument("--nprobe", type=_COUNT, help="IVF: lists visited per query")
+    build.add_argument("--m", type=positive_int(256), help="HNSW: neighbours per node")
+    build.add_argument("--ef-construction", type=_EF, help="HNSW: build-time candidate list size")
+    build.add_argument("--ef-search", type=_EF, help="HNSW: search-time candidate list size")
+    build.add_argument("--pq-m", type=positive_int(1 << 16), help="IVF-PQ: bytes per vector code (default: 48)")
     build.add_argument("--opq", action="store_true", default=None, help="IVF-PQ: learn an OPQ rotation first")
-    build.add_argument("--rerank", type=non_negative_int(), default=None,
+    build.add_argument("--rerank", type=non_negative_int(),
                        help="IVF-PQ: candidates re-scored exactly with the stored vectors (default: 200; 0 = off)")
-    build.add_argument("--target-recall", type=_recall, default=None,
+    build.add_argument("--target-recall", type=_recall,
                        help="approximate indexes: calibrate nprobe / ef_search to the smallest value reaching this "
                        "recall@10 against exact search (default: 0.95, unless --nprobe / --ef-search is given)")
     build.add_argument("--no-calibration", action="store_true",
                        help="approximate indexes: do not calibrate; use --nprobe / --ef-search or their defaults")
-    build.add_argument("--calibration-queries", type=Path, default=None, metavar="FILE",
-                       help="text file of queries (one per line) to calibrate on (default: perturbed held-out "
-                       "documents)")
-    build.add_argument("--encode-cache", type=Path, default=None, metavar="DIR",
+    build.add_argument("--calibration-queries", type=Path, metavar="FILE", help="text file of queries (one per line) "
+                       "to calibrate on (default: perturbed held-out documents)")
+    build.add_argument("--encode-cache", type=Path, metavar="DIR",
                        help="keep encoded chunks here so that an interrupted build resumes instead of re-encoding")
-    build.add_argument("--chunk-size", type=_BATCH, default=None, help="documents per cached chunk (default: 10000)")
-    build.add_argument("--processes", type=positive_int(1024), default=None,
+    build.add_argument("--chunk-size", type=_BATCH, help="documents per cached chunk (default: 10000)")
+    build.add_argument("--processes", type=positive_int(1024),
                        help="encode with sentence-transformers' multi-process pool of N CPU workers")
-    build.add_argument("--device", default=None, help="device to encode on (default: sentence-transformers' choice)")
-    build.add_argument("--quantize", choices=("none", "int8"), default="none",
-                       help="int8: encode with the backbone's linear layers in int8 on the CPU (docs/serving.md); "
-                       "default none")
+    build.add_argument("--device", help="device to encode on (default: sentence-transformers' choice)")
+    build.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8: encode with the backbone's "
+                       "linear layers in int8 on the CPU (docs/serving.md); default none")
     add_dtype_argument(build)
-    build.add_argument("--task", default=None, help="a prompt set of a bank (st-prompts bank) that encodes the "
+    build.add_argument("--task", help="a prompt set of a bank (st-prompts bank) that encodes the "
                        "documents and, when searching, the queries (default: the model's document and query sets)")
     add_trust_remote_code_argument(build)
     build.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds an index")
@@ -139,24 +121,21 @@ def _add_build(commands: argparse._SubParsersAction) -> None:
 
 def _add_search(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser(
-        "search",
-        help="query an index",
+        "search", help="query an index",
         description="Print the K documents closest to each QUERY (cosine similarity), best first.",
     )
     search.add_argument("index", metavar="OUT", type=Path, help="index directory written by 'index build'")
     search.add_argument("queries", metavar="QUERY", nargs="+", help="query text(s)")
     search.add_argument("-k", type=_COUNT, default=5, help="hits per query (default: 5; clamped to the corpus size)")
-    search.add_argument("--model", default=None,
-                        help="model to encode the queries with (default: the one recorded in the index); it must "
-                        "match the index's model")
-    search.add_argument("--nprobe", type=_COUNT, default=None, help="IVF: lists visited per query (this search only)")
-    search.add_argument("--ef-search", type=_EF, default=None, help="HNSW: candidate list size (this search only)")
-    search.add_argument("--rerank", type=non_negative_int(), default=None,
-                        help="IVF-PQ: candidates re-ranked (this search only)")
+    search.add_argument("--model", help="model to encode the queries with (default: the one recorded in the index); it "
+                        "must match the index's model")
+    search.add_argument("--nprobe", type=_COUNT, help="IVF: lists visited per query (this search only)")
+    search.add_argument("--ef-search", type=_EF, help="HNSW: candidate list size (this search only)")
+    search.add_argument("--rerank", type=non_negative_int(), help="IVF-PQ: candidates re-ranked (this search only)")
     search.add_argument("--mmap", action="store_true",
                         help="memory-map the index instead of reading it into RAM (for indexes larger than RAM)")
-    search.add_argument("--device", default=None, help="device to encode on")
-    search.add_argument("--task", default=None, help="the prompt set that encoded the index (checked; default: the "
+    search.add_argument("--device", help="device to encode on")
+    search.add_argument("--task", help="the prompt set that encoded the index (checked; default: the "
                         "one the index records)")
     add_trust_remote_code_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON instead of a ranked list")
@@ -167,8 +146,7 @@ def _add_search(commands: argparse._SubParsersAction) -> None:
 
 def _add_add(commands: argparse._SubParsersAction) -> None:
     add = commands.add_parser(
-        "add",
-        help="add documents to an index",
+        "add", help="add documents to an index",
         description="Encode the documents of FILE with the index's model and add them to the index at OUT, without "
         "rebuilding it; the index is saved again atomically. FILE is read like 'index build' reads CORPUS. Ids: "
         "--id-column of a dataset file, else the integers following the index's largest id (a text file's blank "
@@ -178,10 +156,10 @@ def _add_add(commands: argparse._SubParsersAction) -> None:
     add.add_argument("index", metavar="OUT", type=Path, help="index directory written by 'index build'")
     add.add_argument("file", metavar="FILE", type=Path, help="text file or dataset file with the new documents")
     add.add_argument("--column", default="text", help="text column of a dataset file (default: text)")
-    add.add_argument("--id-column", default=None, help="id column of a dataset file")
+    add.add_argument("--id-column", help="id column of a dataset file")
     add.add_argument("--batch-size", type=_BATCH, default=64, help="encoding batch size (default: 64)")
-    add.add_argument("--model", default=None, help="model to encode with (default: the index's); it must match")
-    add.add_argument("--device", default=None, help="device to encode on")
+    add.add_argument("--model", help="model to encode with (default: the index's); it must match")
+    add.add_argument("--device", help="device to encode on")
     add_trust_remote_code_argument(add)
     add_no_progress_argument(add)
     add.set_defaults(func=run_add)
@@ -204,12 +182,11 @@ def _add_calibrate(commands: argparse._SubParsersAction) -> None:
         "against exact search reaches --target-recall, on perturbed held-out documents or --queries; saved atomically.",
     )  # fmt: skip
     calibrate.add_argument("index", metavar="OUT", type=Path, help="index directory")
-    calibrate.add_argument("--target-recall", type=_recall, default=0.95,
-                           help="recall@10 to reach (default: 0.95)")
-    calibrate.add_argument("--queries", type=Path, default=None, metavar="FILE",
+    calibrate.add_argument("--target-recall", type=_recall, default=0.95, help="recall@10 to reach (default: 0.95)")
+    calibrate.add_argument("--queries", type=Path, metavar="FILE",
                            help="text file of queries, one per line (default: perturbed held-out documents)")
-    calibrate.add_argument("--model", default=None, help="model to encode with (default: the index's)")
-    calibrate.add_argument("--device", default=None, help="device to encode on")
+    calibrate.add_argument("--model", help="model to encode with (default: the index's)")
+    calibrate.add_argument("--device", help="device to encode on")
     add_trust_remote_code_argument(calibrate)
     calibrate.set_defaults(func=run_calibrate)
 
@@ -243,11 +220,6 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(func=run_export)
 
 
-def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
-
-
 @contextmanager
 def _warnings_as_messages() -> Iterator[None]:
     """Print library warnings (blank lines skipped, k clamped, ...) as one-line messages instead of Python's format."""
@@ -262,6 +234,12 @@ def _warnings_as_messages() -> Iterator[None]:
                 if issubclass(warning.category, UserWarning) and message not in seen:
                     seen.add(message)
                     print(f"st-prompts index: warning: {clip(message, 600)}", file=sys.stderr)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    """`` key=value, ...`` of index parameters (empty without any), for a summary line."""
+    details = ", ".join(f"{key}={value}" for key, value in params.items())
+    return " " + details if details else ""
 
 
 def _recorded_model_name(name: str) -> str:
@@ -288,8 +266,6 @@ def run_build(args: argparse.Namespace) -> int:
     from st_prompts.search.store import check_index_destination
 
     check_index_destination(args.out, args.overwrite)  # before any model is loaded or document encoded
-    if args.batch_size < 1:
-        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     if not args.corpus.exists():
         raise DataNotFoundError(f"corpus file not found: {args.corpus}")
     params, target, calibration_queries = _build_options(args)
@@ -301,26 +277,13 @@ def run_build(args: argparse.Namespace) -> int:
                                                          quantize=args.quantize, dtype=args.dtype))
         check_encode_length(model, clip(args.model, 100))  # before any document is encoded
         index = SemanticIndex.from_file(
-            model,
-            args.corpus,
-            text_column=args.column,
-            id_column=args.id_column,
-            index_type=args.index_type,
-            batch_size=args.batch_size,
-            show_progress_bar=show_progress(args),
-            model_name=_recorded_model_name(args.model),
-            target_recall=target,
-            calibration_queries=calibration_queries,
-            task=args.task,
-            **encoding,
-            **params,
-        )
+            model, args.corpus, text_column=args.column, id_column=args.id_column, index_type=args.index_type,
+            batch_size=args.batch_size, show_progress_bar=show_progress(args),
+            model_name=_recorded_model_name(args.model), target_recall=target,
+            calibration_queries=calibration_queries, task=args.task, **encoding, **params)
         index.save(args.out, overwrite=args.overwrite)
-    details = ", ".join(f"{key}={value}" for key, value in index.index_params.items())
-    print(
-        f"Indexed {len(index)} documents from {args.corpus} with {args.model} ({index.dimension} dims, "
-        f"{index.index_type}{' ' + details if details else ''}) -> {args.out}"
-    )
+    print(f"Indexed {len(index)} documents from {args.corpus} with {args.model} ({index.dimension} dims, "
+          f"{index.index_type}{_params_text(index.index_params)}) -> {args.out}")
     if "calibration" in index.info:
         print(calibration_line(index.info["calibration"]))
     return 0
@@ -356,10 +319,9 @@ def _run_build_from_embeddings(args: argparse.Namespace) -> int:
         built = build_index_from_embedding_files(
             SemanticIndex, sources, out, args.index_type, overwrite=args.overwrite, target_recall=target,
             calibration_queries=queries, show_progress_bar=show_progress(args), **params)
-    details = ", ".join(f"{key}={value}" for key, value in built.index_params.items())
     model = f"model {built.model}" if built.model is not None else "no model: search it with vectors"
     print(f"Indexed {built.rows} documents from {built.parts} embedding file(s) ({model}; {built.dimension} dims, "
-          f"{built.index_type}{' ' + details if details else ''}) -> {out} in {built.seconds:.1f} s")
+          f"{built.index_type}{_params_text(built.index_params)}) -> {out} in {built.seconds:.1f} s")
     if built.calibration is not None:
         print(calibration_line(built.calibration))
     return 0
@@ -395,8 +357,6 @@ def run_search(args: argparse.Namespace) -> int:
     from st_prompts.search import SemanticIndex
     from st_prompts.search.corpus import check_queries
 
-    if args.k < 1:
-        raise ConfigurationError(f"-k must be a positive number of hits, got {args.k}")
     check_queries(args.queries)
     with _warnings_as_messages():
         index = SemanticIndex.load(args.index, mmap=args.mmap)
@@ -426,8 +386,6 @@ def run_add(args: argparse.Namespace) -> int:
 
     if not args.file.exists():
         raise DataNotFoundError(f"file not found: {args.file}")
-    if args.batch_size < 1:
-        raise ConfigurationError(f"--batch-size must be positive, got {args.batch_size}")
     with _warnings_as_messages():
         corpus = read_corpus_file(args.file, text_column=args.column, id_column=args.id_column)
         with SemanticIndex.update(args.index) as index:  # concurrent updates take turns, each on the latest save
@@ -443,16 +401,9 @@ def run_add(args: argparse.Namespace) -> int:
 
 def _parse_ids(index, values: list[str]) -> list:
     """Command-line ids as the index stores them: the string if the index has it, else the integer."""
-    known = set(index.ids)
-    out = []
-    for value in values:
-        if value in known:
-            out.append(value)
-        elif len(value) <= 20 and value.lstrip("-").isdigit() and int(value) in known:
-            out.append(int(value))
-        else:
-            out.append(value)  # reported as unknown by remove()
-    return out
+    known = set(index.ids)  # an id it has neither way stays as given: remove() reports it
+    return [int(v) if v not in known and len(v) <= 20 and v.lstrip("-").isdigit() and int(v) in known else v
+            for v in values]
 
 
 def run_remove(args: argparse.Namespace) -> int:
@@ -514,9 +465,8 @@ def run_export(args: argparse.Namespace) -> int:
         record = export_index(index, address, overwrite=args.overwrite, rows=args.batch_rows,
                               progress=show_progress(args), source=str(args.index.resolve()))
     search = record["search"]
-    details = ", ".join(f"{key}={value}" for key, value in {**search["build"], **search["params"]}.items())
     print(f"Exported {record['documents']} documents of {args.index} to {address} ({search['index_type']}"
-          f"{' ' + details if details else ''}, inner product); serve it with: st-prompts serve MODEL --index "
-          f"NAME={address}")
+          f"{_params_text({**search['build'], **search['params']})}, inner product); serve it with: st-prompts serve "
+          f"MODEL --index NAME={address}")
     return 0
 

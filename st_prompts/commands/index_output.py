@@ -1,8 +1,6 @@
-"""What ``st-prompts index search`` and ``index info`` print. Every text that comes from a user or a file (a query, a
-document, an id, a model name, a record of ``meta.json``) is made printable and cut to :data:`TEXT_WIDTH` characters
-(``search --full-text`` prints documents whole): a 1 MB document or id never floods a terminal or a log.
-
-Standard library and :mod:`st_prompts.errors` only, like :mod:`st_prompts.commands.index`."""
+"""What ``st-prompts index search`` and ``index info`` print: every text from a user or a file is made printable and
+cut to :data:`TEXT_WIDTH` characters, so a 1 MB document or id never floods a terminal. Standard library and
+:mod:`st_prompts.errors` only."""
 
 from __future__ import annotations
 
@@ -18,10 +16,7 @@ TEXT_WIDTH = 200
 
 def clip(value: Any, width: int | None = TEXT_WIDTH) -> str:
     """``str(value)`` made printable (one line) and cut to ``width`` characters (``None``: whole)."""
-    text = str(value)
-    if width is not None and len(text) > width:
-        text = text[: width - 1] + "…"
-    return printable(text)
+    return printable(json_clip(str(value), width))
 
 
 def json_clip(value: Any, width: int | None) -> Any:

@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from st_prompts.commands._numbers import parse_float
 
 
-def finite_float(text: str) -> float:
-    """The ``type`` of a numeric command-line option that takes any finite float (a method setting whose own range is
-    checked by its settings class): ``nan``, ``inf`` and overflowing values such as ``1e999`` are refused by argparse
-    with one line. Ranged options use :mod:`st_prompts.commands._numbers`."""
-    return parse_float(text)
+#: The ``type`` of an option taking any finite float (a setting whose range its settings class checks); ranged options
+#: use :mod:`st_prompts.commands._numbers`.
+finite_float = parse_float
 
 
 def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
     """``--trust-remote-code`` (``args.trust_remote_code``: ``True`` when given, else ``None``, i.e. decided by
     :func:`st_prompts.loading.load_sentence_model`)."""
-    parser.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        default=None,
-        help="let the model run code that ships with it or its backbone (a custom class in its modules.json, an "
-        "auto_map in a config.json or tokenizer_config.json, a custom Dense activation). Without it, such a model is "
-        "refused before anything of it runs. Only use it for models whose code you trust",
-    )
+    parser.add_argument("--trust-remote-code", action="store_true", default=None, help="let the model run code that "
+                        "ships with it or its backbone (a custom class in its modules.json, an auto_map in a "
+                        "config.json or tokenizer_config.json, a custom Dense activation). Without it, such a model is "
+                        "refused before anything of it runs. Only use it for models whose code you trust")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +45,11 @@ def show_progress(args: argparse.Namespace) -> bool:
 def cli_text(text: str) -> str:
     """A docstring as command-line help text: reStructuredText's double backquotes (````x````) become single ones
     and Sphinx roles (``:func:`x```) plain names, so that ``--help`` shows no markup."""
-    import re
-
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
     return text.replace("``", "`")
+
+
+def missing_subcommand(parser: argparse.ArgumentParser) -> int:
+    """What a command given without its sub-command does: print its help to stderr, exit status 2."""
+    parser.print_help(sys.stderr)
+    return 2

@@ -1,21 +1,6 @@
-"""``st-prompts plot``: figures of the D2CSE analysis.
-
-* ``st-prompts plot similarity MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
-  box plots of the predicted cosine similarity of STS pairs per gold-score bucket, models side by side;
-* ``st-prompts plot align-uniform MODEL [MODEL ...] --senteval-dir DIR [--task T --split S] --out FIG.png``:
-  models in the alignment-uniformity plane (the numbers are also printed);
-* ``st-prompts plot diffaug-stage1 RUN_DIR --out curves.png``: DiffAug's stage-1 diagnostics, the representation
-  divergence δ and the weight convergence κ against the step, read from ``RUN_DIR/train_result.json``.
-
-``MODEL`` is a local path or a hub id, loaded with :func:`st_prompts.loading.load_sentence_model` (code from
-outside sentence-transformers and st_prompts only with ``--trust-remote-code``); ``minilm`` names the packaged
-all-MiniLM-L6-v2. Each model is shown as ``LABEL (POOLING)``, e.g. ``minilm (mean)`` or ``final ([CLS])``, so that
-models pooled differently are not compared unawares. ``--split`` defaults to ``dev`` for STSBenchmark and
-SICKRelatedness (whose test sets are not used for model selection) and to ``test`` for STS12-16, which only have a
-test split.
-
-Only light modules are imported at module level, so that ``--help`` is fast; the runners import the heavy parts.
-"""
+"""``st-prompts plot``: figures of the D2CSE analysis (similarity per gold-score bucket, the alignment-uniformity plane)
+and DiffAug's stage-1 curves. Each model is shown as ``LABEL (POOLING)`` so that models pooled differently are not
+compared unawares. Only light modules are imported here, so that ``--help`` is fast."""
 
 from __future__ import annotations
 
@@ -25,11 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from st_prompts.commands._numbers import finite_float, positive_int
-from st_prompts.commands.options import (
-    add_no_progress_argument,
-    add_trust_remote_code_argument,
-    show_progress,
-)
+from st_prompts.commands.options import add_no_progress_argument, add_trust_remote_code_argument, show_progress
 from st_prompts.errors import ConfigurationError, DataNotFoundError, first_line
 
 #: Tasks that have a dev split; the others (STS12-16) only have ``test``.
@@ -39,8 +20,7 @@ _TASKS_WITH_DEV = ("STSBenchmark", "SICKRelatedness")
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``plot`` and its sub-commands ``similarity`` and ``align-uniform``."""
     parser = subparsers.add_parser(
-        "plot",
-        help="draw the similarity-by-score and alignment-uniformity figures",
+        "plot", help="draw the similarity-by-score and alignment-uniformity figures",
         description="Draw the figures of the D2CSE analysis for one or more models, as PNG.",
     )
     figures = parser.add_subparsers(dest="figure", metavar="FIGURE", required=True)
@@ -49,26 +29,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         p.add_argument("models", nargs="+", metavar="MODEL", help="model path or hub id; 'minilm' = packaged MiniLM")
         p.add_argument("--senteval-dir", required=True, type=Path, help="SentEval data directory (with STS/, SICK/)")
         p.add_argument("--task", default="STSBenchmark", help="STS task (default: STSBenchmark)")
-        p.add_argument(
-            "--split", default=None, help="split (default: dev for STSBenchmark and SICKRelatedness, else test)"
-        )
+        p.add_argument("--split", help="split (default: dev for STSBenchmark and SICKRelatedness, else test)")
         p.add_argument("--out", required=True, type=Path, help="PNG file to write")
-        p.add_argument(
-            "--labels",
-            nargs="+",
-            metavar="LABEL",
-            help="names shown in the figure, one per MODEL (default: the last path component of each MODEL); the "
-            "pooling is appended to each, e.g. 'minilm (mean)'",
-        )
-        p.add_argument("--batch-size", type=positive_int(1 << 20), default=64,
-                       help="encoding batch size (default: 64)")
-        p.add_argument("--title", default=None, help="figure title (default: a description of the figure)")
+        p.add_argument("--labels", nargs="+", metavar="LABEL",
+                       help="names shown in the figure, one per MODEL (default: the last path component of each "
+                       "MODEL); the pooling is appended to each, e.g. 'minilm (mean)'")
+        p.add_argument("--batch-size", type=positive_int(1 << 20), default=64, help="encoding batch size (default: 64)")
+        p.add_argument("--title", help="figure title (default: a description of the figure)")
         add_trust_remote_code_argument(p)
         add_no_progress_argument(p)
 
     sim = figures.add_parser(
-        "similarity",
-        help="predicted cosine similarity per gold-score bucket",
+        "similarity", help="predicted cosine similarity per gold-score bucket",
         description="Box plots of each model's cosine similarity of STS pairs, per gold-score bucket "
         "[0,1) [1,2) [2,3) [3,4) [4,5].",
     )
@@ -76,36 +48,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sim.set_defaults(func=run_similarity)
 
     au = figures.add_parser(
-        "align-uniform",
-        help="models in the alignment-uniformity plane",
+        "align-uniform", help="models in the alignment-uniformity plane",
         description="Alignment (positive pairs: gold score >= --positive-threshold) and uniformity (all distinct "
         "sentences) of each model on an STS split, as a labelled scatter plot; the values are printed too.",
     )
     common(au)
-    au.add_argument(
-        "--positive-threshold", type=finite_float(0.0, 5.0), default=4.0,
-        help="gold score from which a pair is positive (default: 4)",
-    )
+    au.add_argument("--positive-threshold", type=finite_float(0.0, 5.0), default=4.0,
+                    help="gold score from which a pair is positive (default: 4)")
     au.set_defaults(func=run_align_uniform)
 
     stage1 = figures.add_parser(
-        "diffaug-stage1",
-        help="DiffAug's stage-1 curves: delta and kappa against the step",
+        "diffaug-stage1", help="DiffAug's stage-1 curves: delta and kappa against the step",
         description="Draw the representation divergence (delta) and the weight convergence (kappa) that a DiffAug "
         "run logged during stage 1 (RUN_DIR/train_result.json), with the step where stage 1 ended.",
     )
     stage1.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="output folder of 'st-prompts train diffaug'")
     stage1.add_argument("--out", required=True, type=Path, help="PNG file to write")
-    stage1.add_argument("--title", default=None, help="figure title")
+    stage1.add_argument("--title", help="figure title")
     stage1.set_defaults(func=run_diffaug_stage1)
     return parser
 
 
 def _check_args(args: argparse.Namespace) -> list[str]:
-    """Validate the options shared by both figures; return the label of each model.
-
-    Also canonicalises ``args.task`` (``stsb`` -> ``STSBenchmark``) and fills in the default ``args.split``.
-    """
+    """Validate the options shared by both figures (canonicalising ``args.task``, filling in the default
+    ``args.split``); return the label of each model."""
     from st_prompts.data.senteval import normalize_task
 
     args.task = normalize_task(args.task)
@@ -117,8 +83,6 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         raise ConfigurationError(f"--out {str(args.out)!r} is a directory")
     if not args.senteval_dir.is_dir():
         raise DataNotFoundError(f"--senteval-dir {str(args.senteval_dir)!r} is not a directory")
-    if args.batch_size < 1:
-        raise ConfigurationError(f"--batch-size must be >= 1, got {args.batch_size}")
     labels = args.labels or _default_labels(args.models)
     if len(labels) != len(args.models):
         raise ConfigurationError(f"--labels gives {len(labels)} names for {len(args.models)} models")
@@ -163,10 +127,8 @@ def run_similarity(args: argparse.Namespace) -> int:
     labels = _check_args(args)
     pairs = _load_pairs(args)
     models = dict(_load_models(args, labels))
-    path = plot_similarity_by_score(
-        models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title, batch_size=args.batch_size,
-        show_progress_bar=show_progress(args),
-    )
+    path = plot_similarity_by_score(models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title,
+                                    batch_size=args.batch_size, show_progress_bar=show_progress(args))
     print(f"wrote {path}")
     return 0
 
@@ -178,34 +140,23 @@ def run_align_uniform(args: argparse.Namespace) -> int:
 
     labels = _check_args(args)
     pairs = _load_pairs(args)
-    evaluator = AlignmentUniformityEvaluator(
-        pairs.sentences1,
-        pairs.sentences2,
-        pairs.scores,
-        positive_threshold=args.positive_threshold,
-        batch_size=args.batch_size,
-        show_progress_bar=show_progress(args),
-        write_csv=False,
-    )
+    evaluator = AlignmentUniformityEvaluator(pairs.sentences1, pairs.sentences2, pairs.scores,
+                                             positive_threshold=args.positive_threshold, batch_size=args.batch_size,
+                                             show_progress_bar=show_progress(args), write_csv=False)
     points = {}
     for label, model in _load_models(args, labels):
         result = evaluator.compute(model)
         points[label] = (result["alignment"], result["uniformity"])
-    print(
-        f"{_dataset_label(args)}: {evaluator.num_positive_pairs} positive pairs (gold score >= "
-        f"{args.positive_threshold:g}), {evaluator.num_sentences} distinct sentences"
-    )
+    print(f"{_dataset_label(args)}: {evaluator.num_positive_pairs} positive pairs (gold score >= "
+          f"{args.positive_threshold:g}), {evaluator.num_sentences} distinct sentences")
     width = max(len(label) for label in points)
     print(f"{'model':<{width}}  alignment  uniformity")
     for label, (a, u) in points.items():
         print(f"{label:<{width}}  {a:9.4f}  {u:10.4f}")
-    note = (
-        f"Embeddings L2-normalised; alignment over the {evaluator.num_positive_pairs} pairs with gold score >= "
-        f"{args.positive_threshold:g}, uniformity over all pairs of the {evaluator.num_sentences} distinct sentences."
-    )
-    path = plot_alignment_uniformity(
-        points, args.out, title=args.title, dataset_label=_dataset_label(args), note=note
-    )
+    note = (f"Embeddings L2-normalised; alignment over the {evaluator.num_positive_pairs} pairs with gold score >= "
+            f"{args.positive_threshold:g}, uniformity over all pairs of the {evaluator.num_sentences} distinct "
+            "sentences.")
+    path = plot_alignment_uniformity(points, args.out, title=args.title, dataset_label=_dataset_label(args), note=note)
     print(f"wrote {path}")
     return 0
 

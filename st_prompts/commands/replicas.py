@@ -18,10 +18,9 @@ See docs/serving.md (Replicas).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from st_prompts.commands._numbers import positive_float
-from st_prompts.commands.options import cli_text
+from st_prompts.commands.options import cli_text, missing_subcommand
 from st_prompts.errors import ConfigurationError, printable
 
 
@@ -31,7 +30,7 @@ def add_parser(subparsers) -> None:
         "replicas", help="check several serve replicas, and change their prompt sets and indexes as one",
         description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="replicas_command", metavar="SUBCOMMAND")
-    parser.set_defaults(func=lambda args: _missing_subcommand(parser))
+    parser.set_defaults(func=lambda args: missing_subcommand(parser))
 
     check = actions.add_parser("check", help="every replica ready and serving the same sets (exit 0), else one line")
     _common(check, admin=False)
@@ -108,8 +107,3 @@ def run_change(args: argparse.Namespace) -> int:
     print(f"{len(states)} replica{'s' * (len(states) != 1)} {verb} {printable(repr(args.name))}; every one ready, "
           f"serving the same sets (fingerprint {states[0].fingerprint})")
     return 0
-
-
-def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2

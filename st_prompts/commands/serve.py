@@ -60,13 +60,11 @@ def add_parser(subparsers) -> None:
     batching = parser.add_argument_group("batching")
     batching.add_argument("--max-wait-ms", type=finite_float(0, 60_000), default=2.0,
                           help="the longest a row waits for others to share its forward pass (default 2)")
-    batching.add_argument("--max-batch-tokens", type=positive_int(1 << 24), default=None,
-                          help="padded tokens (rows x longest row) per forward pass (default: 4096 on a CPU; on a GPU "
-                          "256 a row of --max-batch-rows)")
-    batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), default=None,
-                          help="rows per forward pass (default: 64 on a CPU; on a GPU the fewest rows within 10%% of "
-                          "the best rate, measured at start)")
-    batching.add_argument("--pass-overhead-tokens", type=finite_float(0, 1e6), default=None,
+    batching.add_argument("--max-batch-tokens", type=positive_int(1 << 24), help="padded tokens (rows x longest row) "
+                          "per forward pass (default: 4096 on a CPU; on a GPU 256 a row of --max-batch-rows)")
+    batching.add_argument("--max-batch-rows", type=positive_int(1 << 16), help="rows per forward pass (default: 64 on "
+                          "a CPU; on a GPU the fewest rows within 10%% of the best rate, measured at start)")
+    batching.add_argument("--pass-overhead-tokens", type=finite_float(0, 1e6),
                           help="what a forward pass costs beyond its padded tokens, in tokens: the batcher splits "
                           "queued rows by length into the passes that cost least (default: measured at start)")
     limits = parser.add_argument_group("limits")
@@ -83,9 +81,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--admin-token-file", metavar="FILE",
                         help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}); without a token there is "
                         "no admin endpoint")
-    parser.add_argument("--drain-timeout", type=finite_float(0, 86_400), default=30.0,
-                        help="on SIGTERM, seconds to finish the requests in flight, at most, whatever clients do "
-                        "(default 30)")
+    parser.add_argument("--drain-timeout", type=finite_float(0, 86_400), default=30.0, help="on SIGTERM, seconds to "
+                        "finish the requests in flight, at most, whatever clients do (default 30)")
     connections = parser.add_argument_group("connections (a client that stalls is dropped)")
     connections.add_argument("--header-timeout", type=positive_float(3600), default=10.0,
                              help="seconds for a request's headers to arrive, from its first byte (default 10)")
@@ -97,9 +94,8 @@ def add_parser(subparsers) -> None:
     connections.add_argument("--max-connections", type=positive_int(1_000_000), default=1000,
                              help="connections open at once, in the whole server (all workers together); more are "
                              "answered 503 and closed (default 1000)")
-    connections.add_argument("--max-header-bytes", type=int_range(1024, 1 << 20), default=64 * 1024,
-                             help="bytes of a request's line and headers (1 KiB to 1 MiB); more are answered 431 "
-                             "(default 65536)")
+    connections.add_argument("--max-header-bytes", type=int_range(1024, 1 << 20), default=64 * 1024, help="bytes of a "
+                             "request's line and headers (1 KiB to 1 MiB); more are answered 431 (default 65536)")
     connections.add_argument("--max-headers", type=int_range(1, 10_000), default=100,
                              help="header fields of a request; more are answered 431 (default 100)")
     connections.add_argument("--max-url-bytes", type=int_range(64, MAX_URL_BYTES), default=32 * 1024,

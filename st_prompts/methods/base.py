@@ -1,9 +1,6 @@
-"""What a method is: settings with paper/CPU presets, a model builder, and a list of training stages (the folder layout
-and the registry: :mod:`st_prompts.methods`).
-
-Everything else (the CLI ``st-prompts train <name>``, the recipes, the benchmarks, model selection) reads the
-registry, so adding a method never adds a branch to shared code. This module imports no torch: the command line lists
-the methods and their options from the ``config.py`` files alone."""
+"""What a method is: settings with paper/CPU presets, a model builder, and a list of training stages (the registry:
+:mod:`st_prompts.methods`). Shared code reads the registry, so adding a method adds no branch to it. No torch here:
+the command line lists the methods and their options from the ``config.py`` files alone."""
 
 from __future__ import annotations
 
@@ -139,24 +136,17 @@ class Stage:
         load_data: ``(settings, data_dir, limit) -> datasets.Dataset`` (``data_dir=None``: hub or bundled data).
         prepare: ``(model, settings) -> None`` run before the stage (e.g. freeze or unfreeze the backbone).
         callbacks: ``(loss, settings) -> list`` of trainer callbacks for the stage.
-        learning_rates: ``(model, settings) -> {regex over the loss's parameter names: lr}`` for parameter groups
-            with their own learning rate (sentence-transformers' ``learning_rate_mapping``).
-        max_steps: ``settings -> steps`` of this stage (``None``: ``settings.max_steps`` / ``settings.epochs``).
+        learning_rates: ``(model, settings) -> {regex over the loss's parameter names: lr}``
+            (sentence-transformers' ``learning_rate_mapping``).
+        max_steps, learning_rate, batch_size, epochs, gradient_accumulation: ``settings -> value`` of this stage
+            (``None``: the settings' ``max_steps``, ``learning_rate``, ... ``gradient_accumulation_steps``).
         select_model: evaluate on STS-B dev during this stage and keep the best weights.
-        collator: ``(model, settings) -> data collator`` (default: sentence-transformers' own), e.g. per-column
-            maximum lengths (:class:`st_prompts.data.collators.ColumnMaxLengthCollator`).
-        prepare_loss: ``(loss, dataset, settings) -> report dict | None``, run once after the loss is built and before
-            the stage trains, with the stage's training data: a pre-pass whose result the loss needs (e.g. D2CSE's
-            replaced-token corruption of every training sentence). Its report lands in
+        collator: ``(model, settings) -> data collator`` (default: sentence-transformers' own).
+        prepare_loss: ``(loss, dataset, settings) -> report dict | None``: a pre-pass over the stage's training data
+            whose result the loss needs (D2CSE's corruption), run once before the stage trains; its report lands in
             ``TrainResult.stage_reports[stage name]``.
-        learning_rate: ``settings -> peak learning rate`` of this stage (``None``: ``settings.learning_rate``).
-        batch_size: ``settings -> batch size`` of this stage (``None``: ``settings.batch_size``).
-        epochs: ``settings -> epochs`` of this stage when it has no step count (``None``: ``settings.epochs``).
-        schedule_steps: ``(settings, datasets) -> steps`` the stage's linear learning-rate schedule decays over, when
-            that differs from the steps it trains (``datasets``: every stage's data by name). The stage still stops
-            after ``max_steps``: DiffAug's official stage 1 decays over the stage-2 length and stops before.
-        gradient_accumulation: ``settings -> batches per optimizer step`` of this stage (``None``:
-            ``settings.gradient_accumulation_steps``).
+        schedule_steps: ``(settings, datasets by stage name) -> steps`` the linear schedule decays over, when that
+            differs from the steps trained (DiffAug's official stage 1 decays over the stage-2 length, stops before).
     """
 
     name: str
@@ -183,31 +173,26 @@ SUPERVISION = ("unsupervised", "semi-supervised", "supervised")
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """What is known about a method without importing torch: its settings, presets and what it supports.
-
-    Lives in the method's ``config.py``; the command line, ``--help`` and the registry read only this.
+    """What is known about a method without importing torch (its ``config.py``; all that ``--help`` reads).
 
     Attributes:
         name: the registry key (``st-prompts train <name>``).
         summary: one line for ``--help``.
         settings_class: the :class:`TrainSettings` subclass holding the method's options.
-        presets: ``(scale, supervised, backbone) -> {field: value}``: the paper's table for ``scale="paper"``, the
-            setting on the packaged MiniLM for ``scale="cpu"``. ``backbone`` is ``None`` for the default one.
-        supervision: the settings the method has, by name: ``"unsupervised"`` (or ``"semi-supervised"``, DiffAug's,
-            which uses NLI labels in stage 1) and/or ``"supervised"``.
+        presets: ``(scale, supervised, backbone or None) -> {field: value}``: the paper's table for ``"paper"``, the
+            packaged MiniLM's setting for ``"cpu"``.
+        supervision: the settings the method has: ``"unsupervised"`` (or DiffAug's ``"semi-supervised"``) and/or
+            ``"supervised"``.
         prompts_only: whether a trained model can be saved as a prompts-only checkpoint (backbone unchanged).
-        side_outputs: ``settings -> ((suffix, kind), ...)``: the folders a run writes beside its output and the kind
-            their manifests record (DiffAug: ``("-stage1", "DiffAug stage-1 checkpoint")``), so that the pipeline
-            checks them before training like the output itself (a folder of another kind is never replaced).
-        quick: settings that make a smoke run of the method take seconds (used by ``benchmarks/run_all --quick``),
-            besides the batch size and evaluation interval every method gets there.
-        last_stage_alone: settings under which the method's last stage runs by itself, its preparation kept short
-            (``benchmarks/efficiency.py`` times that stage): e.g. DiffAug's stage 2 without stage 1.
+        side_outputs: ``settings -> ((suffix, kind), ...)``: folders a run writes beside its output and the kind their
+            manifests record, checked before training like the output itself.
+        quick: settings that make a smoke run take seconds (``benchmarks/run_all --quick``).
+        last_stage_alone: settings under which the last stage runs alone, its preparation kept short
+            (``benchmarks/efficiency.py`` times it): e.g. DiffAug's stage 2 without stage 1.
         title: the method's name as written (``"DiffAug"``); default the name in capitals.
         citation: who and when, short (``"Wang & Lu 2022"``), for the methods table.
         paper, paper_url: the paper's full title and link, cited by the model card of every model it trains.
-        description: one line for the methods table of the README and ``docs/index.md``
-            (:mod:`st_prompts.methods.catalog` writes both from the registry).
+        description: one line for the methods table (:mod:`st_prompts.methods.catalog`).
     """
 
     name: str
@@ -242,9 +227,8 @@ class MethodConfig:
         """Whether the method has the supervised (``True``) or the unsupervised / semi-supervised setting."""
         return self.setting_name(supervised) is not None
 
-    def settings(
-        self, supervised: bool = False, scale: str = "paper", backbone: str | None = None, **overrides: Any
-    ) -> TrainSettings:
+    def settings(self, supervised: bool = False, scale: str = "paper", backbone: str | None = None,
+                 **overrides: Any) -> TrainSettings:
         """The settings of a run: the preset for (scale, supervision, backbone), then ``overrides`` (``None`` values
         are ignored, so parsed command-line options can be passed as they are)."""
         if scale not in SCALES:
@@ -279,21 +263,11 @@ class Method:
     build_model: Callable[[TrainSettings], Any]
     stages: Callable[[TrainSettings], list[Stage]]
 
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def summary(self) -> str:
-        return self.config.summary
-
-    @property
-    def settings_class(self) -> type[TrainSettings]:
-        return self.config.settings_class
-
-    @property
-    def prompts_only(self) -> bool:
-        return self.config.prompts_only
+    # the config's, read through the method
+    name = property(lambda self: self.config.name)
+    summary = property(lambda self: self.config.summary)
+    settings_class = property(lambda self: self.config.settings_class)
+    prompts_only = property(lambda self: self.config.prompts_only)
 
     def side_outputs(self, settings: TrainSettings) -> tuple[tuple[str, str], ...]:
         return self.config.side_outputs(settings)

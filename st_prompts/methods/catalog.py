@@ -1,11 +1,7 @@
 """The methods tables of ``README.md`` and ``docs/index.md``, written from the registry (no torch).
 
-Each file holds its table between ``<!-- methods: begin -->`` and ``<!-- methods: end -->``; a method's row comes from
-its ``CONFIG`` (``title``, ``citation``, ``description``) and links its page ``docs/methods/<name>.md``. After adding a
-method (CONTRIBUTING.md)::
-
-    python -m st_prompts.methods.catalog          # rewrite both tables
-    python -m st_prompts.methods.catalog --check  # exit 1 if either is stale (the tests check it too)
+Each file holds its table between :data:`BEGIN` and :data:`END`, a row per method from its ``CONFIG``, linking
+``docs/methods/<name>.md``. ``python -m st_prompts.methods.catalog`` rewrites both (``--check``: exit 1 if stale).
 """
 
 from __future__ import annotations

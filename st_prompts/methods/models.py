@@ -12,19 +12,14 @@ from sentence_transformers.sentence_transformer.modules import Dense, Pooling, T
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods import config as method_config
 from st_prompts.methods.base import TrainSettings
-from st_prompts.modules import MaskTokenPooling
+from st_prompts.modules import MaskTokenPooling, PromptedTransformer
 from st_prompts.modules.model_card import PromptsModelCardData, backbone_card_name
 from st_prompts.utils import resolve_model_name
 
 
 def mlp_head_module(dimension: int, initializer_range: float = 0.02):
-    """SimCSE's MLP over [CLS] (``Linear(H, H) + Tanh``) as a sentence-transformers ``Dense`` module.
-
-    Used for ``mlp_head="saved"``: a real module of the saved model, applied at training and inference, as in the
-    official supervised SimCSE/DCPCSE runs (``--pooler_type cls`` without ``--mlp_only_train``). Initialised like
-    transformers initialises new weights (normal with the backbone's ``initializer_range``, zero bias), as the
-    official ``MLPLayer`` is.
-    """
+    """SimCSE's MLP over [CLS] (``Linear(H, H) + Tanh``) as a ``Dense`` module, for ``mlp_head="saved"`` (the official
+    supervised runs); initialised as the official ``MLPLayer`` (normal with ``initializer_range``, zero bias)."""
     weight = torch.empty(dimension, dimension).normal_(0.0, initializer_range)
     return Dense(dimension, dimension, activation_function=torch.nn.Tanh(), init_weight=weight,
                  init_bias=torch.zeros(dimension))
@@ -55,12 +50,18 @@ def assemble(settings: TrainSettings, encoder, pooling_mode: str = "cls"):
 
 
 def backbone_kwargs(settings: TrainSettings) -> dict[str, Any]:
-    """Keyword arguments of an encoder that hand the user's ``trust_remote_code=True`` (``--trust-remote-code``) to
-    the backbone's loaders; none otherwise, and the backbone is then checked against st_prompts' allow-list
-    (:mod:`st_prompts.trust`) before anything of it is read."""
+    """An encoder's keyword arguments handing ``trust_remote_code=True`` to the backbone's loaders; none without it
+    (the backbone is then checked against :mod:`st_prompts.trust` before anything of it is read)."""
     if not getattr(settings, "trust_remote_code", False):
         return {}
     return {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")}
+
+
+def prompted_encoder(settings: TrainSettings, **options: Any) -> PromptedTransformer:
+    """A :class:`~st_prompts.PromptedTransformer` on ``settings.backbone`` with ``options`` (e.g. the prefix's:
+    ``**settings.prefix_options()``), its ``max_seq_length`` the settings' unless ``options`` give one."""
+    options.setdefault("max_seq_length", settings.max_seq_length)
+    return PromptedTransformer(resolve_model_name(settings.backbone), **options, **backbone_kwargs(settings))
 
 
 def plain_transformer(settings: TrainSettings) -> Transformer:

@@ -21,14 +21,11 @@ def contrastive_data(settings: TrainSettings, data_dir, limit: int | None):
 
 def contrastive_loss(model, settings: TrainSettings):
     """:class:`PromptContrastiveLoss` from the settings (τ, train-only MLP, auxiliary MLM)."""
-    return PromptContrastiveLoss(
-        model,
-        scale=1.0 / settings.temperature,
-        mlp=getattr(settings, "mlp_head", "none") == "train_only",
-        mlm_weight=getattr(settings, "mlm_weight", 0.0),
-        mlm_decay=getattr(settings, "mlm_decay", 0.95),
-        mlm_decay_steps=getattr(settings, "mlm_decay_steps", 100),
-    )
+    return PromptContrastiveLoss(model, scale=1.0 / settings.temperature,
+                                 mlp=getattr(settings, "mlp_head", "none") == "train_only",
+                                 mlm_weight=getattr(settings, "mlm_weight", 0.0),
+                                 mlm_decay=getattr(settings, "mlm_decay", 0.95),
+                                 mlm_decay_steps=getattr(settings, "mlm_decay_steps", 100))
 
 
 def step_callbacks(loss, settings: TrainSettings) -> list:
@@ -37,10 +34,8 @@ def step_callbacks(loss, settings: TrainSettings) -> list:
 
 
 def head_learning_rates(model, settings: TrainSettings) -> dict[str, float]:
-    """A separate learning rate for the MLP head (saved ``Dense`` or train-only MLP) when ``head_learning_rate`` is set.
-
-    Keys are regular expressions over the loss's parameter names (sentence-transformers' ``learning_rate_mapping``).
-    """
+    """A learning rate of its own for the MLP head (saved ``Dense`` or train-only MLP) when ``head_learning_rate`` is
+    set; keys are regular expressions over the loss's parameter names (``learning_rate_mapping``)."""
     rate = getattr(settings, "head_learning_rate", None)
     if rate is None or getattr(settings, "mlp_head", "none") == "none":
         return {}
@@ -52,13 +47,7 @@ def head_learning_rates(model, settings: TrainSettings) -> dict[str, float]:
 
 def contrastive_stage(settings: TrainSettings, name: str = "train", **changes: Any) -> Stage:
     """The single SimCSE-style stage (InfoNCE + optional MLP/MLM) most methods train with."""
-    values: dict[str, Any] = dict(
-        name=name,
-        build_loss=contrastive_loss,
-        columns=contrastive_columns,
-        load_data=contrastive_data,
-        callbacks=step_callbacks,
-        learning_rates=head_learning_rates,
-    )
-    values.update(changes)
-    return Stage(**values)
+    values: dict[str, Any] = dict(name=name, build_loss=contrastive_loss, columns=contrastive_columns,
+                                  load_data=contrastive_data, callbacks=step_callbacks,
+                                  learning_rates=head_learning_rates)
+    return Stage(**{**values, **changes})

@@ -59,16 +59,9 @@ class D2CSESettings(PrefixSettings):
 
 def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     if scale == "cpu":
-        # Packaged all-MiniLM-L6-v2 on the shared data with DCPCSE's CPU budget (batch 64, one epoch, prefix 16 / 12)
-        # so that the two methods compare at equal data, steps and batch; learning rates selected on STS-B dev (seed
-        # 42, benchmarks/run_all's d2cse-*-lr* rows) with the official prefix initialisation: 1e-1 unsupervised; 1e-1
-        # supervised, chosen over seed 42's 3e-1 (one step below 1, which diverges) on the three-seed STS-B dev mean
-        # once 3e-1 collapsed at seed 43 (STS-B dev 6.76, whole sentences, 2026-11-28; docs/methods/d2cse.md);
-        # [CLS] prompt as table 7's BERT-base column (off unsupervised, on supervised); the offline fallback
-        # generator. No prefix gate (issue 51): unsupervised, three H100 seeds had it +0.46 on STS-B dev
-        # (benchmarks/results/run_all/h100/gate.md), but three seeds of this preset on the CPU, whole
-        # sentences, read -0.53 (84.01 -> 83.48; the d2cse-unsup-gate row); supervised at 3e-1 it collapsed two
-        # seeds of three (-34.9, H100). --prefix-gate turns it on.
+        # DCPCSE's CPU budget (batch 64, one epoch, prefix 16 / 12), so that the two methods compare at equal data,
+        # steps and batch; learning rates selected on STS-B dev; [CLS] prompt as table 7's BERT-base column; the
+        # offline generator; no prefix gate (it did not help this preset). Readings: docs/methods/d2cse.md.
         return dict(backbone="minilm", batch_size=64, learning_rate=1e-1,
                     prefix_length=12 if supervised else 16,
                     cls_prompt=supervised, epochs=1.0, eval_steps=50, generator=BACKBONE_GENERATOR)
@@ -88,16 +81,12 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 
 CONFIG = MethodConfig(
-    name="d2cse",
-    title="D2CSE",
-    citation="Lee 2022",
+    name="d2cse", title="D2CSE", citation="Lee 2022", settings_class=D2CSESettings, presets=presets,
     paper="D2CSE: Difference-aware Deep continuous prompts for Contrastive Sentence Embeddings (Lee, 2022)",
     paper_url="https://arxiv.org/abs/2304.08991",
     description=("deep prompts, an optional [CLS] prompt and conditional replaced-token detection by the same "
                  "frozen encoder"),
     summary="deep prompts + [CLS] prompt + conditional replaced-token detection by the same frozen encoder (Lee 2022)",
-    settings_class=D2CSESettings,
-    presets=presets,
     quick=(("generator_steps", 2),),
     last_stage_alone=(("generator_steps", 5),),  # the generator trains before the stage; its quality is not timed
 )

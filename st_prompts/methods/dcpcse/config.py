@@ -44,12 +44,8 @@ class DCPCSESettings(PrefixSettings):
 
 def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     if scale == "cpu":
-        # Packaged all-MiniLM-L6-v2 on the shared data: one epoch, batch 64, STS-B dev every 50 steps. Learning rate
-        # selected on STS-B dev (seed 42, benchmarks/run_all.py's dcpcse-*-lr* rows) over 1e-2 / 3e-2 / 1e-1 / 3e-1:
-        # unsupervised 83.14 / 84.48 / 84.72 / diverges, supervised 81.64 / 82.11 / 83.24 / diverges.
-        # See docs/methods/dcpcse.md for the MLP head. The prefix gate (issue 51) where its three seeds moved STS-B
-        # dev up: unsupervised +0.24 (84.79 -> 85.03, H200, benchmarks/results/run_all/h200/gate.md); supervised
-        # -0.20, so off there. --no-prefix-gate gives the official prefix.
+        # Packaged all-MiniLM-L6-v2 on the shared data. The learning rate was selected on STS-B dev; the prefix gate is
+        # on where it moved STS-B dev up (unsupervised). Readings: docs/methods/dcpcse.md.
         return dict(backbone="minilm", batch_size=64, learning_rate=1e-1, prefix_length=12 if supervised else 16,
                     epochs=1.0, eval_steps=50, mlp_head="train_only", prefix_gate=not supervised)
     backbone = backbone or "bert-base-uncased"
@@ -67,14 +63,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 
 CONFIG = MethodConfig(
-    name="dcpcse",
-    title="DCPCSE",
-    citation="Jiang & Wang 2022",
+    name="dcpcse", title="DCPCSE", citation="Jiang & Wang 2022", settings_class=DCPCSESettings, presets=presets,
     paper="Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022)",
     paper_url="https://arxiv.org/abs/2203.06875",
     description=("deep continuous prompts (per-layer key/value prefixes) on a frozen backbone, [CLS] pooling, "
                  "SimCSE's InfoNCE, optional auxiliary MLM"),
     summary="deep continuous prompts on a frozen backbone (Jiang & Wang 2022)",
-    settings_class=DCPCSESettings,
-    presets=presets,
 )

@@ -5,23 +5,16 @@ from __future__ import annotations
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Method
 from st_prompts.methods.dcpcse.config import CONFIG, DCPCSESettings
-from st_prompts.methods.models import assemble, backbone_kwargs, seed_everything
+from st_prompts.methods.models import assemble, prompted_encoder, seed_everything
 from st_prompts.methods.stages import contrastive_stage
-from st_prompts.modules import PromptedTransformer
-from st_prompts.utils import resolve_model_name
 
 
 def build_model(settings: DCPCSESettings):
     """Frozen backbone + deep prefix, [CLS] pooling (or ``settings.pooling``; + the saved MLP head for
     ``mlp_head="saved"``)."""
     seed_everything(settings.seed)
-    encoder = PromptedTransformer(
-        resolve_model_name(settings.backbone),
-        **settings.prefix_options(),
-        prefix_dropout_shared=settings.prefix_dropout_shared,
-        max_seq_length=settings.max_seq_length,
-        **backbone_kwargs(settings),
-    )
+    encoder = prompted_encoder(settings, **settings.prefix_options(),
+                               prefix_dropout_shared=settings.prefix_dropout_shared)
     if settings.pooling == "cls" and encoder.backbone_plan.causal:
         raise ConfigurationError(f"{settings.backbone!r} is a causal decoder: it has no [CLS] to pool; use "
                                  "--pooling lasttoken or --pooling mean.")

@@ -11,14 +11,8 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
-from st_prompts.methods.diffaug.config import (
-    STAGE1_CLASSIFIER,
-    STAGE1_KIND,
-    STAGE1_MARKER,
-    STAGE1_MLP,
-    STAGE1_SUFFIX,
-    DiffAugSettings,
-)
+from st_prompts.methods.diffaug.config import (STAGE1_CLASSIFIER, STAGE1_KIND, STAGE1_MARKER, STAGE1_MLP, STAGE1_SUFFIX,
+                                               DiffAugSettings)
 from st_prompts.methods.diffaug.state import nli_loss, run_state, training_mlp
 from st_prompts.modules import PROMPTS_FILE, backbone_fingerprint, save_prompts_only
 from st_prompts.modules.set_checks import check_finite_training
@@ -34,11 +28,9 @@ def identity(settings: DiffAugSettings) -> dict:
 
 
 def save_stage1(model, settings: DiffAugSettings, path: str) -> str:
-    """Save the stage-1 result: a prompts-only checkpoint (the backbone is still the original), the NLI classifier
-    and ``diffaug_stage1.json`` (the prefix options, the backbone's reference and fingerprint).
-
-    Written atomically; an earlier stage-1 checkpoint of st-prompts at ``path`` is replaced (the training pipeline
-    checks ``path`` with the run's ``--overwrite`` before training), any other folder is refused."""
+    """Save the stage-1 result atomically: a prompts-only checkpoint (the backbone is still the original), the NLI
+    classifier and ``diffaug_stage1.json`` (prefix options, backbone reference and fingerprint). Only an earlier
+    stage-1 checkpoint at ``path`` is replaced (the pipeline checked it against ``--overwrite`` before training)."""
     check_finite_training(model, None)  # a diverged stage 1 is not saved (nor continued)
     encoder = model[0]
     classifier = run_state(model).get("nli_loss")

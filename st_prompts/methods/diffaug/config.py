@@ -125,21 +125,16 @@ class DiffAugSettings(PrefixSettings):
 
 def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     if scale == "cpu":
-        # Packaged all-MiniLM-L6-v2 on the shared data (11.9k sentences, 5.9k triplets): stage 1 200 steps of 32 NLI
-        # triplets (64 classifier rows), stage 2 one epoch of batch 64, STS-B dev every 50 steps. Stage-1 rate 3e-3,
-        # selected on STS-B dev (seed 42, both settings; benchmarks/run_all rows diffaug-*-stage1-lr*): 1e-2 led on
-        # an earlier host but sits at a cliff where stage 1 collapses on another (docs/methods/diffaug.md).
-        # The prefix gate (issue 51) semi-supervised only: three seeds moved STS-B dev by +0.94 there (84.04 ->
-        # 84.98, H100, benchmarks/results/run_all/h100/gate.md), supervised -0.18. --no-prefix-gate: the official.
+        # Packaged all-MiniLM-L6-v2 on the shared data: stage 1 200 steps of 32 NLI triplets at 3e-3 (selected on
+        # STS-B dev; 1e-2 sits at a cliff where stage 1 collapses), stage 2 one epoch of batch 64; the prefix gate
+        # where it helped (semi-supervised). Readings: docs/methods/diffaug.md.
         values = dict(backbone="minilm", batch_size=64, learning_rate=5e-5 if supervised else 1e-5, epochs=1.0,
                       eval_steps=50, stage1_batch_size=32, stage1_learning_rate=3e-3, prefix_length=8,
                       prefix_gate=not supervised)
         if backbone in (None, "minilm"):
-            # A measured deviation from the paper, for this backbone only: all-MiniLM-L6-v2 has no MLM head, and its
-            # template [MASK] state carries no NLI signal under dropout (a linear probe on stage-1 features is at
-            # chance, 51.3 %, against 71.5 % for [CLS]; benchmarks/results/diffaug_probe.md). With the template both
-            # settings collapsed (run_all diffaug-*-template); [CLS] without the template (the official code's
-            # apply_prompt=False) does not. --pooling mask restores the paper's pooling.
+            # A measured deviation from the paper, for this backbone only: all-MiniLM-L6-v2 has no MLM head and its
+            # template [MASK] state carries no NLI signal (benchmarks/results/diffaug_probe.md), so both settings
+            # collapse with the template; [CLS] without it (the official apply_prompt=False) does not.
             values["pooling"] = "cls"
         return values
     stage1, lr, batch, epochs = PAPER_TABLE["sup" if supervised else "semi"]
@@ -157,18 +152,12 @@ def side_outputs(settings: DiffAugSettings) -> tuple[tuple[str, str], ...]:
 
 
 CONFIG = MethodConfig(
-    name="diffaug",
-    title="DiffAug",
-    citation="Wang & Lu 2022",
+    name="diffaug", title="DiffAug", citation="Wang & Lu 2022", settings_class=DiffAugSettings, presets=presets,
+    supervision=("semi-supervised", "supervised"), prompts_only=False, side_outputs=side_outputs,
     paper="Differentiable Data Augmentation for Contrastive Sentence Representation Learning (Wang & Lu, 2022)",
     paper_url="https://arxiv.org/abs/2210.16536",
     description="two prefix views as a differentiable augmentation: prefix tuning on NLI, then joint tuning",
     summary="two prefixes as a differentiable augmentation, prefix tuning then joint tuning (Wang & Lu 2022)",
-    settings_class=DiffAugSettings,
-    presets=presets,
-    supervision=("semi-supervised", "supervised"),
-    prompts_only=False,
-    side_outputs=side_outputs,
     quick=(("stage1_steps", 1), ("stage1_batch_size", 16), ("diagnostics_steps", 1), ("diagnostics_samples", 8)),
     last_stage_alone=(("skip_stage1", True),),
 )

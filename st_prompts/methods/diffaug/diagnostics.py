@@ -1,15 +1,8 @@
-"""DiffAug's stage-1 diagnostics: representation divergence δ and weight convergence κ, and a trainer callback that
-logs them (and can end stage 1 by the rule of the paper's section 3.2).
+"""DiffAug's stage-1 diagnostics (paper §3.2) and a trainer callback that logs them and can end stage 1 by them.
 
-* δ (paper eq. 6) = E ||f(x; θ1, φ) − f(x⁺; θ2, φ)||₂ over positive pairs: the sentence embedding of ``x`` with the
-  first prefix view minus that of ``x⁺`` with the second view, Euclidean norm, averaged over the probe pairs. The
-  model is put in eval mode (no dropout), so δ measures what the two prefixes make differ.
-* κ (eqs. 7–8) = 1/(2M) Σ_m (κ_k^m + κ_v^m), with κ_k^m = (1/L)·||K^m||₂,₁ − (1/l)·||P_k^m||₂,₁: the mean ℓ2 norm of
-  the backbone's key rows (one row per real token of the probe sentences, all heads together; ``K^m`` is the input
-  of layer ``m`` times its key projection, in the prompted forward pass) minus the mean ℓ2 norm of the prefix's key
-  rows of that layer (every prefix position, both views), and likewise for the values.
-
-Torch is imported at module level: import this module from runners, not from command modules.
+* δ (eq. 6) = E ||f(x; θ1) − f(x⁺; θ2)||₂ over probe pairs, in eval mode: what the two prefix views make differ.
+* κ (eqs. 7–8) = 1/(2M) Σ_m (κ_k^m + κ_v^m), κ_k^m = mean ℓ2 norm of layer m's backbone key rows (real tokens of the
+  probe sentences, prompted pass) minus that of its prefix key rows (every position, both views); likewise values.
 """
 
 from __future__ import annotations
@@ -96,14 +89,13 @@ def weight_convergence(model, texts: Sequence[str], view: int | None = None, num
                     captured[key] = output.detach()
 
             hooks.append(module.register_forward_hook(hook))
-    if len(hooks) != 2 * prefix.num_layers:
-        for hook in hooks:
-            hook.remove()
-        raise ConfigurationError(f"Found {len(hooks)} key/value projections in {type(encoder.auto_model).__name__}, "
-                                 f"expected {2 * prefix.num_layers}: κ supports BERT-style attention modules.")
     was_training = model.training
     model.eval()
     try:
+        if len(hooks) != 2 * prefix.num_layers:
+            raise ConfigurationError(f"Found {len(hooks)} key/value projections in "
+                                     f"{type(encoder.auto_model).__name__}, expected {2 * prefix.num_layers}: κ "
+                                     "supports BERT-style attention modules.")
         with torch.no_grad():
             features = _features(model, texts, view, num_views)
             mask = features["attention_mask"].bool()
@@ -123,16 +115,12 @@ def weight_convergence(model, texts: Sequence[str], view: int | None = None, num
 
 
 class PrefixDiagnosticsCallback(TrainerCallback):
-    """Logs δ and κ every ``every`` steps of a stage (and at its start), into the trainer's ``log_history``
-    (``diffaug_delta``, ``diffaug_kappa``, with ``step``), so they end up in ``train_result.json`` and can be drawn
-    with ``st-prompts plot diffaug-stage1``.
+    """Logs δ and κ at a stage's start and every ``every`` steps into the trainer's ``log_history`` (``step``,
+    ``diffaug_delta``, ``diffaug_kappa``: ``train_result.json``, ``st-prompts plot diffaug-stage1``).
 
-    Probe pairs are the first ``samples`` rows of the stage's training data (``train_dataloader.dataset``): columns
-    ``pair_columns`` give ``(x, x⁺)``; for semi-supervised DiffAug both are the premise (its stage-2 positive is the
-    sentence itself), for supervised DiffAug they are (premise, entailment hypothesis) of label-1 rows.
-
-    With ``stop_rule=True`` the stage ends (``control.should_training_stop``) at the first check where δ has peaked
-    (it is below the largest δ seen so far) and κ < ``kappa_threshold``; the stage's step limit still applies.
+    Probe pairs: columns ``pair_columns`` of the first ``samples`` rows of the stage's training data (semi-supervised:
+    the premise twice; supervised: premise and entailment). With ``stop_rule=True`` the stage ends at the first check
+    where δ has peaked (below the largest seen) and κ < ``kappa_threshold``.
     """
 
     def __init__(self, model, every: int = 50, samples: int = 64, pair_columns: tuple[str, str] = ("premise", "premise"),

@@ -9,14 +9,8 @@ import random
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from st_prompts.data.training_data import (
-    nli_path,
-    read_nli_triplets,
-    read_sentences,
-    sample_fraction,
-    sentences_path,
-    supervised_dataset,
-)
+from st_prompts.data.training_data import (nli_path, read_nli_triplets, read_sentences, sample_fraction, sentences_path,
+                                           supervised_dataset)
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses import ColumnSplitLoss, LossStepCallback, PromptContrastiveLoss, simcse_mlp
 from st_prompts.methods.base import Method, Stage
@@ -24,26 +18,19 @@ from st_prompts.methods.diffaug.checkpoint import load_stage1, save_stage1
 from st_prompts.methods.diffaug.config import CONFIG, STAGE1_SUFFIX, DiffAugSettings
 from st_prompts.methods.diffaug.diagnostics import PrefixDiagnosticsCallback
 from st_prompts.methods.diffaug.state import nli_loss, run_state, training_mlp
-from st_prompts.methods.models import assemble, backbone_kwargs, seed_everything
-from st_prompts.modules import PromptedTransformer
-from st_prompts.utils import resolve_model_name
+from st_prompts.methods.models import assemble, prompted_encoder, seed_everything
 
 
-# ---------------------------------------------------------------------------------------------------------- model
 def build_model(settings: DiffAugSettings):
     """Frozen backbone + reparameterised prefix of ``2l`` positions + hard PromptBERT template with [MASK] pooling
     (or, with ``pooling`` ``"cls"`` / ``"mean"``, no template). The saved encoder denoises only with
     ``inference_denoising``."""
     seed_everything(settings.seed)
-    encoder = PromptedTransformer(
-        resolve_model_name(settings.backbone),
-        **{**settings.prefix_options(), "prefix_length": settings.encoder_prefix_length},
-        template=settings.template if settings.uses_template else None,
-        template_mode="hard",
-        template_denoising=settings.inference_denoising and settings.uses_template,
-        freeze_backbone=True,
-        **backbone_kwargs(settings),
-    )
+    encoder = prompted_encoder(
+        settings, **{**settings.prefix_options(), "prefix_length": settings.encoder_prefix_length},
+        template=settings.template if settings.uses_template else None, template_mode="hard",
+        template_denoising=settings.inference_denoising and settings.uses_template, freeze_backbone=True,
+        max_seq_length=None)  # set below
     # max_seq_length counts the sentence's tokens; the template and special tokens come on top.
     encoder.max_seq_length = settings.max_seq_length + encoder.template_num_tokens + 2
     model = assemble(settings, encoder, pooling_mode=settings.pooling)
@@ -52,7 +39,6 @@ def build_model(settings: DiffAugSettings):
     return model
 
 
-# ---------------------------------------------------------------------------------------------------------- data
 NLI_COLUMNS = ("premise", "entailment", "contradiction")
 
 
@@ -70,9 +56,7 @@ def stage1_data(settings: DiffAugSettings, data_dir, limit):
 def stage2_columns(settings: DiffAugSettings) -> tuple[str, ...]:
     if settings.supervised:
         return ("anchor", "positive", "negative")
-    if settings.aux_weight > 0:
-        return ("anchor", "positive", *NLI_COLUMNS)
-    return ("anchor", "positive")
+    return ("anchor", "positive", *(NLI_COLUMNS if settings.aux_weight > 0 else ()))  # + the auxiliary NLI triplet
 
 
 def stage2_data(settings: DiffAugSettings, data_dir, limit):
@@ -102,7 +86,6 @@ def stage2_steps(settings: DiffAugSettings, datasets: dict) -> int:
     return math.ceil(settings.epochs * max(batches // settings.gradient_accumulation_steps, 1))
 
 
-# -------------------------------------------------------------------------------------------------------- stage 1
 def stage1_prepare(model, settings: DiffAugSettings) -> None:
     """Freeze the backbone and the training-only MLP (random in stage 1, as the official stage-1 optimiser holds only
     the prefix and the classifier); template denoising only with ``stage1_template_denoising``."""
@@ -131,7 +114,6 @@ def stage1_callbacks(loss, settings: DiffAugSettings) -> list:
     return [LossStepCallback(loss), diagnostics, _Done()]
 
 
-# -------------------------------------------------------------------------------------------------------- stage 2
 def stage2_prepare(model, settings: DiffAugSettings) -> None:
     """Start stage 2: from the stage-1 checkpoint ``stage1_from``, from the stage 1 just run (saved beside the
     output), or (``skip_stage1``) from the random prefix; then unfreeze the backbone and the MLP."""

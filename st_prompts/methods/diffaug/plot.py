@@ -35,15 +35,8 @@ def read_diffaug_stage1(run_dir: Path) -> list[dict[str, float]]:
 
 def plot_diffaug_stage1(rows: Sequence[Mapping[str, float]], out_path: str | os.PathLike,
                         title: str | None = None) -> Path:
-    """DiffAug's stage-1 diagnostics against the step: δ (left axis) and κ (right axis), with the step where stage 1
-    ended and the step of the largest δ marked, so a reader sees why stage 1 stopped where it did.
-
-    Args:
-        rows: ``{"step", "diffaug_delta", "diffaug_kappa"}`` entries (see
-            :class:`~st_prompts.methods.diffaug.diagnostics.PrefixDiagnosticsCallback`).
-        out_path: the PNG to write.
-        title: figure title.
-    """
+    """DiffAug's stage-1 diagnostics (``rows`` as :func:`read_diffaug_stage1` returns them) against the step: δ (left
+    axis) and κ (right axis), the end of stage 1 and the largest δ marked, as the PNG ``out_path``."""
     if not rows:
         raise DataFormatError("No stage-1 diagnostics to draw.")
     steps = [r["step"] for r in rows]

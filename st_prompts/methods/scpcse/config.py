@@ -25,14 +25,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 
 CONFIG = MethodConfig(
-    name="scpcse",
-    title="SCPCSE",
-    citation="Jiang & Wang 2022",
+    name="scpcse", title="SCPCSE", citation="Jiang & Wang 2022", settings_class=SCPCSESettings, presets=presets,
     paper=("Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022), its "
            "shallow-prompt ablation"),
     paper_url="https://arxiv.org/abs/2203.06875",
     description="DCPCSE's shallow-prompt ablation: trainable template embeddings, [MASK] pooling",
     summary="shallow (template) soft prompts on a frozen backbone, DCPCSE's ablation",
-    settings_class=SCPCSESettings,
-    presets=presets,
 )

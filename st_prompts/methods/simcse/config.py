@@ -25,14 +25,10 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 
 CONFIG = MethodConfig(
-    name="simcse",
-    title="SimCSE",
-    citation="Gao et al. 2021",
+    name="simcse", title="SimCSE", citation="Gao et al. 2021", settings_class=SimCSESettings, presets=presets,
+    prompts_only=False,
     paper="SimCSE: Simple Contrastive Learning of Sentence Embeddings (Gao et al., 2021)",
     paper_url="https://arxiv.org/abs/2104.08821",
     description="full fine-tuning with InfoNCE: the baseline",
     summary="SimCSE full fine-tuning baseline (Gao et al. 2021)",
-    settings_class=SimCSESettings,
-    presets=presets,
-    prompts_only=False,
 )

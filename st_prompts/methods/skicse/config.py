@@ -66,8 +66,7 @@ class SKICSESettings(PrefixSettings):
 
 def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
     if scale == "cpu":
-        # the prompted encoder's rates were selected on STS-B dev (seed 42, benchmarks/run_all's
-        # skicse-prompted-*-lr* rows, the official prefix initialisation): 3e-2 unsupervised, 1e-1 supervised
+        # the prompted encoder's rates were selected on STS-B dev (docs/methods/skicse.md)
         return dict(backbone="minilm", batch_size=64, full_learning_rate=5e-5 if supervised else 3e-5,
                     prompted_learning_rate=1e-1 if supervised else 3e-2,
                     prompted_prefix_length=12 if supervised else 16, epochs=1.0, eval_steps=50, max_seq_length=32,
@@ -79,13 +78,8 @@ def presets(scale: str, supervised: bool, backbone: str | None) -> dict:
 
 
 CONFIG = MethodConfig(
-    name="skicse",
-    title="SKICSE",
-    citation="SKICSE",
+    name="skicse", title="SKICSE", citation="SKICSE", settings_class=SKICSESettings, presets=presets,
     paper="SKICSE: Sentence Knowable Information Prompted by LLMs Improves Contrastive Sentence Embeddings",
-    paper_url=None,
     description='LLM-generated "sentence knowable information" as an extra positive, full or prompted encoder',
     summary="LLM-generated sentence knowable information as an extra positive, full or prompted encoder (SKICSE)",
-    settings_class=SKICSESettings,
-    presets=presets,
 )

