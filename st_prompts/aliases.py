@@ -1,8 +1,4 @@
-"""Names that stand for models shipped in PyPI packages (no download needed).
-
-Kept apart from :mod:`st_prompts.utils` (which resolves them) so that :mod:`st_prompts.hub` can tell an alias from a
-hub id without importing ``utils``: ``utils`` imports ``hub``, never the other way round.
-"""
+"""Names that stand for models shipped in PyPI packages (apart from :mod:`st_prompts.utils`, which imports ``hub``)."""
 
 from __future__ import annotations
 

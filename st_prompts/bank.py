@@ -1,27 +1,18 @@
 """Many tasks on one frozen backbone: a bank of named prompt sets.
 
-A bank is a ``SentenceTransformer`` whose :class:`~st_prompts.PromptedTransformer` holds named prompt sets (deep
-prefixes) on one frozen backbone, each a few hundred kilobytes. Choose a set per call
-(``model.encode(texts, task="sts")``, ``encode_query``/``encode_document`` with a query and a document set) or per row
-(``model.encode(texts, task=["sts", "nli", ...])``: mixed batches, one forward pass each); train one set with any
-sentence-transformers loss while the others stay frozen::
-
-    from sentence_transformers.sentence_transformer.losses import CoSENTLoss
-    from st_prompts import bank
-
-    model = bank.create_bank("minilm")                       # the shipped model's own pooling (mean) and normalisation
-    bank.train_prompt_set(model, "sts", train_dataset, CoSENTLoss(model), evaluator=dev_evaluator)
-    bank.add_prompt_set(model, "nli", "./nli-prompts")      # a set trained elsewhere (same backbone weights)
-    model.encode(["A man plays a guitar.", "A dog runs."], task=["sts", "nli"])
-    bank.save_bank(model, "./my-bank")                       # SentenceTransformer("./my-bank", trust_remote_code=True)
+A :class:`~st_prompts.PromptedTransformer` holds named prompt sets (deep prefixes) on one frozen backbone; choose a set
+per call (``task="sts"``) or per row (``task=["sts", "nli", ...]``), train one with any loss (:func:`train_prompt_set`).
+A walk-through: ``docs/multitask.md``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,13 +52,9 @@ __all__ = ["BACKBONE_TASK", "encode_rows", "create_bank", "bank_encoder", "add_p
 def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normalize: bool | None = None,
                 max_seq_length: int | None = None, default_task: str | None = None, **encoder_kwargs: Any
                 ) -> SentenceTransformer:
-    """An empty bank on ``backbone``: a :class:`~st_prompts.PromptedTransformer` without a prefix of its own (no task:
-    the plain backbone) and a pooling.
-
-    Starting from a sentence-embedding model (a folder with ``modules.json``, such as the packaged MiniLM), its own
-    pooling and normalisation are kept (read from its JSON files, no code runs), so the bank without a task gives
-    the shipped model's embeddings. Otherwise ``pooling`` (default ``"mean"``).
-    """
+    """An empty bank on ``backbone`` (no task: the plain backbone). A sentence-embedding model's own pooling and
+    normalisation are kept (read from its JSON files), so the bank without a task encodes as it does; otherwise
+    ``pooling`` (default ``"mean"``)."""
     location = utils.resolve_model_name(str(backbone))
     with backbone_errors(backbone):  # a damaged backbone is one line, not the loaders' traceback
         shipped_pooling, shipped_normalize = _shipped_pooling(location)
@@ -86,10 +73,8 @@ def create_bank(backbone: str = "minilm", *, pooling: str | None = None, normali
 
 
 def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
-    """The pooling configuration and whether a ``Normalize`` module follows, of a saved sentence-transformers model."""
+    """The pooling configuration of a saved sentence-transformers model, and whether a ``Normalize`` follows."""
     modules_file = os.path.join(location, "modules.json")
-    if not os.path.isfile(modules_file):
-        return None, False
     entries = _read_json(modules_file)
     pooling, normalize = None, False
     for entry in entries if isinstance(entries, list) else []:
@@ -97,9 +82,8 @@ def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
         if kind.endswith(".Pooling"):
             path = entry.get("path")
             folder = contained_path(location, path, modules_file) if isinstance(path, str) and path else location
-            config = os.path.join(folder, "config.json")
-            if os.path.isfile(config):
-                raw = _read_json(config)
+            raw = _read_json(os.path.join(folder, "config.json"))
+            if raw is not None:
                 pooling = _pooling_options(raw) if isinstance(raw, dict) else None
         elif kind.endswith(".Normalize"):
             normalize = True
@@ -107,20 +91,18 @@ def _shipped_pooling(location: str) -> tuple[dict[str, Any] | None, bool]:
 
 
 def _read_json(path: str) -> Any:
-    """The JSON of ``path``; a file that cannot be read or parsed is one :class:`DataFormatError`."""
+    """The JSON of ``path`` (``None`` if it is no file); unreadable or not JSON: :class:`DataFormatError`."""
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise DataFormatError(f"{path} cannot be read as JSON ({first_line(exc)})"
-                              ) from exc
+        raise DataFormatError(f"{path} cannot be read as JSON ({first_line(exc)})") from exc
 
 
 def _shipped_max_seq_length(location: str) -> int | None:
-    config = os.path.join(location, "sentence_bert_config.json")
-    if not os.path.isfile(config):
-        return None
-    raw = _read_json(config)
+    raw = _read_json(os.path.join(location, "sentence_bert_config.json"))
     value = raw.get("max_seq_length") if isinstance(raw, dict) else None
     return int(value) if isinstance(value, int) and value > 0 else None
 
@@ -146,23 +128,18 @@ def bank_encoder(model: SentenceTransformer) -> PromptedTransformer:
 
 
 def add_prompt_set(model: SentenceTransformer, name: str, source: Any, *, internal: bool = False) -> None:
-    """Add a trained prompt set (a saved model folder, a prompts-only checkpoint or a model) under ``name``; see
-    :meth:`~st_prompts.PromptedTransformer.add_prompt_set`. A source whose pooling differs from the
-    bank's is refused (its prompts were trained for another sentence vector)."""
+    """Add a trained prompt set (a saved model folder, a prompts-only checkpoint or a model) under ``name``; a source
+    that pools otherwise than the bank is refused (:func:`check_pooling`)."""
     if isinstance(source, (str, os.PathLike)):
         check_pooling(model, source)
     bank_encoder(model).add_prompt_set(name, source, internal=internal)
 
 
 def check_pooling(model: SentenceTransformer, source: str | os.PathLike) -> None:
-    """Refuse the saved model folder ``source`` as a set of the bank ``model`` when it pools otherwise (its prompts were
-    trained for another sentence vector).
-
-    Raises:
-        ConfigurationError: the pooling modes differ.
-    """
+    """Raise :class:`ConfigurationError` when the saved model folder ``source`` pools otherwise than the bank
+    ``model`` (its prompts were trained for another sentence vector)."""
     theirs, _ = _shipped_pooling(str(source))
-    ours = _bank_pooling(model)
+    ours = next((module.pooling_mode for module in model if isinstance(module, Pooling)), None)
     if theirs is not None and ours is not None and theirs.get("pooling_mode") != ours:
         mode = theirs.get("pooling_mode")
         raise ConfigurationError(
@@ -177,15 +154,10 @@ def remove_prompt_set(model: SentenceTransformer, name: str) -> None:
 
 
 def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransformer:
-    """The prompt set ``name`` of a bank alone: a model whose :class:`~st_prompts.PromptedTransformer` has that set as
-    its own prefix (the stored form: a reparameterised set as the prefix it computes), on the bank's backbone, with
-    the bank's other modules (pooling, normalisation). It encodes as ``model.encode(texts, task=name)``.
-
-    Raises:
-        ConfigurationError: ``model`` is no bank, or has no set ``name``.
-        BackboneMismatchError: the weights at the bank's backbone reference are not the bank's.
-        DataNotFoundError: that backbone cannot be loaded here.
-    """
+    """The prompt set ``name`` of a bank alone: a model with that set as its own (stored) prefix, on the bank's
+    backbone with its other modules; it encodes as ``model.encode(texts, task=name)``. Raises ConfigurationError (no
+    bank, no set ``name``), BackboneMismatchError (the weights at the bank's backbone reference are not the bank's),
+    DataNotFoundError (that backbone cannot be loaded here)."""
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
         raise ConfigurationError(f"No prompt set {name!r} ({encoder._known_tasks()}).")
@@ -208,15 +180,10 @@ def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransform
 
 def export_prompt_set(model_or_path: SentenceTransformer | str | os.PathLike, name: str, out: str | os.PathLike, *,
                       overwrite: bool = False, trust_remote_code: bool = False) -> Path:
-    """Write the prompt set ``name`` of a bank (a model, or the folder of a saved bank) as a prompts-only checkpoint
-    at ``out`` (:func:`prompt_set_model`, :func:`~st_prompts.save_prompts_only`): it loads alone
-    (``load_sentence_model(out)`` encodes as the bank with ``task=name``) and joins another bank on the same backbone
-    (:func:`add_prompt_set`, ``st-prompts bank add``). Written atomically; an existing ``out`` is replaced only with
-    ``overwrite`` and only if st-prompts saved it. Returns ``out`` as an absolute path.
-
-    Raises:
-        ConfigurationError: no set ``name``; ``out`` exists (without ``overwrite``) or is not st-prompts' to replace.
-    """
+    """Write the prompt set ``name`` of a bank (a model or a saved bank's folder) as a prompts-only checkpoint at
+    ``out``, atomically, and return its absolute path: it loads alone and joins another bank on the same backbone.
+    An existing ``out`` is replaced only with ``overwrite`` and only if st-prompts saved it (else
+    :class:`ConfigurationError`, as for a missing set)."""
     if isinstance(model_or_path, (str, os.PathLike)) and _same_folder(model_or_path, out):
         raise ConfigurationError(f"refusing to export to {out}: it is the bank itself (the export would replace the "
                                  "bank by one of its sets); give a new folder")
@@ -230,15 +197,9 @@ def export_prompt_set(model_or_path: SentenceTransformer | str | os.PathLike, na
 
 
 def save_bank(model: SentenceTransformer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Save the bank ``model`` at ``path`` as ``model.save`` would, atomically and with st-prompts' manifest (the list
-    of files it wrote), so that ``st-prompts bank add/remove/roles/train`` can change it later (they replace only a
-    folder st-prompts saved). An existing ``path`` is replaced only with ``overwrite`` and only if it is a bank
-    st-prompts saved. Returns ``path`` as an absolute path.
-
-    Raises:
-        ConfigurationError: ``model`` is no bank; ``path`` may not be written (see
-            :func:`~st_prompts.storage.save_model_folder`).
-    """
+    """Save the bank ``model`` at ``path`` as ``model.save`` would, atomically and with st-prompts' manifest (so that
+    ``st-prompts bank`` commands may change it later); return its absolute path. An existing ``path`` is replaced
+    only with ``overwrite`` and only if it is a bank st-prompts saved (else :class:`ConfigurationError`)."""
     bank_encoder(model)
     return save_model_folder(path, lambda folder: model.save(str(folder)), overwrite=overwrite, kind=BANK_KIND)
 
@@ -247,25 +208,12 @@ def _same_folder(first: str | os.PathLike, second: str | os.PathLike) -> bool:
     return os.path.realpath(os.path.expanduser(first)) == os.path.realpath(os.path.expanduser(second))
 
 
-def _bank_pooling(model: SentenceTransformer) -> str | None:
-    for module in model:
-        if isinstance(module, Pooling):
-            return module.pooling_mode
-    return None
-
-
 @contextmanager
 def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -> Iterator[torch.nn.Module]:
-    """Within this context the model trains the prompt set ``name`` alone: it is the default task (what a loss's
-    forward passes use), its parameters are the only trainable ones (backbone and other sets frozen, bit for bit),
-    and the model is restored afterwards. A missing set is created first (``new_set``: options of
-    :meth:`~st_prompts.PromptedTransformer.new_prompt_set`, e.g. ``prefix_length=16``).
-
-    Use it around any sentence-transformers training: ``with training_prompt_set(model, "sts"):
-    SentenceTransformerTrainer(model=model, train_dataset=data, loss=CoSENTLoss(model)).train()``.
-
-    A new set is gated by default, as in :func:`train_prompt_set`: it encodes exactly as the backbone until it trains.
-    """
+    """Within this context the model trains the prompt set ``name`` alone (around any sentence-transformers training):
+    it is the default task, its parameters are the only trainable ones, and the model is restored afterwards. A
+    missing set is created first (``new_set``: options of :meth:`~st_prompts.PromptedTransformer.new_prompt_set`),
+    gated by default: it encodes exactly as the backbone until it trains."""
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
         new_set.setdefault("prefix_gate", True)  # every new set starts as the backbone
@@ -276,10 +224,8 @@ def training_prompt_set(model: SentenceTransformer, name: str, **new_set: Any) -
     saved = {id(p): p.requires_grad for p in model.parameters()}
     default = encoder.default_task
     try:
-        for parameter in model.parameters():
-            parameter.requires_grad = False
-        for parameter in trained.parameters():
-            parameter.requires_grad = True
+        model.requires_grad_(False)
+        trained.requires_grad_(True)
         encoder.default_task = name
         yield trained
     finally:
@@ -307,15 +253,10 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
     """Train the prompt set ``name`` (created if missing: ``new_set`` options) with any sentence-transformers loss,
     the backbone and the other sets frozen (:func:`training_prompt_set`), with ``SentenceTransformerTrainer``.
 
-    With an ``evaluator`` (e.g. an ``EmbeddingSimilarityEvaluator`` on a dev set), it runs before the first step (step
-    0: the set as it starts), every ``eval_steps`` (default: a tenth of the steps) and at the end, and the best weights
-    are kept (in memory, no checkpoints). A new set is gated by default (``prefix_gate=True``): it starts as the
-    backbone itself, so the kept set is never below the backbone on the evaluator's set. The defaults (gate on,
-    ``learning_rate=0.1``) are the best on average over the multitask study's four tasks (docs/multitask.md); an
-    ungated set wants 1e-2 to 3e-2 (at 1e-1 an ungated ``sts`` set collapsed to 21.53 STS-B dev Spearman).
+    An ``evaluator`` runs at step 0, every ``eval_steps`` (default: a tenth of the steps) and at the end; the best
+    weights are kept (in memory). A new set is gated by default, so the kept set is never below the backbone on the
+    evaluator's set; an ungated set wants a learning rate of 1e-2 to 3e-2 (docs/multitask.md).
     """
-    import time
-
     if isinstance(loss, type):
         raise ConfigurationError("Pass a loss object built on the model, e.g. CoSENTLoss(model).")
     utils.check_finite(learning_rate=learning_rate, epochs=epochs, warmup_ratio=warmup_ratio)
@@ -352,8 +293,7 @@ def train_prompt_set(model: SentenceTransformer, name: str, train_dataset, loss,
         seconds = time.perf_counter() - start
         if keep is not None:
             if keep.last_step != trainer.state.global_step:
-                final = evaluator(model)
-                keep.consider(final[evaluator.primary_metric], trainer.state.global_step)
+                keep.consider(evaluator(model)[evaluator.primary_metric], trainer.state.global_step)
             keep.restore()
         count = sum(p.numel() for p in trained.parameters())
     model.eval()
@@ -379,8 +319,6 @@ def _rows(dataset: Any) -> int | None:
 
 def _number(value: Any) -> float | None:
     """A finite score as a plain float (what JSON holds), else ``None``."""
-    import math
-
     if value is None:
         return None
     value = float(value)

@@ -1,24 +1,6 @@
-"""The ``st-prompts`` command line.
-
-Every sub-command lives in its own module under :mod:`st_prompts.commands` and exposes two functions:
-``add_parser(subparsers)`` (registers the sub-command and its options, and sets ``func`` to its runner)
-and the runner itself, which receives the parsed ``argparse.Namespace`` and returns an exit code.
-
-Command modules import only light modules at import time (torch, transformers and sentence-transformers are imported
-inside the runners), so ``st-prompts --help`` and argument errors answer at once.
-
-Output policy: st_prompts' own messages are logged at INFO without timestamps; other libraries only speak at ERROR
-(``-v`` shows everything at INFO, ``-vv`` at DEBUG); progress bars are shown on a terminal only (never written into a
-redirected log), and ``Ctrl-C`` ends a command with one line. Errors (ours and argparse's) are one line
-``st-prompts COMMAND: error: ...``, exit status 2; control characters of any text shown in an error or a log line
-(ANSI escape sequences from a file name, a column name, a document) are printed as escapes
-(:func:`st_prompts.errors.printable`), never sent to the terminal.
-
-Any other exception (a bug, or a failure st_prompts did not foresee) is one line too: the command, the exception's
-type and the first line of its message, where it was raised, and what to do; exit status 1, so that a script can
-tell it from a usage error (2). ``st-prompts --traceback COMMAND ...`` or ``ST_PROMPTS_TRACEBACK=1`` prints the
-traceback before that line, for a bug report.
-"""
+"""The ``st-prompts`` command line: each sub-command's module under :mod:`st_prompts.commands` has ``add_parser`` and a
+runner (heavy imports inside it, so ``--help`` answers at once). Errors are one printable line: ours and usage errors
+exit 2, anything unforeseen exits 1 (``--traceback`` or ``ST_PROMPTS_TRACEBACK=1`` prints the traceback too)."""
 
 from __future__ import annotations
 
@@ -30,7 +12,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from st_prompts.errors import StPromptsError, printable
+from st_prompts.errors import StPromptsError, first_line, printable
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
 COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "embed", "serve", "replicas", "ski")
@@ -42,8 +24,7 @@ _MESSAGE_CHARS = 300  # an unexpected exception's message is cut to this many ch
 
 
 class CommandParser(argparse.ArgumentParser):
-    """The parser of ``st-prompts`` and of every sub-command (argparse gives sub-parsers their parent's class): a
-    usage error is one line, with the user's text made printable, instead of the usage block and the message."""
+    """The parser of ``st-prompts`` and its sub-commands: a usage error is one printable line, not the usage block."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
@@ -57,10 +38,8 @@ class _PrintableFormatter(logging.Formatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="st-prompts",
-        description="Prompt-based contrastive sentence embeddings for sentence-transformers.",
-    )
+    parser = CommandParser(prog="st-prompts",
+                           description="Prompt-based contrastive sentence embeddings for sentence-transformers.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="show library logs (-v: INFO, -vv: DEBUG); default: st_prompts' own messages only")
     parser.add_argument("--traceback", action="store_true",
@@ -72,10 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
-    """Logging and progress bars for a command-line run (see the module docstring).
-
-    Must run before transformers / sentence-transformers are imported: they read their settings from the environment.
-    """
+    """Logging and progress bars for a command-line run: st_prompts' messages at INFO, other libraries' at ERROR
+    (``verbose``: more), bars only on a terminal. Must run before transformers and sentence-transformers are imported
+    (they read the environment)."""
     if progress is None:
         progress = sys.stderr.isatty()
     if not progress:
@@ -85,10 +63,8 @@ def configure_output(verbose: int = 0, progress: bool | None = None) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports, no advice
         os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # torch's OpenMP threads sleep while they wait for work instead of spinning (read when torch loads; a value the
-    # user set is kept). Beside other busy processes spinning threads burn the cores those need: MiniLM encoding on
-    # two threads beside one busy core took 14.3 s and 17.5 s of CPU spinning, 10.5 s and 10.7 s sleeping; on a quiet
-    # machine the same (median ratio 0.995 over 5 rounds; benchmarks/results/omp_wait.md).
+    # torch's OpenMP threads sleep while they wait instead of spinning, which burns the cores of other busy processes
+    # (as fast on a quiet machine; benchmarks/results/omp_wait.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     global _handler, _root_level
     root = logging.getLogger()
@@ -117,39 +93,23 @@ def reset_output() -> None:
         logging.getLogger("st_prompts").setLevel(logging.NOTSET)
 
 
-def _show_traceback(args: argparse.Namespace | None) -> bool:
-    """Whether ``--traceback`` or ``ST_PROMPTS_TRACEBACK`` (any value but empty, ``0``, ``false``, ``no``) asks for
-    tracebacks."""
-    if args is not None and getattr(args, "traceback", False):
-        return True
-    return os.environ.get(TRACEBACK_VARIABLE, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _print_traceback(exc: BaseException) -> None:
-    """``exc``'s traceback on stderr, its control characters escaped (line breaks kept)."""
-    print(printable("".join(traceback.format_exception(exc)), one_line=False), end="", file=sys.stderr)
-
-
-def _where(exc: BaseException) -> str:
-    """``file.py:LINE`` of the innermost frame of ``exc``'s traceback (where it was raised), or ``""``."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+def _print_traceback(args: argparse.Namespace | None, exc: BaseException) -> None:
+    """``exc``'s traceback on stderr (control characters escaped) when ``--traceback`` or ``ST_PROMPTS_TRACEBACK``
+    (not empty, ``0``, ``false``, ``no``, ``off``) asks for it."""
+    if (args is not None and getattr(args, "traceback", False)
+            or os.environ.get(TRACEBACK_VARIABLE, "").strip().lower() not in ("", "0", "false", "no", "off")):
+        print(printable("".join(traceback.format_exception(exc)), one_line=False), end="", file=sys.stderr)
 
 
 def unexpected_error_line(command: str, exc: BaseException) -> str:
-    """The one line an unexpected exception becomes: the command, the exception's type and the first line of its
-    message (made printable, cut to a few hundred characters), where it was raised, and what to do."""
-    lines = str(exc).strip().splitlines()
-    message = printable(lines[0] if lines else "")
-    if len(message) > _MESSAGE_CHARS:
-        message = message[:_MESSAGE_CHARS] + "..."
+    """The one line an unexpected exception becomes: the command, its type, where it was raised, the first line of its
+    message (printable, cut), and what to do."""
+    message = first_line(exc, _MESSAGE_CHARS) if str(exc).strip() else ""
     if isinstance(exc, OSError) and exc.filename is not None and printable(exc.filename) not in message:
         message += f" ({printable(exc.filename)})"
     kind = type(exc).__qualname__
-    where = _where(exc)
+    frames = traceback.extract_tb(exc.__traceback__)  # the innermost: where it was raised
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
     return (f"st-prompts {command}: error: unexpected {kind}{f' in {where}' if where else ''}"
             f"{f': {message}' if message else ''}; re-run with {TRACEBACK_VARIABLE}=1 (or st-prompts --traceback "
             f"{command} ...) to see the traceback, and report it")
@@ -171,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except StPromptsError as exc:
         # Errors we raise on purpose are meant for the user: print the message, not a traceback.
-        if _show_traceback(args):
-            _print_traceback(exc)
+        _print_traceback(args, exc)
         print(f"st-prompts {command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -187,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 1
     except Exception as exc:  # noqa: BLE001 - the boundary: any other exception is one line (see the docstring)
-        if _show_traceback(args):
-            _print_traceback(exc)
+        _print_traceback(args, exc)
         print(unexpected_error_line(command, exc), file=sys.stderr)
         return 1
 

@@ -1,9 +1,5 @@
-"""Exceptions raised by st_prompts for user errors (bad input, missing files, mismatched checkpoints).
-
-All of them derive from :class:`StPromptsError`, which the CLI prints as a one-line message instead of a traceback.
-They also derive from the built-in exception a Python user would expect (``ValueError`` or ``FileNotFoundError``).
-:func:`printable` makes text from users and files safe to show in a message or a log line.
-"""
+"""Exceptions raised by st_prompts for user errors: all derive from :class:`StPromptsError` (one line in the CLI) and
+from the built-in exception a Python user would expect. :func:`printable` makes text safe to show."""
 
 from __future__ import annotations
 
@@ -15,10 +11,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069
 
 
 def printable(text: object, *, one_line: bool = True) -> str:
-    """``str(text)`` safe to print on a terminal or into a log: every control character (ANSI escape sequences
-    included) and bidirectional override is shown as its escape (``\\x1b``, ``\\u202e``) instead of acting on the
-    terminal. ``one_line``: line breaks and tabs are escaped too (an error message stays on one line); otherwise they
-    are kept (a multi-line log record, a traceback)."""
+    """``str(text)`` safe to print on a terminal or into a log: control characters and bidirectional overrides are
+    shown as escapes (``\\x1b``). ``one_line``: line breaks and tabs are escaped too; otherwise they are kept."""
     text = str(text)
 
     def escape(match: re.Match[str]) -> str:
@@ -31,9 +25,8 @@ def printable(text: object, *, one_line: bool = True) -> str:
 
 
 def shorten(value: object, limit: int = 80) -> str:
-    """``repr(value)`` for a one-line message, printable and cut to about ``limit`` characters: a long string or
-    bytes value shows its start and its length, a long list or dict its kind and size, an integer too long to print
-    its kind."""
+    """``repr(value)`` for a one-line message, printable and cut to about ``limit`` characters (long containers: their
+    kind and size)."""
     if isinstance(value, str) and len(value) > limit:
         return printable(f"{value[:limit]!r}... ({len(value):,} characters)")
     if isinstance(value, (bytes, bytearray)) and len(value) > limit:
@@ -48,8 +41,7 @@ def shorten(value: object, limit: int = 80) -> str:
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:
-    """The first line of ``exc``'s message (its type's name when it has none), printable, cut at ``limit``
-    characters: what a one-line error says of the exception behind it."""
+    """The first line of ``exc``'s message (else its type's name), printable, cut at ``limit`` characters."""
     lines = str(exc).strip().splitlines()
     text = printable(lines[0]) if lines else type(exc).__name__
     return text if limit is None or len(text) <= limit else text[:limit] + "..."
@@ -68,9 +60,8 @@ class UnsupportedArchitectureError(StPromptsError, ValueError):
 
 
 class BackboneMismatchError(StPromptsError, ValueError):
-    """Weights or a model do not match what a saved artefact was made with: a prompts-only checkpoint put on a
-    backbone whose weights differ from the one its prompts were trained on, or a search index queried with a model
-    (or dimension) other than the one that encoded its corpus."""
+    """Weights or a model do not match what a saved artefact was made with (a prompts-only checkpoint's backbone, a
+    search index's encoder)."""
 
 
 class DataFormatError(StPromptsError, ValueError):
@@ -82,32 +73,25 @@ class DataNotFoundError(StPromptsError, FileNotFoundError):
 
 
 class UntrustedCodeError(StPromptsError, ValueError):
-    """A model needs code from outside sentence-transformers and st_prompts (a foreign class in its ``modules.json``,
-    or custom modelling code in a ``config.json``), it was loaded without ``trust_remote_code``, and
-    sentence-transformers or transformers refused to import that code. Pass ``--trust-remote-code`` (or
-    ``trust_remote_code=True``) only for a model whose code you trust."""
+    """A model needs code from outside sentence-transformers and st_prompts and was loaded without
+    ``trust_remote_code``: pass it only for a model whose code you trust."""
 
 
 class SKICacheMismatchError(StPromptsError, ValueError):
-    """A SKI cache file was generated with another model, prompt template or generation settings than the run that
-    would extend (or read) it: its rows must not be mixed with new ones."""
+    """A SKI cache file was generated with other settings than the run that would extend (or read) it."""
 
 
 class VocabularyMismatchError(StPromptsError, ValueError):
-    """A model that must share the encoder's vocabulary does not: e.g. a replaced-token generator whose tokenizer maps
-    tokens to other ids than the encoder's (replaced-token detection compares token ids position by position)."""
+    """A model that must share the encoder's vocabulary (e.g. a replaced-token generator) does not."""
 
 
 class TrainingDivergedError(StPromptsError, ValueError):
-    """Training ended with weights or a model-selection score that are not finite numbers (NaN or infinite): the
-    model is not saved. A smaller learning rate usually helps."""
+    """Training ended with weights or a selection score that are not finite: the model is not saved."""
 
 
 class CorruptionCacheError(StPromptsError, ValueError):
-    """A replaced-token corruption cache does not fit the run: it was made with another generator, masking ratio or
-    tokenizer, or a training sentence has no corrupted copy in it (the pre-pass was not run over the training data)."""
+    """A replaced-token corruption cache does not fit the run (another identity, or a sentence missing from it)."""
 
 
 class ReplicasDisagreeError(StPromptsError, RuntimeError):
-    """Serving replicas that should serve the same sets do not (after ``st-prompts replicas add-set`` reached some of
-    them only, or replicas started on different bank folders): a client's vectors would depend on the replica."""
+    """Serving replicas that should serve the same sets do not: a client's vectors would depend on the replica."""

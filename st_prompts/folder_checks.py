@@ -1,18 +1,6 @@
-"""The check before a model folder is loaded: what in it would run code, read a file outside it, or ask a loader
-for more than the allow-list (:mod:`st_prompts.trust`).
-
-:func:`untrusted_reason` walks everything a loader will read, without loading anything: ``modules.json`` (every type
-must be a class of ``sentence_transformers.*`` or ``st_prompts.*``, every path inside the model), each module's
-configuration (a ``Transformer``'s loader options against the allow-list, the other modules' keys against their
-constructor, a ``Dense`` activation under ``torch.nn``), a ``Router``'s routes at any depth (a route that is itself a
-whole model is checked as one: its own ``modules.json`` and everything below it), every JSON file of every folder
-involved (``config.json`` and its sub-configurations at any depth, tokenizer and processor files), the paths a
-shard index names and every symlink of a module folder (none may leave the model folder), the weights (no pickle
-without safetensors), a PEFT adapter's base model, and the backbone a prompts-only checkpoint refers to.
-
-This module imports neither :mod:`st_prompts.modules` nor :mod:`st_prompts.loading` (which loads models and needs
-``modules``), so that ``modules`` can use these checks without an import circle.
-"""
+"""The check before a model folder is loaded: :func:`untrusted_reason` walks, loading nothing, every module,
+configuration, route, JSON file, link, weight file and referred-to backbone a loader would read, against the
+allow-list of :mod:`st_prompts.trust`. Imports neither ``st_prompts.modules`` nor ``st_prompts.loading``."""
 
 from __future__ import annotations
 
@@ -44,14 +32,9 @@ __all__ = ["TRUSTED_MODULE_PREFIXES", "backbone_reason", "require_safe_backbone"
 #: Module classes from these packages are installed code, not code from the model: they may be loaded.
 TRUSTED_MODULE_PREFIXES = ("sentence_transformers.", "st_prompts.")
 #: Keyword arguments of ``SentenceTransformer`` that say where to read a hub model's files from.
-_HUB_KWARGS = {
-    "cache_folder": "cache_dir",
-    "revision": "revision",
-    "token": "token",
-    "local_files_only": "local_files_only",
-}
-#: Configuration files a loader reads beside a model, any of which can point to code or hold loader options. On the
-#: hub they are fetched by name; in a local folder every ``*.json`` file is read.
+HUB_KWARGS = {"cache_folder": "cache_dir", "revision": "revision", "token": "token",
+              "local_files_only": "local_files_only"}
+#: Configuration files of a hub model that can point to code or hold loader options (locally: every ``*.json``).
 _HUB_CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
                      "adapter_config.json", "router_config.json", "sentence_bert_config.json")
 #: The names sentence-transformers reads a ``Transformer`` module's configuration from, in its order.
@@ -72,12 +55,8 @@ def is_local(model: str) -> bool:
 
 
 def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
-    """Local path of ``filename`` of ``model`` (a folder or a hub id; hub files via the cache or a download).
-
-    Raises:
-        _Missing: the file does not exist (in the folder, or in the hub repository).
-        OSError / ValueError / ...: it could not be read (no network, invalid id, ...).
-    """
+    """Local path of ``filename`` of ``model`` (a folder or a hub id: from the cache, else downloaded); raises
+    :class:`_Missing` when it does not exist, anything else when it cannot be reached."""
     if os.path.isdir(model):
         path = os.path.join(model, filename)
         if not os.path.isfile(path):
@@ -86,7 +65,7 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
     if is_local(model):
         raise OSError(f"{model} is not a model folder")
 
-    options = {target: hub[source] for source, target in _HUB_KWARGS.items() if hub.get(source) is not None}
+    options = {target: hub[source] for source, target in HUB_KWARGS.items() if hub.get(source) is not None}
     # The cache first: a cached file is read without any request (offline, a request would retry for minutes).
     cached = huggingface_hub.try_to_load_from_cache(model, filename, cache_dir=options.get("cache_dir"),
                                                     revision=options.get("revision"))
@@ -103,15 +82,11 @@ def _model_file(model: str, filename: str, hub: dict[str, Any]) -> str:
 def read_model_json(model: str, filename: str, hub: dict[str, Any]) -> Any:
     """The parsed JSON file, or ``None`` if it does not exist; raises ``UnreadableFile`` when it cannot be read."""
     try:
-        path = _model_file(model, filename, hub)
+        with open(_model_file(model, filename, hub), encoding="utf-8") as handle:
+            return json.load(handle)
     except _Missing:
         return None
-    except Exception as exc:  # any failure to reach it
-        raise UnreadableFile(f"{filename} could not be read ({first_line(exc)})") from exc
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # any failure to reach or parse it
         raise UnreadableFile(f"{filename} could not be read ({first_line(exc)})") from exc
 
 
@@ -120,16 +95,14 @@ class UnreadableFile(Exception):
 
 
 def _config_files(model: str, folder: str) -> list[str]:
-    """The JSON files of ``folder`` in ``model`` to check: every ``*.json`` of a local folder, the known names on the
-    hub."""
+    """The JSON files of ``folder`` in ``model`` to check: every ``*.json`` locally, the known names on the hub."""
+    names = _HUB_CONFIG_FILES
     if os.path.isdir(model):
-        directory = os.path.join(model, folder)
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+            names = sorted(n for n in os.listdir(os.path.join(model, folder)) if n.endswith(".json"))
         except OSError:
             return []
-        return [f"{folder}/{n}" if folder else n for n in names]
-    return [f"{folder}/{n}" if folder else n for n in _HUB_CONFIG_FILES]
+    return [f"{folder}/{n}" if folder else n for n in names]
 
 
 def _foreign_types(types: list[Any]) -> list[str]:
@@ -137,11 +110,8 @@ def _foreign_types(types: list[Any]) -> list[str]:
 
 
 def _unsafe_path(folder: Any) -> bool:
-    """A module path that leaves its model folder (absolute, ``..``, a drive, not a string)."""
-    if not isinstance(folder, str):
-        return True
-    parts = folder.replace("\\", "/").split("/")
-    return os.path.isabs(folder) or folder.startswith("~") or ".." in parts or ":" in folder or "\x00" in folder
+    """A module path that leaves its model folder (:func:`st_prompts.trust.unsafe_file_name`, or a drive)."""
+    return folder is None or trust.unsafe_file_name(folder) or ":" in folder
 
 
 def _outside(model: str, folder: str) -> bool:
@@ -153,22 +123,16 @@ def _outside(model: str, folder: str) -> bool:
     return target != root and not target.startswith(root + os.sep)
 
 
-def _module_class(type_name: str) -> type | None:
-    """What a trusted ``modules.json`` type names (``None`` when it cannot be imported)."""
+def _module_class(type_name: str) -> Any:
+    """What a trusted ``modules.json`` type names, maybe not a class (``None`` when it cannot be imported)."""
     try:
-        module_class = import_from_string(type_name)
+        return import_from_string(type_name)
     except Exception:  # noqa: BLE001 - an unknown name of a trusted package: the load reports it
         return None
-    return module_class  # may be something other than a class: refused as such
-
-
-def _is_transformer(module_class: type | None) -> bool:
-    return module_class is not None and issubclass(module_class, Transformer)
 
 
 def _is_prompted(module_class: type) -> bool:
-    """Whether ``module_class`` is st_prompts' ``PromptedTransformer`` (or a subclass), found by class path, so that
-    this module need not import :mod:`st_prompts.modules`."""
+    """Whether ``module_class`` is (a subclass of) ``PromptedTransformer``, by class path (no import of it)."""
     return any(f"{c.__module__}.{c.__qualname__}" == "st_prompts.modules.prompted_transformer.PromptedTransformer"
                for c in module_class.__mro__)
 
@@ -183,9 +147,8 @@ def _check_files(model: str, folder: str, hub: dict[str, Any]) -> str | None:
 
 
 def _check_links(model: str, folder: str) -> str | None:
-    """Why a file or folder under the local module folder ``folder`` of ``model`` is a link that resolves outside
-    the model folder (a loader would read it from there), or ``None``. Walked without following links. A folder of
-    the Hugging Face cache (``.../snapshots/<revision>``) may link into its repository's ``blobs``."""
+    """Why something under the local module folder ``folder`` of ``model`` is a link resolving outside the model
+    folder, or ``None``. A Hugging Face cache snapshot may link into its repository's ``blobs``."""
     if not os.path.isdir(model):
         return None
     root = os.path.realpath(model)
@@ -218,9 +181,8 @@ def _too_deep(depth: int) -> str | None:
 
 def _check_transformer_folder(model: str, folder: str, hub: dict[str, Any], seen: set[str],
                               prompted: bool, depth: int) -> str | None:
-    """The folder of a ``Transformer`` module (or a plain transformers model): its module configuration against the
-    allow-list, its transformers files, its links and weights (no pickle), a PEFT adapter's base model, and the
-    backbone a prompts-only checkpoint refers to."""
+    """The folder of a ``Transformer`` module (or a plain transformers model): its configuration, files, links and
+    weights, a PEFT adapter's base model, the backbone a prompts-only checkpoint refers to."""
     prefix = f"{folder}/" if folder else ""
     configs = {}
     for filename in _TRANSFORMER_CONFIGS if os.path.isdir(model) else _TRANSFORMER_CONFIGS[:1]:
@@ -248,8 +210,7 @@ def _check_transformer_folder(model: str, folder: str, hub: dict[str, Any], seen
 
 
 def _is_whole_model(module_class: type) -> bool:
-    """Whether ``module_class`` is a whole model (``SentenceTransformer``, ``SparseEncoder``, ``CrossEncoder``): it
-    loads a folder with a ``modules.json`` of its own."""
+    """Whether ``module_class`` is a whole model (``SentenceTransformer``, ``CrossEncoder``, ...)."""
     from sentence_transformers.base.model import BaseModel
 
     return issubclass(module_class, BaseModel)
@@ -264,28 +225,25 @@ def _check_module(model: str, entry: dict[str, Any], hub: dict[str, Any], seen: 
     if _unsafe_path(folder) or _outside(model, folder):
         return f"{where} outside the model: {folder!r}"
     module_class = _module_class(entry["type"])
+    named = f"{entry['type']} ({folder or 'the model folder'})"
     if module_class is None:  # a name in a trusted package that is not there: nothing to install, a bad folder
-        return f"{entry['type']} ({folder or 'the model folder'}) is not a class of sentence_transformers or st_prompts"
-    if not isinstance(module_class, type):
-        return f"{entry['type']} ({folder or 'the model folder'}) is not a sentence-transformers module class"
-    if module_class is not None and _is_whole_model(module_class):
+        return f"{named} is not a class of sentence_transformers or st_prompts"
+    if isinstance(module_class, type) and _is_whole_model(module_class):
         if not route:  # sentence-transformers would build it from the parent folder, with the module's options
             return f"modules.json: the module {folder!r} is a whole model ({entry['type']}), not a module"
-        # A route that is a whole model (the Router's documented use: one SentenceTransformer per route) is loaded by
-        # sentence-transformers as a model of its own from the route's folder: checked as one, not refused, so that
-        # such models keep loading; everything below it (its modules.json, configs, files, weights) is walked.
+        # A whole model as a route (the Router's documented use) loads as a model of its own: checked as one.
         return _too_deep(depth + 1) or _check_model(model, folder, hub, seen, depth + 1)
-    if module_class is not None and not issubclass(module_class, Module):
-        return f"{entry['type']} ({folder or 'the model folder'}) is not a sentence-transformers module class"
-    if _is_transformer(module_class):
+    if not (isinstance(module_class, type) and issubclass(module_class, Module)):
+        return f"{named} is not a sentence-transformers module class"
+    if issubclass(module_class, Transformer):
         return _check_transformer_folder(model, folder, hub, seen, _is_prompted(module_class), depth)
     reason = _check_files(model, folder, hub)
     if reason:
         return reason
     prefix = f"{folder}/" if folder else ""
-    if module_class is not None and issubclass(module_class, Router):
+    if issubclass(module_class, Router):
         reason = _check_router(model, prefix, hub, seen, depth)
-    elif module_class is not None:
+    else:
         name = prefix + getattr(module_class, "config_file_name", "config.json")
         config = read_model_json(model, name, hub)
         reason = None if config is None else trust.module_config_reason(name, module_class, config)
@@ -293,8 +251,7 @@ def _check_module(model: str, entry: dict[str, Any], hub: dict[str, Any], seen: 
 
 
 def _check_router(model: str, prefix: str, hub: dict[str, Any], seen: set[str], depth: int) -> str | None:
-    """A ``Router``'s routes (from ``router_config.json``, or ``config.json`` as sentence-transformers falls back
-    to): every type like ``modules.json``'s, every route checked as a module (a whole model: as a model)."""
+    """A ``Router``'s routes (``router_config.json``, else ``config.json``), each checked as a module."""
     name = prefix + "router_config.json"
     config = read_model_json(model, name, hub)
     if config is None:
@@ -318,15 +275,13 @@ def _check_router(model: str, prefix: str, hub: dict[str, Any], seen: set[str], 
 
 def _check_backbone(reference: Any, hub: dict[str, Any], seen: set[str], depth: int = 1,
                     needed_by: str | None = None) -> str | None:
-    """Why the backbone a prompts-only checkpoint (or a PEFT adapter) refers to would run code that ships with it, or
-    ask a loader for more than the allow-list; ``None`` if it would not."""
+    """Why the backbone a prompts-only checkpoint (or a PEFT adapter) refers to is unsafe to load, or ``None``."""
     if not isinstance(reference, str) or not reference or reference in seen:
         return None
     if depth > _MAX_DEPTH:
         return _too_deep(depth)
     seen.add(reference)
-    # A hub backbone neither cached nor reachable in seconds, a packaged alias without its package: DataNotFoundError
-    # in one line now (loading it could only fail, after minutes of retries).
+    # A backbone that cannot be had: one line now, not minutes of retries later.
     check_hub_model(reference, what="backbone", needed_by=needed_by)
     backbone = os.path.expanduser(resolve_model_name(reference))
     try:
@@ -361,15 +316,9 @@ WHOLE_MODEL_ROUTE = ("a Router route that is a whole st_prompts model cannot be 
 
 
 def prompted_routes(name_or_path: str, **hub: Any) -> bool:
-    """Whether a saved model has a ``Router`` (at any depth) with st_prompts modules among its routes (a prompted
-    module with its own prefix may be one: it loads with st_prompts' classes). Refuses, in one line, a route to a
-    prompt bank (:data:`ROUTER_UNSUPPORTED`) and one that is a whole model holding st_prompts modules
-    (:data:`WHOLE_MODEL_ROUTE`). Reads JSON files only; whatever cannot be read is left to the loader and the trust
-    checks (``False``).
-
-    Raises:
-        ConfigurationError: such a route.
-    """
+    """Whether a saved model has a ``Router`` (at any depth) with st_prompts modules among its routes. Raises
+    :class:`ConfigurationError` for a route to a prompt bank or a whole model holding st_prompts modules. Reads
+    JSON files only; what cannot be read gives ``False`` (left to the loader and the trust checks)."""
     model = os.path.expanduser(resolve_model_name(name_or_path))
     try:
         return _prompted_routes(model, "", hub, depth=0)
@@ -401,7 +350,8 @@ def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, i
             if not isinstance(route_type, str) or not isinstance(sub, str):
                 continue
             if route_type.startswith("st_prompts."):
-                if _is_bank_folder(model, f"{sub_prefix}{sub}/", hub):
+                saved = read_model_json(model, f"{sub_prefix}{sub}/sentence_bert_config.json", hub)
+                if isinstance(saved, dict) and saved.get("prompt_sets") is not None:  # a prompt bank
                     raise ConfigurationError(ROUTER_UNSUPPORTED + ".")
                 found = True
             route_class = _module_class(route_type) if route_type.startswith("sentence_transformers.") else None
@@ -410,41 +360,32 @@ def _prompted_routes(model: str, folder: str, hub: dict[str, Any], depth: int, i
     return found
 
 
-def _is_bank_folder(model: str, prefix: str, hub: dict[str, Any]) -> bool:
-    """Whether the prompted module saved at ``prefix`` holds prompt sets (its config lists ``prompt_sets``)."""
-    config = read_model_json(model, prefix + "sentence_bert_config.json", hub)
-    return isinstance(config, dict) and config.get("prompt_sets") is not None
-
-
 def backbone_reason(name_or_path: str, **hub: Any) -> str | None:
-    """Why loading ``name_or_path`` as a *backbone* (a transformers model folder, hub id, alias or ``.gguf`` file:
-    what ``--backbone`` and prompts-only checkpoints name) would run code that ships with it, unpickle a weight file,
-    or ask a loader for more than the allow-list; ``None`` if it would not. Reads JSON files and lists folders only."""
+    """Why loading ``name_or_path`` as a *backbone* (a transformers folder, hub id, alias or ``.gguf`` file) would run
+    code, unpickle a weight file or ask a loader for more than the allow-list; ``None`` if it would not."""
     return _check_backbone(str(name_or_path), hub, set(), depth=0)
 
 
 def require_safe_backbone(name_or_path: str, trust_remote_code: bool | None = False, what: str = "backbone") -> None:
-    """Refuse, in one line, a backbone (or generator, LLM, ...) that :func:`backbone_reason` finds unsafe, unless the
-    user trusts it (``trust_remote_code=True``).
-
-    Raises:
-        UntrustedCodeError: naming what and where, and ``--trust-remote-code``.
-    """
+    """Raise :class:`UntrustedCodeError` for a backbone (or generator, LLM, ...) :func:`backbone_reason` finds unsafe,
+    unless ``trust_remote_code=True``."""
     if trust_remote_code is True:
         return
     reason = backbone_reason(name_or_path)
     if reason is not None:
-        raise UntrustedCodeError(
-            f"refused to load the {what} {str(name_or_path)!r}: {reason}. Nothing of it was run; pass "
-            "--trust-remote-code (trust_remote_code=True in Python) only if you trust that code."
-        )
+        raise refusal(f"the {what}", str(name_or_path), reason)
+
+
+def refusal(what: str, name_or_path: Any, reason: str) -> UntrustedCodeError:
+    """The error refusing to load ``what`` (``"model"``, ``"the backbone"``) ``name_or_path`` for ``reason``."""
+    return UntrustedCodeError(f"refused to load {what} {name_or_path!r}: {reason}. Nothing of it was run; pass "
+                              "--trust-remote-code (trust_remote_code=True in Python) only if you trust that code.")
 
 
 @contextmanager
 def safe_loading(trust_remote_code: bool | None = False) -> Iterator[dict[str, Any]]:
-    """Around a transformers ``from_pretrained`` of a checked, untrusted folder: ``torch.load`` refuses
-    (:func:`st_prompts.trust.no_unpickling`); yields the keyword arguments to add (safetensors only). With
-    ``trust_remote_code=True`` nothing changes."""
+    """Around a ``from_pretrained`` of a checked, untrusted folder: ``torch.load`` refuses; yields the keyword
+    arguments to add (safetensors only). With ``trust_remote_code=True`` nothing changes."""
     if trust_remote_code is True:
         yield {}
         return
@@ -453,16 +394,10 @@ def safe_loading(trust_remote_code: bool | None = False) -> Iterator[dict[str, A
 
 
 def untrusted_reason(name_or_path: str, **hub: Any) -> str | None:
-    """Why loading ``name_or_path`` would run code that ships with the model, or hand a loader an option outside the
-    allow-list (:mod:`st_prompts.trust`), or unpickle a weight file; ``None`` if it would not.
-
-    Reads, without loading anything, what the module docstring lists (the backbone of a prompts-only checkpoint
-    includes one given as ``model_kwargs={"backbone_name_or_path": ...}``). A file that cannot be read counts as a
-    reason. ``**hub``: ``cache_folder``, ``revision``, ``token``, ``local_files_only`` (and ``model_kwargs``), as for
-    ``SentenceTransformer``.
-
-    Raises:
-        DataNotFoundError: a hub model (or a backbone it refers to) is neither cached nor reachable in seconds.
+    """Why loading ``name_or_path`` would run code that ships with the model, hand a loader an option outside the
+    allow-list, or unpickle a weight file; ``None`` if it would not. A file that cannot be read counts as a reason.
+    ``**hub``: ``cache_folder``, ``revision``, ``token``, ``local_files_only``, ``model_kwargs``, as for
+    ``SentenceTransformer``. Raises :class:`DataNotFoundError` for a hub model neither cached nor reachable.
     """
     model = os.path.expanduser(resolve_model_name(name_or_path))
     seen: set[str] = set()
@@ -481,8 +416,7 @@ def untrusted_reason(name_or_path: str, **hub: Any) -> str | None:
 
 
 def _modules_reason(name: str, modules: Any) -> str | None:
-    """Why the parsed ``modules.json`` ``name`` is not a list of modules sentence-transformers can load (each with a
-    ``type`` of its own or st_prompts' packages, a ``name``, a ``path``), or ``None``."""
+    """Why the parsed ``modules.json`` ``name`` is not a list of modules sentence-transformers can load, or ``None``."""
     if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
         return f"its {name} is not a list of modules"
     for index, entry in enumerate(modules):
@@ -503,8 +437,8 @@ def _modules_reason(name: str, modules: Any) -> str | None:
 
 
 def _check_model(model: str, folder: str, hub: dict[str, Any], seen: set[str], depth: int) -> str | None:
-    """A whole model in ``folder`` of ``model`` (``""``: the model itself; a folder: a route that is a model): its
-    ``modules.json`` and every module of it, or, without one, a plain transformers model."""
+    """A whole model in ``folder`` of ``model`` (``""``: the model itself): its ``modules.json`` and every module, or
+    a plain transformers model."""
     prefix = f"{folder}/" if folder else ""
     modules = read_model_json(model, prefix + "modules.json", hub)
     if modules is None:  # a plain transformers model: sentence-transformers adds mean pooling
@@ -525,7 +459,5 @@ def _check_model(model: str, folder: str, hub: dict[str, Any], seen: set[str], d
 
 
 def should_trust_remote_code(name_or_path: str, **hub: Any) -> bool:
-    """Whether ``name_or_path`` loads without running any code that ships with it (:func:`untrusted_reason` is
-    ``None``): what :func:`st_prompts.loading.load_sentence_model` needs to load it without
-    ``trust_remote_code=True``."""
+    """Whether ``name_or_path`` loads without running any code that ships with it (:func:`untrusted_reason`)."""
     return untrusted_reason(name_or_path, **hub) is None

@@ -1,14 +1,6 @@
-"""Whether a model named by a Hugging Face hub id can be loaded here, decided in seconds.
-
-Without network and without ``HF_HUB_OFFLINE``, huggingface_hub retries every file of a model that is not cached
-five times with growing pauses (minutes and dozens of "Retrying..." lines for one model), and transformers' final
-error spans several lines. :func:`check_hub_model` decides first: a model in the local cache passes without any
-network access; otherwise one request with a short timeout (:data:`PROBE_TIMEOUT`) says whether the hub can be
-reached, and if it cannot (or ``HF_HUB_OFFLINE`` is set) the model is refused with one line saying how to fix it.
-Every model name st_prompts loads goes through it (:func:`st_prompts.utils.resolve_model_name`).
-
-Only this check is light: huggingface_hub is imported when a name looks like a hub id.
-"""
+"""Whether a model named by a Hugging Face hub id can be loaded here, decided in seconds (offline, huggingface_hub
+retries an uncached model's files for minutes): a cached model passes without network access; otherwise one short
+request says whether the hub can be reached. huggingface_hub is imported only when a name looks like a hub id."""
 
 from __future__ import annotations
 
@@ -31,8 +23,7 @@ _lock = threading.Lock()
 
 
 def is_hub_id(name: str) -> bool:
-    """Whether ``name`` is a hub repository id (``org/name`` or ``name``), not a local path or file, nor an alias of
-    a packaged model (``minilm``, ``smollm2``)."""
+    """Whether ``name`` is a hub repository id, not a local path or file, nor an alias of a packaged model."""
     name = str(name)
     if not name or os.path.exists(name) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
         return False
@@ -47,23 +38,15 @@ def is_hub_id(name: str) -> bool:
     return True
 
 
-def _cache_folders() -> list[Path]:
-    from huggingface_hub import constants
-
-    folders = [Path(constants.HF_HUB_CACHE)]
-    if os.environ.get("SENTENCE_TRANSFORMERS_HOME"):  # sentence-transformers' own cache folder, when set
-        folders.append(Path(os.environ["SENTENCE_TRANSFORMERS_HOME"]))
-    return folders
-
-
 def is_cached(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache (``HF_HUB_CACHE``, and ``SENTENCE_TRANSFORMERS_HOME`` when set) holds a
-    snapshot of the model ``repo_id`` with at least one file."""
+    """Whether the local Hugging Face cache (and ``SENTENCE_TRANSFORMERS_HOME``) holds a non-empty snapshot of
+    ``repo_id``."""
+    from huggingface_hub import constants
     from huggingface_hub.file_download import repo_folder_name
 
     folder = repo_folder_name(repo_id=repo_id, repo_type="model")
-    for cache in _cache_folders():
-        snapshots = cache / folder / "snapshots"
+    for cache in filter(None, (constants.HF_HUB_CACHE, os.environ.get("SENTENCE_TRANSFORMERS_HOME"))):
+        snapshots = Path(cache) / folder / "snapshots"
         try:
             if any(any(snapshot.iterdir()) for snapshot in snapshots.iterdir() if snapshot.is_dir()):
                 return True
@@ -73,8 +56,7 @@ def is_cached(repo_id: str) -> bool:
 
 
 def _unreachable_reason(repo_id: str) -> str | None:
-    """Why the hub cannot be reached (one request, :data:`PROBE_TIMEOUT`, no retries), or ``None``. Any HTTP answer,
-    even an error status, means that it can: loading then says what the answer was."""
+    """Why the hub cannot be reached (one request, no retries), or ``None``; any HTTP answer means that it can."""
     from huggingface_hub import constants, get_session
 
     endpoint = constants.ENDPOINT
@@ -93,20 +75,8 @@ def _unreachable_reason(repo_id: str) -> str | None:
 
 
 def check_hub_model(name: str, what: str = "model", needed_by: str | None = None) -> None:
-    """Make sure the model ``name`` can be loaded when it is a hub id: it is in the local cache, or the hub answers.
-
-    Local paths, files and names that are no hub id pass untouched, as does a cached model (no network access).
-    Otherwise one request with a short timeout tells whether the hub can be reached.
-
-    Args:
-        name: a model name or path.
-        what: what ``name`` is, for the message (``"model"``, ``"backbone"``).
-        needed_by: what needs it, for the message (``"the prompts-only checkpoint 'x'"``).
-
-    Raises:
-        DataNotFoundError: the model is not cached and ``HF_HUB_OFFLINE`` is set, or the hub cannot be reached;
-            one line naming the cache and how to fix it.
-    """
+    """Make sure the model ``name``, when it is a hub id, is cached or the hub answers; else raise
+    :class:`DataNotFoundError` in one line. ``what`` (``"backbone"``) and ``needed_by`` word the message."""
     if not is_hub_id(name) or is_cached(name):
         return
     from huggingface_hub import constants
@@ -124,9 +94,8 @@ def check_hub_model(name: str, what: str = "model", needed_by: str | None = None
 
 
 def cached_and_unreachable(name: str) -> bool:
-    """Whether ``name`` is a hub id held in the local cache while the hub cannot be reached (or ``HF_HUB_OFFLINE`` is
-    set): then it must load from the cache alone (``local_files_only=True``), or every file request would retry for
-    minutes before falling back to the cache. One request with a short timeout decides (remembered for a while)."""
+    """Whether ``name`` is a cached hub id while the hub cannot be reached (or ``HF_HUB_OFFLINE`` is set): then it must
+    load with ``local_files_only=True``, or every file request would retry for minutes."""
     if not is_hub_id(name) or not is_cached(name):
         return False
     from huggingface_hub import constants

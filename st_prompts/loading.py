@@ -1,19 +1,7 @@
 """Load a sentence-transformers model without running code that ships with it; describe its pooling.
 
-Every ``st-prompts`` command that loads a model goes through :func:`load_sentence_model`, and Python users can too::
-
-    from st_prompts.loading import load_sentence_model
-    model = load_sentence_model("runs/dcpcse")          # st_prompts' and sentence-transformers' own classes only
-
-Why not ``SentenceTransformer(path, trust_remote_code=True)``: sentence-transformers 6 wants that flag for any module
-class outside ``sentence_transformers.*`` (so for st_prompts' ``PromptedTransformer`` too), and the flag then also
-lets the model import any class its ``modules.json`` names, any ``Dense`` activation, and lets transformers run the
-``auto_map`` code of its configuration, its tokenizer or (for a prompts-only checkpoint) its backbone. Here every file
-a loader will read is checked first (:func:`untrusted_reason`, :mod:`st_prompts.folder_checks`); then nothing is
-granted: a model with st_prompts modules is assembled from its modules, each loaded with ``trust_remote_code=False``.
-A model that names code is refused with :class:`~st_prompts.errors.UntrustedCodeError` unless the user passed
-``trust_remote_code=True`` (``--trust-remote-code``), which is handed to sentence-transformers as is.
-"""
+Every file a loader will read is checked first (:mod:`st_prompts.folder_checks`); a model with st_prompts modules is
+assembled from its modules, each loaded with ``trust_remote_code=False`` (sentence-transformers 6 wants it ``True``)."""
 
 from __future__ import annotations
 
@@ -27,26 +15,10 @@ from sentence_transformers.base.modules.router import Router
 from sentence_transformers.util import import_from_string
 
 from st_prompts import trust
-from st_prompts.errors import (
-    ConfigurationError,
-    DataFormatError,
-    DataNotFoundError,
-    StPromptsError,
-    UntrustedCodeError,
-    first_line,
-)
-from st_prompts.folder_checks import (
-    TRUSTED_MODULE_PREFIXES,
-    UnreadableFile,
-    backbone_reason,
-    is_local,
-    prompted_routes,
-    read_model_json,
-    require_safe_backbone,
-    safe_loading,
-    should_trust_remote_code,
-    untrusted_reason,
-)
+from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, StPromptsError, first_line
+from st_prompts.folder_checks import (HUB_KWARGS, TRUSTED_MODULE_PREFIXES, UnreadableFile, backbone_reason, is_local,
+                                      prompted_routes, read_model_json, refusal, require_safe_backbone, safe_loading,
+                                      should_trust_remote_code, untrusted_reason)
 from st_prompts.hub import cached_and_unreachable
 from st_prompts.storage import interrupted_save_hint
 from st_prompts.utils import resolve_model_name
@@ -61,45 +33,18 @@ _ASSEMBLY_KWARGS = ("cache_folder", "revision", "token", "local_files_only", "mo
                     "config_kwargs", "backend", "prompts", "default_prompt_name", "similarity_fn_name",
                     "truncate_dim", "model_card_data")
 #: How :func:`pooling_label` names sentence-transformers' ``Pooling`` modes.
-_POOLING_MODE_LABELS = {
-    "cls": "[CLS]",
-    "mean": "mean",
-    "max": "max",
-    "mean_sqrt_len_tokens": "mean/sqrt(len)",
-    "weightedmean": "weighted mean",
-    "lasttoken": "last token",
-}
+_POOLING_MODE_LABELS = {"cls": "[CLS]", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean/sqrt(len)",
+                        "weightedmean": "weighted mean", "lasttoken": "last token"}
 
 
-#: The hub options of ``SentenceTransformer`` a check of a model's files needs.
-_HUB_KEYS = ("token", "cache_folder", "revision", "local_files_only")
+def load_sentence_model(name_or_path: str, trust_remote_code: bool | None = False, *, device: str | None = None,
+                        quantize: str | None = None, dtype: Any = None, **kwargs: Any) -> SentenceTransformer:
+    """Load ``name_or_path`` (a folder, a hub id or ``minilm``) as a ``SentenceTransformer``, running no code that
+    ships with it unless ``trust_remote_code=True`` (then passed to sentence-transformers as is).
 
-
-def load_sentence_model(
-    name_or_path: str,
-    trust_remote_code: bool | None = False,
-    *,
-    device: str | None = None,
-    quantize: str | None = None,
-    dtype: Any = None,
-    **kwargs: Any,
-) -> SentenceTransformer:
-    """Load ``name_or_path`` (``minilm`` = the packaged all-MiniLM-L6-v2) as a ``SentenceTransformer``, running no
-    code that ships with it unless ``trust_remote_code=True`` (see the module docstring).
-
-    Args:
-        name_or_path: a local folder, a hub id or an alias of :data:`st_prompts.utils.PACKAGED_MINILM_ALIASES`.
-        trust_remote_code: ``True``: the user trusts the model's code; it is passed to sentence-transformers as is.
-            ``False``/``None`` (default): only sentence-transformers' and st_prompts' own classes are loaded; a model
-            that names any other code is refused before anything of it is loaded.
-        device: device to put the model on (default: sentence-transformers' choice; the CPU with ``quantize``).
-        quantize: ``"int8"``: the backbone's linear layers in int8 for CPU inference, prompt sets unchanged
-            (:func:`st_prompts.quantization.quantize_model`); ``None``/``"none"`` (default): as saved.
-        dtype: ``"bfloat16"``/``"float16"``: every module cast to that type for inference, saves refused
-            (:func:`st_prompts.precision.apply_dtype`; a CPU without instructions for it is warned about);
-            ``None``/``"float32"`` (default): float32. Not with ``quantize="int8"``.
-        **kwargs: further ``SentenceTransformer`` arguments (``cache_folder``, ``revision``, ``model_kwargs``, ...).
-
+    ``device``: default sentence-transformers' choice, the CPU with ``quantize`` (``"int8"``:
+    :func:`~st_prompts.quantization.quantize_model`); ``dtype``: ``"bfloat16"``/``"float16"``
+    (:func:`~st_prompts.precision.apply_dtype`), not with ``quantize``; ``**kwargs``: for ``SentenceTransformer``.
     Raises DataNotFoundError, DataFormatError (a damaged weight file), UntrustedCodeError, ConfigurationError (an
     unknown ``quantize`` or ``dtype``, both, or a device this machine lacks).
     """
@@ -117,16 +62,11 @@ def load_sentence_model(
     if dtype != "float32":
         return apply_dtype(load_sentence_model(name_or_path, trust_remote_code, device=device, **kwargs), dtype)
     model, routed = _preflight(name_or_path, trust_remote_code, kwargs)
-    if trust_remote_code is True:
-        try:
-            return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
-        except StPromptsError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one line, whatever the trusted code raised
-            raise _load_error(name_or_path, exc) from exc
-    # Safetensors only: transformers never falls back to a pickle (the caller's own model_kwargs win).
-    kwargs["model_kwargs"] = {**trust.SAFE_MODEL_KWARGS, **(kwargs.get("model_kwargs") or {})}
     try:
+        if trust_remote_code is True:
+            return SentenceTransformer(model, trust_remote_code=True, device=device, **kwargs)
+        # Safetensors only: transformers never falls back to a pickle (the caller's own model_kwargs win).
+        kwargs["model_kwargs"] = {**trust.SAFE_MODEL_KWARGS, **(kwargs.get("model_kwargs") or {})}
         with trust.no_unpickling():
             modules = read_model_json(model, "modules.json", kwargs) or []
             if routed or any(m["type"].startswith("st_prompts.") for m in modules):
@@ -139,9 +79,8 @@ def load_sentence_model(
 
 
 def check_loadable(name_or_path: str, trust_remote_code: bool | None = False, **kwargs: Any) -> None:
-    """What :func:`load_sentence_model` decides before it loads anything, without loading: the model exists, and
-    names no code unless ``trust_remote_code=True`` (``serve --devices`` asks this in the parent, before its
-    workers each load the model, so that a refusal is one line). Raises as :func:`load_sentence_model` does."""
+    """The checks of :func:`load_sentence_model` without loading (the model exists and names no code unless
+    trusted); raises as it does."""
     _preflight(name_or_path, trust_remote_code, dict(kwargs))
 
 
@@ -154,7 +93,7 @@ def _preflight(name_or_path: str, trust_remote_code: bool | None, kwargs: dict[s
     if "local_files_only" not in kwargs and cached_and_unreachable(model):
         kwargs["local_files_only"] = True  # cached, and the hub cannot be reached: no request would succeed
     # trusted or not: st_prompts modules behind a Router would silently read the Router's task (see there)
-    routed = prompted_routes(model, **{k: v for k, v in kwargs.items() if k in _HUB_KEYS})
+    routed = prompted_routes(model, **{k: v for k, v in kwargs.items() if k in HUB_KWARGS})
     if trust_remote_code is True:
         return model, routed
     try:
@@ -164,21 +103,13 @@ def _preflight(name_or_path: str, trust_remote_code: bool | None, kwargs: dict[s
     except OSError as exc:
         raise DataNotFoundError(f"could not load model {name_or_path!r}: {first_line(exc)}") from exc
     if reason is not None:
-        raise UntrustedCodeError(
-            f"refused to load model {name_or_path!r}: {reason}. Nothing of it was run; pass --trust-remote-code "
-            "(trust_remote_code=True in Python) only if you trust that code."
-        )
+        raise refusal("model", name_or_path, reason)
     return model, routed
 
 
 def check_device(device: str | None) -> None:
-    """Refuse, in one line, a ``device`` that torch does not know or this machine does not have (``cuda:3`` on a
-    two-GPU machine, any ``cuda`` without one), instead of the loader's assertion halfway through. Creates no CUDA
-    context (``torch.cuda.device_count`` asks NVML where it can).
-
-    Raises:
-        ConfigurationError: such a device.
-    """
+    """Raise :class:`ConfigurationError` for a ``device`` torch does not know or this machine does not have (no CUDA
+    context is created)."""
     if device is None:
         return
     import torch
@@ -197,10 +128,7 @@ def check_device(device: str | None) -> None:
 def _load_error(name_or_path: str, exc: BaseException) -> StPromptsError:
     """The one-line error for an exception a loader raised on a model that passed the checks."""
     chain = [exc]
-    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-        nxt = chain[-1].__cause__ or chain[-1].__context__
-        if nxt in chain or len(chain) > 10:
-            break
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain and len(chain) <= 10:
         chain.append(nxt)
     refused = next((e for e in chain if isinstance(e, StPromptsError)), None)
     if refused is not None:
@@ -237,9 +165,8 @@ def _is_damaged_weights(exc: BaseException) -> bool:
 
 
 class _OurClasses(dict):
-    """st_prompts' classes by name, imported when asked for (``get``): what a ``Router`` over st_prompts modules is
-    given as ``module_classes``, so that its routes load without the global ``trust_remote_code`` too (the names were
-    checked by :func:`untrusted_reason` first)."""
+    """st_prompts' classes by name, imported on ``get``: a ``Router``'s ``module_classes``, so that its routes load
+    without the global ``trust_remote_code`` too."""
 
     def get(self, key: Any, default: Any = None) -> Any:
         if isinstance(key, str) and key.startswith("st_prompts."):
@@ -252,18 +179,13 @@ class _OurClasses(dict):
 
 def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | None,
               kwargs: dict[str, Any]) -> SentenceTransformer:
-    """A ``SentenceTransformer`` built from the modules of a saved model, each loaded by its own class with
-    ``trust_remote_code=False``: how a model with st_prompts modules loads without sentence-transformers' global
-    ``trust_remote_code`` (:func:`untrusted_reason` has already checked every type it names).
-
-    Written here because sentence-transformers 6 offers no public way to resolve a type outside its own namespace
-    without granting that flag to everything the model names.
-    """
+    """A ``SentenceTransformer`` built from the (already checked) modules of a saved model, each loaded by its own
+    class with ``trust_remote_code=False`` (sentence-transformers 6 has no public way to do this)."""
     unknown = sorted(set(kwargs) - set(_ASSEMBLY_KWARGS))
     if unknown:
         raise StPromptsError(f"load_sentence_model() cannot pass {', '.join(unknown)} to a model with st_prompts "
                              "modules; give them to the model after loading")
-    hub = {key: kwargs[key] for key in ("token", "cache_folder", "revision", "local_files_only") if key in kwargs}
+    hub = {key: kwargs[key] for key in HUB_KWARGS if key in kwargs}
     ours = _OurClasses()
     modules: OrderedDict[str, Any] = OrderedDict()
     module_kwargs: OrderedDict[str, Any] = OrderedDict()
@@ -293,12 +215,8 @@ def _assemble(model: str, modules_config: list[dict[str, Any]], device: str | No
 
 
 def pooling_label(model: Any) -> str:
-    """How ``model`` pools token embeddings into a sentence embedding, for table headers and legends.
-
-    ``"[CLS]"``, ``"mean"``, ``"max"``, ... for sentence-transformers' ``Pooling`` (several modes joined by ``+``),
-    ``"[MASK]"`` for :class:`~st_prompts.modules.MaskTokenPooling`, ``"mean"`` for a ``StaticEmbedding`` (a mean of
-    word vectors), ``"unknown"`` otherwise. Anything but a ``SentenceTransformer`` gives ``"unknown"``.
-    """
+    """How ``model`` pools token embeddings, for table headers and legends: ``"[CLS]"``, ``"mean"``, ... (several
+    modes joined by ``+``), ``"[MASK]"`` for ``MaskTokenPooling``, ``"unknown"`` when it cannot tell."""
     try:
         modules = list(model)
     except TypeError:

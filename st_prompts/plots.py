@@ -1,9 +1,5 @@
-"""Figures of the D2CSE analysis: cosine similarity per gold-score bucket, and the alignment-uniformity plane.
-
-Figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (no ``pyplot``, so the caller's
-backend and global figure state are untouched) and written as PNG atomically: to a temporary file next to the
-target, then ``os.replace``. Every function returns the path it wrote.
-"""
+"""Figures of the D2CSE analysis: cosine similarity per gold-score bucket, and the alignment-uniformity plane. Drawn on
+a bare :class:`matplotlib.figure.Figure` (no ``pyplot``) and written as PNG atomically; each returns the path."""
 
 from __future__ import annotations
 
@@ -43,7 +39,7 @@ def _check_png_path(out_path: str | os.PathLike) -> Path:
 
 
 def save_png(fig: Figure, out_path: str | os.PathLike) -> Path:
-    """Write ``fig`` to ``out_path`` as PNG atomically (temporary file in the same directory, then ``os.replace``)."""
+    """Write ``fig`` to ``out_path`` as PNG atomically."""
     path = _check_png_path(out_path)
     FigureCanvasAgg(fig)
     return write_file_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=_DPI))
@@ -73,9 +69,8 @@ def bucket_label(low: float, high: float, last: bool) -> str:
     return f"[{low:g}, {high:g}{']' if last else ')'}"
 
 
-def assign_buckets(
-    scores: Sequence[float], buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS
-) -> np.ndarray:
+def assign_buckets(scores: Sequence[float],
+                   buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS) -> np.ndarray:
     """Index of the bucket of each score (``low <= s < high``; ``<= high`` in the last bucket), ``-1`` if none."""
     checked = _check_buckets(buckets)
     s = np.asarray(scores, dtype=float)
@@ -86,13 +81,8 @@ def assign_buckets(
     return out
 
 
-def pair_cosine_similarities(
-    model: SentenceTransformer,
-    sentences1: Sequence[str],
-    sentences2: Sequence[str],
-    batch_size: int = 64,
-    show_progress_bar: bool | None = None,
-) -> np.ndarray:
+def pair_cosine_similarities(model: SentenceTransformer, sentences1: Sequence[str], sentences2: Sequence[str],
+                             batch_size: int = 64, show_progress_bar: bool | None = None) -> np.ndarray:
     """Cosine similarity of ``model``'s embeddings of each pair (each distinct sentence is encoded once)."""
     if len(sentences1) != len(sentences2):
         raise DataFormatError(f"sentences1 and sentences2 differ in length: {len(sentences1)} vs {len(sentences2)}")
@@ -104,9 +94,7 @@ def pair_cosine_similarities(
                            convert_to_numpy=True)
     emb = np.asarray(emb, dtype=np.float64)
     emb /= np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
-    left = emb[[index[s] for s in sentences1]]
-    right = emb[[index[s] for s in sentences2]]
-    return np.sum(left * right, axis=1)
+    return np.sum(emb[[index[s] for s in sentences1]] * emb[[index[s] for s in sentences2]], axis=1)
 
 
 def _named_models(model_or_models: Any) -> dict[str, Any]:
@@ -117,49 +105,28 @@ def _named_models(model_or_models: Any) -> dict[str, Any]:
     return {"model": model_or_models}
 
 
-def plot_similarity_by_score(
-    model_or_models: SentenceTransformer | Mapping[str, SentenceTransformer],
-    pairs: STSPairs,
-    out_path: str | os.PathLike,
-    buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS,
-    *,
-    dataset_label: str | None = None,
-    title: str | None = None,
-    batch_size: int = 64,
-    show_progress_bar: bool | None = None,
-) -> Path:
-    """Box plots of the predicted cosine similarity of STS pairs, per gold-score bucket (the D2CSE figure).
-
-    Args:
-        model_or_models: one model, or a dict ``{label: model}`` drawn side by side within each bucket (the labels
-            are the legend; ``st-prompts plot`` puts each model's pooling in them, e.g. ``minilm (mean)``).
-        pairs: the STS pairs (anything with ``sentences1``, ``sentences2`` and ``scores``, e.g.
-            :class:`st_prompts.data.senteval.STSPairs`).
-        buckets: ``(low, high)`` gold-score ranges, ``low <= score < high`` except the last, which includes ``high``.
-        dataset_label: named in the title (e.g. ``"STS-B dev"``); ``title`` replaces the default title.
-    """
+def plot_similarity_by_score(model_or_models: SentenceTransformer | Mapping[str, SentenceTransformer], pairs: STSPairs,
+                             out_path: str | os.PathLike,
+                             buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS, *,
+                             dataset_label: str | None = None, title: str | None = None, batch_size: int = 64,
+                             show_progress_bar: bool | None = None) -> Path:
+    """Box plots of the predicted cosine similarity of STS ``pairs`` (with ``sentences1``, ``sentences2``,
+    ``scores``) per gold-score bucket (the D2CSE figure); several models (``{label: model}``) side by side.
+    ``buckets``: ``(low, high)``, the last one closed; ``dataset_label`` is named in the default title."""
     _check_png_path(out_path)
     models = _named_models(model_or_models)
     if len(pairs.sentences1) == 0:
         raise DataFormatError("no sentence pair to plot")
-    sims = {
-        name: pair_cosine_similarities(model, pairs.sentences1, pairs.sentences2, batch_size, show_progress_bar)
-        for name, model in models.items()
-    }
-    return plot_similarity_values_by_score(
-        sims, pairs.scores, out_path, buckets, dataset_label=dataset_label, title=title
-    )
+    sims = {name: pair_cosine_similarities(model, pairs.sentences1, pairs.sentences2, batch_size, show_progress_bar)
+            for name, model in models.items()}
+    return plot_similarity_values_by_score(sims, pairs.scores, out_path, buckets, dataset_label=dataset_label,
+                                           title=title)
 
 
-def plot_similarity_values_by_score(
-    similarities: Mapping[str, Sequence[float]],
-    scores: Sequence[float],
-    out_path: str | os.PathLike,
-    buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS,
-    *,
-    dataset_label: str | None = None,
-    title: str | None = None,
-) -> Path:
+def plot_similarity_values_by_score(similarities: Mapping[str, Sequence[float]], scores: Sequence[float],
+                                    out_path: str | os.PathLike,
+                                    buckets: Sequence[tuple[float, float]] = DEFAULT_SCORE_BUCKETS, *,
+                                    dataset_label: str | None = None, title: str | None = None) -> Path:
     """Like :func:`plot_similarity_by_score`, from precomputed similarities ``{label: one value per pair}``."""
     checked = _check_buckets(buckets)
     if not similarities:
@@ -173,39 +140,29 @@ def plot_similarity_values_by_score(
     which = assign_buckets(scores_arr, checked)
     counts = [int((which == b).sum()) for b in range(len(checked))]
     if sum(counts) == 0:
-        raise DataFormatError(
-            f"no gold score falls in the buckets {[bucket_label(lo, hi, False) for lo, hi in checked]} "
-            f"(scores range from {scores_arr.min():g} to {scores_arr.max():g})"
-        )
+        labels = [bucket_label(lo, hi, False) for lo, hi in checked]
+        raise DataFormatError(f"no gold score falls in the buckets {labels} (scores range from {scores_arr.min():g} "
+                              f"to {scores_arr.max():g})")
     outside = int((which == -1).sum())
 
     n_models = len(similarities)
-    group_width = 0.8
-    box_width = group_width / n_models
+    box_width = 0.8 / n_models  # each bucket's group of boxes is 0.8 wide
     fig = Figure(figsize=(max(7.0, 1.5 + len(checked) * (0.7 + 0.55 * n_models)), 5.2), layout="constrained")
     ax = fig.add_subplot()
     colors = [f"C{i % 10}" for i in range(n_models)]
     for m, (name, values) in enumerate(similarities.items()):
         values = np.asarray(values, dtype=float)
-        data, positions = [], []
-        for b in range(len(checked)):
-            if counts[b]:
-                data.append(values[which == b])
-                positions.append(b + (m - (n_models - 1) / 2) * box_width)
-        ax.boxplot(
-            data,
-            positions=positions,
-            widths=box_width * 0.8,
-            patch_artist=True,
-            manage_ticks=False,
-            boxprops={"facecolor": colors[m], "alpha": 0.55, "edgecolor": "black"},
-            medianprops={"color": "black", "linewidth": 1.5},
-            flierprops={"marker": ".", "markersize": 3, "markerfacecolor": colors[m], "markeredgecolor": colors[m]},
-        )
+        filled = [b for b in range(len(checked)) if counts[b]]
+        offset = (m - (n_models - 1) / 2) * box_width
+        ax.boxplot([values[which == b] for b in filled], positions=[b + offset for b in filled],
+                   widths=box_width * 0.8, patch_artist=True, manage_ticks=False,
+                   boxprops={"facecolor": colors[m], "alpha": 0.55, "edgecolor": "black"},
+                   medianprops={"color": "black", "linewidth": 1.5},
+                   flierprops={"marker": ".", "markersize": 3, "markerfacecolor": colors[m],
+                               "markeredgecolor": colors[m]})
     ax.set_xticks(range(len(checked)))
-    ax.set_xticklabels(
-        [f"{bucket_label(lo, hi, b == len(checked) - 1)}\nn={counts[b]}" for b, (lo, hi) in enumerate(checked)]
-    )
+    ax.set_xticklabels([f"{bucket_label(lo, hi, b == len(checked) - 1)}\nn={counts[b]}"
+                        for b, (lo, hi) in enumerate(checked)])
     ax.set_xlim(-0.6, len(checked) - 0.4)
     ax.set_xlabel("Gold similarity score of the pair (human rating), bucketed; n = pairs in the bucket")
     ax.set_ylabel("Predicted cosine similarity of the two sentence embeddings")
@@ -225,25 +182,12 @@ def plot_similarity_values_by_score(
     return save_png(fig, out_path)
 
 
-def plot_alignment_uniformity(
-    points: Mapping[str, tuple[float, float]],
-    out_path: str | os.PathLike,
-    *,
-    title: str | None = None,
-    dataset_label: str | None = None,
-    note: str | None = "Embeddings L2-normalised; positive pairs: gold score >= 4 (Wang & Isola, 2020; SimCSE).",
-) -> Path:
-    """Scatter of models in the alignment-uniformity plane (as in SimCSE's Figure 2), each point labelled.
-
-    Args:
-        points: ``{label: (alignment, uniformity)}``, e.g. from
-            :class:`st_prompts.evaluation.alignment.AlignmentUniformityEvaluator` (``st-prompts plot`` puts each
-            model's pooling in its label, e.g. ``minilm (mean)``).
-        note: small print under the figure (how the points were computed); ``None`` for none.
-
-    The x axis is uniformity and the y axis alignment; lower is better on both, so better models sit towards
-    the lower left.
-    """
+def plot_alignment_uniformity(points: Mapping[str, tuple[float, float]], out_path: str | os.PathLike, *,
+                              title: str | None = None, dataset_label: str | None = None,
+                              note: str | None = "Embeddings L2-normalised; positive pairs: gold score >= 4 "
+                                                 "(Wang & Isola, 2020; SimCSE).") -> Path:
+    """Scatter of models in the alignment-uniformity plane (as in SimCSE's Figure 2; lower left is better), each point
+    labelled. ``points``: ``{label: (alignment, uniformity)}``; ``note``: small print under the figure (or ``None``)."""
     _check_png_path(out_path)
     if not points:
         raise ConfigurationError("no point to plot")
@@ -272,17 +216,8 @@ def plot_alignment_uniformity(
     ax.set_xlabel(r"Uniformity: $\log\ \mathrm{E}\,[e^{-2\|f(x)-f(y)\|^2}]$ over all sentence pairs  (lower is better)")
     ax.set_ylabel(r"Alignment: $\mathrm{E}\,\|f(x)-f(y)\|^2$ over positive pairs  (lower is better)")
     ax.grid(alpha=0.3)
-    ax.annotate(
-        "better",
-        xy=(0.04, 0.05),
-        xytext=(0.17, 0.17),
-        xycoords="axes fraction",
-        textcoords="axes fraction",
-        arrowprops={"arrowstyle": "->", "color": "0.35"},
-        color="0.35",
-        ha="center",
-        va="center",
-    )
+    ax.annotate("better", xy=(0.04, 0.05), xytext=(0.17, 0.17), xycoords="axes fraction", textcoords="axes fraction",
+                arrowprops={"arrowstyle": "->", "color": "0.35"}, color="0.35", ha="center", va="center")
     default_title = "Alignment and uniformity of sentence embeddings" + (f" ({dataset_label})" if dataset_label else "")
     ax.set_title(title or default_title)
     if len(labels) > 1:

@@ -1,34 +1,8 @@
 """Half precision at inference, and what the CPU's own instructions allow.
 
-::
-
-    from st_prompts.loading import load_sentence_model
-    model = load_sentence_model("runs/my-bank", dtype="bfloat16", device="cuda")   # --dtype bfloat16
-
-``dtype="bfloat16"`` / ``"float16"`` casts every module of a loaded model (the backbone, the prompt sets and their
-gates, pooling, ``Dense``) to that type: one dtype through the whole pass, half the memory, and the GPU's
-tensor cores. It is for inference: like an int8 model, a half-precision model refuses ``save``/``save_pretrained``
-(its fp32 weights are not kept, and a bank's prompt sets are checked against the fp32 backbone's fingerprint, which is
-taken before the cast). Train in float32 (``SentenceTransformerTrainingArguments(bf16=True)`` keeps fp32 master
-weights under autocast) and load the saved model in half precision.
-
-**Per-row identity in half precision.** A row's vector does not depend on its neighbours in float32 beyond ~1e-6
-(``tests/test_served_rows.py``). In half precision the matrix products of a padded batch round differently from the
-row alone, so identity holds within :data:`ROW_TOLERANCE` of the row's norm (a row alone against the same row in a
-mixed batch, measured: MiniLM with two random-valued sets 5e-4 (bf16) and 3e-4 (fp16) of the norm; the shipped,
-normalised MiniLM 2.0e-3 and 2.4e-4, ``benchmarks/results/precision.md``; asserted by ``tests/test_precision.py``).
-
-**int8 and half precision do not combine.** ``quantize="int8"`` runs the backbone's linear layers on fbgemm with fp32
-activations on the CPU; a ``dtype`` other than float32 beside it is refused in one line.
-
-**The CPU.** bfloat16 and float16 are fast on a CPU only with the instructions for them (AVX512-BF16 or AMX for
-bf16, AVX512-FP16 or AMX-FP16 for fp16); elsewhere torch emulates them. Measured on an AMD EPYC with AVX2 only (one
-thread, MiniLM, 300 STS-B dev sentences, two rounds on a busy machine, load 5): float32 83-109 sentences/s,
-bfloat16 8-17, float16 16-18, i.e. 5-11x slower. A half dtype on such a CPU is therefore stated in one warning line when
-the model loads (never silently slow). int8's inputs use 8 bits (0..255) on a CPU with VNNI (AVX512-VNNI or AVX-VNNI,
-whose u8 x s8 products accumulate in 32 bits) and 7 bits (0..127) without, where fbgemm's AVX2 kernel sums pairs of
-products in 16 bits that 8-bit inputs could saturate (torch's own ``reduce_range``): :func:`int8_input_bits`.
-"""
+``dtype="bfloat16"`` / ``"float16"`` casts a loaded model for inference (saves refused; not with int8). A CPU without
+bf16/fp16 instructions emulates them, 5-11x slower (warned); int8 inputs use 8 bits with VNNI and 7 without, where
+fbgemm's AVX2 kernel could saturate 16-bit pair sums. Measurements: ``docs/serving.md``."""
 
 from __future__ import annotations
 
@@ -60,17 +34,14 @@ SAVE_METHODS = ("save", "save_pretrained", "push_to_hub", "save_to_hub")
 
 
 def check_dtype(dtype: Any) -> str:
-    """``dtype`` (a name of :data:`DTYPES`, a ``torch.dtype``, or ``None`` for float32) as a name of :data:`DTYPES`.
-
-    Raises:
-        ConfigurationError: anything else, in one line.
-    """
+    """``dtype`` (a name of :data:`DTYPES`, a ``torch.dtype``, or ``None`` for float32) as a name of :data:`DTYPES`;
+    else :class:`ConfigurationError`."""
     if dtype is None:
         return "float32"
     if isinstance(dtype, torch.dtype):
-        for name, value in DTYPES.items():
-            if value == dtype:
-                return name
+        name = next((name for name, value in DTYPES.items() if value == dtype), None)
+        if name is not None:
+            return name
     elif isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
         return dtype.removeprefix("torch.")
     raise ConfigurationError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -84,8 +55,7 @@ def check_combination(dtype: str, quantize: str | None) -> None:
 
 
 def refuse_saves(target: Any, reason: str, methods: tuple[str, ...] = SAVE_METHODS) -> None:
-    """Make each of ``methods`` that ``target`` has raise ``ConfigurationError("METHOD() refused: REASON")``: an
-    inference-only model (half precision, int8) never writes weights where full ones were expected."""
+    """Make each of ``methods`` that ``target`` has raise ``ConfigurationError("METHOD() refused: REASON")``."""
     for method in methods:
         if hasattr(target, method):
             setattr(target, method, functools.partial(_refuse_save, method, reason))
@@ -136,11 +106,7 @@ def cpu_summary(flags: frozenset[str] | None = None) -> str:
 def apply_dtype(model: Any, dtype: Any) -> Any:
     """Cast ``model`` (a ``SentenceTransformer``) to ``dtype`` for inference, in place, and return it (float32:
     unchanged). Takes each prompted backbone's fingerprint first, puts the model in eval mode, refuses its saves, and
-    warns in one line on a CPU that emulates ``dtype``.
-
-    Raises:
-        ConfigurationError: an unknown ``dtype``; a model quantized to int8.
-    """
+    warns on a CPU that emulates ``dtype``. :class:`ConfigurationError`: an unknown ``dtype``, a model in int8."""
     name = check_dtype(dtype)
     if name == "float32" or dtype_name(model) == name:
         return model

@@ -1,20 +1,5 @@
-"""int8 inference on the CPU: the backbone's linear layers in int8, prompt sets and gates untouched.
-
-::
-
-    from st_prompts.loading import load_sentence_model
-    model = load_sentence_model("runs/my-bank", quantize="int8")      # or quantize_model(model, "int8")
-    model.encode(texts, task=["sts", "nli", None])                    # per-row prompt sets, as in fp32
-
-Every ``torch.nn.Linear`` of each module's ``auto_model`` becomes an :class:`Int8Linear`; embeddings, layer norms,
-prompt sets, pooling and ``Dense`` modules stay fp32. :class:`Int8Linear` quantizes its weights per output channel
-and each input row (token) from its own minimum and maximum onto 8 bits with VNNI, 7 without (fbgemm's AVX2 kernel
-would saturate 16-bit pair sums: torch's own ``reduce_range``; :func:`st_prompts.precision.int8_input_bits`), on the
-fbgemm kernel behind ``quantize_dynamic``. No scale is
-shared between rows, so a row's vector is exactly the same alone and in any batch, which ``quantize_dynamic`` and ONNX
-Runtime (one activation scale per tensor) do not give; since fp32 attention differs by ~1e-7 with padding, a quantized
-encoder computes attention row by row (:mod:`st_prompts.prompts.row_exact`) and a causal decoder runs groups of rows
-of equal length (:func:`exact_rows_forward`). Saving a quantized model is refused (its fp32 weights are gone).
+"""int8 inference on the CPU: each ``torch.nn.Linear`` of a backbone becomes an :class:`Int8Linear` (inputs quantized
+per row, so a row's vector is the same alone and in any batch); prompt sets and gates untouched, saves refused.
 Measurements and why this engine: ``docs/serving.md``."""
 
 from __future__ import annotations
@@ -37,16 +22,11 @@ _INT8_REASON = ("this model's backbone is quantized to int8 for inference and it
                 "model loaded without quantize")
 #: Attribute on the model and on each quantized module: the mode it is quantized to.
 MODE_ATTRIBUTE = "st_prompts_quantization"
-#: The ``SentenceTransformer`` methods that write weights, refused on a quantized model.
 
 
 class Int8Linear(torch.nn.Module):
-    """``y = x Wᵀ + b`` with ``W`` int8 per output channel and ``x`` quantized per row (token) when it runs.
-
-    Built from a ``torch.nn.Linear`` (:meth:`from_linear`); the bias stays fp32. The packed weights live in fbgemm's
-    format outside ``state_dict`` (which holds the bias only): a quantized module is not saved (see the module
-    docstring). Inference only: no gradient flows through it.
-    """
+    """``y = x Wᵀ + b`` with ``W`` int8 per output channel and ``x`` quantized per row (token) when it runs; inference
+    only. The packed weights live in fbgemm's format outside ``state_dict`` (the bias stays fp32, inside)."""
 
     def __init__(self, in_features: int, out_features: int, packed: Any, bias: torch.Tensor | None,
                  weight_sums: torch.Tensor, input_bits: int = 7) -> None:
@@ -63,8 +43,7 @@ class Int8Linear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, input_bits: int | None = None) -> Int8Linear:
-        """The int8 version of ``linear`` (its weights quantized symmetrically per output channel); its inputs in
-        ``input_bits`` (7 or 8; default: what this CPU sums without saturating, ``precision.int8_input_bits``)."""
+        """The int8 version of ``linear``; its inputs in ``input_bits`` (default: ``precision.int8_input_bits``)."""
         weight = linear.weight.detach().to(device="cpu", dtype=torch.float32)
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         zero = torch.zeros(weight.shape[0], dtype=torch.long)
@@ -108,11 +87,7 @@ def is_quantized(model: Any) -> bool:
 
 
 def check_mode(quantize: Any) -> str:
-    """``quantize`` as one of :data:`QUANTIZE_MODES` (``None`` is ``"none"``).
-
-    Raises:
-        ConfigurationError: anything else, in one line.
-    """
+    """``quantize`` as one of :data:`QUANTIZE_MODES` (``None`` is ``"none"``); else :class:`ConfigurationError`."""
     mode = "none" if quantize is None else quantize
     if mode not in QUANTIZE_MODES:
         raise ConfigurationError(f"unknown quantization {quantize!r}: choose one of {', '.join(QUANTIZE_MODES)}")
@@ -120,19 +95,10 @@ def check_mode(quantize: Any) -> str:
 
 
 def quantize_model(model: Any, mode: str = "int8") -> Any:
-    """Quantize, in place, the linear layers of the transformer backbone of ``model`` (a ``SentenceTransformer``)
-    for int8 inference on the CPU, and return it. Idempotent; ``mode="none"`` leaves the model as it is.
-
-    Prompt sets, gates, pooling and every other module are unchanged; the backbone's weight fingerprint (what a
-    prompt set added later is checked against) is taken before quantizing, so sets trained on the fp32 backbone
-    still join the quantized bank. The model is put in eval mode, and its ``save``/``save_pretrained``/``push_to_hub``
-    (each quantized module's ``save``, and its transformers backbone's ``save_pretrained``/``push_to_hub``) refuse in
-    one line.
-
-    Raises:
-        ConfigurationError: an unknown ``mode``; a model on another device than the CPU; a model without a
-            transformer backbone or without linear layers in it; a CPU without torch's fbgemm int8 kernels.
-    """
+    """Quantize, in place, the linear layers of the backbone of ``model`` for int8 inference on the CPU, and return
+    it (idempotent; ``mode="none"``: unchanged). The fp32 fingerprint is kept, so sets trained on the fp32 backbone
+    still join; the model is put in eval mode and its saves refuse. Raises :class:`ConfigurationError` for an unknown
+    ``mode``, a model off the CPU or without a backbone or linear layers, a CPU without fbgemm's int8 kernels."""
     mode = check_mode(mode)
     if mode == "none" or quantization_mode(model) == mode:
         return model
@@ -155,8 +121,7 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
             raise ConfigurationError(f"cannot quantize {type(module.auto_model).__name__}: it has no linear layers")
         setattr(module, MODE_ATTRIBUTE, mode)
         refuse_saves(module, _INT8_REASON, ("save",))
-        # the transformers model itself too: its save_pretrained would write the biases and norms without a single
-        # linear weight (they live packed outside state_dict), a folder that loads as random layers
+        # the transformers model too: its save_pretrained would write no linear weight (they live outside state_dict)
         refuse_saves(module.auto_model, _INT8_REASON, ("save_pretrained", "push_to_hub"))
         if not _row_exact_attention(module):
             module.forward = functools.partial(exact_rows_forward, module, module.forward)
@@ -166,22 +131,15 @@ def quantize_model(model: Any, mode: str = "int8") -> Any:
     return model
 
 
-#: Input features a row-exact pass knows how to split: token-level ``(batch, seq)`` ones (trimmed to a group's
-#: length) and per-row ones; a pass with any other feature runs as one batch.
+#: Features a row-exact pass can split: token-level ones (trimmed to a group's length) and per-row ones.
 _TOKEN_FEATURES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 _ROW_FEATURES = ("prompt_task", "prompt_tasks", "prompt_mask_index", "modality")
 
 
 def exact_rows_forward(module: torch.nn.Module, forward: Any, features: dict[str, Any], **kwargs: Any) -> Any:
-    """``forward(features)`` run once per group of rows of equal length and equal prefix length, the outputs put
-    back in the rows' order (token-level outputs zero-padded to the batch's length).
-
-    Why: a row's int8 result depends on nothing but its own inputs only if no padding enters its attention. With
-    padding (or a longer prefix of another row's task, padded too) the fp32 attention differs by ~1e-7, enough to
-    flip a rounding of the next layer's 7-bit input: measured up to 1e-2 on MiniLM. Rows of equal length and prefix
-    length give exactly the same vector as alone (measured: 0.0, same or mixed tasks). Only right-padded inputs
-    with the features listed in ``_TOKEN_FEATURES``/``_ROW_FEATURES`` are split; anything else runs as one batch.
-    """
+    """``forward(features)`` run once per group of rows of equal length and prefix length, the outputs put back in
+    the rows' order (token-level ones zero-padded). Why: padding shifts fp32 attention by ~1e-7, enough to flip the
+    next layer's int8 rounding. Only right-padded inputs with known features are split; others run as one batch."""
     mask = features.get("attention_mask")
     if (not torch.is_tensor(mask) or mask.dim() != 2 or mask.shape[0] <= 1
             or any(key not in _TOKEN_FEATURES + _ROW_FEATURES for key in features)
@@ -225,9 +183,8 @@ def exact_rows_forward(module: torch.nn.Module, forward: Any, features: dict[str
 
 
 def _row_exact_attention(module: torch.nn.Module) -> bool:
-    """Make ``module``'s backbone compute attention row by row (:mod:`st_prompts.prompts.row_exact`) where it can: a
-    bidirectional encoder on the sdpa or eager attention, its prefix (if any) given to the attention function. Then a
-    pass needs no grouping (:func:`exact_rows_forward`), and the linear layers run on the whole batch."""
+    """Make ``module``'s backbone compute attention row by row where it can (a bidirectional encoder on sdpa or
+    eager attention): then a pass needs no grouping (:func:`exact_rows_forward`)."""
     from st_prompts.prompts.injection import BACKENDS, register_attention_functions, wrapped_backend
     from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE
 
@@ -254,10 +211,7 @@ def _prefix_lengths(module: torch.nn.Module, features: dict[str, Any], batch: in
     tasks = features.get("prompt_tasks")
     if not isinstance(tasks, (list, tuple)) or len(tasks) != batch:
         tasks = [features.get("prompt_task", task)] * batch
-    lengths = {}
-    for name in set(tasks):
-        encoder = resolve(name)
-        lengths[name] = int(getattr(encoder, "prefix_length", 0) or 0) if encoder is not None else 0
+    lengths = {name: int(getattr(resolve(name), "prefix_length", 0) or 0) for name in set(tasks)}
     return [lengths[name] for name in tasks]
 
 
@@ -293,6 +247,5 @@ def _check_kernels() -> None:
         Int8Linear.from_linear(torch.nn.Linear(4, 2))(torch.ones(1, 4))
     except (RuntimeError, NotImplementedError) as exc:
         raise ConfigurationError(f"int8 inference needs torch's fbgemm kernels (an x86 CPU), which failed here: "
-                                 f"{first_line(exc)}"
-                                 ) from exc
+                                 f"{first_line(exc)}") from exc
 

@@ -1,11 +1,5 @@
-"""How big a prompt set is: what training updates and what a checkpoint stores, two different numbers.
-
-A plain deep prefix trains and stores the same ``l · 2L · H`` numbers (plus its gate). A reparameterised one
-(``prefix_projection=True``: an embedding table fed through an MLP) trains the table and the MLP, far more numbers
-(2,567,168 for a 16-position MiniLM prefix with a 512-wide MLP), but is stored as the prefix the MLP computes
-(:meth:`~st_prompts.prompts.PrefixEncoder.stored_state_dict`: 73,728 numbers, 295 KB): comparisons with other
-methods at equal *size* use the stored count, comparisons of training cost the trainable one.
-"""
+"""How big a prompt set is: a reparameterised prefix (an embedding table fed through an MLP) trains far more numbers
+than it stores; comparisons at equal *size* use the stored count, comparisons of training cost the trainable one."""
 
 from __future__ import annotations
 
@@ -17,13 +11,7 @@ __all__ = ["PromptSize", "prompt_set_size", "prompt_sizes"]
 
 @dataclass(frozen=True)
 class PromptSize:
-    """The sizes of one prompt set (a :class:`~st_prompts.prompts.PrefixEncoder`).
-
-    Attributes:
-        trainable_parameters: numbers training updates (the embedding table, the MLP when reparameterised, the gate).
-        stored_parameters: numbers a checkpoint stores (the computed prefix and the gate).
-        stored_bytes: bytes of those numbers in the checkpoint's ``soft_prompts.safetensors`` (headers aside).
-    """
+    """The sizes of one prompt set: numbers training updates, numbers a checkpoint stores, and their bytes."""
 
     trainable_parameters: int
     stored_parameters: int

@@ -1,15 +1,7 @@
 """Writing files and folders without losing anything: atomic replacement, ownership checks, locks, the umask.
 
-Every file or folder st_prompts replaces goes through this module: files and folders are written under a temporary
-name and renamed into place (:func:`write_file_atomic`, :func:`replace_folder`), so a reader or a crash sees the old
-one or the new one, never half of one; writers of one destination take turns (:func:`folder_lock`); nothing is
-written inside a folder st_prompts saved (:func:`managed_ancestor`); and what is written gets the permissions the
-user's umask gives (``tempfile`` creates 0700 folders and safetensors 0600 files otherwise).
-
-Trained models and search indexes carry a manifest (:data:`MANIFEST_FILE`) listing the files and folders st_prompts
-wrote, its proof of authorship: a later ``--overwrite`` replaces a folder only when it holds nothing the manifest does
-not list (:func:`manifest_problem`), and a file name read from a folder's files must stay inside it
-(:func:`contained_path`)."""
+Saved folders carry a manifest (:data:`MANIFEST_FILE`) of what st_prompts wrote; only such a folder holding nothing
+else is ever replaced."""
 
 from __future__ import annotations
 
@@ -34,33 +26,15 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-
 from st_prompts import __version__
 from st_prompts.errors import ConfigurationError, DataFormatError
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "INDEX_KIND",
-    "MANIFEST_FILE",
-    "STAGING_MARKER",
-    "apply_umask",
-    "check_destination",
-    "check_model_destination",
-    "contained_path",
-    "folder_lock",
-    "managed_ancestor",
-    "manifest_problem",
-    "model_ownership",
-    "read_manifest",
-    "replace_folder",
-    "replaceable_kinds",
-    "save_in_progress",
-    "save_model_folder",
-    "write_file_atomic",
-    "write_json_atomic",
-    "write_manifest",
-]
+__all__ = ["INDEX_KIND", "MANIFEST_FILE", "STAGING_MARKER", "apply_umask", "check_destination",
+           "check_model_destination", "contained_path", "folder_lock", "managed_ancestor", "manifest_problem",
+           "model_ownership", "read_manifest", "replace_folder", "replaceable_kinds", "save_in_progress",
+           "save_model_folder", "write_file_atomic", "write_json_atomic", "write_manifest"]
 
 #: A file written first into every staging folder: a leftover folder holding it was written by st_prompts.
 STAGING_MARKER = ".st-prompts-staging"
@@ -78,8 +52,7 @@ def current_umask() -> int:
 
 
 def apply_umask(path: str | os.PathLike) -> None:
-    """Give ``path`` (and, for a folder, everything in it) the permissions a plain ``open``/``mkdir`` would have given
-    under the current umask: 0666 / 0777 minus the umask."""
+    """Give ``path`` (and everything in a folder) the permissions ``open``/``mkdir`` would give under the umask."""
     mask = current_umask()
     path = Path(path)
     if path.is_file():
@@ -128,8 +101,7 @@ def write_file_atomic(path: str | os.PathLike, data: bytes | str | Callable[[Any
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every NaN or infinite float (inside dicts, lists and tuples too) replaced by ``None``: JSON has
-    no NaN, and a strict reader refuses Python's ``NaN``."""
+    """``value`` with every NaN or infinite float (also nested) replaced by ``None``: JSON has no NaN."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -140,8 +112,7 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: int = 2, **dump_kwargs: Any) -> Path:
-    """Write ``data`` as JSON (a trailing newline included) to ``path`` atomically (:func:`write_file_atomic`);
-    NaN and infinite values become ``null`` (:func:`json_safe`)."""
+    """Write ``data`` as JSON (with a trailing newline) to ``path`` atomically; NaN and infinities become ``null``."""
     text = json.dumps(json_safe(data), indent=indent, allow_nan=False, **dump_kwargs) + "\n"
     return write_file_atomic(path, text)
 
@@ -154,9 +125,8 @@ def check_destination(destination: str | os.PathLike) -> Path:
     real = Path(os.path.realpath(path))
     cwd = Path(os.path.realpath(os.getcwd()))
     if real == cwd or real in cwd.parents:
-        raise ConfigurationError(
-            f"refusing to write to {destination}: it is the current folder or one of its parents; give a new folder"
-        )
+        raise ConfigurationError(f"refusing to write to {destination}: it is the current folder or one of its "
+                                 "parents; give a new folder")
     if real == Path(real.anchor) or real == Path(os.path.realpath(os.path.expanduser("~"))):
         raise ConfigurationError(f"refusing to write to {destination}: give a folder of its own")
     if path.is_symlink():
@@ -176,10 +146,8 @@ def check_destination(destination: str | os.PathLike) -> Path:
 
 
 def managed_ancestor(path: str | os.PathLike) -> tuple[Path, str] | None:
-    """``(folder, kind)`` of the nearest folder above ``path`` (compared by real paths: symbolic links on the way are
-    followed) that st_prompts saved (it holds a manifest, :data:`MANIFEST_FILE`), else ``None``. Nothing may be
-    written inside such a folder: a model, a bank or an index holds only what its manifest lists, and a folder put
-    into it would make every later change of it refuse (or, written through a link, land in another bank)."""
+    """``(folder, kind)`` of the nearest folder above ``path`` (by real path) that st_prompts saved, else ``None``.
+    Nothing may be written inside such a folder: it holds only what its manifest lists."""
     real = Path(os.path.realpath(path))
     for folder in real.parents:
         manifest = folder / MANIFEST_FILE
@@ -199,8 +167,13 @@ def _a(kind: str) -> str:
     return kind if kind.startswith(("a ", "an ")) else ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
 
 
-def _leftover_pattern(destination: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(destination.name)}\.st-prompts-(tmp|old)-[A-Za-z0-9_]+$")
+def _leftovers(destination: Path) -> list[Path]:
+    """What interrupted saves of ``destination`` may have left beside it (by their names), sorted."""
+    pattern = re.compile(rf"^\.{re.escape(destination.name)}\.st-prompts-(tmp|old)-[A-Za-z0-9_]+$")
+    try:
+        return sorted(entry for entry in destination.parent.iterdir() if pattern.match(entry.name))
+    except OSError:
+        return []
 
 
 def _holds_marker_or_nothing(folder: Path) -> bool:
@@ -211,19 +184,11 @@ def _holds_marker_or_nothing(folder: Path) -> bool:
 
 
 def remove_leftovers(destination: str | os.PathLike, ownership: OwnershipCheck) -> list[Path]:
-    """Delete what interrupted saves of ``destination`` left beside it: hidden staging folders holding the staging
-    marker (or nothing), and set-aside old folders that ``ownership`` recognises. Anything else is left alone.
-    Returns the folders removed."""
-    destination = Path(destination)
-    parent = destination.parent
-    pattern = _leftover_pattern(destination)
+    """Delete (and return) what interrupted saves of ``destination`` left beside it: staging folders holding the
+    staging marker (or nothing), and set-aside old folders that ``ownership`` recognises."""
     removed = []
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
-        if not pattern.match(entry.name) or entry.is_symlink() or not entry.is_dir():
+    for entry in _leftovers(Path(destination)):
+        if entry.is_symlink() or not entry.is_dir():
             continue
         if _holds_marker_or_nothing(entry) or ownership(entry) is None:
             shutil.rmtree(entry, ignore_errors=True)
@@ -235,11 +200,7 @@ def remove_leftovers(destination: str | os.PathLike, ownership: OwnershipCheck) 
 def interrupted_save_hint(destination: str | os.PathLike) -> str:
     """For a missing folder: a sentence naming a set-aside copy an interrupted save left beside it, or ``""``."""
     destination = Path(destination)
-    try:
-        old = sorted(e.name for e in destination.parent.iterdir()
-                     if _leftover_pattern(destination).match(e.name) and ".st-prompts-old-" in e.name)
-    except OSError:
-        return ""
+    old = [entry.name for entry in _leftovers(destination) if ".st-prompts-old-" in entry.name]
     if not old:
         return ""
     return (f" An interrupted save left the previous version in {destination.parent / old[-1]}: rename it back to "
@@ -252,30 +213,23 @@ _HELD_GUARD = threading.Lock()
 
 
 def save_in_progress(destination: str | os.PathLike) -> bool:
-    """Whether a save of ``destination`` may be under way (its lock file exists beside it: a save holds it, and
-    removes it when it ends): a reader that finds the folder missing waits only then."""
+    """Whether a save of ``destination`` may be under way (its lock file exists beside it)."""
     return _lock_path(destination).exists()
 
 
 def _lock_path(destination: str | os.PathLike) -> Path:
-    """``.NAME.st-prompts.lock`` beside ``destination``, in the real folder it is in: two spellings of one folder (a
-    symbolic link on the way) share one lock."""
+    """``.NAME.st-prompts.lock`` beside ``destination``, in its real folder (two spellings share one lock)."""
     destination = Path(os.path.abspath(destination))
     return Path(os.path.realpath(destination.parent)) / f".{destination.name}.st-prompts.lock"
 
 
 @contextmanager
 def folder_lock(destination: str | os.PathLike, timeout: float = -1) -> Iterator[None]:
-    """Hold the lock of ``destination`` (a lock file ``.NAME.st-prompts.lock`` beside it): writers of one folder take
-    turns, across processes and threads (re-entrant within a thread). ``timeout``: seconds to wait (``-1``: for ever).
+    """Hold the lock of ``destination`` (a lock file beside it): writers of one folder take turns, across processes
+    and threads (re-entrant within a thread). ``timeout``: seconds to wait (``-1``: for ever).
 
-    The lock file is removed when the last holder lets go, so no ``.st-prompts.lock`` file stays behind (the demo
-    left one in the folder it ran in). Removing a lock file is safe only with this protocol, which is why it is
-    written here instead of taken from ``filelock`` (which leaves the file, by design): a holder unlinks the file
-    before it unlocks, and whoever locks a file checks that it is still the one at the path (same inode), retrying
-    otherwise, so a waiter that opened the old file never believes it holds the lock. Without ``fcntl`` (Windows)
-    ``filelock`` is used and its file stays.
-    """
+    The last holder removes the lock file (``filelock`` would leave it): it unlinks it before it unlocks, and a locker
+    checks that its file is still the one at the path (same inode), else retries. Windows: ``filelock``, file kept."""
     destination = Path(os.path.abspath(destination))
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -327,13 +281,10 @@ def _lock_file(destination: Path, path: Path, deadline: float | None) -> int:
                         raise ConfigurationError(f"{destination} is being written by another process; try again "
                                                  "later") from None
                     time.sleep(0.05)
-            try:
-                current = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                current = None
-            mine = os.fstat(fd)
-            if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
-                return fd
+            with suppress(FileNotFoundError):
+                current, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
+                if (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+                    return fd
         except BaseException:
             os.close(fd)
             raise
@@ -354,30 +305,13 @@ def _filelock(destination: Path, path: Path, timeout: float) -> Iterator[None]: 
         lock.release()
 
 
-def replace_folder(
-    destination: str | os.PathLike,
-    write: Callable[[Path], None],
-    *,
-    ownership: OwnershipCheck,
-    overwrite: bool = False,
-    what: str = "a folder",
-    overwrite_hint: str = "pass overwrite=True to replace it",
-    lock: bool = True,
-) -> Path:
-    """Write a folder with ``write(staging_folder)`` and put it at ``destination`` atomically.
-
-    * A missing or empty ``destination`` is simply written.
-    * An existing one is replaced only when ``ownership(destination)`` returns ``None`` (st_prompts wrote it and it
-      holds nothing else) and ``overwrite`` is true; otherwise :class:`~st_prompts.errors.ConfigurationError` says
-      why and nothing is touched. The current folder, its parents and symbolic links are always refused.
-    * The swap: the old folder is renamed aside, the new one renamed in, then the old one deleted. A crash leaves the
-      old or the new folder complete (at ``destination``, or for the instant between the two renames under the
-      set-aside name); the next call for the same destination removes the leftovers (:func:`remove_leftovers`).
-
-    ``write`` fills the staging folder it is given (empty but for the staging marker); ``what`` (``"a model"``) and
-    ``overwrite_hint`` (``"pass --overwrite to replace it"``) word the messages; ``lock``: hold :func:`folder_lock`
-    (the caller may already hold it). Returns ``destination`` as an absolute path.
-    """
+def replace_folder(destination: str | os.PathLike, write: Callable[[Path], None], *, ownership: OwnershipCheck,
+                   overwrite: bool = False, what: str = "a folder",
+                   overwrite_hint: str = "pass overwrite=True to replace it", lock: bool = True) -> Path:
+    """Write a folder with ``write(staging_folder)`` and put it at ``destination`` atomically; return its absolute path.
+    An existing non-empty ``destination`` is replaced (set aside, then deleted) only with ``overwrite`` and when
+    ``ownership`` returns ``None`` for it, else :class:`ConfigurationError`. ``what`` and ``overwrite_hint`` word the
+    messages; ``lock``: hold :func:`folder_lock` (``False`` when the caller holds it)."""
     destination = check_destination(destination)
     with folder_lock(destination) if lock else nullcontext():
         check_replaceable(destination, ownership, overwrite, what, overwrite_hint)
@@ -401,8 +335,7 @@ def replace_folder(
 
 
 def check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: bool, what: str, hint: str) -> None:
-    """Refuse, with one line, to write ``what`` over ``destination`` unless it is missing, empty, or (with
-    ``overwrite``) a folder ``ownership`` recognises."""
+    """Refuse to write ``what`` over ``destination`` unless it is missing, empty, or (with ``overwrite``) owned."""
     if not os.path.lexists(destination):
         return
     if not destination.is_dir():
@@ -416,23 +349,18 @@ def check_replaceable(destination: Path, ownership: OwnershipCheck, overwrite: b
         raise ConfigurationError(f"{destination} already holds {what}; {hint}")
 
 
-def _swap(staging: Path, destination: Path, ownership: OwnershipCheck | None = None) -> None:
-    """Rename ``staging`` to ``destination``; an existing (non-empty) destination is set aside first and deleted after
-    (checked again with ``ownership`` once set aside: a file put into it while the new folder was written stays)."""
-    if not os.path.lexists(destination):
-        os.replace(staging, destination)
-        return
-    try:
+def _swap(staging: Path, destination: Path, ownership: OwnershipCheck) -> None:
+    """Rename ``staging`` to ``destination``; an existing non-empty destination is set aside first (and checked again
+    with ``ownership`` there: a file put into it meanwhile stays) and deleted after."""
+    with suppress(OSError):
         os.rmdir(destination)  # an empty folder: nothing to keep
-    except OSError:
-        pass
-    else:
+    if not os.path.lexists(destination):
         os.replace(staging, destination)
         return
     old = destination.parent / f".{destination.name}.st-prompts-old-{uuid.uuid4().hex[:12]}"
     os.replace(destination, old)
     try:
-        reason = ownership(old) if ownership is not None else None
+        reason = ownership(old)
         if reason is not None:
             raise ConfigurationError(f"refusing to replace {destination}: {reason}; choose another folder")
         os.replace(staging, destination)
@@ -462,13 +390,8 @@ def _outside_reason(name: Any) -> str | None:
 
 
 def contained_path(folder: str | os.PathLike, name: Any, source: str) -> Path:
-    """``folder/name`` for a file name read from a file of ``folder`` (``source``: a manifest, ``meta.json``,
-    ``modules.json``), refused unless it stays inside ``folder``: a non-empty relative path without ``..`` whose
-    symbolic links, if any, lead nowhere outside ``folder``.
-
-    Raises:
-        DataFormatError: the name is not such a path (one line naming ``source`` and the name).
-    """
+    """``folder/name`` for a file name read from ``source`` (a file of ``folder``), refused with
+    :class:`DataFormatError` unless it is a relative path staying inside ``folder`` (symbolic links included)."""
     reason = _outside_reason(name)
     if reason is None:
         root = os.path.realpath(folder)
@@ -480,8 +403,7 @@ def contained_path(folder: str | os.PathLike, name: Any, source: str) -> Path:
 
 
 def _entries_below(folder: Path) -> tuple[list[str], list[str], list[str]]:
-    """``(files, folders, others)`` below ``folder`` as relative POSIX paths, without following symbolic links:
-    regular files, folders, and everything else (symbolic links to files or folders, sockets, ...)."""
+    """``(files, folders, others)`` below ``folder`` as relative POSIX paths, symbolic links not followed (others)."""
     files: list[str] = []
     folders: list[str] = []
     others: list[str] = []
@@ -505,8 +427,7 @@ def _entries_below(folder: Path) -> tuple[list[str], list[str], list[str]]:
 
 
 def write_manifest(folder: str | os.PathLike, kind: str) -> None:
-    """Record in ``folder/st_prompts_save.json`` every file and folder now in ``folder``: what st_prompts wrote there
-    (its proof of authorship, read by :func:`manifest_problem` before anything replaces the folder)."""
+    """Record in ``folder``'s manifest every file and folder now in it: what st_prompts wrote there."""
     folder = Path(folder)
     files, folders, _others = _entries_below(folder)
     manifest = {"written_by": "st-prompts", "version": __version__, "kind": kind,
@@ -515,8 +436,7 @@ def write_manifest(folder: str | os.PathLike, kind: str) -> None:
 
 
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | str | None:
-    """The manifest of ``folder`` (a dict with ``kind``, ``files`` and ``folders``), ``None`` if it has none, or why it
-    cannot be used (a string): unreadable, or listing a path outside the folder."""
+    """The manifest of ``folder`` (``kind``, ``files``, ``folders``), ``None`` without one, or why it is unusable."""
     path = Path(folder) / MANIFEST_FILE
     if os.path.islink(path) or not path.is_file():
         return None
@@ -535,14 +455,9 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any] | str | None:
 
 def manifest_problem(folder: str | os.PathLike, *, index: bool = False,
                      kinds: tuple[str, ...] | None = None) -> str | None:
-    """``None`` if ``folder`` was saved by st_prompts and holds nothing its manifest does not list; else why not.
-
-    Anything unlisted counts: a file, a folder (also an empty or nested one; a folder holding a listed file is
-    implied), a symbolic link (to a file or a folder, wherever it is, even under a listed name) or any other entry.
-    ``index``: the folder must be a search index (manifest kind :data:`INDEX_KIND`); otherwise it must not be one.
-    ``kinds``: the manifest's kind must be one of these (what the caller is about to write may replace only a folder
-    of its own kind: an exported prompt set never replaces a bank, a bank never a trained model).
-    """
+    """``None`` if ``folder`` was saved by st_prompts and holds nothing its manifest does not list (no other file,
+    folder or symbolic link); else why not. ``index``: it must (else must not) be a search index; ``kinds``: its
+    manifest's kind must be one of these."""
     folder = Path(folder)
     what = "a semantic index" if index else (_a(kinds[0]) if kinds else "a model")
     manifest = read_manifest(folder)
@@ -581,28 +496,21 @@ def replaceable_kinds(kind: str) -> tuple[str, ...]:
 
 
 def model_ownership(kind: str = "model") -> OwnershipCheck:
-    """The ownership check of a model folder about to be replaced by a save of ``kind``: saved by st-prompts, of a
-    kind that ``kind`` may replace (:func:`replaceable_kinds`), holding nothing else."""
+    """The ownership check of a model folder about to be replaced by a save of ``kind``."""
     return functools.partial(manifest_problem, kinds=replaceable_kinds(kind))
 
 
 def check_model_destination(path: str | os.PathLike, overwrite: bool, kind: str = "model") -> None:
-    """Refuse, before any work, a destination a model of ``kind`` may not be saved to (the rules of
-    :func:`save_model_folder`)."""
+    """Refuse, before any work, a destination :func:`save_model_folder` would refuse."""
     check_replaceable(check_destination(path), model_ownership(kind), overwrite, _a(kind) + " saved by st-prompts",
                       _MODEL_HINT)
 
 
 def save_model_folder(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = False,
                       kind: str = "model", replaces: tuple[str, ...] | None = None, lock: bool = True) -> Path:
-    """Write a model folder with ``write(folder)`` and put it at ``path`` atomically, with its manifest
-    (:data:`MANIFEST_FILE`) recording ``kind`` (``"model"``, ``"prompt bank"``, ``"prompt set"``, ...).
-
-    An existing folder is replaced only if st-prompts saved it (its manifest lists every file in it), as a kind this
-    save may replace (``replaces``, default :func:`replaceable_kinds`), and ``overwrite`` is true; anything else is
-    refused with :class:`~st_prompts.errors.ConfigurationError`. ``lock``: take the destination's lock (``False``
-    when the caller holds it).
-    """
+    """Write a model folder with ``write(folder)`` and put it at ``path`` atomically, with a manifest recording
+    ``kind``. An existing folder is replaced only with ``overwrite``, if st-prompts saved it as a kind this save may
+    replace (``replaces``, default :func:`replaceable_kinds`); ``lock``: take the destination's lock."""
     def write_with_manifest(folder: Path) -> None:
         write(folder)
         write_manifest(folder, kind)

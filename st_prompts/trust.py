@@ -1,18 +1,6 @@
-"""What a model folder may ask of a loader: an allow-list, checked before anything of the folder is loaded.
-
-A ``Transformer`` module's ``sentence_bert_config.json`` carries ``model_kwargs`` / ``config_kwargs`` /
-``processor_kwargs`` (and their older names) that sentence-transformers passes to transformers' ``from_pretrained``
-after stripping only ``trust_remote_code``; transformers honours options there that load other files or unpickle a
-weight file (which can run any code). So every loader option is checked against options known to be safe
-(:data:`MODEL_OPTIONS`, :data:`CONFIG_OPTIONS`, :data:`PROCESSOR_OPTIONS`, :data:`TRANSFORMER_KEYS`;
-:func:`transformer_config_reason`), the other modules' configurations against their constructor
-(:func:`module_config_reason`), the transformers files of every folder against code, outside files, hub kernels
-(:data:`KERNEL_KEYS`), quantizers and unknown architectures (:func:`hf_files_reason`); pickled weights are never
-unpickled without trust (:func:`pickle_reason`, :data:`SAFE_MODEL_KWARGS`, :func:`no_unpickling`), and a ``.gguf``
-backbone must be a GGUF file (:func:`gguf_reason`).
-
-Nothing here imports torch at module level. :mod:`st_prompts.folder_checks` applies the checks to a model and every
-folder it refers to; ``docs/trust.md`` lists the allow-list and why each entry is safe."""
+"""What a model folder may ask of a loader: an allow-list, checked before anything of the folder is loaded
+(transformers' ``from_pretrained`` honours options that load other files or unpickle weights). No torch import at
+module level; ``docs/trust.md`` explains each entry."""
 
 from __future__ import annotations
 
@@ -22,13 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from st_prompts.unpickling import (  # noqa: F401 - part of the allow-list, re-exported
-    PICKLE_SUFFIXES,
-    SAFE_MODEL_KWARGS,
-    UNREAD_PICKLES,
-    refuse_pickle,
-    no_unpickling,
-    pickle_reason,
-)
+    PICKLE_SUFFIXES, SAFE_MODEL_KWARGS, UNREAD_PICKLES, no_unpickling, pickle_reason, refuse_pickle)
+from st_prompts.numbers import real, whole
 
 __all__ = ["CONFIG_OPTIONS", "MODEL_OPTIONS", "PROCESSOR_OPTIONS", "SAFE_MODEL_KWARGS", "TRANSFORMER_KEYS",
            "gguf_reason", "hf_files_reason", "module_config_reason", "no_unpickling", "pickle_reason",
@@ -40,12 +23,10 @@ Check = Callable[[Any], bool]
 #: dtypes a folder may ask for (strings, as transformers reads them from JSON).
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64", "torch.float32", "torch.float16", "torch.bfloat16",
           "torch.float64", "fp32", "fp16", "bf16")
-#: Attention implementations a folder may ask for: transformers' own, computed by torch, with no kernel fetched from
-#: the hub (not ``flash_attention_*``: transformers falls back to a hub kernel when ``flash_attn`` is missing; not
-#: ``org/name@rev``: a hub kernel).
+#: Attention implementations a folder may ask for: transformers' own torch code, never a hub kernel (which
+#: ``flash_attention_*`` falls back to without ``flash_attn``).
 ATTENTION = ("sdpa", "eager", "flex_attention")
-#: Experts (mixture-of-experts) implementations a folder may ask for: transformers' own torch code (not ``deepgemm``,
-#: ``sonicmoe``: hub kernels).
+#: Mixture-of-experts implementations a folder may ask for: transformers' own torch code (no hub kernels).
 EXPERTS = ("eager", "batched_mm", "grouped_mm")
 
 
@@ -54,11 +35,11 @@ def _bool(value: Any) -> bool:
 
 
 def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**7
+    return whole(value, 1, 10**7 - 1)
 
 
 def _fraction(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+    return real(value, 0.0, 1.0)
 
 
 def _one_of(*allowed: Any) -> Check:
@@ -81,47 +62,27 @@ def _optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
 
 
-#: ``model_kwargs`` / ``model_args``: passed to ``AutoModel.from_pretrained``. Each entry only chooses how the weights
-#: already in the folder are laid out in memory or which of transformers' own kernels computes attention.
+#: ``model_kwargs`` / ``model_args`` (``AutoModel.from_pretrained``): only how the folder's weights are laid out or run.
 MODEL_OPTIONS: dict[str, Check] = {
-    "dtype": _one_of(*DTYPES),
-    "torch_dtype": _one_of(*DTYPES),
-    "attn_implementation": _one_of(*ATTENTION),
-    "add_pooling_layer": _bool,
-    "output_hidden_states": _bool,
-    "output_attentions": _bool,
-    "low_cpu_mem_usage": _bool,
+    "dtype": _one_of(*DTYPES), "torch_dtype": _one_of(*DTYPES), "attn_implementation": _one_of(*ATTENTION),
+    "add_pooling_layer": _bool, "output_hidden_states": _bool, "output_attentions": _bool, "low_cpu_mem_usage": _bool,
 }
-#: ``config_kwargs`` / ``config_args``: passed to ``AutoConfig.from_pretrained`` (they override configuration
-#: attributes). Only attributes that change numerics or outputs, never what is loaded.
+#: ``config_kwargs`` / ``config_args`` (``AutoConfig``): attributes that change numerics or outputs, never what loads.
 CONFIG_OPTIONS: dict[str, Check] = {
-    "dtype": _one_of(*DTYPES),
-    "torch_dtype": _one_of(*DTYPES),
-    "attn_implementation": _one_of(*ATTENTION),
-    "use_cache": _bool,
-    "output_hidden_states": _bool,
-    "output_attentions": _bool,
-    "hidden_dropout_prob": _fraction,
-    "attention_probs_dropout_prob": _fraction,
+    "dtype": _one_of(*DTYPES), "torch_dtype": _one_of(*DTYPES), "attn_implementation": _one_of(*ATTENTION),
+    "use_cache": _bool, "output_hidden_states": _bool, "output_attentions": _bool,
+    "hidden_dropout_prob": _fraction, "attention_probs_dropout_prob": _fraction,
     "classifier_dropout": _optional(_fraction),
 }
-#: ``processor_kwargs`` / ``tokenizer_args``: passed to ``AutoProcessor`` / ``AutoTokenizer.from_pretrained``. Only
-#: how the folder's own vocabulary is applied; no file names, no class names, no hub location.
+#: ``processor_kwargs`` / ``tokenizer_args`` (``AutoProcessor``/``AutoTokenizer``): how the folder's vocabulary applies.
 PROCESSOR_OPTIONS: dict[str, Check] = {
-    "model_max_length": _int,
-    "do_lower_case": _bool,
-    "padding_side": _one_of("left", "right"),
-    "truncation_side": _one_of("left", "right"),
-    "use_fast": _bool,
-    "add_prefix_space": _bool,
-    "clean_up_tokenization_spaces": _bool,
-    "legacy": _bool,
-    "strip_accents": _optional(_bool),
+    "model_max_length": _int, "do_lower_case": _bool, "padding_side": _one_of("left", "right"),
+    "truncation_side": _one_of("left", "right"), "use_fast": _bool, "add_prefix_space": _bool,
+    "clean_up_tokenization_spaces": _bool, "legacy": _bool, "strip_accents": _optional(_bool),
     "tokenize_chinese_chars": _bool,
     "chat_template": _text,  # rendered by transformers in a sandboxed Jinja environment
 }
-#: The names a module configuration may use for the three option dicts (new name, then sentence-transformers' older
-#: one), with their allow-lists.
+#: The three option dicts under their new and older names, with their allow-lists.
 OPTION_DICTS: dict[str, dict[str, Check]] = {
     "model_kwargs": MODEL_OPTIONS, "model_args": MODEL_OPTIONS,
     "config_kwargs": CONFIG_OPTIONS, "config_args": CONFIG_OPTIONS,
@@ -176,26 +137,17 @@ def _transformer_task() -> Check:
     return _one_of(*tasks)
 
 
-#: The other keys of a ``Transformer`` module's configuration (sentence-transformers' own constructor arguments),
-#: with what each may hold. ``backend`` only ``torch``: ONNX/OpenVINO load other files through optimum.
-#: ``tokenizer_name_or_path`` only ``null``: it would load the tokenizer (and its files) from somewhere else.
+#: The other keys of a ``Transformer`` module's configuration. ``backend`` only ``torch`` (ONNX/OpenVINO load other
+#: files); ``tokenizer_name_or_path`` only ``null`` (it would load a tokenizer from elsewhere).
 TRANSFORMER_KEYS: dict[str, Check] = {
-    "max_seq_length": _optional(_int),
-    "do_lower_case": _bool,
-    "transformer_task": _transformer_task(),
-    "modality_config": _modality_config,
-    "module_output_name": _optional(_name),
-    "unpad_inputs": _optional(_bool),
-    "query_length": _optional(_int),
-    "document_length": _optional(_int),
+    "max_seq_length": _optional(_int), "do_lower_case": _bool, "transformer_task": _transformer_task(),
+    "modality_config": _modality_config, "module_output_name": _optional(_name), "unpad_inputs": _optional(_bool),
+    "query_length": _optional(_int), "document_length": _optional(_int),
     "query_expansion": lambda v: v is None or (isinstance(v, dict) and _scalar_tree(v)),
-    "processing_kwargs": _processing_kwargs,
-    "backend": _one_of("torch"),
-    "tokenizer_name_or_path": lambda v: v is None,
+    "processing_kwargs": _processing_kwargs, "backend": _one_of("torch"), "tokenizer_name_or_path": lambda v: v is None,
 }
-#: Keys of a :class:`~st_prompts.PromptedTransformer` configuration besides sentence-transformers' (read by
-#: st_prompts' own constructor, which validates their values; ``backbone_name_or_path`` is checked as a model of its
-#: own by :mod:`st_prompts.folder_checks`).
+#: Keys of a :class:`~st_prompts.PromptedTransformer` configuration besides sentence-transformers' (its constructor
+#: validates them; ``backbone_name_or_path`` is checked as a model of its own).
 PROMPTED_KEYS: dict[str, Check] = {
     "prefix_length": _optional(_int), "prefix_projection": _bool, "prefix_hidden_size": _optional(_int),
     "prefix_dropout": _optional(_fraction), "prefix_dropout_shared": _bool,
@@ -234,9 +186,8 @@ def _short(value: Any) -> str:
 
 
 def transformer_config_reason(name: str, config: Any, prompted: bool = False) -> str | None:
-    """Why the configuration ``name`` of a ``Transformer`` module (``sentence_bert_config.json``) asks a loader for
-    something outside the allow-list, or ``None``. ``prompted``: a :class:`~st_prompts.PromptedTransformer`'s, which
-    also holds the prompts' options."""
+    """Why the configuration ``name`` of a ``Transformer`` module asks a loader for something outside the allow-list,
+    or ``None``. ``prompted``: a :class:`~st_prompts.PromptedTransformer`'s (prompt options allowed too)."""
     if not isinstance(config, dict):
         return f"{name} is not a JSON object"
     for key, value in config.items():
@@ -254,8 +205,7 @@ def transformer_config_reason(name: str, config: Any, prompted: bool = False) ->
 
 # ------------------------------------------------------------------------------------------- other modules' configs
 def _accepted_keys(module_class: type) -> set[str] | None:
-    """The keys a module's ``load`` passes to its constructor without complaint (``None``: any, it takes
-    ``**kwargs``)."""
+    """The keys a module's constructor takes (``None``: any, it takes ``**kwargs``)."""
     import inspect
 
     try:
@@ -276,8 +226,8 @@ def _accepted_keys(module_class: type) -> set[str] | None:
 
 
 def torch_nn_class(dotted: str) -> type | None:
-    """The ``torch.nn.Module`` subclass ``dotted`` names (``torch.nn.Tanh``, ``torch.nn.modules.activation.Tanh``),
-    found by walking attributes of the already imported ``torch.nn`` (nothing is imported), or ``None``."""
+    """The ``torch.nn.Module`` subclass ``dotted`` names (``torch.nn.Tanh``), found by attribute walk without any
+    import, or ``None``."""
     import torch
 
     parts = dotted.split(".")
@@ -293,8 +243,8 @@ def torch_nn_class(dotted: str) -> type | None:
 
 
 def module_config_reason(name: str, module_class: type, config: Any) -> str | None:
-    """Why the configuration ``name`` of a module of ``module_class`` (not a ``Transformer``) holds something its
-    constructor does not take, or names code: a ``Dense`` activation must be a class under ``torch.nn``."""
+    """Why the configuration ``name`` of a (non-``Transformer``) module holds what its constructor does not take, or
+    names code (a ``Dense`` activation must be a class under ``torch.nn``)."""
     if not isinstance(config, dict):
         return f"{name} is not a JSON object"
     accepted = _accepted_keys(module_class)
@@ -319,9 +269,8 @@ CODE_KEYS = ("auto_map", "custom_pipelines", "auto_mapping")
 #: Keys whose value transformers resolves as a class name: only its own classes (no dotted import paths).
 CLASS_KEYS = ("tokenizer_class", "processor_class", "feature_extractor_type", "image_processor_type",
               "video_processor_type")
-#: Keys from which transformers picks an attention / experts implementation (or kernels) for the model and every
-#: sub-configuration (``text_config``, ``vision_config``, ...): anything but :data:`ATTENTION` / :data:`EXPERTS` can
-#: make it fetch and import a kernel from the hub (``org/name@revision``, ``flash_attention_2`` without flash_attn).
+#: Keys (at any depth) from which transformers picks an attention / experts implementation: anything but
+#: :data:`ATTENTION` / :data:`EXPERTS` can make it fetch and import a kernel from the hub.
 KERNEL_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
                "experts_implementation", "_experts_implementation",
                "_experts_implementation_internal", "use_kernels", "kernel_config")
@@ -331,11 +280,8 @@ FILE_KEYS = ("tokenizer_file", "vocab_file", "merges_file", "spm_file", "sentenc
 
 
 def _each_key(value: Any, keys: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """Every ``(key, value)`` among ``keys`` anywhere in a parsed JSON value, in document order (depth first); a value
-    nested more than 20 deep counts as one ``("(nested too deep)", None)``. A plain recursive function that fills a
-    list and descends only into objects and arrays: the generator chain it replaces spent about 20 ms on each
-    ``tokenizer.json`` (30,000 vocabulary entries), most of the safe loader's checks of a model (cProfile of the
-    documented commands, 2026-11-29)."""
+    """Every ``(key, value)`` among ``keys`` anywhere in a parsed JSON value, depth first; a value nested more than 20
+    deep counts as one ``("(nested too deep)", None)``. Fills one list (generators were slow on ``tokenizer.json``)."""
     found: list[tuple[str, Any]] = []
     _walk(value, frozenset(keys), 0, found)
     return found
@@ -363,8 +309,7 @@ def _find_key(found: list[tuple[str, Any]], keys: tuple[str, ...]) -> tuple[str,
 
 
 def _local_implementation(key: str, value: Any) -> bool:
-    """Whether ``value`` of the kernel key ``key`` names only transformers' own torch code (a per-sub-configuration
-    dict: each of its values)."""
+    """Whether ``value`` of the kernel key ``key`` (or each value of a dict) names only transformers' own code."""
     if key in ("use_kernels", "kernel_config"):
         return value in (None, False, {})
     allowed = EXPERTS if "experts" in key else ATTENTION
@@ -373,7 +318,8 @@ def _local_implementation(key: str, value: Any) -> bool:
     return value is None or (isinstance(value, str) and value in allowed)
 
 
-def _unsafe_file_name(value: Any) -> bool:
+def unsafe_file_name(value: Any) -> bool:
+    """A file name (read from a file) that leaves its folder: absolute, ``~``, ``..``, a NUL, not a string."""
     if value is None:
         return False
     if not isinstance(value, str):
@@ -383,9 +329,8 @@ def _unsafe_file_name(value: Any) -> bool:
 
 
 def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], bool] | None = None) -> str | None:
-    """Why the transformers file ``name`` (``config.json``, ``tokenizer_config.json``, a processor configuration, a
-    PEFT ``adapter_config.json``; any other JSON of a folder transformers reads) would make a loader run code, read a
-    file outside the folder, load a quantizer, or fail on an unknown architecture; ``None`` if it would not."""
+    """Why the transformers JSON file ``name`` would make a loader run code, read a file outside the folder, load a
+    quantizer, or fail on an unknown architecture; ``None`` if it would not."""
     keyed = _each_key(config, CODE_KEYS + FILE_KEYS + KERNEL_KEYS)  # one walk for the three rules
     found = _find_key(keyed, CODE_KEYS)
     if found:
@@ -398,7 +343,7 @@ def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], b
         if value is not None and not _name(value):
             return f"{name} names the class {_short(value)} ({key}), not one of transformers'"
     for key, value in ((k, v) for k, v in keyed if k in FILE_KEYS):
-        if _unsafe_file_name(value):
+        if unsafe_file_name(value):
             return f"{name}: {key}={_short(value)} names a file outside the model folder"
     for key, value in ((k, v) for k, v in keyed if k in KERNEL_KEYS):
         if not _local_implementation(key, value):
@@ -423,14 +368,12 @@ def hf_files_reason(name: str, config: Any, known_model_types: Callable[[str], b
 
 
 def shard_index_reason(name: str, index: Any) -> str | None:
-    """Why the shard index ``name`` (``model.safetensors.index.json``) names a weight file outside its folder (an
-    absolute path, ``..``, a drive), or is not an index; ``None`` otherwise. Symlinks are checked on the disk by
-    :mod:`st_prompts.folder_checks`."""
+    """Why the shard index ``name`` is not an index or names a weight file outside its folder; ``None`` otherwise."""
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         return f"{name} has no weight_map object"
     for shard in weight_map.values():
-        if not isinstance(shard, str) or _unsafe_file_name(shard) or ":" in shard or shard.startswith("\\"):
+        if not isinstance(shard, str) or unsafe_file_name(shard) or ":" in shard or shard.startswith("\\"):
             return f"{name} names the weight file {_short(shard)} outside the model folder"
     return None
 
@@ -456,7 +399,6 @@ def gguf_reason(path: str) -> str | None:
 
 
 def trusted_in_kwargs(kwargs: dict[str, Any]) -> bool:
-    """Whether a module's keyword arguments carry the user's ``trust_remote_code=True`` (sentence-transformers puts it
-    into ``model_kwargs`` / ``config_kwargs`` / ``processor_kwargs`` when the user passed it)."""
+    """Whether a module's keyword arguments carry the user's ``trust_remote_code=True`` (in any option dict)."""
     return any(isinstance(kwargs.get(key), dict) and kwargs[key].get("trust_remote_code") is True
                for key in ("model_kwargs", "config_kwargs", "processor_kwargs"))

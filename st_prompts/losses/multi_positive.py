@@ -1,22 +1,12 @@
 """Weighted multi-positive InfoNCE: several InfoNCE terms over named columns, summed with weights (SKICSE).
 
-A term says, by column *name*: which column holds the anchors, which holds each anchor's positive, and which columns
-hold the candidates of the denominator (every row of every candidate column: in-batch negatives). For row ``i``::
+A term names its anchor column, its positive column and its candidate columns (the denominator: every row of each)::
 
     ℓ_i = −s(a_i, p_i)/τ + log Σ_{c ∈ candidates} Σ_j exp(s(a_i, c_j)/τ)
 
-with cosine similarity ``s`` and τ = 0.05. When the positive column is not among the candidates, the positive is left
-out of its own denominator (the printed Eq. 6 of SKICSE), which the class allows because the paper prints it.
-Columns are addressed by name, never by position, and a batch with another number of columns is an error, so an extra
-column can never silently become a hard negative (as it would in ``MultipleNegativesRankingLoss``).
-
-SKICSE configurations: :func:`skicse_unsupervised_terms` (Eq. 1–3) and :func:`skicse_supervised_terms` (Eq. 4–7, with
-the ``printed`` and ``text`` readings of L1 and L2; why ``text`` is the default: ``docs/methods/skicse.md``).
-
-Missing SKI: ``labels`` (the dataset's ``label`` column) may hold a 0/1 flag per row saying whether the
-``presence_column`` holds a real text. A row without it leaves every term that uses that column as anchor or positive,
-its SKI leaves every denominator, and the weights of its other terms are scaled up to the full weight (the plain SimCSE
-term alone in the SKICSE configurations); such rows are counted in ``missing_rows`` / ``rows``."""
+Columns are addressed by name, so an extra column never silently becomes a hard negative. ``labels`` may flag (0/1)
+rows whose ``presence_column`` has no real text: such a row leaves the terms that use it as anchor or positive (the
+others are scaled up to the full weight) and every denominator; it is counted in ``missing_rows``."""
 
 from __future__ import annotations
 
@@ -30,8 +20,6 @@ from torch import nn
 from st_prompts.errors import ConfigurationError
 from st_prompts.losses.constants import SUPERVISED_READINGS
 from st_prompts.losses.infonce import simcse_mlp
-
-#: The two readings of SKICSE's supervised terms (Eq. 5 and 6), see the module docstring.
 
 
 @dataclass(frozen=True)
@@ -59,15 +47,14 @@ def skicse_unsupervised_terms(ski_weight: float = 0.15) -> list[InfoNCETerm]:
     """Eq. 1–3 over columns ``(anchor, positive, ski)``: ``(1−λ)·InfoNCE(x; x′) + λ·InfoNCE(x; x_ski)``."""
     if not 0 <= ski_weight <= 1:
         raise ConfigurationError(f"The SKI weight λ must be in [0, 1], got {ski_weight}.")
-    return [
-        InfoNCETerm("simcse", "anchor", "positive", ("positive",), 1.0 - ski_weight),
-        InfoNCETerm("ski", "anchor", "ski", ("ski",), ski_weight),
-    ]
+    return [InfoNCETerm("simcse", "anchor", "positive", ("positive",), 1.0 - ski_weight),
+            InfoNCETerm("ski", "anchor", "ski", ("ski",), ski_weight)]
 
 
 def skicse_supervised_terms(ski_weight_1: float = 0.1, ski_weight_2: float = 0.3,
                             reading: str = "text") -> list[InfoNCETerm]:
-    """Eq. 4–7 over columns ``(anchor, positive, negative, ski)`` in one of :data:`SUPERVISED_READINGS`."""
+    """Eq. 4–7 over columns ``(anchor, positive, negative, ski)`` in one of :data:`SUPERVISED_READINGS` (why
+    ``text`` is the default: ``docs/methods/skicse.md``)."""
     if reading not in SUPERVISED_READINGS:
         raise ConfigurationError(f"Unknown reading {reading!r}; choose one of {', '.join(SUPERVISED_READINGS)}.")
     if ski_weight_1 < 0 or ski_weight_2 < 0 or ski_weight_1 + ski_weight_2 > 1:
@@ -84,20 +71,14 @@ def skicse_supervised_terms(ski_weight_1: float = 0.1, ski_weight_2: float = 0.3
 
 
 class MultiPositiveInfoNCELoss(nn.Module):
-    """A weighted sum of InfoNCE terms over named columns (see the module docstring).
+    """A weighted sum of InfoNCE terms over named columns (see the module docstring); ``forward`` returns
+    ``{term name: weighted part}``.
 
     Args:
-        model: the SentenceTransformer being trained.
-        columns: the dataset's text columns, in order (sentence-transformers passes one features dict per column, in
-            this order; the ``label`` column is not one of them).
-        terms: the :class:`InfoNCETerm` list; every column a term names must be in ``columns``, and every column
-            must be used by a term (an unused column would be encoded for nothing, or be a mistake).
+        columns: the dataset's text columns, in order (not ``label``); each must be used by a term.
         scale: inverse temperature (20 → τ = 0.05).
         presence_column: the column whose rows may be missing, flagged by ``labels`` (1 present, 0 missing).
         mlp: SimCSE's training-only ``Linear(H, H) + Tanh`` over the embeddings (optimised, never saved).
-
-    ``forward`` returns ``{term name: weighted part}``; the trainer logs each part and optimises their sum, which is
-    the mean over rows of the weighted per-row losses.
     """
 
     def __init__(self, model, columns: Sequence[str], terms: Iterable[InfoNCETerm], scale: float = 20.0,
@@ -126,8 +107,7 @@ class MultiPositiveInfoNCELoss(nn.Module):
         if presence_column is not None and presence_column not in self.columns:
             raise ConfigurationError(f"presence_column {presence_column!r} is not among {list(self.columns)}.")
         self.mlp = simcse_mlp(model) if mlp else None
-        self.rows = 0
-        self.missing_rows = 0
+        self.rows = self.missing_rows = 0
 
     @property
     def total_weight(self) -> float:
@@ -139,8 +119,7 @@ class MultiPositiveInfoNCELoss(nn.Module):
         if len(sentence_features) != len(self.columns):
             raise ConfigurationError(
                 f"MultiPositiveInfoNCELoss expects the columns {list(self.columns)} ({len(self.columns)}), the batch "
-                f"has {len(sentence_features)}: the dataset's columns must be exactly these names, in this order."
-            )
+                f"has {len(sentence_features)}: the dataset's columns must be exactly these names, in this order.")
         embeddings = {}
         for column, features in zip(self.columns, sentence_features):
             embedding = self.model(features)["sentence_embedding"]

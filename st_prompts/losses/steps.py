@@ -6,11 +6,8 @@ from transformers import TrainerCallback
 
 
 class LossStepCallback(TrainerCallback):
-    """Tell losses with a step-dependent schedule (``global_step`` attribute) the trainer's optimisation step.
-
-    Register it with ``SentenceTransformerTrainer(..., callbacks=[LossStepCallback(loss)])`` so that loss-weight
-    schedules such as DCPCSE's MLM decay count optimiser steps, also with gradient accumulation.
-    """
+    """Tell losses with a step-dependent schedule (``global_step`` attribute) the trainer's optimisation step (exact
+    with gradient accumulation): ``SentenceTransformerTrainer(..., callbacks=[LossStepCallback(loss)])``."""
 
     def __init__(self, *losses) -> None:
         self.losses = losses

@@ -20,14 +20,22 @@ def check_prefix_views(model, views: tuple[int, ...], num_views: int) -> None:
         raise ConfigurationError(f"prefix_views {views} must lie in [0, {num_views}).")
 
 
+def checked_prefix_views(model, views, num_views: int, owner: str = "", columns: str = "") -> tuple[int, ...] | None:
+    """``views`` as a tuple checked by :func:`check_prefix_views` (and, given ``columns``, e.g. ``"two"``, their count
+    for the loss ``owner``), or ``None``."""
+    if views is None:
+        return None
+    views = tuple(views)
+    if columns and len(views) != {"two": 2, "three": 3}[columns]:
+        raise ConfigurationError(f"{owner} takes {columns} columns, got views {views}.")
+    check_prefix_views(model, views, num_views)
+    return views
+
+
 def apply_prefix_views(model, sentence_features: list[dict[str, torch.Tensor]], views: tuple[int, ...],
                        num_views: int = 2) -> None:
-    """Set ``features["prefix_attention_mask"]`` of column ``i`` to view ``views[i]`` of the prefix (in place).
-
-    The prefix keeps all its positions; a column's rows only attend to their view's block (see
-    :func:`~st_prompts.prompts.prefix.prefix_view_mask`), so positions are the same as at inference, where every
-    row attends to the whole prefix.
-    """
+    """Set ``features["prefix_attention_mask"]`` of column ``i`` to view ``views[i]`` of the prefix (in place): its
+    rows attend to their view's block only, at the positions of inference."""
     if len(views) != len(sentence_features):
         raise ConfigurationError(f"{len(views)} prefix view(s) for {len(sentence_features)} column(s).")
     prefix_length = model[0].prefix_length

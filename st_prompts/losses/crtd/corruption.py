@@ -1,32 +1,7 @@
-"""Replaced-token corruption for D2CSE's conditional replaced-token detection (CRTD), computed once before training.
-
-D2CSE (Lee, 2022), following DiffCSE (Chuang et al., 2022), turns every training sentence ``x`` into a corrupted copy
-``x_g``: a share of its tokens is masked and a masked language model (the *generator*, DistilBERT in both papers)
-fills the masks with its argmax predictions, without gradient. The encoder then learns, through its sentence vector,
-to tell which tokens of ``x_g`` were replaced. Because the generator has no gradient, the corruption can be computed
-before training (D2CSE, footnote 1) and cached; this module does that.
-
-The masking (:class:`ReplacedTokenMasking`) is DiffCSE's: each token other than special tokens ([CLS], [SEP], ...)
-and padding is selected with probability ``masking_ratio`` (0.3); of the selected tokens 80% become the mask token,
-10% a random token and 10% stay as they are; the generator's argmax at the *selected* positions replaces them
-(special tokens are never predicted). A selected token the generator predicts back as itself is *original*: the CRTD
-label of a position is exactly "its token differs from the original token".
-
-Design: the corrupted copy is stored **by token ids**, keyed by the original sentence's token ids as the encoder's own
-tokenizer produces them (same truncation to ``max_seq_length``). Subword replacement does not round-trip through text
-(``play ##ing`` → ``play ##ed`` decodes and re-tokenises unpredictably), and sentence-transformers' data collator
-tokenises every text column with the model's tokenizer; so the training data keeps its ordinary text columns
-(``anchor, positive[, negative]``), and the CRTD loss looks the corrupted ids up from the ids the collator produced
-(:meth:`CorruptionCache.corrupt`). Alignment is exact by construction: a sentence whose ids are not in the cache is an
-error, never a silent mismatch.
-
-The cache is a ``.npz`` file (no pickle) whose name is a digest of its *identity*: the generator's identity (name and
-weights fingerprint, or the recipe of the fallback generator), the masking ratio and scheme, the seed and the
-tokenizer's vocabulary. A cache of another generator, ratio or tokenizer therefore has another name and is never
-picked up; loading a file explicitly with another identity raises :class:`~st_prompts.errors.CorruptionCacheError`.
-Sentences missing from a matching cache are corrupted and added (the corruption of a sentence depends only on its ids
-and the identity, so a cache grows without changing what it already holds).
-"""
+"""Replaced-token corruption for D2CSE's CRTD, computed once before training: tokens masked as DiffCSE does, filled
+by a gradient-free masked LM's argmax (the *generator*). Copies are stored by token ids, keyed by the original's ids
+(the encoder's tokenizer), in a ``.npz`` file (no pickle) named by a digest of its identity; a file of another
+identity raises :class:`~st_prompts.errors.CorruptionCacheError`, a sentence missing from it is an error."""
 
 from __future__ import annotations
 
@@ -64,11 +39,8 @@ def default_cache_dir() -> Path:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """A SHA-256 over the tokenizer's vocabulary (token → id) and its special token ids."""
-    payload = {
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "special": sorted(int(i) for i in tokenizer.all_special_ids),
-        "mask": tokenizer.mask_token_id,
-    }
+    payload = {"vocab": sorted(tokenizer.get_vocab().items()),
+               "special": sorted(int(i) for i in tokenizer.all_special_ids), "mask": tokenizer.mask_token_id}
     return "sha256:" + hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
@@ -78,8 +50,8 @@ def identity_digest(identity: dict[str, Any]) -> str:
 
 
 def token_rows(preprocess, sentences: Sequence[str], batch_size: int = 512) -> list[tuple[int, ...]]:
-    """The token ids of every sentence as ``preprocess`` (a model's or module's ``preprocess``) produces them, padding
-    removed, in order. These are the ids the training data collator will produce, so they are the cache keys."""
+    """The token ids of every sentence as ``preprocess`` produces them (the collator's ids: the cache keys), padding
+    removed, in order."""
     rows: list[tuple[int, ...]] = []
     for start in range(0, len(sentences), batch_size):
         features = preprocess(list(sentences[start : start + batch_size]))
@@ -89,12 +61,9 @@ def token_rows(preprocess, sentences: Sequence[str], batch_size: int = 512) -> l
 
 
 class ReplacedTokenMasking:
-    """DiffCSE's masking of a token-id row for the generator, deterministic per (seed, row, salt).
-
-    Each token that is not a special token ([CLS], [SEP], [PAD], [UNK], [MASK], ...) is selected with probability
-    ``masking_ratio``; a selected token becomes the mask token (80%), a random non-special token (10%) or stays (10%).
-
-    """
+    """DiffCSE's masking of a token-id row for the generator, deterministic per (seed, row, salt): each non-special
+    token is selected with probability ``masking_ratio`` and becomes the mask token (80%), a random non-special token
+    (10%) or stays (10%)."""
 
     def __init__(self, tokenizer, masking_ratio: float = 0.3, seed: int = 42) -> None:
         if not 0.0 < masking_ratio < 1.0:
@@ -150,24 +119,17 @@ class ReplacedTokenMasking:
 
 def crtd_labels(original_ids: torch.Tensor, corrupted_ids: torch.Tensor, attention_mask: torch.Tensor,
                 special_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """CRTD targets: ``(labels, detect)``, both ``(batch, seq)``.
-
-    ``labels`` is 1 where the corrupted token differs from the original one (replaced), else 0 (original — including
-    a masked token the generator predicted back as itself); ``detect`` marks the positions the loss averages over:
-    real tokens (attention mask 1) that are not special tokens. [CLS] (which carries the sentence vector), [SEP] and
-    padding are never detected; a row without any such position (an empty sentence) contributes nothing.
-    """
+    """CRTD targets ``(labels, detect)``, both ``(batch, seq)``: ``labels`` is 1 where the corrupted token differs
+    from the original (a token predicted back as itself is original); ``detect`` marks the real, non-special tokens
+    the loss averages over."""
     labels = (corrupted_ids != original_ids).long()
     detect = attention_mask.bool() & ~torch.isin(original_ids, special_ids.to(original_ids.device))
     return labels * detect, detect
 
 
 class CorruptionCache:
-    """Corrupted token ids keyed by the original token ids, with the identity they were made with.
-
-    ``identity``: how the corruption was made (generator, ratio, scheme, seed, tokenizer), JSON-able;
-    ``generator_report``: what is known about the generator (e.g. the fallback's held-out masked-token accuracy).
-    """
+    """Corrupted token ids keyed by the original token ids, with the (JSON-able) identity they were made with and
+    what is known about the generator (``generator_report``)."""
 
     def __init__(self, identity: dict[str, Any], generator_report: dict[str, Any] | None = None) -> None:
         self.identity = identity
@@ -203,11 +165,8 @@ class CorruptionCache:
             yield np.frombuffer(key, dtype=np.int32), corrupted
 
     def corrupt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The corrupted copy of a tokenised batch: same shape, padding unchanged.
-
-        Raises:
-            CorruptionCacheError: when a row (its non-padding ids) is not in the cache.
-        """
+        """The corrupted copy of a tokenised batch (padding unchanged); :class:`CorruptionCacheError` for a row not
+        in the cache."""
         ids_cpu = input_ids.detach().to("cpu")
         mask_cpu = attention_mask.detach().to("cpu").bool()
         out = ids_cpu.clone()
@@ -218,12 +177,10 @@ class CorruptionCache:
                 raise CorruptionCacheError(
                     f"A training sentence has no corrupted copy in the replaced-token cache ({len(self):,} sentences; "
                     f"token ids {row.tolist()[:12]}...). Run the corruption pre-pass over the training data first "
-                    "(CRTDLoss.prepare(train_dataset)); it must use the model's own tokenizer and max_seq_length."
-                )
+                    "(CRTDLoss.prepare(train_dataset)); it must use the model's own tokenizer and max_seq_length.")
             out[i][mask_cpu[i]] = torch.from_numpy(corrupted.astype(np.int64))
         return out.to(input_ids.device)
 
-    # ------------------------------------------------------------------ files
     @staticmethod
     def path_for(cache_dir: str | Path, identity: dict[str, Any]) -> Path:
         """The file a cache of this identity lives in below ``cache_dir``."""
@@ -231,30 +188,19 @@ class CorruptionCache:
 
     def save(self, path: str | Path) -> None:
         """Write the cache (atomically: a temporary file renamed into place)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         originals = [np.frombuffer(k, dtype=np.int32) for k in self._rows]
         corrupted = list(self._rows.values())
-        offsets = np.zeros(len(originals) + 1, dtype=np.int64)
-        if originals:
-            offsets[1:] = np.cumsum([len(r) for r in originals])
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in originals], dtype=np.int64)])
         meta = json.dumps({"identity": self.identity, "generator_report": self.generator_report})
-        arrays = {
-            "original": np.concatenate(originals) if originals else np.zeros(0, dtype=np.int32),
-            "corrupted": np.concatenate(corrupted) if corrupted else np.zeros(0, dtype=np.int32),
-            "offsets": offsets,
-            "meta": np.array(meta),
-        }
+        empty = np.zeros(0, dtype=np.int32)
+        arrays = {"original": np.concatenate(originals) if originals else empty,
+                  "corrupted": np.concatenate(corrupted) if corrupted else empty, "offsets": offsets,
+                  "meta": np.array(meta)}
         write_file_atomic(path, lambda handle: np.savez(handle, **arrays))
 
     @classmethod
     def load(cls, path: str | Path, identity: dict[str, Any] | None = None) -> CorruptionCache:
-        """Read a cache file; with ``identity``, refuse a file made with another one.
-
-        Raises:
-            CorruptionCacheError: if the file's identity differs from ``identity`` (another generator, masking ratio,
-                seed or tokenizer) or the file is not a corruption cache.
-        """
+        """Read a cache file; :class:`CorruptionCacheError` if it is none, or (given ``identity``) of another one."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
@@ -267,8 +213,7 @@ class CorruptionCache:
             raise CorruptionCacheError(
                 f"The corruption cache {path} was made with another {', '.join(differences)} than this run "
                 f"(cache: {_short(found, differences)}; run: {_short(identity, differences)}). Caches of different "
-                "generators or masking ratios are never mixed: use another cache file or directory."
-            )
+                "generators or masking ratios are never mixed: use another cache file or directory.")
         cache = cls(found, meta.get("generator_report"))
         for i in range(len(offsets) - 1):
             cache._rows[original[offsets[i] : offsets[i + 1]].tobytes()] = corrupted[offsets[i] : offsets[i + 1]].copy()
@@ -283,7 +228,7 @@ def corrupt_rows(generator, masking: ReplacedTokenMasking, rows: Sequence[Sequen
                  show_progress: bool = True) -> list[np.ndarray]:
     """Corrupt token-id rows with ``generator``'s argmax at the selected positions (no gradient)."""
     out: list[np.ndarray] = []
-    bar = tqdm(total=len(rows), desc="Corrupting sentences", unit="sentence", **({} if show_progress else {"disable": True}))
+    bar = tqdm(total=len(rows), desc="Corrupting sentences", unit="sentence", disable=not show_progress)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         original, masked, attention, selected = masking.batch(chunk, device=generator.device)
@@ -300,11 +245,8 @@ def corrupt_rows(generator, masking: ReplacedTokenMasking, rows: Sequence[Sequen
 
 def corruption_statistics(cache: CorruptionCache, masking: ReplacedTokenMasking,
                           rows: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """How much the corruption changed ``rows``: eligible tokens, selected (masked) tokens, replaced tokens.
-
-    ``replaced_share`` = replaced / eligible tokens (what CRTD has to find); ``masked_token_accuracy`` = share of
-    the selected tokens the generator predicted back as the original (1 − replaced / selected).
-    """
+    """How much the corruption changed ``rows``: eligible, selected and replaced tokens, ``replaced_share`` (replaced
+    / eligible) and ``masked_token_accuracy`` (1 − replaced / selected)."""
     eligible = selected = replaced = 0
     for row in rows:
         corrupted = cache.get(row)
@@ -314,44 +256,19 @@ def corruption_statistics(cache: CorruptionCache, masking: ReplacedTokenMasking,
         eligible += int(masking.eligible(row).sum())
         selected += int(masking(row)[1].sum())
         replaced += int((corrupted != original).sum())
-    return {
-        "sentences": len(rows),
-        "eligible_tokens": eligible,
-        "selected_tokens": selected,
-        "replaced_tokens": replaced,
-        "replaced_share": replaced / eligible if eligible else 0.0,
-        "masked_token_accuracy": (selected - replaced) / selected if selected else None,
-    }
+    return {"sentences": len(rows), "eligible_tokens": eligible, "selected_tokens": selected,
+            "replaced_tokens": replaced, "replaced_share": replaced / eligible if eligible else 0.0,
+            "masked_token_accuracy": (selected - replaced) / selected if selected else None}
 
 
-def prepare_corruptions(
-    model,
-    sentences: Sequence[str],
-    generator: Any = "backbone-mlm",
-    masking_ratio: float = 0.3,
-    seed: int = 42,
-    cache_dir: str | Path | None = None,
-    cache_file: str | Path | None = None,
-    generator_options: dict[str, Any] | None = None,
-    show_progress: bool = True,
-) -> tuple[CorruptionCache, dict[str, Any]]:
-    """Corrupt every training sentence once (or reuse a matching cache) and report what happened.
-
-    Args:
-        model: the SentenceTransformer to train (its first module a :class:`~st_prompts.PromptedTransformer`); its
-            ``preprocess`` gives the token ids, its backbone serves the fallback generator.
-        sentences: every text the CRTD loss will see (all columns of the training data).
-        generator: ``"backbone-mlm"`` (the frozen backbone with a masked-LM head trained briefly on ``sentences``),
-            a Hugging Face masked LM sharing the encoder's vocabulary (name or path, e.g.
-            ``"distilbert-base-uncased"``), or a :class:`~st_prompts.losses.crtd.generators.MaskedLMGenerator`.
-        seed: seed of the masking (and of the fallback generator's training).
-        cache_dir: directory of cache files (default :func:`default_cache_dir`); the file name is the identity's digest.
-        cache_file: an explicit cache file instead (refused if it was made with another identity).
-        generator_options: options of the fallback generator (``steps``, ``batch_size``, ``learning_rate``, ...).
-
-    Returns:
-        ``(cache, report)``: the report has the generator, its masked-token accuracy (held-out for the fallback),
-        the share of tokens actually replaced, counts, the cache path and how many sentences were reused.
+def prepare_corruptions(model, sentences: Sequence[str], generator: Any = "backbone-mlm", masking_ratio: float = 0.3,
+                        seed: int = 42, cache_dir: str | Path | None = None, cache_file: str | Path | None = None,
+                        generator_options: dict[str, Any] | None = None,
+                        show_progress: bool = True) -> tuple[CorruptionCache, dict[str, Any]]:
+    """Corrupt every text the CRTD loss will see once (or reuse a matching cache); returns ``(cache, report)``.
+    ``generator``: see :func:`~st_prompts.losses.crtd.generators.resolve_generator`; ``seed``: of the masking and of
+    the fallback generator's training, whose options (``steps``, ``batch_size``, ...) are ``generator_options``;
+    ``cache_dir``: default :func:`default_cache_dir`; ``cache_file``: an explicit file (refused of another identity).
     """
     encoder = model[0]
     tokenizer = encoder.tokenizer
@@ -360,14 +277,9 @@ def prepare_corruptions(
         raise ConfigurationError("No sentence to corrupt: the training data is empty.")
     masking = ReplacedTokenMasking(tokenizer, masking_ratio, seed)
     gen = resolve_generator(generator, encoder, masking_ratio=masking_ratio, seed=seed, **(generator_options or {}))
-    identity = {
-        "format": CORRUPTION_FORMAT,
-        "generator": gen.identity_for(unique),
-        "masking_ratio": float(masking_ratio),
-        "masking_scheme": MASKING_SCHEME,
-        "seed": int(seed),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-    }
+    identity = {"format": CORRUPTION_FORMAT, "generator": gen.identity_for(unique),
+                "masking_ratio": float(masking_ratio), "masking_scheme": MASKING_SCHEME, "seed": int(seed),
+                "tokenizer": tokenizer_fingerprint(tokenizer)}
     path = Path(cache_file) if cache_file is not None else CorruptionCache.path_for(cache_dir or default_cache_dir(), identity)
     cache = CorruptionCache.load(path, identity) if path.exists() else CorruptionCache(identity)
     missing = [row for row in unique if row not in cache]
@@ -378,18 +290,12 @@ def prepare_corruptions(
         for row, corrupted in zip(missing, corrupt_rows(gen, masking, missing, show_progress=show_progress)):
             cache.add(row, corrupted)
         cache.save(path)
-    report = {
-        **cache.generator_report,
-        **corruption_statistics(cache, masking, unique),
-        "cache": str(path),
-        "reused_sentences": len(unique) - len(missing),
-    }
+    report = {**cache.generator_report, **corruption_statistics(cache, masking, unique), "cache": str(path),
+              "reused_sentences": len(unique) - len(missing)}
     accuracy = report.get("heldout_masked_token_accuracy", report["masked_token_accuracy"])
-    logger.info(
-        f"Replaced-token corruption: generator {gen.name}, masked-token accuracy "
-        f"{'n/a' if accuracy is None else f'{100 * accuracy:.1f}%'}"
-        f"{' (held out)' if 'heldout_masked_token_accuracy' in report else ''}, "
-        f"{100 * report['replaced_share']:.1f}% of the tokens replaced ({report['sentences']:,} sentences; "
-        f"{report['reused_sentences']:,} from the cache {path})."
-    )
+    logger.info(f"Replaced-token corruption: generator {gen.name}, masked-token accuracy "
+                f"{'n/a' if accuracy is None else f'{100 * accuracy:.1f}%'}"
+                f"{' (held out)' if 'heldout_masked_token_accuracy' in report else ''}, "
+                f"{100 * report['replaced_share']:.1f}% of the tokens replaced ({report['sentences']:,} sentences; "
+                f"{report['reused_sentences']:,} from the cache {path}).")
     return cache, report

@@ -1,19 +1,9 @@
-"""Generators for replaced-token corruption: masked language models whose argmax fills the masked positions.
-
-:class:`HubMaskedLMGenerator` is any Hugging Face masked LM sharing the encoder's vocabulary (``distilbert-base-uncased``
-for BERT-uncased, the D2CSE and DiffCSE generator; ``distilroberta-base`` for RoBERTa): CRTD compares token ids
-position by position, so another vocabulary is refused (:class:`~st_prompts.errors.VocabularyMismatchError`).
-:class:`BackboneMLMGenerator` is the offline fallback (``generator="backbone-mlm"``): the frozen backbone with a
-briefly trained MLM head whose softmax runs over the training sentences' tokens only, which makes a CPU run affordable
-(16k of BERT's 30.5k wordpieces occur in 12k Wikipedia sentences, 6.7k in 5.9k NLI triplets). It is weaker than
-DistilBERT-MLM, which changes how often and how plausibly tokens get replaced: report it next to any result obtained
-with it.
-
-Every generator predicts only real tokens (special tokens are never proposed) and runs without gradient."""
+"""Generators for replaced-token corruption: masked LMs whose argmax (never a special token, no gradient) fills the
+masked positions. :class:`HubMaskedLMGenerator`: a Hugging Face masked LM sharing the encoder's vocabulary;
+:class:`BackboneMLMGenerator`: the offline fallback (frozen backbone, briefly trained head; weaker: report it)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import math
@@ -45,11 +35,8 @@ def rows_digest(rows: Iterable[Sequence[int]]) -> str:
 
 
 def check_same_vocabulary(generator_tokenizer, encoder_tokenizer, generator_name: str) -> None:
-    """Refuse a generator whose tokenizer does not map every token to the same id as the encoder's.
-
-    Raises:
-        VocabularyMismatchError: naming the sizes and a few tokens that differ.
-    """
+    """Raise :class:`VocabularyMismatchError` for a generator whose tokenizer maps any token otherwise than the
+    encoder's."""
     generator_vocab, encoder_vocab = generator_tokenizer.get_vocab(), encoder_tokenizer.get_vocab()
     if generator_vocab == encoder_vocab and generator_tokenizer.mask_token_id == encoder_tokenizer.mask_token_id:
         return
@@ -67,8 +54,7 @@ def check_same_vocabulary(generator_tokenizer, encoder_tokenizer, generator_name
         f"{len(encoder_vocab):,} tokens; encoder id vs generator id: {'; '.join(examples)}). Replaced-token detection "
         "compares token ids position by position, so the generator must use the encoder's tokenizer: e.g. "
         "distilbert-base-uncased for BERT-uncased backbones and all-MiniLM-L6-v2, distilroberta-base for RoBERTa, "
-        f"or generator={BACKBONE_GENERATOR!r} (the frozen backbone with a briefly trained masked-LM head)."
-    )
+        f"or generator={BACKBONE_GENERATOR!r} (the frozen backbone with a briefly trained masked-LM head).")
 
 
 def _argmax_real_tokens(logits: torch.Tensor, special_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -81,10 +67,7 @@ def _argmax_real_tokens(logits: torch.Tensor, special_ids: torch.Tensor, vocab_s
 
 
 class MaskedLMGenerator:
-    """What the corruption needs from a generator.
-
-    ``name`` is shown in logs and reports, ``tokenizer`` must have the encoder's vocabulary, and :meth:`predict` wants
-    its inputs on ``device``."""
+    """What the corruption needs from a generator (``tokenizer``: the encoder's vocabulary; inputs on ``device``)."""
     name: str = "generator"
     tokenizer: Any = None
     device: torch.device = torch.device("cpu")
@@ -103,18 +86,9 @@ class MaskedLMGenerator:
 
 
 class HubMaskedLMGenerator(MaskedLMGenerator):
-    """A Hugging Face masked LM as generator (DistilBERT-MLM in D2CSE and DiffCSE).
-
-    Args:
-        name_or_path: hub id or local folder of an ``AutoModelForMaskedLM`` checkpoint with its tokenizer.
-        encoder_tokenizer: the encoder's tokenizer; the generator's must have the same vocabulary.
-        device: where to run it (default: CPU).
-        model / tokenizer: an already loaded model and tokenizer (then ``name_or_path`` only names them).
-
-    Raises:
-        VocabularyMismatchError: when the vocabularies differ.
-        DataNotFoundError: when the checkpoint cannot be loaded (e.g. offline without a local copy).
-    """
+    """A Hugging Face masked LM as generator (DistilBERT-MLM in D2CSE and DiffCSE), on ``device`` (default: CPU);
+    ``model`` / ``tokenizer``: already loaded ones (then ``name_or_path`` only names them). Raises
+    VocabularyMismatchError (a vocabulary not ``encoder_tokenizer``'s), DataNotFoundError (it cannot be loaded)."""
 
     def __init__(self, name_or_path: str, encoder_tokenizer=None, device=None, model=None, tokenizer=None,
                  trust_remote_code: bool = False) -> None:
@@ -135,18 +109,14 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
                             f"The generator {name_or_path!r} has no trained masked-LM head (missing weights: "
                             f"{', '.join(sorted(info['missing_keys'])[:4])}): its predictions would be random. Use a "
                             f"masked-LM checkpoint, or generator={BACKBONE_GENERATOR!r} to train a head on the frozen "
-                            "backbone."
-                        )
+                            "backbone.")
             self.model = model
         except OSError as exc:
             raise DataNotFoundError(
                 f"The generator {name_or_path!r} could not be loaded ({exc}). Offline, pass a local folder with an "
-                f"AutoModelForMaskedLM checkpoint and its tokenizer, or use generator={BACKBONE_GENERATOR!r}."
-            ) from exc
+                f"AutoModelForMaskedLM checkpoint and its tokenizer, or use generator={BACKBONE_GENERATOR!r}.") from exc
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.model.to(self.device).eval()
-        for parameter in self.model.parameters():
-            parameter.requires_grad = False
+        self.model.to(self.device).eval().requires_grad_(False)
         self.special_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
         self._identity: dict[str, Any] | None = None
 
@@ -166,21 +136,11 @@ class HubMaskedLMGenerator(MaskedLMGenerator):
 
 
 class BackboneMLMGenerator(MaskedLMGenerator):
-    """The offline fallback generator: the encoder's frozen backbone (no prompts) and a briefly trained MLM head.
-
-    The head (:class:`~st_prompts.losses.mlm.MLMHead`: the checkpoint's head if it has one, else a fresh one) keeps its
-    vocabulary projection tied to the frozen word embeddings; its transform and output bias train for ``steps``
-    AdamW steps on the training sentences, masked as the corruption masks them (a new draw per step). ``heldout_share``
-    of the distinct sentences (at most ``max_heldout``) is kept out of training to measure the masked-token accuracy.
-    With ``corpus_vocabulary`` the softmax (in training and prediction) runs over the non-special tokens that occur in
-    the training split only; a held-out token outside it counts as a miss.
-
-    Args:
-        encoder: the :class:`~st_prompts.PromptedTransformer` being trained (its backbone and tokenizer are used).
-        steps: head training steps; ``None`` (default): ``epochs`` passes over the training split, at most
-            ``max_steps`` (2 epochs of 10.5k Wikipedia sentences at batch 64 is 330 → 300 steps; 256 sentences: 8).
-        batch_size, learning_rate: head training (AdamW, linear decay to 0).
-    """
+    """The offline fallback generator: the encoder's frozen backbone (no prompts) and a briefly trained MLM head
+    (:class:`~st_prompts.losses.mlm.MLMHead`, its projection the frozen word embeddings), trained with AdamW on the
+    training sentences masked as the corruption masks them; ``heldout_share`` of them (at most ``max_heldout``)
+    measure it. ``corpus_vocabulary``: predict only the training split's tokens; ``steps``: default ``epochs``
+    passes, at most ``max_steps``."""
 
     def __init__(self, encoder, steps: int | None = None, batch_size: int = 64, learning_rate: float = 3e-3,
                  masking_ratio: float = 0.3, seed: int = 42, heldout_share: float = 0.1, max_heldout: int = 1000,
@@ -212,8 +172,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         level = mlm_logger.level
         mlm_logger.setLevel(logging.ERROR)  # its messages speak of the auxiliary MLM loss; we report our own
         try:
-            # A fresh head is initialised from the seed (the recipe identity must determine the generator), without
-            # touching the global random state.
+            # A fresh head from the seed (the identity must determine the generator); the global RNG is untouched.
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed)
                 head = MLMHead(self.encoder)
@@ -238,9 +197,7 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         """``(training rows, held-out rows)``: a seeded shuffle; no held-out rows below 20 sentences."""
         order = np.random.default_rng(self.seed).permutation(len(rows))
         count = min(int(len(rows) * self.heldout_share), self.max_heldout) if len(rows) >= 20 else 0
-        heldout = [rows[i] for i in order[:count]]
-        train = [rows[i] for i in order[count:]]
-        return train, heldout
+        return [rows[i] for i in order[count:]], [rows[i] for i in order[:count]]
 
     def steps_for(self, train_rows: int) -> int:
         """The head's training steps for a training split of ``train_rows`` sentences."""
@@ -251,29 +208,22 @@ class BackboneMLMGenerator(MaskedLMGenerator):
     def identity_for(self, rows) -> dict[str, Any]:
         if self._identity is None:
             self._identity = {
-                "kind": BACKBONE_GENERATOR,
-                "backbone": backbone_fingerprint(self.backbone),
-                "head_from_checkpoint": bool(self.head.from_checkpoint),
-                "training_sentences": rows_digest(rows),
+                "kind": BACKBONE_GENERATOR, "backbone": backbone_fingerprint(self.backbone),
+                "head_from_checkpoint": bool(self.head.from_checkpoint), "training_sentences": rows_digest(rows),
                 "steps": self.steps_for(len(self.split(rows)[0])),
                 **{key: getattr(self, key) for key in ("batch_size", "learning_rate", "masking_ratio", "seed",
-                                                        "heldout_share", "max_heldout", "corpus_vocabulary")},
-            }
+                                                        "heldout_share", "max_heldout", "corpus_vocabulary")}}
         return self._identity
 
-    @contextlib.contextmanager
-    def _eval_backbone(self):
+    def _hidden(self, masked_ids, attention_mask, selected) -> torch.Tensor:
         was_training = self.backbone.training
         self.backbone.eval()
         try:
-            yield
+            with torch.no_grad():
+                hidden = self.backbone(input_ids=masked_ids.to(self.device),
+                                       attention_mask=attention_mask.to(self.device)).last_hidden_state
         finally:
             self.backbone.train(was_training)
-
-    def _hidden(self, masked_ids, attention_mask, selected) -> torch.Tensor:
-        with torch.no_grad(), self._eval_backbone():
-            hidden = self.backbone(input_ids=masked_ids.to(self.device),
-                                   attention_mask=attention_mask.to(self.device)).last_hidden_state
         return hidden[selected.to(self.device)]
 
     def prepare(self, rows, masking, show_progress: bool = True) -> dict[str, Any]:
@@ -284,15 +234,15 @@ class BackboneMLMGenerator(MaskedLMGenerator):
             present = torch.tensor(sorted({t for row in train_rows for t in row}), dtype=torch.long)
             present = present[~torch.isin(present, self.special_ids)]
             if present.numel():
-                self._set_candidates(present)
+                self._candidates = present.to(self.device)
+                self._decoder.restrict(self._candidates, self.backbone.get_input_embeddings().weight.shape[0])
         parameters = [p for p in self.head.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(parameters, lr=self.learning_rate, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(1, steps)))
         rng = np.random.default_rng(self.seed)
         self.head.train()
         order, cursor, last_loss = rng.permutation(len(train_rows)), 0, None
-        bar = tqdm(range(steps), desc="Training the generator's MLM head", unit="step",
-                   **({} if show_progress else {"disable": True}))
+        bar = tqdm(range(steps), desc="Training the generator's MLM head", unit="step", disable=not show_progress)
         for step in bar:
             if cursor + self.batch_size > len(order):
                 order, cursor = rng.permutation(len(train_rows)), 0
@@ -313,25 +263,18 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         bar.close()
         self.head.eval()
         self.trained = True
-        report = {
-            "generator": self.name,
-            "generator_kind": BACKBONE_GENERATOR,
-            "head_from_checkpoint": bool(self.head.from_checkpoint),
-            "head_training_steps": steps,
-            "head_training_sentences": len(train_rows),
-            "head_vocabulary": int(self._candidates.numel()) if self._candidates is not None else len(self.tokenizer),
-            "head_final_loss": last_loss,
-            "heldout_sentences": len(heldout),
-        }
+        vocabulary = int(self._candidates.numel()) if self._candidates is not None else len(self.tokenizer)
+        report = {"generator": self.name, "generator_kind": BACKBONE_GENERATOR,
+                  "head_from_checkpoint": bool(self.head.from_checkpoint), "head_training_steps": steps,
+                  "head_training_sentences": len(train_rows), "head_vocabulary": vocabulary,
+                  "head_final_loss": last_loss, "heldout_sentences": len(heldout)}
         if heldout:
             report["heldout_masked_token_accuracy"] = self.accuracy(heldout, masking)
-        logger.info(
-            f"Fallback generator: {self.name}, MLM head "
-            f"{'from the checkpoint' if self.head.from_checkpoint else 'freshly initialised'}, trained {steps} "
-            f"steps on {len(train_rows):,} sentences"
-            + (f"; held-out masked-token accuracy {100 * report['heldout_masked_token_accuracy']:.1f}% "
-               f"({len(heldout):,} sentences)." if heldout else " (too few sentences to hold any out).")
-        )
+        logger.info(f"Fallback generator: {self.name}, MLM head "
+                    f"{'from the checkpoint' if self.head.from_checkpoint else 'freshly initialised'}, trained {steps} "
+                    f"steps on {len(train_rows):,} sentences"
+                    + (f"; held-out masked-token accuracy {100 * report['heldout_masked_token_accuracy']:.1f}% "
+                       f"({len(heldout):,} sentences)." if heldout else " (too few sentences to hold any out)."))
         return report
 
     def accuracy(self, rows, masking, batch_size: int = 128) -> float | None:
@@ -346,10 +289,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
             total += int(selected.sum())
         return correct / total if total else None
 
-    def _set_candidates(self, candidates: torch.Tensor) -> None:
-        self._candidates = candidates.to(self.device)
-        self._decoder.restrict(self._candidates, self.backbone.get_input_embeddings().weight.shape[0])
-
     @torch.no_grad()
     def predict(self, masked_ids, attention_mask, selected) -> torch.Tensor:
         logits = self.head(self._hidden(masked_ids, attention_mask, selected))
@@ -359,10 +298,8 @@ class BackboneMLMGenerator(MaskedLMGenerator):
 
 
 class _CandidateDecoder(nn.Module):
-    """A vocabulary projection (``nn.Linear(H, V)``) computed for a subset of the vocabulary only.
-
-    Shares the wrapped layer's parameters (the bias keeps receiving gradient at the candidate rows).
-    """
+    """A vocabulary projection (``nn.Linear(H, V)``) computed for a subset of the vocabulary only (sharing its
+    parameters)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
