@@ -2,39 +2,36 @@
 
 from __future__ import annotations
 
+import argparse
 import compileall
+import functools
+import gc
+import inspect
 import json
+import logging
 import os
+import select
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-# One torch thread in every test process and every process a test starts (set before torch is imported): the suite runs
-# one pytest-xdist worker per core, and workers with a thread per core each oversubscribe the cores; torch's threads
-# then wait on each other (a DiffAug training test: 71 s with two threads in each of two workers beside other load,
-# 4 s with one, 2026-11-28).
+# One torch thread per test process and per process a test starts (set before torch is imported): one pytest-xdist
+# worker runs per core, and workers with a thread per core oversubscribe the cores (torch's threads wait on each other).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from transformers import (  # noqa: E402
-    AlbertConfig,
-    AutoConfig,
-    AutoModel,
-    BertConfig,
-    BertTokenizerFast,
-    DistilBertConfig,
-    ElectraConfig,
-    RobertaConfig,
-    XLMRobertaConfig,
-)
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, BertTokenizerFast  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# The package byte-compiled once: where PYTHONDONTWRITEBYTECODE is set (as in this project's CI image) no process
-# writes a .pyc, so each of the suite's processes would compile every st_prompts module it imports again (the import
-# graph's 143 children about 0.1 s each, 2026-11-29); a .pyc written here is read whatever that variable says.
+# Byte-compiled once: under PYTHONDONTWRITEBYTECODE (CI) each process would compile every module it imports again.
 compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "st_prompts"), quiet=1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -46,35 +43,15 @@ WORDS = (
 ).split()
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
-CONFIGS = {
-    "bert": BertConfig,
-    "roberta": RobertaConfig,
-    "xlm-roberta": XLMRobertaConfig,
-    "electra": ElectraConfig,
-    "albert": AlbertConfig,
-    "distilbert": DistilBertConfig,
-}
-
-
-#: Tiny configs of the other architectures (AutoConfig.for_model): decoders with grouped-query attention, ModernBERT
-#: with one global and two local (sliding-window) layers, and two that compute attention themselves.
+#: The tiny shape of every architecture, and the options of the others: grouped-query decoders, ModernBERT with one
+#: global and two local (sliding-window) layers, and two that compute attention themselves.
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+GROUPED = dict(TINY, num_key_value_heads=2)
 OTHER_CONFIGS = {
-    "camembert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
-    "modernbert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
-                       global_attn_every_n_layers=3, local_attention=4, cls_token_id=2, sep_token_id=3,
-                       bos_token_id=2, eos_token_id=3),
-    "llama": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64),
-    "mistral": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=64),
-    "qwen2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64),
-    "qwen3": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                  intermediate_size=64),
-    "gemma3_text": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=8, intermediate_size=64, sliding_window=4),
-    "mpnet": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
-    "deberta-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "camembert": TINY, "mpnet": TINY, "deberta-v2": TINY, "llama": GROUPED, "mistral": GROUPED, "qwen2": GROUPED,
+    "qwen3": dict(GROUPED, head_dim=8), "gemma3_text": dict(GROUPED, head_dim=8, sliding_window=4),
+    "modernbert": dict(TINY, num_hidden_layers=3, global_attn_every_n_layers=3, local_attention=4, cls_token_id=2,
+                       sep_token_id=3, bos_token_id=2, eos_token_id=3),
 }
 #: Causal decoders among them.
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
@@ -82,16 +59,12 @@ DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 def tiny_config(model_type: str, vocab_size: int, max_positions: int = 64):
     common = dict(vocab_size=vocab_size, pad_token_id=0, max_position_embeddings=max_positions)
-    if model_type in OTHER_CONFIGS:
-        return AutoConfig.for_model(model_type, **OTHER_CONFIGS[model_type], **common)
     if model_type == "distilbert":
-        return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
-    kwargs = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
-    if model_type == "albert":
-        kwargs["embedding_size"] = 32
-    if model_type == "electra":
-        kwargs["embedding_size"] = 32
-    return CONFIGS[model_type](**kwargs)
+        return AutoConfig.for_model(model_type, dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
+    options = OTHER_CONFIGS.get(model_type, TINY)
+    if model_type in ("albert", "electra"):
+        options = dict(options, embedding_size=32)
+    return AutoConfig.for_model(model_type, **options, **common)
 
 
 def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, seed: int = 0, head: bool = False,
@@ -110,13 +83,7 @@ def make_tiny_backbone(path, model_type: str = "bert", max_positions: int = 64, 
     config = tiny_config(model_type, len(SPECIAL) + len(WORDS), max_positions)
     if dropout is not None:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
-    if head:
-        from transformers import AutoModelForMaskedLM
-
-        model = AutoModelForMaskedLM.from_config(config)
-    else:
-        model = AutoModel.from_config(config)
-    model.save_pretrained(path)
+    (AutoModelForMaskedLM if head else AutoModel).from_config(config).save_pretrained(path)
     return str(path)
 
 
@@ -166,20 +133,15 @@ def minilm_path() -> str:
 
 @pytest.fixture(scope="session")
 def minilm(minilm_path):
-    """The packaged all-MiniLM-L6-v2 as a ``SentenceTransformer`` on CPU (one instance for the session: tests only
-    encode with it, never train or change it)."""
+    """The packaged all-MiniLM-L6-v2 on CPU, one for the session: tests only encode with it, never change it."""
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(minilm_path, device="cpu")
 
 
 def _freeze_heap() -> None:
-    """Move what is alive out of the garbage collector's reach (``gc.freeze``, after a collection, so nothing dead is
-    kept): a full collection then walks only what was created since. A test process holds millions of objects, and
-    sentence-transformers' and accelerate's ``gc.collect()`` after each training or evaluation walked them all
-    (0.4-0.6 s each; 4.9 s of 47 s over five training files, 2026-11-29)."""
-    import gc
-
+    """``gc.freeze`` after a collection: the ``gc.collect()`` sentence-transformers and accelerate run after each
+    training or evaluation then skips the millions of objects a test process holds."""
     gc.collect()
     gc.freeze()
 
@@ -202,12 +164,8 @@ def _detach_cli_log_handler():
 
 @pytest.fixture(scope="session")
 def cached_gguf():
-    """SmolLM2's GGUF file read once per process instead of three times per load (config, tokenizer, weights), and
-    gguf's tensor-name map built once instead of once per tensor: a load of ``smollm2`` takes ~22 s instead of ~45 s
-    (2026-11-28, one thread). Only the parsing of the file is cached (read-only); what st_prompts and transformers do
-    with it is unchanged."""
-    import functools
-
+    """SmolLM2's GGUF file parsed, and gguf's tensor-name map built, once per process (a ``smollm2`` load in half the
+    time)."""
     import gguf
 
     with pytest.MonkeyPatch.context() as patch:
@@ -290,6 +248,18 @@ def randomise_prompts(encoder, seed: int | None = 0):
     return encoder
 
 
+def random_prefix(path, prefix_length: int = 3, **kwargs):
+    """``PromptedTransformer(path, prefix_length, **kwargs)`` (seed 0) with its prefix embedding drawn from N(0, 1): a
+    prefix large enough to move every output clearly (a gate, if any, stays closed)."""
+    from st_prompts import PromptedTransformer
+
+    torch.manual_seed(0)
+    encoder = PromptedTransformer(str(path), prefix_length=prefix_length, **kwargs)
+    with torch.no_grad():
+        encoder.prefix_encoder.embedding.weight.normal_()
+    return encoder
+
+
 def prompted_model(path, pooling: str = "mean", randomise: bool = False, **kwargs):
     """``st_model`` of a ``PromptedTransformer(path, **kwargs)`` (seed 0), its prompts random if ``randomise``."""
     from st_prompts import PromptedTransformer
@@ -308,9 +278,8 @@ def random_bank(path, pooling: str = "mean", **sets):
     options = {name: value if isinstance(value, dict) else {"prefix_length": value} for name, value in sets.items()}
     encoder = PromptedTransformer(str(path), prefix_length=None, prompt_sets=options)
     with torch.no_grad():
-        for prefix in encoder.prompt_sets.values():
-            for parameter in prefix.parameters():
-                parameter.normal_()
+        for parameter in encoder.prompt_sets.parameters():
+            parameter.normal_()
     return st_model(encoder, pooling)
 
 
@@ -365,10 +334,8 @@ def write_stsb(root, rows, fmt: str = "{:.3f}") -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- the files' order
-#: Wall seconds of the slowest test files (each on one pytest-xdist worker, the suite alone on two cores, 2026-11-29;
-#: rounded). They are handed out first, longest first: pytest-xdist's own order (files with more tests first) gave
-#: these, which have few tests, to the workers last, so one worker could still run a long file while the other had
-#: nothing left. The other files follow in collection order.
+#: Wall seconds of the slowest test files (on one pytest-xdist worker, two cores), handed out first, longest first:
+#: pytest-xdist's own order (most tests first) gave them out last, leaving one worker busy while the other idled.
 SLOW_FILES = {"test_docs_commands.py": 71, "test_search_ann.py": 46, "test_serving.py": 46, "test_hub_bounds.py": 40,
               "test_embed.py": 38, "test_serving_devices.py": 36, "test_import_graph.py": 34,
               "test_vector_db.py": 32, "test_data_safety.py": 27, "test_gpu_benchmark.py": 25,
@@ -389,28 +356,20 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 # ---------------------------------------------------------------------------------------------- a command's process
 def pytest_collection_finish(session) -> None:
-    """Once the test modules are imported: the heap frozen (:func:`_freeze_heap`; the libraries' objects), then the
-    warm process of :class:`CLIProcess` started from this state."""
+    """Once the test modules are imported: the heap frozen, then :class:`CLIProcess`'s warm process started."""
     _freeze_heap()
     WarmProcesses.start()
 
 
 class WarmProcesses:
-    """A process forked from a test process once its test modules are imported (torch, transformers,
-    sentence-transformers and st_prompts loaded: what a fresh interpreter spends about 12 s of CPU on, ``python -X
-    importtime``, 2026-11-29), before any test ran and before gRPC was loaded (Milvus' client and Ray load it; a
-    process forked after that aborted, and once crashed, in gRPC's fork handler). It forks one child per command
-    asked of it over a Unix socket: the child takes the command's stdin, stdout, stderr (passed as descriptors),
-    working directory, environment and arguments, restores default signal handlers and runs ``st_prompts.cli.main``.
-    The warm process reaps its children and sends each one's pid, then its exit status, on a socket of its own."""
+    """A process forked once the test modules are imported (about 12 s of CPU in a fresh interpreter), before any test
+    and before gRPC is loaded (a fork after that aborts in gRPC's fork handler). It forks a child per command asked
+    over a Unix socket (stdin, stdout, stderr passed as descriptors), and reports each one's pid, then exit status."""
 
     control = None  # this test process's end of the warm process's socket
 
     @classmethod
     def start(cls) -> None:
-        import socket
-        import sys
-
         if cls.control is not None or any(name.split(".")[0] == "grpc" for name in sys.modules):
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -430,10 +389,6 @@ class WarmProcesses:
 
     @staticmethod
     def _serve(control) -> None:
-        import select
-        import signal
-        import socket
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C of the test run ends the tests, which close the socket
         children = {}  # pid -> the socket its status goes to
         while True:
@@ -468,13 +423,8 @@ class WarmProcesses:
 
 
 def _become_command(request: dict, fds: list[int]) -> None:
-    """In a forked child: take ``fds`` as stdin, stdout and stderr, the request's ``cwd``, its ``env`` as the whole
-    environment and default signal handlers (and a session of its own if ``session``), run ``st-prompts ARGV`` (or,
-    with a ``code``, that Python code with ``sys.argv`` ``["-c", *ARGV]``, as ``python -c``) and exit with its status
-    (never returns)."""
-    import signal
-    import sys
-
+    """In a forked child: ``fds`` as stdin, stdout and stderr, the request's ``cwd`` and whole ``env``, then run
+    ``st-prompts ARGV`` (or ``python -c CODE ARGV``) and exit with its status (never returns)."""
     argv, env, cwd, status = request["argv"], request["env"], request["cwd"], 1
     try:
         if request["session"]:
@@ -493,8 +443,6 @@ def _become_command(request: dict, fds: list[int]) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.stdin = open(0, closefd=False)
         sys.argv = ["-c", *argv] if request.get("code") is not None else ["st-prompts", *argv]
-        import logging
-
         logging.getLogger().handlers.clear()  # pytest's capture handlers
         for logger in list(logging.Logger.manager.loggerDict.values()):  # transformers' own, on pytest's
             for handler in getattr(logger, "handlers", []):  # captured stream: on the child's now
@@ -513,8 +461,6 @@ def _become_command(request: dict, fds: list[int]) -> None:
             if not isinstance(exc.code, (int, type(None))):
                 print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - the child's last word, then its exit
-        import traceback
-
         traceback.print_exc()
     finally:
         try:
@@ -525,22 +471,12 @@ def _become_command(request: dict, fds: list[int]) -> None:
 
 
 class CLIProcess:
-    """``st-prompts ARGV`` in its own process, forked by :class:`WarmProcesses` instead of started as a fresh
-    interpreter (the suite starts a dozen servers; a fresh interpreter spends about 12 s of CPU importing). ``env`` is
-    the child's whole environment, its stdout and stderr go to ``stdout``/``stderr`` (``subprocess.PIPE``,
-    ``subprocess.STDOUT``, ``DEVNULL``, an open file, or None: this process's own), its working directory is ``cwd``
-    (default: this process's), ``start_new_session`` as ``subprocess.Popen``'s; with ``code``, the child runs that
-    Python code as ``python -c CODE ARGV`` would (in the warm process's state: modules already imported). What a
-    test reads of it is ``subprocess.Popen``'s: ``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``,
-    ``send_signal``, ``terminate``, ``kill``, ``returncode``. Where no warm process runs (gRPC was loaded before the
-    tests' modules were collected), a fresh interpreter (``subprocess.Popen``). Tests of what a fresh
-    interpreter does (the hub's settings read at import, ``torchrun``, the documented entry point) always start one."""
+    """``st-prompts ARGV`` (or, with ``code``, ``python -c CODE ARGV``) forked by :class:`WarmProcesses`, with
+    ``subprocess.Popen``'s arguments (``env`` the whole environment) and interface; where no warm process runs (gRPC
+    was loaded before collection), a fresh interpreter."""
 
     def __new__(cls, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
                 cwd: str | None = None, start_new_session: bool = False, code: str | None = None):
-        import subprocess
-        import sys
-
         if WarmProcesses.control is None:
             command = ["-m", "st_prompts.cli"] if code is None else ["-c", code]
             return subprocess.Popen([sys.executable, *command, *argv], env=env, stdout=stdout, stderr=stderr,
@@ -549,9 +485,6 @@ class CLIProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout=None, stderr=None, text: bool = True,
                  cwd: str | None = None, start_new_session: bool = False, code: str | None = None) -> None:
-        import socket
-        import subprocess
-
         opened, reads = [], {}
 
         def end(target, name: str, default: int) -> int:
@@ -588,8 +521,6 @@ class CLIProcess:
 
     def _line(self, timeout: float | None) -> str | None:
         """The warm process's next line about this child, waiting up to ``timeout`` seconds (None: until it comes)."""
-        import select
-
         while b"\n" not in self._buffer:
             if timeout is not None and not select.select([self._status], [], [], timeout)[0]:
                 return None
@@ -604,8 +535,6 @@ class CLIProcess:
         return self.wait(0) if self.returncode is None else self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
-        import subprocess
-
         if self.returncode is None:
             line = self._line(timeout)
             if line is None:
@@ -621,13 +550,9 @@ class CLIProcess:
             os.kill(self.pid, number)
 
     def terminate(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
 
@@ -675,8 +600,6 @@ def cli_error(argv: list, capsys, status: int = 2, alone: bool = False) -> str:
 
 def parser_walk(parser, path: tuple[str, ...] = ("st-prompts",)):
     """``(path, parser)`` of ``parser`` and of each of its sub-commands, nested ones included, depth first."""
-    import argparse
-
     yield path, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -706,11 +629,8 @@ def http_error(response, status: int | tuple[int, ...] | None = None) -> str:
 # ---------------------------------------------------------------------------------------------- an independent path
 def transformers_cache(model: torch.nn.Module, values) -> dict:
     """The keyword argument under which ``model`` (a transformers encoder) takes a key/value cache, holding the prefix
-    ``values`` (a :class:`~st_prompts.prompts.prefix.PrefixDraw` or a dense ``(2L, batch, heads, l, head_dim)``
-    tensor) in transformers' own ``DynamicCache``: the mechanism of PEFT's prefix tuning, an independent reference
-    for st_prompts' attention path (transformers concatenates the cache in front of the keys/values itself)."""
-    import inspect
-
+    ``values`` (a ``PrefixDraw`` or a dense ``(2L, batch, heads, l, head_dim)`` tensor) in transformers' own
+    ``DynamicCache``: PEFT's prefix tuning, an independent reference for st_prompts' attention path."""
     from transformers import DynamicCache
 
     dense = values if isinstance(values, torch.Tensor) else values.dense()
@@ -722,11 +642,9 @@ def transformers_cache(model: torch.nn.Module, values) -> dict:
 
 
 def through_transformers_cache(encoder, features: dict) -> torch.Tensor:
-    """``encoder(features)["token_embeddings"]`` computed by transformers' cache path instead of st_prompts'
-    attention functions: the pass runs as usual up to the backbone (input vectors, positions, the prefix and its
-    dropout draw, the per-row view mask), then the backbone is called with that prefix in a ``DynamicCache``
-    (:func:`transformers_cache`) and the prefix mask in front of the attention mask. (Ungated prefixes only: a cache
-    has no gate.)"""
+    """``encoder(features)["token_embeddings"]`` computed by transformers' cache path instead of st_prompts' attention
+    functions: the pass runs as usual up to the backbone, which is then called with the prefix draw in a
+    ``DynamicCache`` and the prefix mask in front of the attention mask (ungated prefixes only)."""
     from st_prompts.prompts.injection import PREFIX_KWARG
 
     backbone = encoder.auto_model

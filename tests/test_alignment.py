@@ -46,29 +46,14 @@ def test_alignment_matches_numpy():
     assert alignment_loss(x, x) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_loss_input_errors():
-    with pytest.raises(DataFormatError):
-        uniformity_loss(np.ones((1, 3)))
-    with pytest.raises(DataFormatError):
-        alignment_loss(np.ones((2, 3)), np.ones((3, 3)))
-    with pytest.raises(ConfigurationError):
-        uniformity_loss(np.ones((3, 3)), chunk_size=0)
-
-
 def make_split():
     rng = np.random.default_rng(2)
     names = [f"s{i}" for i in range(12)]
     table = {n: rng.normal(size=6) for n in names}
-    pairs = [
-        ("s0", "s1", 5.0),
-        ("s2", "s3", 4.0),  # threshold is inclusive
-        ("s4", "s5", 3.99),
-        ("s0", "s6", 4.6),  # s0 again: counted once for uniformity
-        ("s7", "s7", 4.2),  # identical positive: distance 0, kept
-        ("s8", "s9", 0.5),
-        ("s10", "s11", 2.0),
-        ("s9", "s2", 1.0),
-    ]
+    pairs = [("s0", "s1", 5.0), ("s2", "s3", 4.0), ("s4", "s5", 3.99),  # the threshold 4 is inclusive
+             ("s0", "s6", 4.6),  # s0 again: counted once for uniformity
+             ("s7", "s7", 4.2),  # identical positive: distance 0, kept
+             ("s8", "s9", 0.5), ("s10", "s11", 2.0), ("s9", "s2", 1.0)]
     s1, s2, sc = (list(c) for c in zip(*pairs))
     return table, s1, s2, sc
 
@@ -106,7 +91,13 @@ def test_lower_is_better_and_primary_metric():
         AlignmentUniformityEvaluator(s1, s2, sc, main_metric="spearman")
 
 
-def test_evaluator_errors():
+def test_loss_and_evaluator_input_errors():
+    with pytest.raises(DataFormatError):
+        uniformity_loss(np.ones((1, 3)))
+    with pytest.raises(DataFormatError):
+        alignment_loss(np.ones((2, 3)), np.ones((3, 3)))
+    with pytest.raises(ConfigurationError):
+        uniformity_loss(np.ones((3, 3)), chunk_size=0)
     with pytest.raises(DataFormatError, match="no positive pair"):
         AlignmentUniformityEvaluator(["a", "b"], ["c", "d"], [1.0, 3.9])
     with pytest.raises(DataFormatError, match="at least 2 distinct"):
@@ -116,7 +107,6 @@ def test_evaluator_errors():
 
 
 def test_from_senteval(tmp_path):
-    pytest.importorskip("st_prompts.data.senteval")
     write_stsb(tmp_path, [(5.0, "a b", "c d"), (4.0, "e", "f"), (1.0, "a b", "g")])
     ev = AlignmentUniformityEvaluator.from_senteval(tmp_path, "STSBenchmark", "test")
     assert ev.name == "STSBenchmark-test"

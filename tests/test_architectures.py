@@ -1,18 +1,15 @@
-"""Deep prompts on every supported architecture, through the attention interface (tiny random configs).
-
-For each type: the prefix changes every layer's output; only the prompts get gradient; a row alone and the same row in
-a padded batch (either padding side for decoders) give the same embedding; save -> load and prompts-only -> load give
-identical embeddings; per-row prefix views; gradient checkpointing. Rotary models: a prefix no row attends to changes
-nothing (the text keeps its positions). Local attention: the prefix stays visible to every token. And the refusals.
-"""
+"""Deep prompts on every supported architecture (tiny random configs): layers, training, padding, save/load, views,
+gradient checkpointing, and the refusals."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
-from conftest import DECODERS
+from conftest import DECODERS, one_line_message, random_prefix, st_model, through_transformers_cache
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Transformer
 
 from st_prompts import PromptedTransformer, save_prompts_only
 from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
@@ -33,62 +30,67 @@ def pooling(model_type: str) -> str:
     return "lasttoken" if model_type in DECODERS else "mean"
 
 
-def prompted(path: str, length: int = 3, **kwargs) -> PromptedTransformer:
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=length, **kwargs)
-    with torch.no_grad():  # a prefix large enough to move every output clearly
-        encoder.prefix_encoder.embedding.weight.normal_()
-    return encoder
-
-
-def sentence_model(encoder: PromptedTransformer, model_type: str) -> SentenceTransformer:
-    pool = Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling(model_type))
-    return SentenceTransformer(modules=[encoder, pool], device="cpu")
-
-
 def encode(model: SentenceTransformer, texts) -> torch.Tensor:
     return model.encode(list(texts), convert_to_tensor=True, batch_size=len(texts))
 
 
-class LayerOutputs:
-    """Records the output of every attention call (ALBERT's shared layer once per application)."""
-
-    def __init__(self, encoder: PromptedTransformer) -> None:
-        self.outputs: list[torch.Tensor] = []
-        self.handles = [module.register_forward_hook(self.hook) for module in encoder.auto_model.modules()
-                        if getattr(module, LAYER_ATTRIBUTE, None)]
-
-    def hook(self, module, args, output):
-        self.outputs.append((output[0] if isinstance(output, tuple) else output).detach().clone())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self.handles:
+@contextlib.contextmanager
+def layer_outputs(encoder: PromptedTransformer):
+    """The output of every attention call, recorded (ALBERT's shared layer once per application)."""
+    outputs = []
+    handles = [module.register_forward_hook(lambda m, args, out: outputs.append(
+        (out[0] if isinstance(out, tuple) else out).detach().clone()))
+        for module in encoder.auto_model.modules() if getattr(module, LAYER_ATTRIBUTE, None)]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
             handle.remove()
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_the_prefix_changes_every_layer(tiny_backbones, model_type):
-    encoder = prompted(tiny_backbones(model_type)).eval()
+def test_the_prefix_on_every_architecture(tiny_backbones, model_type, tmp_path):
+    """The prefix changes every layer; rows attend to their own view in one pass; a row alone equals the row in a
+    padded batch; save -> load and prompts-only -> load give identical embeddings; only the prompts get gradient."""
+    encoder = random_prefix(tiny_backbones(model_type)).eval()
     features = encoder.preprocess(SENTENCES)
-    hidden = torch.zeros_like(features["attention_mask"][:, :1]).expand(-1, 3)
-    with torch.no_grad(), LayerOutputs(encoder) as on:
+    with torch.no_grad(), layer_outputs(encoder) as on:
         encoder(dict(features))
-    with torch.no_grad(), LayerOutputs(encoder) as off:
-        encoder({**features, PREFIX_ATTENTION_MASK: torch.zeros_like(hidden)})
-    assert len(on.outputs) == encoder.prefix_encoder.num_layers == len(off.outputs)
-    for a, b in zip(on.outputs, off.outputs):
-        assert (a - b).abs().max() > 1e-3
+    with torch.no_grad(), layer_outputs(encoder) as off:
+        encoder({**features, PREFIX_ATTENTION_MASK: torch.zeros(len(SENTENCES), 3)})
+    assert len(on) == encoder.prefix_encoder.num_layers == len(off)
+    assert all((a - b).abs().max() > 1e-3 for a, b in zip(on, off))
+
+    views = random_prefix(tiny_backbones(model_type), 4).eval()
+    with torch.no_grad():
+        mixed = views({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 1, 0])})["token_embeddings"]
+        alone = [views({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, v)})["token_embeddings"]
+                 for v in (0, 1)]
+    assert torch.allclose(mixed[[0, 3]], alone[0][[0, 3]], atol=1e-5)
+    assert torch.allclose(mixed[[1, 2]], alone[1][[1, 2]], atol=1e-5)
+    assert not torch.allclose(mixed[0], alone[1][0], atol=1e-3)
+
+    model = st_model(encoder, pooling(model_type))
+    batch = encode(model, SENTENCES)
+    for i, sentence in enumerate(SENTENCES):
+        assert torch.allclose(encode(model, [sentence])[0], batch[i], atol=1e-5), sentence
+    model.save(str(tmp_path / "full"))
+    save_prompts_only(model, str(tmp_path / "prompts"))
+    for folder in ("full", "prompts"):
+        loaded = SentenceTransformer(str(tmp_path / folder), trust_remote_code=True, device="cpu")
+        assert torch.equal(encode(loaded, SENTENCES), batch), folder
+
+    encoder.train()(dict(features))["token_embeddings"].pow(2).mean().backward()
+    prompts = {id(p) for p in encoder.prompt_parameters()}
+    assert all(p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.prompt_parameters())
+    assert all(not p.requires_grad and p.grad is None for p in encoder.parameters() if id(p) not in prompts)
 
 
 @pytest.mark.parametrize("model_type", ROTARY)
 def test_a_prefix_no_row_attends_to_changes_nothing_on_rotary_models(tiny_backbones, model_type):
-    """Rotary positions: the prefix enters after the rotation and the text keeps its positions, so a prefix of zeros
-    that every row masks out gives the plain backbone's outputs."""
+    """The prefix enters after the rotation and the text keeps its positions."""
     path = tiny_backbones(model_type)
-    encoder = prompted(path).eval()
+    encoder = random_prefix(path).eval()
     with torch.no_grad():
         encoder.prefix_encoder.embedding.weight.zero_()
     plain = Transformer(path).eval()
@@ -100,68 +102,25 @@ def test_a_prefix_no_row_attends_to_changes_nothing_on_rotary_models(tiny_backbo
     assert torch.allclose(ours[mask], reference[mask], atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_only_the_prompts_get_gradient(tiny_backbones, model_type):
-    encoder = prompted(tiny_backbones(model_type)).train()
-    out = encoder(dict(encoder.preprocess(SENTENCES)))["token_embeddings"]
-    out.pow(2).mean().backward()
-    prompts = {id(p) for p in encoder.prompt_parameters()}
-    assert all(p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.prompt_parameters())
-    assert all(not p.requires_grad and p.grad is None for p in encoder.parameters() if id(p) not in prompts)
-
-
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_a_row_alone_equals_the_row_in_a_padded_batch(tiny_backbones, model_type):
-    model = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
-    batch = encode(model, SENTENCES)
-    for i, sentence in enumerate(SENTENCES):
-        assert torch.allclose(encode(model, [sentence])[0], batch[i], atol=1e-5), sentence
-
-
 @pytest.mark.parametrize("model_type", DECODERS)
 def test_decoders_give_the_same_embedding_with_left_or_right_padding(tiny_backbones, model_type):
-    right = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
-    left_encoder = prompted(tiny_backbones(model_type, padding_side="left")).eval()
+    right = st_model(random_prefix(tiny_backbones(model_type)).eval(), pooling(model_type))
+    left_encoder = random_prefix(tiny_backbones(model_type, padding_side="left")).eval()
     assert left_encoder.tokenizer.padding_side == "left"
-    left = sentence_model(left_encoder, model_type)
+    left = st_model(left_encoder, pooling(model_type))
     for mode in ("lasttoken", "mean"):
-        right[1].pooling_mode = left[1].pooling_mode = mode
         right[1].__init__(right[1].embedding_dimension, pooling_mode=mode)
         left[1].__init__(left[1].embedding_dimension, pooling_mode=mode)
         assert torch.allclose(encode(right, SENTENCES), encode(left, SENTENCES), atol=1e-5), mode
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_save_load_and_prompts_only_give_identical_embeddings(tiny_backbones, model_type, tmp_path):
-    model = sentence_model(prompted(tiny_backbones(model_type)).eval(), model_type)
-    expected = encode(model, SENTENCES)
-    model.save(str(tmp_path / "full"))
-    save_prompts_only(model, str(tmp_path / "prompts"))
-    for folder in ("full", "prompts"):
-        loaded = SentenceTransformer(str(tmp_path / folder), trust_remote_code=True, device="cpu")
-        assert torch.equal(encode(loaded, SENTENCES), expected), folder
-
-
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_rows_attend_to_their_own_view_of_the_prefix_in_one_pass(tiny_backbones, model_type):
-    encoder = prompted(tiny_backbones(model_type), length=4).eval()
-    features = encoder.preprocess(SENTENCES)
-    views = [0, 1, 1, 0]
-    with torch.no_grad():
-        mixed = encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, views)})["token_embeddings"]
-        for view in (0, 1):
-            alone = encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, view)})["token_embeddings"]
-            rows = [i for i, v in enumerate(views) if v == view]
-            assert torch.allclose(mixed[rows], alone[rows], atol=1e-5)
-        assert not torch.allclose(mixed[0], encoder({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, 1)})
-                                  ["token_embeddings"][0], atol=1e-3)
-
-
 @pytest.mark.parametrize("model_type", [t for t in ARCHITECTURES if t != "albert"])
 def test_gradient_checkpointing_keeps_the_prefix(tiny_backbones, model_type):
-    encoder = prompted(tiny_backbones(model_type)).train()
+    encoder = random_prefix(tiny_backbones(model_type)).train()
     features = encoder.preprocess(SENTENCES)
-    encoder.prefix_encoder.dropout.p = 0.0  # the same numbers with and without recomputation
+    for module in encoder.modules():  # no dropout: recomputation must give the same numbers
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
     def step():
         encoder.zero_grad()
@@ -170,9 +129,6 @@ def test_gradient_checkpointing_keeps_the_prefix(tiny_backbones, model_type):
         out.pow(2).mean().backward()
         return out.detach(), encoder.prefix_encoder.embedding.weight.grad.clone()
 
-    for module in encoder.auto_model.modules():  # no dropout: recomputation must give the same numbers
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
     plain_out, plain_grad = step()
     encoder.auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert encoder.auto_model.is_gradient_checkpointing
@@ -183,21 +139,19 @@ def test_gradient_checkpointing_keeps_the_prefix(tiny_backbones, model_type):
 
 def test_albert_gets_one_prefix_per_application_of_its_shared_layer(tiny_backbones, monkeypatch):
     """ALBERT applies one attention module to every layer: the prefix has a layer per application, read in order."""
-    encoder = prompted(tiny_backbones("albert"))
+    encoder = random_prefix(tiny_backbones("albert"))
     modules = [m for m in encoder.auto_model.modules() if getattr(m, LAYER_ATTRIBUTE, None)]
     config = encoder.auto_model.config
     assert len(modules) == 1 and getattr(modules[0], LAYER_ATTRIBUTE) == tuple(range(config.num_hidden_layers))
     assert encoder.prefix_encoder.num_layers == config.num_hidden_layers and encoder.backbone_plan.shared
     seen = []
     real = injection.PrefixInjection.layer
-    encoder.eval()
+    monkeypatch.setattr(injection.PrefixInjection, "layer", lambda self, module: seen.append(real(self, module))
+                        or seen[-1])
     with torch.no_grad():
-        injection.PrefixInjection.layer = lambda self, module: seen.append(real(self, module)) or seen[-1]
-        try:
-            encoder(dict(encoder.preprocess(SENTENCES)))
-            encoder(dict(encoder.preprocess(SENTENCES)))
-        finally:
-            injection.PrefixInjection.layer = real
+        for _ in range(2):
+            encoder.eval()(dict(encoder.preprocess(SENTENCES)))
+    monkeypatch.undo()
     assert seen == [0, 1, 0, 1]
     # transformers checkpoints no ALBERT layer; were it to, a recomputed shared layer would read the wrong prefix
     assert not encoder.auto_model.supports_gradient_checkpointing
@@ -209,7 +163,7 @@ def test_albert_gets_one_prefix_per_application_of_its_shared_layer(tiny_backbon
 
 
 def test_grouped_query_decoders_get_a_prefix_of_their_key_value_heads(tiny_backbones):
-    encoder = prompted(tiny_backbones("qwen3"))
+    encoder = random_prefix(tiny_backbones("qwen3"))
     config = encoder.auto_model.config
     assert encoder.backbone_plan.kv_heads == config.num_key_value_heads < config.num_attention_heads
     assert encoder.prefix_encoder.num_heads == config.num_key_value_heads
@@ -217,9 +171,8 @@ def test_grouped_query_decoders_get_a_prefix_of_their_key_value_heads(tiny_backb
 
 
 def test_local_attention_layers_see_the_whole_prefix(tiny_backbones, monkeypatch):
-    """ModernBERT's local (sliding-window) layers: every token attends to every prefix position, and the text part
-    of the mask keeps its window."""
-    encoder = prompted(tiny_backbones("modernbert"), length=3).eval()
+    """ModernBERT's local layers: every token sees every prefix position; the text part keeps its window."""
+    encoder = random_prefix(tiny_backbones("modernbert")).eval()
     masks = []
     real = injection.sdpa_attention_forward
 
@@ -241,8 +194,7 @@ def test_local_attention_layers_see_the_whole_prefix(tiny_backbones, monkeypatch
 
 @pytest.mark.parametrize("model_type", ENCODERS)
 def test_templates_and_the_cls_prompt_work_on_encoders(tiny_backbones, model_type):
-    """A soft template and a [CLS] prompt beside the prefix: trainable, and a row alone equals the row in a padded
-    batch."""
+    """A soft template and a [CLS] prompt beside the prefix: trainable; a row alone equals the row in a batch."""
     path = tiny_backbones(model_type)
     torch.manual_seed(0)
     encoder = PromptedTransformer(path, prefix_length=2, template='this sentence : "[X]" means [MASK] .',
@@ -261,24 +213,19 @@ def test_templates_and_the_cls_prompt_work_on_encoders(tiny_backbones, model_typ
             assert torch.allclose(alone["token_embeddings"][0, mine], batch["token_embeddings"][i, theirs], atol=1e-5)
 
 
-@pytest.mark.parametrize("option", [{"cls_prompt": True}, {"template": 'this sentence : "[X]" means [MASK] .'}])
-def test_decoders_refuse_templates_and_the_cls_prompt_in_one_line(tiny_backbones, option):
-    with pytest.raises(ConfigurationError, match="causal decoder.*lasttoken") as caught:
-        PromptedTransformer(tiny_backbones("llama"), prefix_length=2, **option)
-    assert "\n" not in str(caught.value)
-
-
-@pytest.mark.parametrize("model_type", ["mpnet", "deberta-v2"])
-def test_backbones_computing_attention_themselves_are_refused_in_one_line(tiny_backbones, model_type):
-    with pytest.raises(UnsupportedArchitectureError, match="Supported model types: bert, roberta") as caught:
-        PromptedTransformer(tiny_backbones(model_type), prefix_length=3)
-    message = str(caught.value)
-    assert "\n" not in message and all(t in message for t in SUPPORTED_MODEL_TYPES)
+def test_decoder_options_and_backbones_computing_attention_themselves_are_refused_in_one_line(tiny_backbones):
+    for option in ({"cls_prompt": True}, {"template": 'this sentence : "[X]" means [MASK] .'}):
+        with pytest.raises(ConfigurationError, match="causal decoder.*lasttoken") as caught:
+            PromptedTransformer(tiny_backbones("llama"), prefix_length=2, **option)
+        one_line_message(caught)
+    for model_type in ("mpnet", "deberta-v2"):
+        with pytest.raises(UnsupportedArchitectureError, match="Supported model types: bert, roberta") as caught:
+            PromptedTransformer(tiny_backbones(model_type), prefix_length=3)
+        assert all(t in one_line_message(caught) for t in SUPPORTED_MODEL_TYPES)
 
 
 def test_a_saved_cache_injection_loads_on_the_attention_path(tiny_backbones, caplog):
-    """``prefix_injection="cache"`` was removed (issue 61); a folder saved with it loads, with a warning, on the
-    attention path (the same outputs, checked against transformers' own cache below)."""
+    """``prefix_injection="cache"`` was removed: a folder saved with it loads, with a warning, on the attention path."""
     encoder = PromptedTransformer(tiny_backbones("distilbert"), prefix_length=3, prefix_injection="cache")
     assert encoder.prefix_injection == "attention" and "was removed" in caplog.text
     with pytest.raises(UnsupportedArchitectureError, match="prefix_injection must be 'attention'"):
@@ -287,12 +234,8 @@ def test_a_saved_cache_injection_loads_on_the_attention_path(tiny_backbones, cap
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta", "electra", "camembert"])
 def test_the_attention_path_computes_what_transformers_cache_computes(tiny_backbones, model_type):
-    """On the backbones that take a key/value cache (PEFT's mechanism): st_prompts' attention path gives the same
-    token embeddings and the same gradients as transformers' own ``DynamicCache`` holding the same prefix draw, in
-    training (per-example prefix dropout) and at inference, with padding, per-row views, a soft template and a [CLS]
-    prompt, and the official position shift."""
-    from conftest import through_transformers_cache
-
+    """The same token embeddings and gradients as transformers' own ``DynamicCache`` holding the same prefix draw
+    (PEFT's mechanism), in training and at inference, with padding, views, a soft template and a [CLS] prompt."""
     path = tiny_backbones(model_type)
     torch.manual_seed(0)
     encoder = PromptedTransformer(path, prefix_length=4, template='this sentence : "[X]" means [MASK] .',

@@ -1,4 +1,4 @@
-"""Issue 6: portable prompts-only checkpoints, the packaged-MiniLM alias everywhere, impossible prefix lengths."""
+"""Portable prompts-only checkpoints, the packaged-MiniLM alias everywhere, impossible prefix lengths."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import time
 
 import numpy as np
 import pytest
-import torch
+from conftest import randomise_prompts, st_model
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 
 from st_prompts import PromptedTransformer, SCPCSE_TEMPLATE, save_prompts_only, utils
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
@@ -22,10 +21,7 @@ SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits o
 
 
 def cls_model(encoder) -> SentenceTransformer:
-    with torch.no_grad():
-        for p in encoder.prompt_parameters():
-            p.add_(torch.randn_like(p))
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+    return st_model(randomise_prompts(encoder), "cls")
 
 
 def all_text(folder) -> str:
@@ -36,8 +32,7 @@ def all_text(folder) -> str:
 @pytest.mark.parametrize("given", ["alias", "path"])
 def test_prompts_only_checkpoint_of_the_packaged_backbone_survives_a_move(tiny_bert, tiny_backbones, tmp_path,
                                                                           monkeypatch, given):
-    """Saved from the packaged backbone (by alias or by its path), a prompts-only checkpoint records the alias, holds
-    no absolute path, and loads exactly once the package lives somewhere else."""
+    """Saved by alias or path, it records the alias, holds no absolute path, and loads once the package moved."""
     first = tmp_path / "site-a" / "model"
     shutil.copytree(tiny_bert, first)
     monkeypatch.setattr(utils, "packaged_minilm_path", lambda: str(first))
@@ -66,10 +61,6 @@ def test_prompts_only_checkpoint_of_the_packaged_backbone_survives_a_move(tiny_b
         SentenceTransformer(str(checkpoint), trust_remote_code=True)
 
 
-def test_a_missing_local_path_is_recorded_as_it_is(tmp_path):
-    assert portable_backbone_reference(str(tmp_path / "elsewhere" / "model")) == str(tmp_path / "elsewhere" / "model")
-
-
 def test_full_checkpoint_records_the_alias_too(tiny_bert, tmp_path, monkeypatch):
     monkeypatch.setattr(utils, "packaged_minilm_path", lambda: tiny_bert)
     model = cls_model(PromptedTransformer("minilm", prefix_length=2))
@@ -81,17 +72,18 @@ def test_full_checkpoint_records_the_alias_too(tiny_bert, tmp_path, monkeypatch)
     np.testing.assert_array_equal(reloaded.encode(SENTENCES), model.encode(SENTENCES))
 
 
-def test_hub_ids_and_hub_cache_folders_are_recorded_as_hub_ids(tiny_bert, tmp_path):
+def test_hub_ids_and_hub_cache_folders_are_recorded_as_hub_ids_and_a_missing_path_as_it_is(tiny_bert, tmp_path):
+    assert portable_backbone_reference(str(tmp_path / "elsewhere" / "model")) == str(tmp_path / "elsewhere" / "model")
     assert portable_backbone_reference("bert-base-uncased") == "bert-base-uncased"
     assert portable_backbone_reference("org/some-model") == "org/some-model"
     snapshot = tmp_path / "hub" / "models--org--tiny-bert" / "snapshots" / "0123abcd"
     shutil.copytree(tiny_bert, snapshot)
     assert portable_backbone_reference(str(snapshot)) == "org/tiny-bert"
-    encoder = PromptedTransformer(str(snapshot), prefix_length=2)
-    assert encoder.backbone_reference == "org/tiny-bert"
+    assert PromptedTransformer(str(snapshot), prefix_length=2).backbone_reference == "org/tiny-bert"
 
 
-def test_other_local_paths_are_kept_absolute_with_a_warning(tiny_bert, tmp_path, caplog, monkeypatch):
+def test_other_local_paths_are_kept_absolute_with_a_warning(tiny_bert, tiny_backbones, tmp_path, caplog,
+                                                             monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_bert, tmp_path / "local-backbone")
     model = cls_model(PromptedTransformer("local-backbone", prefix_length=2))
@@ -111,6 +103,9 @@ def test_other_local_paths_are_kept_absolute_with_a_warning(tiny_bert, tmp_path,
                                  model_kwargs={"backbone_name_or_path": str(tmp_path / "moved")})
     np.testing.assert_array_equal(loaded.encode(SENTENCES), model.encode(SENTENCES))
     assert loaded[0].backbone_reference == str(tmp_path / "moved")
+    with pytest.raises(BackboneMismatchError, match="weights differ"):  # an override with other weights: refused
+        SentenceTransformer(str(tmp_path / "p"), trust_remote_code=True,
+                            model_kwargs={"backbone_name_or_path": tiny_backbones("bert", seed=1)})
 
 
 # ---------------------------------------------------------------------------------------------- b. aliases

@@ -17,7 +17,7 @@ PAIRS = [("A man plays a guitar.", "A man plays music.", 4.2), ("A dog runs.", "
          ("A woman cooks.", "A woman prepares food.", 4.6), ("Kids play.", "The stock market fell.", 0.0)]
 
 
-def test_a_saved_bank_card_lists_its_sets_and_per_row_encoding(minilm_path, tmp_path):
+def test_a_saved_bank_card_lists_its_sets_and_per_row_encoding_and_survives_hostile_records(minilm_path, tmp_path):
     model = bank.create_bank(minilm_path)
     sts = Dataset.from_dict({"sentence1": [p[0] for p in PAIRS], "sentence2": [p[1] for p in PAIRS],
                              "score": [p[2] / 5 for p in PAIRS]})
@@ -42,9 +42,10 @@ def test_a_saved_bank_card_lists_its_sets_and_per_row_encoding(minilm_path, tmp_
     assert "pip install -e path/to/st_prompts" in card and "pip install -U sentence-transformers st-prompts" not in card
     config = json.loads((folder / "sentence_bert_config.json").read_text())
     record = config["prompt_set_info"]["sts"]
-    assert record["rows"] == 4 and record["best_step"] == result.best_step and record["metric"].endswith("spearman_cosine")
+    assert record["rows"] == 4 and record["best_step"] == result.best_step
+    assert record["metric"].endswith("spearman_cosine")
     assert record["backbone_score"] == record["start_score"]  # a gated set starts as the backbone
-    assert "backbone_score" not in config["prompt_set_info"]["nli"] and "best_score" not in config["prompt_set_info"]["nli"]
+    assert not {"backbone_score", "best_score"} & set(config["prompt_set_info"]["nli"])
 
     loaded = load_sentence_model(str(folder))
     assert loaded[0].prompt_set_info == config["prompt_set_info"]
@@ -62,17 +63,7 @@ def test_a_saved_bank_card_lists_its_sets_and_per_row_encoding(minilm_path, tmp_
     old_card = (tmp_path / "old" / "README.md").read_text()
     assert "| `sts` | 16 |" in old_card and "not recorded" in old_card and "CoSENTLoss" not in old_card
 
-
-def test_hostile_records_neither_fail_a_save_nor_reshape_the_card(minilm_path, tmp_path):
-    """A record is read from a model folder and written into its card: malformed values are dropped, texts become one
-    table cell (before: a dict or mixed metric types made sentence-transformers skip the card with a traceback, and a
-    loss name with a pipe and a newline broke the table)."""
-    model = bank.create_bank(minilm_path)
-    model[0].new_prompt_set("sts", prefix_gate=True)
-    model[0].new_prompt_set("nli", prefix_length=4)
-    folder = tmp_path / "bank"
-    model.save(str(folder))
-    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    # hostile records (read from the folder, written into the card): malformed values dropped, texts one table cell
     config["prompt_set_info"] = {"sts": {"metric": 5, "evaluator": {"a": 1}, "rows": True, "steps": 1e308,
                                          "best_score": "x", "loss": "Evil | cell\n# heading"},
                                  "nli": {"metric": "a_metric", "start_score": float("nan")}, "ghost": {"rows": 3}}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import cli_error
+from conftest import cli_error, random_bank
 
 from st_prompts import bank, cli
 from st_prompts.errors import ConfigurationError
@@ -24,19 +24,13 @@ def encode(model, texts=TEXTS, **kwargs) -> torch.Tensor:
 def saved_bank(backbone: str, folder) -> dict[str, torch.Tensor]:
     """A bank with a gated reparameterised set and a plain one, trained-looking, saved at ``folder``; returns what
     each set encodes."""
-    model = bank.create_bank(backbone)
-    torch.manual_seed(0)
-    sets = [model[0].new_prompt_set("p", prefix_length=3, prefix_projection=True, prefix_hidden_size=8,
-                                    prefix_gate=True),
-            model[0].new_prompt_set("q", prefix_length=2)]
-    with torch.no_grad():
-        for parameter in (p for s in sets for p in s.parameters()):
-            parameter.add_(torch.randn_like(parameter) * 0.3)
+    model = random_bank(backbone, p=dict(prefix_length=3, prefix_projection=True, prefix_hidden_size=8,
+                                         prefix_gate=True), q=2)
     model.save(str(folder))
     return {"p": encode(model, task="p"), "q": encode(model, task="q"), "backbone": encode(model, task="backbone")}
 
 
-def test_an_exported_set_loads_alone_and_joins_another_bank(tiny_bert, tmp_path):
+def test_an_exported_set_loads_alone_and_joins_another_bank(tiny_bert, tmp_path, capsys):
     expected = saved_bank(tiny_bert, tmp_path / "bank")
     assert not torch.allclose(expected["p"], expected["backbone"], atol=1e-3)
     out = bank.export_prompt_set(str(tmp_path / "bank"), "p", tmp_path / "p")
@@ -59,9 +53,7 @@ def test_an_exported_set_loads_alone_and_joins_another_bank(tiny_bert, tmp_path)
         bank.export_prompt_set(loaded, "nope", tmp_path / "nope")
     assert not (tmp_path / "nope").exists()
 
-
-def test_bank_export_command(tiny_bert, tmp_path, capsys):
-    expected = saved_bank(tiny_bert, tmp_path / "bank")
+    # through the command line
     bank_folder, out = str(tmp_path / "bank"), str(tmp_path / "out")
     assert cli.main(["bank", "export", bank_folder, "q", out]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoint"] == out

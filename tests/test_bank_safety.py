@@ -1,7 +1,6 @@
-"""Nothing lost in the bank workflow (issue 60, items 1, 2, 7, 11, 12 and the lock files of 15), on real folders
-through the real command line: an export never replaces its source, another bank, a model or an index, never writes
-inside a folder st-prompts saved (also through a symbolic link); one grammar for a set's name wherever it enters; the
-refusals say how to go on (pooling, a bank saved by ``model.save``, a bank of several sets as a source)."""
+"""Nothing lost in the bank workflow, through the real command line: an export never replaces its source, another
+bank, a model or an index, nor writes inside a folder st-prompts saved (through a link neither); one grammar for a set's
+name wherever it enters; the refusals say how to go on."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import encode, random_bank
 
 from st_prompts import bank, cli
 from st_prompts.errors import ConfigurationError
@@ -22,10 +22,6 @@ from st_prompts.prompts.names import MAX_SET_NAME_LENGTH, check_set_name, set_na
 from st_prompts.storage import MANIFEST_FILE
 
 TEXTS = ["the man plays guitar .", "a dog runs in the park", "the cat"]
-
-
-def encode(model, **kwargs) -> torch.Tensor:
-    return model.encode(TEXTS, convert_to_tensor=True, **kwargs)
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -37,15 +33,8 @@ def files(folder: Path) -> dict[str, bytes]:
 def two_banks(tiny_bert, tmp_path):
     """Two banks saved by the command line (with the manifest), ``a`` with sets p and q, ``b`` with r."""
     a, b = tmp_path / "a", tmp_path / "b"
-    for folder, names in ((a, ("p", "q")), (b, ("r",))):
-        model = bank.create_bank(tiny_bert, pooling="mean")
-        torch.manual_seed(len(names))
-        for name in names:
-            prefix = model[0].new_prompt_set(name, prefix_length=3)
-            with torch.no_grad():
-                for parameter in prefix.parameters():
-                    parameter.add_(torch.randn_like(parameter) * 0.3)
-        bank.save_bank(model, folder)
+    bank.save_bank(random_bank(tiny_bert, p=3, q=3), a)
+    bank.save_bank(random_bank(tiny_bert, r=3), b)
     return a, b
 
 
@@ -68,6 +57,9 @@ def test_bank_export_never_replaces_a_bank(target, two_banks, tmp_path, capsys):
     assert status == 2 and "error:" in line, line
     assert ("the bank itself" in line) if target != "other-bank" else ("a prompt bank saved by st-prompts, not a "
                                                                         "prompt set" in line), line
+    if target == "source":  # in Python too
+        with pytest.raises(ConfigurationError, match="the bank itself"):
+            bank.export_prompt_set(str(a), "p", a, overwrite=True)
     assert {a: files(a), b: files(b)} == before  # every set and the backbone still there
     assert load_sentence_model(str(a))[0].prompt_set_names == ["p", "q"]
 
@@ -94,19 +86,12 @@ def test_an_export_replaces_only_an_exported_set_and_a_bank_only_a_bank(two_bank
     assert run(["bank", "export", a, "p", out], capsys)[0] == 0
     assert json.loads((out / MANIFEST_FILE).read_text())["kind"] == "prompt set"
     assert run(["bank", "export", a, "q", out, "--overwrite"], capsys)[0] == 0  # a set replaces a set
-    expected = encode(load_sentence_model(str(a)), task="q")
-    torch.testing.assert_close(encode(load_sentence_model(str(out))), expected, atol=1e-6, rtol=0)
+    expected = encode(load_sentence_model(str(a)), TEXTS, task="q")
+    torch.testing.assert_close(encode(load_sentence_model(str(out)), TEXTS), expected, atol=1e-6, rtol=0)
     before = files(out)
     status, line = run(["bank", "create", out, "--overwrite", "--backbone", a], capsys)  # a bank never replaces a set
     assert status == 2 and "a prompt set saved by st-prompts, not a prompt bank" in line, line
     assert files(out) == before
-
-
-def test_export_in_python_refuses_its_source(two_banks):
-    a, _ = two_banks
-    with pytest.raises(ConfigurationError, match="the bank itself"):
-        bank.export_prompt_set(str(a), "p", a, overwrite=True)
-    assert load_sentence_model(str(a))[0].prompt_set_names == ["p", "q"]
 
 
 # ---------------------------------------------------------------------------------------------- one grammar
@@ -168,9 +153,8 @@ def test_a_bank_saved_by_model_save_is_changed_through_output(two_banks, tmp_pat
     assert status == 2 and "--overwrite" in line, line
     assert run(["bank", "roles", plain, "--default", "p", "--output", out, "--overwrite"], capsys)[0] == 0
     assert load_sentence_model(str(out))[0].default_task == "p"
-    assert run(["bank", "add", out, "q2", a], capsys)[0] == 2  # a bank of several sets as a source ...
-    line = run(["bank", "add", out, "q2", a], capsys)[1]
-    assert "bank export" in line and "p, q" in line, line  # ... says to export the one wanted first
+    status, line = run(["bank", "add", out, "q2", a], capsys)  # a bank of several sets as a source ...
+    assert status == 2 and "bank export" in line and "p, q" in line, line  # ... says to export the one wanted first
 
 
 def test_a_pooling_mismatch_names_the_bank_to_create_and_that_path_works(tiny_bert, two_banks, tmp_path, capsys):
@@ -184,8 +168,8 @@ def test_a_pooling_mismatch_names_the_bank_to_create_and_that_path_works(tiny_be
     command = line[line.index("st-prompts bank create"):].split(";")[0].replace("NEW", str(tmp_path / "cls-bank"))
     assert run(command.split()[1:], capsys)[0] == 0  # exactly what the refusal says
     assert run(["bank", "add", tmp_path / "cls-bank", "c", source], capsys)[0] == 0
-    torch.testing.assert_close(encode(load_sentence_model(str(tmp_path / "cls-bank")), task="c"),
-                               encode(model, task="c"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(encode(load_sentence_model(str(tmp_path / "cls-bank")), TEXTS, task="c"),
+                               encode(model, TEXTS, task="c"), atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------- lock files, modes

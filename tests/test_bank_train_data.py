@@ -1,9 +1,5 @@
-"""``bank train`` on the files of the ``--data-dir`` layout, and its evaluation schedule (issue 60).
-
-Item 10: the STS-B file of the SentEval layout (headerless, tab-separated) was read as a CSV and refused (``line 441:
-2 fields, the header has 1``) and SICK's ``.txt`` had an unknown extension. Item 13: ``bank train --max-steps 8``
-scored the whole dev set after every step (a tenth of 8 steps rounded to 1): 10 m 45 s on two cores.
-"""
+"""``bank train`` on the files of the ``--data-dir`` layout (SentEval's headerless STS-B and SICK files), and its
+evaluation schedule: before the first step and after the last, not after each."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from st_prompts.cli import main, reset_output
+from st_prompts.cli import main
 from st_prompts.data.senteval import load_sts
 from st_prompts.data.task_data import read_task_file
 from st_prompts.errors import DataFormatError
@@ -79,7 +75,7 @@ def evaluations(monkeypatch):
 
 
 def _csv(path: Path, source: Path) -> str:
-    """``source`` (a SentEval STS file) written as a CSV with a header: what ``bank train`` read before issue 60."""
+    """``source`` (a SentEval STS file) written as a CSV with a header."""
     import csv
 
     pairs = read_task_file(source).dataset
@@ -97,50 +93,32 @@ def test_bank_train_reads_the_files_of_the_data_dir_layout(tiny_bert, tmp_path, 
     data_dir = tmp_path / "data"
     shutil.copytree(SENTEVAL, data_dir / "senteval")
     bank = str(tmp_path / "bank")
-    try:
-        assert main(["bank", "train", bank, "sts", "--data", str(data_dir / "senteval" / "STS" / "STSBenchmark" /
-                                                                  "sts-train.csv"), "--data-dir", str(data_dir),
-                     "--backbone", tiny_bert, *COMMON]) == 0
-        assert main(["bank", "train", bank, "sick", "--data", str(SICK / "SICK_train.txt"), "--dev",
-                     str(SICK / "SICK_trial.txt"), *COMMON]) == 0
-    finally:
-        reset_output()
+    assert main(["bank", "train", bank, "sts", "--data", str(data_dir / "senteval" / "STS" / "STSBenchmark" /
+                                                              "sts-train.csv"), "--data-dir", str(data_dir),
+                 "--backbone", tiny_bert, *COMMON]) == 0
+    assert main(["bank", "train", bank, "sick", "--data", str(SICK / "SICK_train.txt"), "--dev",
+                 str(SICK / "SICK_trial.txt"), *COMMON]) == 0
     assert '"rows": 4' in capsys.readouterr().out  # SICK_train.txt's four pairs
     assert sorted(load_sentence_model(bank)[0].prompt_sets) == ["sick", "sts"]
 
 
-def test_bank_train_evaluates_before_the_first_step_and_after_the_last_not_after_each(tiny_bert, tmp_path,
-                                                                                       evaluations):
+@pytest.mark.parametrize("extra,sizes", [([], [5, 5]), (["--dev-limit", "3", "--eval-steps", "4"], [3, 3, 3, 5])])
+def test_bank_train_evaluates_before_the_first_step_and_after_the_last_not_after_each(extra, sizes, tiny_bert, tmp_path,
+                                                                                       evaluations, capsys):
+    """Steps 0 and 8 on the five dev pairs; with --dev-limit 3 --eval-steps 4, steps 0, 4 and 8 on three pairs, then
+    the kept weights once on all five."""
     data = _csv(tmp_path / "train.csv", STSB / "sts-train.csv")
     dev = _csv(tmp_path / "dev.csv", STSB / "sts-dev.csv")
-    try:
-        assert main(["bank", "train", str(tmp_path / "bank"), "sts", "--data", data, "--dev", dev, "--backbone",
-                     tiny_bert, *COMMON]) == 0
-    finally:
-        reset_output()
-    assert evaluations == [5, 5]  # step 0 and step 8 on the five dev pairs (not at each of the 8 steps as before)
-
-
-def test_dev_limit_selects_on_a_subset_and_scores_the_kept_weights_once_on_all(tiny_bert, tmp_path, evaluations,
-                                                                               capsys):
-    data = _csv(tmp_path / "train.csv", STSB / "sts-train.csv")
-    dev = _csv(tmp_path / "dev.csv", STSB / "sts-dev.csv")
-    try:
-        assert main(["bank", "train", str(tmp_path / "bank"), "sts", "--data", data, "--dev", dev, "--dev-limit", "3",
-                     "--eval-steps", "4", "--backbone", tiny_bert, *COMMON]) == 0
-    finally:
-        reset_output()
-    assert evaluations == [3, 3, 3, 5]  # steps 0, 4 and 8 on three pairs, then the kept weights on all five
+    assert main(["bank", "train", str(tmp_path / "bank"), "sts", "--data", data, "--dev", dev, *extra, "--backbone",
+                 tiny_bert, *COMMON]) == 0
+    assert evaluations == sizes
     trained = json.loads(capsys.readouterr().out)["trained"]
-    assert trained["selection_dev_pairs"] == 3 and set(trained) >= {"best_dev", "selection_dev"}
+    assert not extra or (trained["selection_dev_pairs"] == 3 and set(trained) >= {"best_dev", "selection_dev"})
 
 
 def test_dev_limit_without_a_dev_set_is_one_line(tiny_bert, tmp_path, capsys):
-    try:
-        assert main(["bank", "train", str(tmp_path / "bank"), "sts", "--data", str(STSB / "sts-train.csv"),
-                     "--backbone", tiny_bert, "--dev-limit", "3", "--no-progress"]) == 2
-    finally:
-        reset_output()
+    assert main(["bank", "train", str(tmp_path / "bank"), "sts", "--data", str(STSB / "sts-train.csv"),
+                 "--backbone", tiny_bert, "--dev-limit", "3", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "st-prompts bank: error: --dev-limit limits the dev set: give one with --dev, --data-dir or " \
                   "--senteval-dir."

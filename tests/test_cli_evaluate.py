@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,7 @@ def test_evaluate_two_models_end_to_end(tmp_path, capsys, static_model_dir):
     stdout = capsys.readouterr().out
     header = next(line for line in stdout.splitlines() if "minilm" in line)
     # one column per model, in order, with its pooling (MiniLM and the static model both average token vectors)
-    assert [c.strip() for c in header.split("  ") if c.strip()] == [
-        "minilm (mean)", f"{static_model_dir} (mean)"
-    ]
+    assert [c.strip() for c in header.split("  ") if c.strip()] == ["minilm (mean)", f"{static_model_dir} (mean)"]
     rows = _table_rows(stdout)
     assert list(rows) == TABLE_LABELS
 
@@ -63,9 +62,8 @@ def test_evaluate_two_models_end_to_end(tmp_path, capsys, static_model_dir):
     assert list(data["results"]) == ["minilm", static_model_dir]
     assert data["pooling"] == {"minilm": "mean", static_model_dir: "mean"}
     assert data["metrics"]["sts"]["tasks"] == list(STS_TASKS)
-    assert data["metrics"]["sts"]["pairs"] == {
-        "STS12": 15, "STS13": 9, "STS14": 18, "STS15": 15, "STS16": 13, "STSBenchmark": 8, "SICKRelatedness": 8
-    }
+    assert data["metrics"]["sts"]["pairs"] == {"STS12": 15, "STS13": 9, "STS14": 18, "STS15": 15, "STS16": 13,
+                                               "STSBenchmark": 8, "SICKRelatedness": 8}
     assert "Spearman" in data["metrics"]["sts"]["protocol"]
     for column, model in enumerate(data["results"]):
         metrics = data["results"][model]
@@ -86,9 +84,8 @@ def test_evaluate_task_subset(tmp_path, capsys, static_model_dir):
     assert list(_table_rows(capsys.readouterr().out)) == ["STS-B", "SICK-R", "Avg."]
     data = json.loads(out.read_text())
     assert data["metrics"]["sts"]["tasks"] == ["STSBenchmark", "SICKRelatedness"]
-    assert set(data["results"][static_model_dir]) == {
-        "sts_stsbenchmark_spearman", "sts_sickrelatedness_spearman", "sts_avg_spearman"
-    }
+    assert set(data["results"][static_model_dir]) == {"sts_stsbenchmark_spearman", "sts_sickrelatedness_spearman",
+                                                      "sts_avg_spearman"}
 
 
 def _error_line(capsys) -> str:
@@ -99,26 +96,15 @@ def _error_line(capsys) -> str:
     return line
 
 
-def test_missing_senteval_dir_is_one_line_exit_2(tmp_path, capsys):
-    missing = tmp_path / "no-senteval"
-    assert main(["evaluate", "minilm", "--senteval-dir", str(missing)]) == 2
-    assert str(missing) in _error_line(capsys)
-
-
-def test_malformed_senteval_dir_is_one_line_exit_2(tmp_path, capsys):
-    import shutil
-
+def test_usage_errors_are_one_line_exit_2(tmp_path, capsys):
     tree = Path(shutil.copytree(FIXTURE, tmp_path / "senteval"))
-    (tree / "STS/STS14-en-test/STS.gs.images.txt").write_text("1.0\nfive\n2.0\n")
-    assert main(["evaluate", "minilm", "--senteval-dir", str(tree)]) == 2
-    assert "STS.gs.images.txt:2" in _error_line(capsys)
-
-
-def test_other_usage_errors(tmp_path, capsys):
-    assert main(["evaluate", "minilm"]) == 2
-    assert "--senteval-dir" in _error_line(capsys)
-    assert main(["evaluate", str(tmp_path / "no-model"), "--senteval-dir", str(FIXTURE)]) == 2
-    assert "no-model" in _error_line(capsys)
+    (tree / "STS/STS14-en-test/STS.gs.images.txt").write_text("1.0\nfive\n2.0\n")  # malformed
+    for argv, words in ((["minilm", "--senteval-dir", str(tmp_path / "no-senteval")], str(tmp_path / "no-senteval")),
+                        (["minilm", "--senteval-dir", str(tree)], "STS.gs.images.txt:2"),
+                        (["minilm"], "--senteval-dir"),
+                        ([str(tmp_path / "no-model"), "--senteval-dir", str(FIXTURE)], "no-model")):
+        assert main(["evaluate", *argv]) == 2
+        assert words in _error_line(capsys)
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", "minilm", "--senteval-dir", str(FIXTURE), "--tasks", "STS99"])
     assert exc.value.code == 2
@@ -173,30 +159,3 @@ def test_pairs_metrics_show_task_split_pooling_and_consistent_units(tmp_path, ca
             assert rows[label][column] == f"{100 * metrics[key]:.2f}"  # the table shows them x 100
         assert rows["Alignment"][column] == f"{metrics['alignment_alignment']:.2f}"  # raw
     assert data["results"]["minilm"]["retrieval_recall@1"] == 1.0  # 2 score-5 pairs in the dev fixture
-
-
-def test_foreign_code_is_refused_unless_trusted(tmp_path, capsys, monkeypatch, static_model_dir):
-    import shutil
-    import sys
-
-    folder = Path(shutil.copytree(static_model_dir, tmp_path / "foreign"))
-    modules = json.loads((folder / "modules.json").read_text())
-    modules[0]["type"] = "foreign_pkg.StaticEmbedding"
-    (folder / "modules.json").write_text(json.dumps(modules))
-    package = tmp_path / "site" / "foreign_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(
-        "from sentence_transformers.sentence_transformer.modules import StaticEmbedding\n"
-    )
-    monkeypatch.syspath_prepend(str(package.parent))
-    monkeypatch.delitem(sys.modules, "foreign_pkg", raising=False)
-    argv = ["evaluate", str(folder), "--senteval-dir", str(FIXTURE), "--tasks", "stsb", "--no-progress"]
-    assert main(argv) == 2
-    line = _error_line(capsys)
-    assert "foreign_pkg.StaticEmbedding" in line and "--trust-remote-code" in line
-    assert "foreign_pkg" not in sys.modules
-    try:
-        assert main([*argv, "--trust-remote-code"]) == 0
-        assert "STS-B" in capsys.readouterr().out
-    finally:
-        sys.modules.pop("foreign_pkg", None)

@@ -10,7 +10,12 @@ from st_prompts.cli import build_parser
 from st_prompts.commands.options import cli_text
 
 
-def _problems() -> list[str]:
+def test_the_walk_reaches_every_nested_sub_command():
+    assert {"st-prompts bank list", "st-prompts index info", "st-prompts train dcpcse", "st-prompts ski generate",
+            "st-prompts demo", "st-prompts serve"} <= {" ".join(path) for path, _ in parser_walk(build_parser())}
+
+
+def test_help_texts_are_plain_and_complete():
     problems = []
     for path, parser in parser_walk(build_parser()):
         where = " ".join(path)
@@ -30,18 +35,7 @@ def _problems() -> list[str]:
                 problems.append(f"{where} {name}: no help")
             elif "``" in action.help:
                 problems.append(f"{where} {name}: help shows ``")
-    return problems
-
-
-def test_the_walk_reaches_every_nested_sub_command():
-    paths = {" ".join(path) for path, _ in parser_walk(build_parser())}
-    for expected in ("st-prompts bank list", "st-prompts index info", "st-prompts train dcpcse",
-                     "st-prompts ski generate", "st-prompts demo", "st-prompts serve"):
-        assert expected in paths
-
-
-def test_help_texts_are_plain_and_complete():
-    assert _problems() == []
+    assert problems == []
 
 
 def test_cli_text_removes_rst_markup():

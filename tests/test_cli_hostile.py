@@ -1,9 +1,5 @@
-"""Every sub-command under hostile inputs answers with one line, never a traceback (issue 49, items 5 and 6).
-
-The walk gives every numeric option of every sub-command hostile numbers, and every sub-command a missing path, an
-empty string, a folder of other files and a damaged model folder: each run exits non-zero with exactly one
-``error:`` line (the last on stderr) and no ``Traceback``. Then the specific cases, and the catch-all of ``main``.
-"""
+"""Every sub-command under hostile inputs answers with one line, never a traceback: hostile numbers for every numeric
+option, missing, empty, foreign and damaged paths for every command, then specific cases and ``main``'s catch-all."""
 
 from __future__ import annotations
 
@@ -15,11 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import edit_json, one_error_line, parser_walk, save_plain
-from safetensors.torch import save_file
+from conftest import cli_error, edit_json, one_error_line, parser_walk, save_plain
+from safetensors.torch import load_file, save_file
 
 from st_prompts import cli
 from st_prompts.cli import build_parser, main
@@ -35,15 +32,10 @@ EXTRA = {"-k": ("0", "1" + "0" * 40), "--ef-search": (str(2**40),), "--rerank": 
 NEGATIVE_OK = {"--kappa-threshold"}
 
 
-def _leaves(parser: argparse.ArgumentParser):
-    for path, sub in parser_walk(parser, ()):
-        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
-            yield path, sub
-
-
 def _numeric_options():
+    """``(path, option, action)`` of every numeric option of every leaf command."""
     cases = []
-    for path, parser in _leaves(build_parser()):
+    for path, parser in parser_walk(build_parser(), ()):
         for action in parser._actions:
             if not action.option_strings or action.type is None or action.choices:
                 continue
@@ -60,29 +52,19 @@ NUMERIC = _numeric_options()
 PARSER = build_parser()
 
 
-def _run(argv: list[str], capsys, expected: bool = True) -> tuple[int, str]:
-    """``main(argv)`` in process: the exit status (argparse's ``SystemExit`` included) and the error line.
-    ``expected``: the error is one st_prompts raises on purpose (exit status 2), not the catch-all's (1)."""
-    try:
-        status = main(argv)
-    except SystemExit as exc:
-        status = exc.code
-    err = capsys.readouterr().err
-    assert status not in (0, None), f"{argv} succeeded"
-    line = one_error_line(err)
-    assert not expected or (status == 2 and ": error: unexpected " not in line), line
-    return status, line
+def _run(argv: list[str], capsys) -> str:
+    """The one error line of ``main(argv)``, asserted: exit status 2, an error st_prompts raises on purpose."""
+    line = cli_error(argv, capsys)
+    assert ": error: unexpected " not in line, line
+    return line
 
 
-def test_the_walk_covers_every_command_with_numbers():
+def test_the_walk_covers_every_command_and_our_numbers_are_range_checked():
+    """Every numeric option of train, bank, evaluate, plot, ski and demo goes through st_prompts.commands._numbers
+    (a bare int or float type would take -5 or 1e30)."""
     commands = {" ".join(path[:2]) for path, _, _ in NUMERIC}
     assert {"train dcpcse", "bank train", "evaluate", "plot similarity", "ski generate", "demo",
             "index build", "index search"} <= commands
-
-
-def test_numeric_options_of_our_commands_are_range_checked_helpers():
-    """Every numeric option of train, bank, evaluate, plot, ski and demo goes through st_prompts.commands._numbers
-    (a bare int or float type would take -5 or 1e30)."""
     bare = [(" ".join(path), option) for path, option, action in NUMERIC
             if path[0] in ("train", "bank", "evaluate", "plot", "ski", "demo") and action.type in (int, float)]
     assert bare == []
@@ -94,13 +76,10 @@ def test_every_numeric_option_refuses_hostile_numbers_in_one_line(path, option, 
     finite (nan, inf, -inf, 1e999)."""
     monkeypatch.setattr(cli, "build_parser", lambda: PARSER)  # one parser for the walk: parsing does not change it
     is_float = isinstance(action.type("5"), float)
-    accepted = []
     for value in HOSTILE_NUMBERS + (() if option in NEGATIVE_OK else ("-5",)) + EXTRA.get(option, ()):
-        status, line = _run([*path, f"{option}={value}"], capsys)
-        if (status != 2 or not line.startswith(f"st-prompts {' '.join(path)}: error: argument {option}")
-                or (is_float and value in NON_FINITE and "not a finite number" not in line)):
-            accepted.append((value, line))
-    assert accepted == []
+        line = _run([*path, f"{option}={value}"], capsys)
+        assert line.startswith(f"st-prompts {' '.join(path)}: error: argument {option}"), (value, line)
+        assert not (is_float and value in NON_FINITE) or "not a finite number" in line, (value, line)
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +162,10 @@ def tiny_bank(tmp_path_factory, tiny_bert):
     return path
 
 
-def _copy(folder: Path, tmp_path: Path, name: str) -> Path:
-    target = tmp_path / name
-    shutil.copytree(folder, target)
-    return target
+@pytest.fixture
+def bank(tiny_bank, tmp_path) -> Path:
+    """A copy of ``tiny_bank`` that a test may change."""
+    return Path(shutil.copytree(tiny_bank, tmp_path / "bank"))
 
 
 def _prompted_config(bank: Path) -> Path:
@@ -207,11 +186,10 @@ def _source(tmp_path: Path, options: dict, state: dict | None = None) -> Path:
 
 
 @pytest.mark.parametrize("length,expected", [(9_999_999, "from 1 to 16384"), (10_000, "position")])
-def test_bank_add_of_a_huge_prefix_length_is_refused_before_anything_is_allocated(tiny_bank, tmp_path, capsys,
+def test_bank_add_of_a_huge_prefix_length_is_refused_before_anything_is_allocated(bank, tmp_path, capsys,
                                                                                   monkeypatch, length, expected):
     from st_prompts.prompts import prefix
 
-    bank = _copy(tiny_bank, tmp_path, "bank")
     source = _source(tmp_path, {"prefix_length": length})
     built = []
     original = prefix.PrefixEncoder.__init__
@@ -221,8 +199,8 @@ def test_bank_add_of_a_huge_prefix_length_is_refused_before_anything_is_allocate
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(prefix.PrefixEncoder, "__init__", record)
-    status, line = _run(["bank", "add", str(bank), "big", str(source)], capsys)
-    assert status == 2 and "prefix_length" in line and expected in line, line
+    line = _run(["bank", "add", str(bank), "big", str(source)], capsys)
+    assert "prefix_length" in line and expected in line, line
     assert length not in built  # refused before the prefix was built
 
 
@@ -238,9 +216,8 @@ SOURCES = [("path", kind, None) for kind in ("missing", "other", "damaged", "emp
 
 
 @pytest.mark.parametrize("part,value,expected", SOURCES)
-def test_bank_add_of_a_hostile_source_is_one_line(tiny_bank, hostile, tmp_path, capsys, part, value, expected):
+def test_bank_add_of_a_hostile_source_is_one_line(bank, hostile, tmp_path, capsys, part, value, expected):
     """A missing, foreign, damaged or empty source path, a malformed config or modules.json, a dropout of 5."""
-    bank = _copy(tiny_bank, tmp_path, "bank")
     if part == "path":
         source = "" if value == "empty" else hostile[value]
     else:
@@ -248,32 +225,27 @@ def test_bank_add_of_a_hostile_source_is_one_line(tiny_bank, hostile, tmp_path, 
         (source / ("sentence_bert_config.json" if part == "config" else "modules.json")).write_text(value)
         (source / "p").mkdir()
         (source / "p" / "config.json").write_text("{broken")
-    line = _run(["bank", "add", str(bank), "x", str(source)], capsys)[1]
+    line = _run(["bank", "add", str(bank), "x", str(source)], capsys)
     assert expected is None or expected in line, line
 
 
-def test_bank_add_of_nan_prompts_says_the_file_holds_non_finite_values(tiny_bank, tmp_path, capsys):
-    bank = _copy(tiny_bank, tmp_path, "bank")
-    config = json.loads(_prompted_config(tiny_bank).read_text())
-    from safetensors.torch import load_file
-
+def test_bank_add_of_nan_prompts_says_the_file_holds_non_finite_values(tiny_bank, bank, tmp_path, capsys):
     from st_prompts.modules.checkpoint import PROMPTS_FILE
 
+    config = json.loads(_prompted_config(tiny_bank).read_text())
     state = load_file(str(_prompted_config(tiny_bank).parent / PROMPTS_FILE))
     state = {k: torch.full_like(v, float("nan")) for k, v in state.items()}
     source = _source(tmp_path, {"prompt_sets": config["prompt_sets"]}, state)
-    status, line = _run(["bank", "add", str(bank), "nan", str(source)], capsys)
-    assert status == 2 and "non-finite values" in line and "diverged" not in line, line
+    line = _run(["bank", "add", str(bank), "nan", str(source)], capsys)
+    assert "non-finite values" in line and "diverged" not in line, line
 
 
 @pytest.mark.parametrize("prompt_sets", [[1, 2], {"a": 3}, {"a": {"prefix_length": "x"}},
                                          {"a": {"prefix_length": 4, "exec": "rm -rf"}}, {"a": {}}])
-def test_a_bank_with_malformed_prompt_sets_is_refused_in_one_line(tiny_bank, tmp_path, capsys, prompt_sets):
-    bank = _copy(tiny_bank, tmp_path, "bank")
-    config_file = _prompted_config(bank)
-    edit_json(config_file, lambda config: {**config, "prompt_sets": prompt_sets})
-    status, line = _run(["bank", "list", str(bank)], capsys)
-    assert status == 2 and "unexpected" not in line, line
+def test_a_bank_with_malformed_prompt_sets_is_refused_in_one_line(bank, tmp_path, capsys, prompt_sets):
+    edit_json(_prompted_config(bank), lambda config: {**config, "prompt_sets": prompt_sets})
+    line = _run(["bank", "list", str(bank)], capsys)
+    assert "unexpected" not in line, line
 
 
 @pytest.mark.parametrize("option,value", [("--temperature", "0"), ("--temperature", "-0.05"),
@@ -281,29 +253,24 @@ def test_a_bank_with_malformed_prompt_sets_is_refused_in_one_line(tiny_bank, tmp
                                           ("--seed", str(2**32)), ("--warmup-ratio", "5"),
                                           ("--max-encode-length", "0")])
 def test_out_of_range_training_options_are_refused_at_parse_time(option, value, capsys):
-    status, line = _run(["train", "dcpcse", option, value], capsys)
-    assert status == 2 and f"argument {option}" in line, line
+    line = _run(["train", "dcpcse", option, value], capsys)
+    assert f"argument {option}" in line, line
 
 
-def test_a_max_encode_length_beyond_the_backbone_is_refused_before_training(tiny_bert, data_dir, tmp_path, capsys,
-                                                                            monkeypatch):
+@pytest.mark.parametrize("extra,words", [(["--max-encode-length", "100000"], ("max_encode_length=100000 exceeds",)),
+                                         *((["--prefix-length", "10000", gate], ("prefix_length=10000", "position"))
+                                           for gate in ("--prefix-gate", "--no-prefix-gate"))])
+def test_a_length_beyond_the_backbone_is_refused_before_anything_is_built(tiny_bert, data_dir, tmp_path, capsys,
+                                                                          monkeypatch, extra, words):
+    from st_prompts.prompts import prefix
     from st_prompts.training import run as training_run
 
     monkeypatch.setattr(training_run, "stage_trainer", lambda *a, **k: pytest.fail("training started"))
-    status, line = _run(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--output",
-                         str(tmp_path / "m"), "--max-encode-length", "100000", "--no-progress"], capsys)
-    assert status == 2 and "max_encode_length=100000 exceeds" in line, line
-
-
-@pytest.mark.parametrize("gate", ["--prefix-gate", "--no-prefix-gate"])
-def test_a_prefix_longer_than_the_position_table_is_refused_before_it_is_built(tiny_bert, data_dir, tmp_path, capsys,
-                                                                                monkeypatch, gate):
-    from st_prompts.prompts import prefix
-
-    monkeypatch.setattr(prefix.PrefixEncoder, "__init__", lambda *a, **k: pytest.fail("the prefix was built"))
-    status, line = _run(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--output",
-                         str(tmp_path / "m"), "--prefix-length", "10000", gate, "--no-progress"], capsys)
-    assert status == 2 and "prefix_length=10000" in line and "position" in line, line
+    if "--prefix-length" in extra:
+        monkeypatch.setattr(prefix.PrefixEncoder, "__init__", lambda *a, **k: pytest.fail("the prefix was built"))
+    line = _run(["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--output",
+                 str(tmp_path / "m"), *extra, "--no-progress"], capsys)
+    assert all(word in line for word in words), line
 
 
 @pytest.mark.parametrize("argv", [["train", "dcpcse", "--max-steps", "1", "--batch-size", "4", "--no-progress"],
@@ -313,18 +280,17 @@ def test_a_damaged_backbone_is_one_line_naming_it(hostile, data_dir, tmp_path, c
         argv = [*argv, "--backbone", hostile["damaged"], "--data-dir", str(data_dir), "--output", str(tmp_path / "m")]
     else:
         argv = [*argv, str(tmp_path / "b"), "--backbone", hostile["damaged"]]
-    status, line = _run(argv, capsys)
-    assert status == 2 and f"cannot load the backbone {hostile['damaged']!r}" in line, line
+    line = _run(argv, capsys)
+    assert f"cannot load the backbone {hostile['damaged']!r}" in line, line
     assert "SafetensorError" in line or "damaged" in line
 
 
-def test_a_planted_lock_file_symlink_is_refused_and_its_target_untouched(tiny_bank, tmp_path, capsys):
-    bank = _copy(tiny_bank, tmp_path, "bank")
+def test_a_planted_lock_file_symlink_is_refused_and_its_target_untouched(bank, tmp_path, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     (tmp_path / ".bank.st-prompts.lock").symlink_to(victim)
-    status, line = _run(["bank", "roles", str(bank), "--default", "a"], capsys)
-    assert status == 2 and "symbolic link" in line, line
+    line = _run(["bank", "roles", str(bank), "--default", "a"], capsys)
+    assert "symbolic link" in line, line
     assert victim.read_text() == "precious\n"
 
 
@@ -344,25 +310,14 @@ def test_an_encoder_with_a_hostile_chat_template_evaluates_without_rendering_it(
     assert time.perf_counter() - start < 120
 
 
-class _Attention(torch.nn.Module):
-    is_causal = True
-
-
-class _Decoder:
-    """A stand-in decoder module: causal attention, a "message" modality and a tokenizer whose template renders
-    with ``render``."""
-
-    def __init__(self, render):
-        self.auto_model = torch.nn.Sequential(_Attention())
-        self.modality_config = {"text": {}, "message": {}}
-
-        class Tokenizer:
-            chat_template = "{{ x }}"
-
-            def apply_chat_template(self, *args, **kwargs):
-                return render()
-
-        self.tokenizer = self.processor = Tokenizer()
+def _module(render, causal: bool = True) -> SimpleNamespace:
+    """A stand-in model module: attention (``causal`` or not), a "message" modality and a tokenizer whose template
+    renders with ``render``."""
+    attention = torch.nn.Module()
+    attention.is_causal = causal
+    tokenizer = SimpleNamespace(chat_template="{{ x }}", apply_chat_template=lambda *args, **kwargs: render())
+    return SimpleNamespace(auto_model=torch.nn.Sequential(attention), modality_config={"text": {}, "message": {}},
+                           tokenizer=tokenizer, processor=tokenizer)
 
 
 def _hang():
@@ -377,7 +332,7 @@ def test_a_decoder_chat_template_renders_within_a_time_and_size_bound(monkeypatc
     from st_prompts.modules import chat_templates
 
     monkeypatch.setattr(chat_templates, "RENDER_SECONDS", 0.3)
-    module = _Decoder(render)
+    module = _module(render)
     chat_templates.guard_chat_templates(module)
     assert "message" in module.modality_config  # a decoder keeps its template
     with pytest.raises(ConfigurationError, match=expected):
@@ -387,12 +342,7 @@ def test_a_decoder_chat_template_renders_within_a_time_and_size_bound(monkeypatc
 def test_an_encoder_loses_its_message_modality_and_template():
     from st_prompts.modules import chat_templates
 
-    module = _Decoder(lambda: "x")
-    _Attention.is_causal = False
-    try:
-        chat_templates.guard_chat_templates(module)
-    finally:
-        _Attention.is_causal = True
+    module = chat_templates.guard_chat_templates(_module(lambda: "x", causal=False))
     assert "message" not in module.modality_config and module.tokenizer.chat_template is None
 
 
@@ -414,26 +364,22 @@ def _with_runner(monkeypatch, runner):
     monkeypatch.setattr(cli, "build_parser", build)
 
 
-def test_an_unexpected_exception_is_one_line_with_what_to_do(monkeypatch, capsys):
-    monkeypatch.delenv("ST_PROMPTS_TRACEBACK", raising=False)
-    _with_runner(monkeypatch, _explode)
-    assert main(["demo"]) == 1
-    line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("st-prompts demo: error: unexpected RuntimeError in test_cli_hostile.py:")
-    assert "kaboom \\x1b[31mred" in line and "second line" not in line and "x" * 400 not in line
-    assert "ST_PROMPTS_TRACEBACK=1" in line and "--traceback" in line and "report it" in line
-
-
-@pytest.mark.parametrize("how", ["flag", "env"])
-def test_the_traceback_is_shown_on_request(monkeypatch, capsys, how):
+@pytest.mark.parametrize("how", ["", "flag", "env"])
+def test_an_unexpected_exception_is_one_line_with_what_to_do_or_a_traceback_on_request(monkeypatch, capsys, how):
     monkeypatch.delenv("ST_PROMPTS_TRACEBACK", raising=False)
     _with_runner(monkeypatch, _explode)
     if how == "env":
         monkeypatch.setenv("ST_PROMPTS_TRACEBACK", "1")
     assert main(["--traceback", "demo"] if how == "flag" else ["demo"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and "_explode" in err and "\x1b" not in err
-    assert err.strip().splitlines()[-1].startswith("st-prompts demo: error: unexpected RuntimeError")
+    if how:
+        assert "Traceback (most recent call last)" in err and "_explode" in err and "\x1b" not in err
+        assert err.strip().splitlines()[-1].startswith("st-prompts demo: error: unexpected RuntimeError")
+        return
+    line = one_error_line(err)
+    assert line.startswith("st-prompts demo: error: unexpected RuntimeError in test_cli_hostile.py:")
+    assert "kaboom \\x1b[31mred" in line and "second line" not in line and "x" * 400 not in line
+    assert "ST_PROMPTS_TRACEBACK=1" in line and "--traceback" in line and "report it" in line
 
 
 def test_keyboard_interrupt_stays_one_line(monkeypatch, capsys):
@@ -447,7 +393,7 @@ def test_keyboard_interrupt_stays_one_line(monkeypatch, capsys):
 
 def test_the_real_entry_point_turns_an_unexpected_exception_into_one_line(tmp_path):
     """Through the installed ``st-prompts`` script: a ``sitecustomize`` makes ``bank list`` fail unexpectedly. (The
-    traceback on request: ``test_the_traceback_is_shown_on_request``, in process.)"""
+    traceback on request: in process, above.)"""
     (tmp_path / "sitecustomize.py").write_text(
         "import st_prompts.commands.bank as b\n"
         "def boom(args):\n    raise KeyError('planted')\n"

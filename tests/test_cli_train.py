@@ -16,7 +16,8 @@ from st_prompts.methods import settings as preset
 
 
 @pytest.mark.parametrize("supervised", [False, True])
-def test_train_command_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, capsys, supervised):
+def test_train_command_saves_a_loadable_model_with_a_card(tiny_bert, data_dir, tmp_path, capsys, supervised):
+    """A model and its prompts-only checkpoint that encode alike, each with the card a downloader reads first."""
     out = tmp_path / "model"
     argv = ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "2",
             "--batch-size", "4", "--eval-steps", "1", "--output", str(out), "--prompts-only", "--no-progress"]
@@ -29,6 +30,22 @@ def test_train_command_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, cap
     full = SentenceTransformer(str(out), trust_remote_code=True)
     small = SentenceTransformer(str(out) + "-prompts", trust_remote_code=True)
     np.testing.assert_array_equal(full.encode(SENTENCES), small.encode(SENTENCES))
+    card = (out / "README.md").read_text()
+    # st-prompts is not on PyPI: the card installs it from source and keeps the published line as a note
+    assert "pip install -e path/to/st_prompts" in card and "# once it is published: pip install -U st-prompts" in card
+    assert "pip install -U sentence-transformers st-prompts" not in card
+    # the saved max_seq_length (trained at 32): 64 positions, less the prefix if ungated (unsupervised: 16)
+    config = json.loads(next(out.rglob("sentence_bert_config.json")).read_text())
+    assert config["max_seq_length"] in ((52, 64) if supervised else (48, 64)) and config["max_seq_length"] > 32
+    assert f"**Encodes:** up to {config['max_seq_length']} tokens per text" in card
+    assert "trust_remote_code=True" in card and "load_sentence_model" in card
+    assert "**Method:** dcpcse" in card and "Deep Continuous Prompt" in card
+    assert f"**Backbone:** {Path(tiny_bert).name} (frozen)" in card
+    assert "**Trained parameters:**" in card and "**STS-B dev Spearman of the selected checkpoint:**" in card
+    assert "source_sentence: A man with a hard hat is dancing." in card
+    assert "sentence_transformers_model_id" not in card
+    prompts_card = (Path(str(out) + "-prompts") / "README.md").read_text()
+    assert "Prompts-only checkpoint" in prompts_card and "trust_remote_code=True" in prompts_card
 
 
 def test_train_command_reports_bad_data_dir(tiny_bert, tmp_path, capsys):
@@ -85,49 +102,10 @@ def test_offline_hub_download_fails_with_a_clear_message(monkeypatch):
         load_training_dataset(False, None)
 
 
-def test_interrupt_prints_one_line(monkeypatch, capsys):
-    import st_prompts.commands.train as train_command
-
-    def interrupted(args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_command, "run_training", lambda *a, **k: interrupted(a))
-    assert main(["train", "dcpcse", "--max-steps", "1"]) == 130
-    err = capsys.readouterr().err
-    assert err.strip() == "st-prompts train: interrupted"
-
-
-def test_a_trained_model_carries_a_card_that_says_how_to_load_it(tiny_bert, data_dir, tmp_path):
-    """The card a person who downloads the model reads first: install line, how to load it (with and without
-    trust_remote_code), the method, the backbone, the trained share and the STS-B dev reading; real sentence pairs as
-    widget examples; a prompts-only checkpoint gets its own card."""
-    out = tmp_path / "model"
-    argv = ["train", "dcpcse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "2",
-            "--batch-size", "4", "--eval-steps", "1", "--output", str(out), "--prompts-only", "--no-progress"]
-    assert main(argv) == 0
-    card = (out / "README.md").read_text()
-    # st-prompts is not on PyPI: the card installs it from source and keeps the published line as a note
-    assert "pip install -e path/to/st_prompts" in card and "# once it is published: pip install -U st-prompts" in card
-    assert "pip install -U sentence-transformers st-prompts" not in card
-    # the saved max_seq_length (trained at 32): 64 positions, less 16 for an ungated prefix (a gated one takes none)
-    config = json.loads(next(out.rglob("sentence_bert_config.json")).read_text())
-    assert config["max_seq_length"] in (48, 64) and config["max_seq_length"] > 32
-    assert f"**Encodes:** up to {config['max_seq_length']} tokens per text" in card
-    assert "trust_remote_code=True" in card and "load_sentence_model" in card
-    assert "**Method:** dcpcse" in card and "Deep Continuous Prompt" in card
-    assert f"**Backbone:** {Path(tiny_bert).name} (frozen)" in card
-    assert "**Trained parameters:**" in card and "**STS-B dev Spearman of the selected checkpoint:**" in card
-    assert "source_sentence: A man with a hard hat is dancing." in card
-    assert "sentence_transformers_model_id" not in card
-    prompts_card = (Path(str(out) + "-prompts") / "README.md").read_text()
-    assert "Prompts-only checkpoint" in prompts_card and "trust_remote_code=True" in prompts_card
-
-
 def test_every_long_phase_says_one_line_with_no_progress_and_dev_limit_bounds_selection(tiny_bert, data_dir,
                                                                                         tmp_path, capsys):
-    """With --no-progress (no bars) each long phase still logs a line on stderr: loading the backbone, the data read
-    (with its size), training (steps), each evaluation (with its size), saving. --dev-limit selects on a bounded,
-    evenly spaced share of STS-B dev and reports the selected weights' score on the whole set."""
+    """With --no-progress each long phase still logs a line (backbone, data and its size, training, each evaluation,
+    saving); --dev-limit selects on a share of STS-B dev and reports the selected weights' score on the whole set."""
     from st_prompts.evaluation.sts import stsb_dev_evaluator
 
     total = len(stsb_dev_evaluator(str(data_dir / "senteval")).sentences1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,21 +13,16 @@ from safetensors import safe_open
 from sentence_transformers import SentenceTransformer
 from transformers import BertForMaskedLM, BertTokenizerFast
 
-from conftest import SPECIAL, WORDS, tiny_config
-from st_prompts import methods
-from st_prompts.losses.crtd.corruption import (
-    CorruptionCache,
-    ReplacedTokenMasking,
-    crtd_labels,
-    prepare_corruptions,
-    token_rows,
-)
-from st_prompts.losses.crtd.generators import BackboneMLMGenerator, HubMaskedLMGenerator, MaskedLMGenerator
+from conftest import FIXTURES, SPECIAL, WORDS, cli_error, tiny_config
+from st_prompts import methods, save_prompts_only
+from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, CorruptionCacheError, VocabularyMismatchError
 from st_prompts.losses import CRTDLoss
 from st_prompts.losses.crtd import BatchNormMLPPooler
+from st_prompts.losses.crtd.corruption import (CorruptionCache, ReplacedTokenMasking, crtd_labels, prepare_corruptions,
+                                               token_rows)
+from st_prompts.losses.crtd.generators import BackboneMLMGenerator, HubMaskedLMGenerator, MaskedLMGenerator
 
-FIXTURES = Path(__file__).parent / "fixtures"
 SENTENCES = (FIXTURES / "d2cse" / "train" / "wiki_sentences.txt").read_text().split("\n")[:-1]
 
 
@@ -99,19 +93,13 @@ def test_crtd_labels_are_exactly_the_positions_whose_token_differs(tiny_bert, tm
     corrupted = loss.corruptions.corrupt(original, attention)
     labels, detect = crtd_labels(original, corrupted, attention, loss.special_ids)
     kept_the = 0
-    for i in range(original.shape[0]):
+    for i, (row, new) in enumerate(zip(original, corrupted)):
         n = int(attention[i].sum())
-        _, selected = masking(original[i, :n].tolist())
-        for j in range(original.shape[1]):
-            if j >= n:  # padding: untouched, never detected
-                assert corrupted[i, j] == original[i, j] and not detect[i, j]
-                continue
-            if j < n and not selected[j]:
-                assert corrupted[i, j] == original[i, j]
-            else:
-                assert corrupted[i, j] == the
-                kept_the += int(original[i, j] == the)
-            assert labels[i, j] == int(corrupted[i, j] != original[i, j])
+        selected = torch.from_numpy(masking(row[:n].tolist())[1])
+        assert torch.equal(new[n:], row[n:]) and not detect[i, n:].any()  # padding: untouched, never detected
+        assert torch.equal(new[:n][~selected], row[:n][~selected]) and (new[:n][selected] == the).all()
+        kept_the += int((row[:n][selected] == the).sum())
+        assert torch.equal(labels[i], (new != row).to(labels.dtype))
         assert not detect[i, 0] and not detect[i, n - 1]  # [CLS] and [SEP]
     assert kept_the > 0  # a "replacement" by the same token happened and counts as original
     assert labels.sum() > 0
@@ -119,12 +107,8 @@ def test_crtd_labels_are_exactly_the_positions_whose_token_differs(tiny_bert, tm
     # The loss trains on exactly these labels, over exactly the detectable positions.
     seen = {}
     cross_entropy = torch.nn.functional.cross_entropy
-
-    def spy(logits, targets, *args, **kwargs):
-        seen["targets"] = targets.clone()
-        return cross_entropy(logits, targets, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "cross_entropy", spy)
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda logits, targets, *args, **kwargs: seen.update(
+        targets=targets.clone()) or cross_entropy(logits, targets, *args, **kwargs))
     model.train()
     batch = [model.preprocess(SENTENCES), model.preprocess(SENTENCES)]
     loss(batch, None)
@@ -203,8 +187,7 @@ def test_crtd_gradient_reaches_prompts_cls_prompt_and_original_pass_never_the_ba
 
 @pytest.mark.parametrize("weight", [0.005, 0.5])
 def test_crtd_part_is_lambda_times_the_detection_cross_entropy(tiny_backbones, tmp_path, weight):
-    """The loss's CRTD part equals λ times a cross-entropy computed here by hand (log-softmax of the head's logits at
-    every detected position, averaged), and the total is InfoNCE plus that part. No dropout, so every pass repeats."""
+    """λ times a cross-entropy by hand over every detected position (no dropout, so every pass repeats)."""
     from st_prompts.losses.crtd.corruption import crtd_labels
     from st_prompts.modules import CLS_OVERRIDE
 
@@ -232,7 +215,7 @@ def test_crtd_part_is_lambda_times_the_detection_cross_entropy(tiny_backbones, t
     assert set(parts) == {"contrastive", "crtd"}
 
 
-def test_batch_with_empty_strings_gives_a_finite_loss(tiny_bert, tmp_path):
+def test_the_crtd_loss_on_empty_unknown_or_unprepared_sentences_and_out_of_training(tiny_bert, tmp_path):
     model = build(tiny_bert)
     loss = prepared_loss(model, tmp_path)
     model.train()
@@ -245,30 +228,21 @@ def test_batch_with_empty_strings_gives_a_finite_loss(tiny_bert, tmp_path):
     assert all(torch.isfinite(v) for v in parts.values())
     assert parts["crtd"] == 0  # nothing to detect: masked out of the mean, not NaN
     sum(parts.values()).backward()
-
-
-def test_training_only_parts_follow_the_models_mode(tiny_bert, tmp_path):
-    model = build(tiny_bert)
-    loss = prepared_loss(model, tmp_path)
+    # unprepared or unknown sentences are refused (lambda = 0 needs no corruption)
+    batch = [model.preprocess(SENTENCES[:2]), model.preprocess(SENTENCES[:2])]
+    with pytest.raises(CorruptionCacheError, match="prepare"):
+        CRTDLoss(model)(batch, None)
+    other = ["green water and red music", "green water and red music"]
+    with pytest.raises(CorruptionCacheError, match="no corrupted copy"):
+        loss([model.preprocess(other), model.preprocess(other)], None)
+    assert set(CRTDLoss(model, crtd_weight=0.0)(batch, None)) == {"contrastive"}
+    # the training-only parts follow the model's mode
     model.eval()
     batch = [model.preprocess(SENTENCES[:4]), model.preprocess(SENTENCES[:4])]
     assert set(loss(batch, None)) == {"contrastive"}
     model.train()
     assert set(loss(batch, None)) == {"contrastive", "crtd"}
     assert not any(isinstance(m, torch.nn.BatchNorm1d) and m.track_running_stats for m in loss.modules())
-
-
-def test_loss_refuses_unprepared_or_unknown_sentences(tiny_bert, tmp_path):
-    model = build(tiny_bert)
-    model.train()
-    batch = [model.preprocess(SENTENCES[:2]), model.preprocess(SENTENCES[:2])]
-    with pytest.raises(CorruptionCacheError, match="prepare"):
-        CRTDLoss(model)(batch, None)
-    loss = prepared_loss(model, tmp_path)
-    other = ["green water and red music", "green water and red music"]
-    with pytest.raises(CorruptionCacheError, match="no corrupted copy"):
-        loss([model.preprocess(other), model.preprocess(other)], None)
-    assert set(CRTDLoss(model, crtd_weight=0.0)(batch, None)) == {"contrastive"}  # λ = 0 needs no corruption
 
 
 def test_pooler_is_diffcse_projection_mlp():
@@ -290,7 +264,8 @@ def _tiny_mlm(path, words) -> str:
     return str(path)
 
 
-def test_generator_with_another_vocabulary_is_refused(tiny_bert, tmp_path):
+def test_generator_with_another_vocabulary_is_refused_here_and_by_the_train_command(tiny_bert, data_dir, tmp_path,
+                                                                                   capsys):
     model = build(tiny_bert)
     other = _tiny_mlm(tmp_path / "other", list(reversed(WORDS)))
     with pytest.raises(VocabularyMismatchError, match="does not share the encoder's vocabulary"):
@@ -300,6 +275,10 @@ def test_generator_with_another_vocabulary_is_refused(tiny_bert, tmp_path):
         loss.prepare(SENTENCES)
     with pytest.raises(ConfigurationError, match="no trained masked-LM head"):
         HubMaskedLMGenerator(tiny_bert, encoder_tokenizer=model[0].tokenizer)  # a backbone without MLM head
+    argv = ["train", "d2cse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "1",
+            "--batch-size", "4", "--prefix-length", "3", "--generator", other, "--output", str(tmp_path / "m"),
+            "--corruption-cache", str(tmp_path / "c"), "--no-progress"]
+    assert "does not share the encoder's vocabulary" in cli_error(argv, capsys)
 
 
 def test_hub_generator_sharing_the_vocabulary_corrupts(tiny_bert, tiny_backbones, tmp_path):
@@ -364,12 +343,8 @@ def test_cache_of_another_generator_or_ratio_is_not_reused(tiny_bert, tiny_backb
     assert len(list(tmp_path.glob("corruptions-*.npz"))) == 4
     # A cache file named explicitly but made with another ratio is refused, not mixed in.
     with pytest.raises(CorruptionCacheError, match="masking_ratio"):
-        prepare_corruptions(model, SENTENCES, masking_ratio=0.15, cache_file=first_path(tmp_path, first),
-                            generator_options=options, show_progress=False)
-
-
-def first_path(cache_dir, cache) -> str:
-    return str(CorruptionCache.path_for(cache_dir, cache.identity))
+        prepare_corruptions(model, SENTENCES, masking_ratio=0.15, generator_options=options, show_progress=False,
+                            cache_file=str(CorruptionCache.path_for(tmp_path, first.identity)))
 
 
 def test_cache_grows_without_changing_what_it_holds(tiny_bert, tmp_path):
@@ -399,12 +374,13 @@ def _train_tiny(backbone, tmp_path, supervised=False, **overrides):
     return train(settings, dataset, show_progress_bar=False)
 
 
-def test_crtd_head_and_pooler_appear_nowhere_in_the_saved_folders(tiny_bert, tmp_path):
-    from st_prompts import save_prompts_only
-
-    model, result = _train_tiny(tiny_bert, tmp_path)
+def test_saved_folders_keep_the_cls_prompt_and_hold_no_crtd_head_or_pooler(tiny_bert, tmp_path):
+    model, result = _train_tiny(tiny_bert, tmp_path, learning_rate=0.5)
     assert result.stage_reports["train"]["replaced_share"] > 0
     encoder = model[0]
+    trained = encoder.shallow_prompt.embeddings.detach()[encoder.cls_prompt_slot].clone()
+    cls_id = encoder.tokenizer.cls_token_id
+    assert not torch.allclose(trained, encoder.auto_model.get_input_embeddings().weight[cls_id])  # it trained
     allowed = set(encoder.auto_model.state_dict())
     for kind, save in (("full", model.save), ("prompts", lambda p: save_prompts_only(model, p))):
         folder = tmp_path / kind
@@ -416,36 +392,20 @@ def test_crtd_head_and_pooler_appear_nowhere_in_the_saved_folders(tiny_bert, tmp
                     names.extend(handle.keys())
             elif path.suffix == ".json":  # configs (the model card README names the loss class, as it should)
                 texts.append(path.read_text().lower())
-        prompt_keys = set(encoder.prompt_state_dict())
         own = set(names) - allowed  # tensors that are not the backbone's own (BERT's backbone has a 'pooler')
-        assert own == prompt_keys  # the soft prompts, nothing else
+        assert own == set(encoder.prompt_state_dict())  # the soft prompts, nothing else
         for forbidden in ("crtd", "pooler", "batchnorm", "running_mean", "running_var", "num_batches", "net."):
             assert not any(forbidden in n.lower() for n in own), forbidden
             assert not any(forbidden in t for t in texts if forbidden != "pooler"), forbidden
         loaded = SentenceTransformer(str(folder), trust_remote_code=True)
         assert [type(m).__name__ for m in loaded] == ["PromptedTransformer", "Pooling"]
-        assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in loaded.modules())
+        assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in loaded.modules()) and loaded[0].cls_prompt
+        torch.testing.assert_close(loaded[0].shallow_prompt.embeddings[loaded[0].cls_prompt_slot], trained, rtol=0,
+                                   atol=0)
+        np.testing.assert_array_equal(loaded.encode(SENTENCES[:5] + [""]), model.encode(SENTENCES[:5] + [""]))
 
 
-@pytest.mark.parametrize("prompts_only", [False, True])
-def test_save_and_load_keep_the_cls_prompt(tiny_bert, tmp_path, prompts_only):
-    from st_prompts import save_prompts_only
-
-    model, _ = _train_tiny(tiny_bert, tmp_path, learning_rate=0.5)
-    encoder = model[0]
-    trained = encoder.shallow_prompt.embeddings.detach()[encoder.cls_prompt_slot].clone()
-    cls_id = encoder.tokenizer.cls_token_id
-    assert not torch.allclose(trained, encoder.auto_model.get_input_embeddings().weight[cls_id])  # it trained
-    path = str(tmp_path / "saved")
-    save_prompts_only(model, path) if prompts_only else model.save(path)
-    loaded = SentenceTransformer(path, trust_remote_code=True)
-    assert loaded[0].cls_prompt
-    torch.testing.assert_close(loaded[0].shallow_prompt.embeddings[loaded[0].cls_prompt_slot], trained, rtol=0, atol=0)
-    sentences = SENTENCES[:5] + [""]
-    np.testing.assert_array_equal(loaded.encode(sentences), model.encode(sentences))
-
-
-def test_paper_presets_follow_table_7():
+def test_presets_follow_table_7_and_the_generator_constant_matches():
     def row(supervised, backbone=None):
         s = methods.settings("d2cse", supervised=supervised, scale="paper", backbone=backbone)
         return (s.batch_size, s.learning_rate, s.masking_ratio, s.crtd_weight, s.epochs, s.prefix_length, s.cls_prompt)
@@ -470,9 +430,6 @@ def test_paper_presets_follow_table_7():
     assert (supervised.learning_rate, supervised.cls_prompt) == (1e-1, True)
     with pytest.raises(ConfigurationError, match="masking_ratio"):
         methods.settings("d2cse", scale="cpu", masking_ratio=0.0)
-
-
-def test_generator_constant_matches_the_generators_module():
     from st_prompts.losses.crtd.generators import BACKBONE_GENERATOR
     from st_prompts.methods.d2cse.config import BACKBONE_GENERATOR as light
 
@@ -488,8 +445,6 @@ def data_dir(tmp_path):
 
 @pytest.mark.parametrize("supervised", [False, True])
 def test_train_command_end_to_end(tiny_bert, data_dir, tmp_path, capsys, supervised):
-    from st_prompts.cli import main
-
     out = tmp_path / "model"
     argv = ["train", "d2cse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "3",
             "--limit", "256", "--batch-size", "4", "--prefix-length", "3", "--eval-steps", "2", "--output", str(out),
@@ -504,30 +459,3 @@ def test_train_command_end_to_end(tiny_bert, data_dir, tmp_path, capsys, supervi
     full = SentenceTransformer(str(out), trust_remote_code=True)
     small = SentenceTransformer(str(out) + "-prompts", trust_remote_code=True)
     np.testing.assert_array_equal(full.encode(SENTENCES), small.encode(SENTENCES))
-
-
-def test_train_command_reports_a_foreign_generator(tiny_bert, data_dir, tmp_path, capsys):
-    from st_prompts.cli import main
-
-    other = _tiny_mlm(tmp_path / "other", list(reversed(WORDS)))
-    argv = ["train", "d2cse", "--backbone", tiny_bert, "--data-dir", str(data_dir), "--max-steps", "1",
-            "--batch-size", "4", "--prefix-length", "3", "--generator", other, "--output", str(tmp_path / "m"),
-            "--corruption-cache", str(tmp_path / "c"), "--no-progress"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "does not share the encoder's vocabulary" in err and "Traceback" not in err
-
-
-def test_d2cse_options_are_listed_without_importing_torch():
-    """The method file and its generated options stay light (the whole CLI's --help is tested in test_methods)."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from st_prompts.commands.train import method_parser\n"
-            "print(method_parser('d2cse', 'D2CSE').format_help())\n"
-            "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets') if m in sys.modules]\n"
-            "print('HEAVY', heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "HEAVY []" in out
-    for flag in ("--cls-prompt", "--crtd-weight", "--masking-ratio", "--generator", "--corruption-cache"):
-        assert flag in out

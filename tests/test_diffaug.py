@@ -1,9 +1,5 @@
-"""DiffAug on tiny random backbones: prefix views, [MASK] pooling and template denoising, the two stages (triplet
-batches, the training-only MLP, the official stage-1 schedule), delta/kappa, model selection over a trainable
-backbone, stage-1 checkpoints and bad input, end to end.
-
-The mechanism tests start the prefix at std 0.5 (``prefix_init_std``): at the official initialisation (the backbone's
-``initializer_range``, tested in test_prompted_transformer.py) a tiny random backbone's two views differ by 1e-6."""
+"""DiffAug on tiny random backbones, from prefix views to end to end. The prefix starts at std 0.5
+(``prefix_init_std``): at the official initialisation a tiny random backbone's two views differ by 1e-6."""
 
 from __future__ import annotations
 
@@ -13,10 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SENTENCES, transformers_cache
+from conftest import SENTENCES, cli_error, transformers_cache
+from datasets import Dataset
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_prompts import methods
+from st_prompts.cli import main
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 from st_prompts.prompts.prefix import prefix_view_mask
 
@@ -34,6 +33,11 @@ def build(backbone, **overrides):
     return settings, methods.get("diffaug").build_model(settings)
 
 
+def stage_data(settings, data_dir) -> dict:
+    """Each stage's training data, by stage name."""
+    return {s.name: s.load_data(settings, data_dir, None) for s in methods.get("diffaug").stages(settings)}
+
+
 def features_of(model, texts, view=None, num_views=2):
     features = model.preprocess(list(texts))
     if view is not None:
@@ -46,7 +50,7 @@ def embed(model, texts, view=None):
         return model(features_of(model, texts, view))["sentence_embedding"]
 
 
-def test_template_constant_and_paper_presets():
+def test_presets_and_bad_settings():
     from st_prompts.methods.diffaug.config import PROMPTBERT_TEMPLATE as light
     from st_prompts.prompts.shallow import PROMPTBERT_TEMPLATE
 
@@ -66,41 +70,26 @@ def test_template_constant_and_paper_presets():
     assert semi.denoising_positions == "official"
     assert semi.eval_steps == sup.eval_steps == 50  # run scripts and appendix A: STS-B dev every 50 steps
     assert methods.get("diffaug").prompts_only is False
-
-
-def test_cpu_preset_stage1_rate_is_the_one_selected_away_from_the_cliff():
-    """1e-2 led on one host and collapsed stage 1 on another (docs/methods/diffaug.md); 3e-3 was selected on STS-B
-    dev in both settings. The paper preset keeps the official 1e-3."""
-    for supervised in (False, True):
-        assert methods.settings("diffaug", supervised, "cpu").stage1_learning_rate == 3e-3
-        assert methods.settings("diffaug", supervised, "paper").stage1_learning_rate == 1e-3
-
-
-def test_template_pooling_everywhere_but_the_packaged_minilm():
-    """The paper's template [MASK] pooling is the default; only the CPU preset on the packaged MiniLM (no MLM head,
-    [MASK] state at chance in benchmarks/results/diffaug_probe.md) pools [CLS] without the template, and says so."""
-    assert methods.settings("diffaug", False, "paper").pooling == "mask"
-    assert methods.settings("diffaug", True, "paper", backbone="minilm").pooling == "mask"
+    # the template's [MASK] pooling everywhere but the CPU preset on the packaged MiniLM (no MLM head, [MASK] state at
+    # chance: benchmarks/results/diffaug_probe.md); the CPU stage-1 rate selected away from 1e-2's collapse
+    assert methods.settings("diffaug", True, "paper", backbone="minilm").pooling == semi.pooling == "mask"
     for supervised in (False, True):
         cpu = methods.settings("diffaug", supervised, "cpu")
         assert (cpu.backbone, cpu.pooling, cpu.uses_template) == ("minilm", "cls", False)
         assert methods.settings("diffaug", supervised, "cpu", pooling="mask").uses_template
+        assert cpu.stage1_learning_rate == 3e-3
+        assert methods.settings("diffaug", supervised, "paper").stage1_learning_rate == 1e-3
     assert methods.settings("diffaug", False, "cpu", backbone="bert-base-uncased").pooling == "mask"
-
-
-def test_bad_settings_are_refused():
-    with pytest.raises(ConfigurationError, match="skip-stage1"):
-        methods.settings("diffaug", False, "cpu", stage1_steps=0)
     assert methods.settings("diffaug", False, "cpu", stage1_steps=0, skip_stage1=True).skip_stage1
-    with pytest.raises(ConfigurationError, match="semi-supervised"):
-        methods.settings("diffaug", True, "cpu", aux_weight=1e-3)
-    with pytest.raises(ConfigurationError, match="label_fraction"):
-        methods.settings("diffaug", False, "cpu", label_fraction=0.0)
-    with pytest.raises(ConfigurationError, match="not both"):
-        methods.settings("diffaug", False, "cpu", skip_stage1=True, stage1_from="x")
+    refused = [(False, dict(stage1_steps=0), "skip-stage1"), (True, dict(aux_weight=1e-3), "semi-supervised"),
+               (False, dict(label_fraction=0.0), "label_fraction"),
+               (False, dict(skip_stage1=True, stage1_from="x"), "not both")]
+    for supervised, bad, match in refused:
+        with pytest.raises(ConfigurationError, match=match):
+            methods.settings("diffaug", supervised, "cpu", **bad)
 
 
-def test_two_views_differ_and_each_equals_the_row_alone(tiny_bert):
+def test_two_views_differ_each_equals_the_row_alone_and_inference_sees_both(tiny_bert):
     settings, model = build(tiny_bert)
     encoder = model[0]
     assert encoder.prefix_length == 4 and encoder.prefix_encoder.projection and encoder.template_mode == "hard"
@@ -116,12 +105,7 @@ def test_two_views_differ_and_each_equals_the_row_alone(tiny_bert):
         torch.testing.assert_close(both[i], alone0, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(both[3 + i], alone1, atol=1e-5, rtol=1e-5)
         assert (alone0 - alone1).abs().max() > 1e-4
-
-
-def test_inference_attends_to_all_prefix_positions(tiny_bert):
-    _, model = build(tiny_bert)
-    model.eval()
-    encoder = model[0]
+    # inference attends to all 2l prefix positions
     plain = torch.from_numpy(model.encode(SENTENCES[:2]))
     torch.testing.assert_close(plain, embed(model, SENTENCES[:2], view=None), atol=1e-5, rtol=1e-5)
     for view in (0, 1):
@@ -207,8 +191,6 @@ def test_stage1_trains_only_prefix_and_classifier_and_the_loss_goes_down(tiny_be
 
 def test_stage1_batches_triplets_each_premise_encoded_once_two_classifier_rows_each(tiny_bert, data_dir, tmp_path):
     """128 triplets a step: the premise once with view 0, entailment and contradiction with view 1: 256 rows."""
-    from datasets import Dataset
-
     from st_prompts.methods.diffaug.state import nli_loss
     from st_prompts.training.run import stage_trainer
 
@@ -240,20 +222,15 @@ def test_the_mlp_is_frozen_in_stage1_trained_in_stage2_and_never_saved(tiny_bert
 
     settings = settings_for(tiny_bert, stage1_steps=2, max_steps=2, learning_rate=1e-2, aux_weight=1e-3,
                             output_dir=str(tmp_path / "run"))
-    stages = methods.get("diffaug").stages(settings)
-    datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
     model = methods.get("diffaug").build_model(settings)
     mlp = run_state(model)["mlp"]
     start = {k: v.clone() for k, v in mlp.state_dict().items()}
     after_stage1 = {}
     stage2_prepare = diffaug_module.stage2_prepare
-
-    def prepare_and_remember(m, s):
-        after_stage1.update({k: v.clone() for k, v in mlp.state_dict().items()})
-        stage2_prepare(m, s)
-
-    monkeypatch.setattr(diffaug_module, "stage2_prepare", prepare_and_remember)
-    model, _ = train(settings, datasets, scripted_evaluator([0.5, 0.6, 0.7]), model=model, show_progress_bar=False)
+    monkeypatch.setattr(diffaug_module, "stage2_prepare", lambda m, s: after_stage1.update(
+        {k: v.clone() for k, v in mlp.state_dict().items()}) or stage2_prepare(m, s))
+    model, _ = train(settings, stage_data(settings, data_dir), ScriptedEvaluator([0.5, 0.6, 0.7]), model=model,
+                     show_progress_bar=False)
     assert all(torch.equal(after_stage1[k], start[k]) for k in start)  # frozen in stage 1
     assert any(not torch.equal(mlp.state_dict()[k], start[k]) for k in start)  # trained in stage 2
     model.save(str(tmp_path / "saved"))
@@ -273,21 +250,17 @@ def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir,
     from st_prompts.training.run import train
 
     class Rates(TrainerCallback):
-        def __init__(self):
-            self.seen = []
-
         def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
-            self.seen.append((state.global_step, lr_scheduler.get_last_lr()[0]))
+            seen.append((state.global_step, lr_scheduler.get_last_lr()[0]))
 
     for schedule, expected in (("official", 1e-3 * (1 - 2 / 8)), ("stage1", 0.0)):
         settings = settings_for(tiny_bert, stage1_steps=2, max_steps=8, stage1_learning_rate=1e-3,
                                 stage1_schedule=schedule, output_dir=str(tmp_path / schedule))
-        stages = methods.get("diffaug").stages(settings)
-        datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
+        datasets = stage_data(settings, data_dir)
         assert stage2_steps(settings, datasets) == 8
-        rates = Rates()
-        train(settings, datasets, scripted_evaluator([0.5] * 20), callbacks=[rates], show_progress_bar=False)
-        stage1 = rates.seen[:2]
+        seen = []
+        train(settings, datasets, ScriptedEvaluator([0.5] * 20), callbacks=[Rates()], show_progress_bar=False)
+        stage1 = seen[:2]
         assert [step for step, _ in stage1] == [1, 2]
         assert stage1[-1][1] == pytest.approx(expected)
     one_epoch = settings_for(tiny_bert, batch_size=4, max_steps=-1, epochs=2.0, gradient_accumulation_steps=2)
@@ -295,11 +268,9 @@ def test_stage1_learning_rate_decays_over_the_stage2_length(tiny_bert, data_dir,
 
 
 def official_delta(model, texts, view):
-    """The [MASK] state DiffAug's official ``get_delta`` subtracts from each row of ``texts`` seen through prefix
-    ``view`` (0 or 1), written from its arithmetic (models.py): the template alone, ``[CLS] left right [SEP]``, repeated
-    in rows ``i = 0..127``, position ids ``prefix_len + j`` (``prefix_len`` = all ``2l`` positions) with the tokens from
-    ``len(enc_bs)`` on shifted by ``i``, attending to the ``l`` positions of its view; row ``blen`` taken, where
-    ``blen = attention_mask.sum(-1) - template_len`` over a mask that holds the prefix-mask columns (``l`` ones)."""
+    """The [MASK] state DiffAug's official ``get_delta`` (models.py) subtracts from each row of ``texts`` seen through
+    prefix ``view``: ``[CLS] left right [SEP]`` at positions ``2l + j``, those from ``len(enc_bs)`` on shifted by row
+    ``i``; row ``blen = attention_mask.sum(-1) - template_len`` taken (the mask holds the view's ``l`` ones)."""
     encoder = model[0]
     template = encoder.parsed_template
     tokenizer = encoder.tokenizer
@@ -322,11 +293,20 @@ def official_delta(model, texts, view):
     return delta[blen]
 
 
+def pooled_by(model, loss, columns: int) -> list:
+    """The sentence embeddings ``model``'s pooling gives during ``loss`` on ``columns`` columns of SENTENCES[:4]."""
+    pooled = []
+    hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
+    try:
+        loss([features_of(model, SENTENCES[:4]) for _ in range(columns)], None)
+    finally:
+        hook.remove()
+    return pooled
+
+
 def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
-    """The official code subtracts the template-only state in stage 2's contrastive loss only: not in stage 1, not on
-    the auxiliary NLI rows, not in selection or the saved model (``inference_denoising`` keeps it there). The state it
-    subtracts is the official one (:func:`official_delta`: tokens after the sentence l positions further); the
-    ``exact`` option subtracts the template alone at the full input's own positions."""
+    """As the official code: the template-only state (:func:`official_delta`) is subtracted in stage 2's contrastive
+    loss only: not in stage 1, the NLI rows, selection or the saved model (unless ``inference_denoising``)."""
     from st_prompts.methods.diffaug.method import nli_loss, stage1_prepare, stage2_loss, stage2_prepare
 
     settings, model = build(tiny_bert, skip_stage1=True, aux_weight=1e-3)
@@ -339,20 +319,12 @@ def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
         exact = model(encoder.template_only_features(features))["sentence_embedding"]
     alone = official_delta(model, SENTENCES[:4], view=0)
     assert (alone - exact).abs().max() > 1e-4  # the two positions differ: the test can tell them apart
-    pooled = []
-    hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
-    try:
-        stage1_prepare(model, settings)
-        assert encoder.template_denoising is False
-        nli_loss(model, settings)([features_of(model, SENTENCES[:4]) for _ in range(3)], None)
-        stage1_pooled = pooled[:3]
-        stage2_prepare(model, settings)
-        assert encoder.template_denoising is False  # selection and the saved model: no denoising
-        pooled.clear()
-        loss = stage2_loss(model, settings)
-        loss([features_of(model, SENTENCES[:4]) for _ in range(5)], None)
-    finally:
-        hook.remove()
+    stage1_prepare(model, settings)
+    assert encoder.template_denoising is False
+    stage1_pooled = pooled_by(model, nli_loss(model, settings), 3)
+    stage2_prepare(model, settings)
+    assert encoder.template_denoising is False  # selection and the saved model: no denoising
+    pooled = pooled_by(model, stage2_loss(model, settings), 5)
     view0 = embed(model, SENTENCES[:4], view=0)
     torch.testing.assert_close(view0, plain)
     contrastive, auxiliary = pooled[:2], pooled[2:]
@@ -368,8 +340,7 @@ def test_denoising_is_in_the_stage2_contrastive_loss_only(tiny_bert):
 
 
 def test_exact_denoising_positions_option(tiny_bert):
-    """``denoising_positions="exact"``: the template alone at the full input's positions (view 1 here, the positive's
-    view, whose official state is l positions off as well)."""
+    """``denoising_positions="exact"``: the template alone at the full input's positions (view 1: the positive's)."""
     from st_prompts.methods.diffaug.method import stage2_loss, stage2_prepare
 
     settings, model = build(tiny_bert, skip_stage1=True, denoising_positions="exact")
@@ -379,12 +350,7 @@ def test_exact_denoising_positions_option(tiny_bert):
     with torch.no_grad():
         plain = model(dict(features))["sentence_embedding"]
         exact = model(model[0].template_only_features(features))["sentence_embedding"]
-    pooled = []
-    hook = model[1].register_forward_hook(lambda m, args, out: pooled.append(out["sentence_embedding"].detach()))
-    try:
-        stage2_loss(model, settings)([features_of(model, SENTENCES[:4]) for _ in range(2)], None)
-    finally:
-        hook.remove()
+    pooled = pooled_by(model, stage2_loss(model, settings), 2)
     torch.testing.assert_close(pooled[1], plain - exact, atol=1e-5, rtol=1e-5)  # the positive: view 1
     official = official_delta(model, SENTENCES[:4], view=1)
     assert (pooled[1] - (plain - official)).abs().max() > 1e-4
@@ -418,25 +384,17 @@ def test_pooling_without_template_is_the_last_layer_cls_or_mean(tiny_bert, pooli
 
 
 def test_stage2_trains_the_backbone_at_its_own_learning_rate(tiny_bert, tmp_path):
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer
-    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+    from st_prompts.training.run import stage_trainer
 
     for supervised, aux in ((False, 1e-3), (True, 0.0)):
         settings, model = build(tiny_bert, supervised=supervised, skip_stage1=True, learning_rate=1e-2,
-                                backbone_learning_rate=3e-3, aux_weight=aux)
+                                backbone_learning_rate=3e-3, aux_weight=aux, max_steps=2)
         stage = methods.get("diffaug").stages(settings)[0]
         assert stage.name == "stage2"
-        stage.prepare(model, settings)
+        data = Dataset.from_dict({c: SENTENCES for c in stage.columns(settings)})
+        trainer, _, _ = stage_trainer(settings, stage, data, model, show_progress_bar=False, trainer_dir=str(tmp_path))
         assert not model[0].freeze_backbone
-        loss = stage.build_loss(model, settings)
-        columns = stage.columns(settings)
-        data = {c: SENTENCES for c in columns}
-        args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none",
-                                                    per_device_train_batch_size=4, learning_rate=settings.learning_rate,
-                                                    learning_rate_mapping=stage.learning_rates(model, settings),
-                                                    use_cpu=True)
-        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(data), loss=loss)
+        loss = trainer.loss
         optimizer = trainer.create_optimizer()
         lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
         backbone_params = list(model[0].auto_model.parameters())
@@ -487,32 +445,24 @@ def test_delta_and_kappa_match_a_direct_computation(tiny_bert):
     assert kappa == pytest.approx(torch.stack(gaps).mean().item(), rel=1e-4)
 
 
-def scripted_evaluator(scores):
+class ScriptedEvaluator(BaseEvaluator):
     """An STS-B dev stand-in with scripted scores that snapshots the model's whole state at every evaluation."""
-    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
-    class ScriptedEvaluator(BaseEvaluator):
-        def __init__(self):
-            super().__init__()
-            self.primary_metric = "score"
-            self.scores = list(scores)
-            self.snapshots = []
+    def __init__(self, scores):
+        super().__init__()
+        self.primary_metric, self.scores, self.snapshots = "score", list(scores), []
 
-        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
-            self.snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-            return {"score": self.scores[len(self.snapshots) - 1]}
-
-    return ScriptedEvaluator()
+    def __call__(self, model, output_path=None, epoch=-1, steps=-1):
+        self.snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return {"score": self.scores[len(self.snapshots) - 1]}
 
 
 def test_model_selection_restores_the_best_step_backbone_included(tiny_bert, tmp_path):
-    from datasets import Dataset
-
     from st_prompts.training.run import train
 
     settings = settings_for(tiny_bert, skip_stage1=True, learning_rate=1e-2, max_steps=4, eval_steps=1,
                             output_dir=str(tmp_path / "run"))
-    evaluator = scripted_evaluator([0.1, 0.9, 0.2, 0.3])
+    evaluator = ScriptedEvaluator([0.1, 0.9, 0.2, 0.3])
     data = Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES})
     model, result = train(settings, data, evaluator, show_progress_bar=False)
     assert result.best_step == 2 and len(evaluator.snapshots) == 4
@@ -547,7 +497,7 @@ def test_save_prompts_only_refuses_a_changed_backbone(tiny_bert, tmp_path):
         save_prompts_only(loaded, str(tmp_path / "changed2"))
 
 
-def test_nli_pairs_skip_and_count_other_labels(tmp_path, caplog):
+def test_nli_pairs_skip_and_count_other_labels_and_sample_with_the_seed(tmp_path, caplog):
     from st_prompts.data.training_data import read_nli_pairs
 
     path = tmp_path / "pairs.csv"
@@ -565,18 +515,13 @@ def test_nli_pairs_skip_and_count_other_labels(tmp_path, caplog):
     path.write_text("premise,hypothesis,label\nc,d,neutral\n")
     with pytest.raises(DataFormatError, match="no entailment or contradiction"):
         read_nli_pairs(path)
-
-
-def test_label_fraction_samples_with_the_seed(tmp_path):
-    from st_prompts.data.training_data import read_nli_pairs
-
-    path = tmp_path / "triplets.csv"
-    path.write_text("sent0,sent1,hard_neg\n" + "".join(f"p{i},e{i},c{i}\n" for i in range(200)))
-    one, _ = read_nli_pairs(path, fraction=0.01, seed=1)
-    ten, _ = read_nli_pairs(path, fraction=0.1, seed=1)
+    # --label-fraction samples with the seed
+    triplets.write_text("sent0,sent1,hard_neg\n" + "".join(f"p{i},e{i},c{i}\n" for i in range(200)))
+    one, _ = read_nli_pairs(triplets, fraction=0.01, seed=1)
+    ten, _ = read_nli_pairs(triplets, fraction=0.1, seed=1)
     assert len(one) == 2 * 2 and len(ten) == 2 * 20
-    assert read_nli_pairs(path, fraction=0.1, seed=1)[0] == ten
-    assert read_nli_pairs(path, fraction=0.1, seed=2)[0] != ten
+    assert read_nli_pairs(triplets, fraction=0.1, seed=1)[0] == ten
+    assert read_nli_pairs(triplets, fraction=0.1, seed=2)[0] != ten
 
 
 def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_backbones, data_dir, tmp_path):
@@ -592,9 +537,7 @@ def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_b
     # a real stage 1 on the first backbone, then stage 2 from its checkpoint
     out = tmp_path / "run"
     settings = settings_for(first, stage1_steps=2, max_steps=1, output_dir=str(out))
-    stages = methods.get("diffaug").stages(settings)
-    datasets = {s.name: s.load_data(settings, data_dir, None) for s in stages}
-    train(settings, datasets, scripted_evaluator([0.5, 0.5]), show_progress_bar=False)
+    train(settings, stage_data(settings, data_dir), ScriptedEvaluator([0.5, 0.5]), show_progress_bar=False)
     checkpoint = str(out) + "-stage1"
     marker = json.loads(Path(checkpoint, STAGE1_MARKER).read_text())
     assert marker["steps"] == 2
@@ -616,7 +559,6 @@ def test_stage2_without_stage1_and_stage1_of_another_backbone_are_refused(tiny_b
 @pytest.mark.parametrize("extra", [[], ["--aux-weight", "0.001", "--stage1-switch", "diagnostics"], ["--supervised"],
                                    ["--same-prefix"], ["--pooling", "cls"]])
 def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, data_dir, tmp_path, capsys, extra):
-    from st_prompts.cli import main
     from st_prompts.modules import backbone_fingerprint
 
     out = tmp_path / "model"
@@ -648,8 +590,6 @@ def test_train_command_runs_both_stages_and_saves_a_loadable_model(tiny_bert, da
 
 
 def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):
-    from st_prompts.cli import main
-
     run = tmp_path / "run"
     run.mkdir()
     history = [{"loss": 0.7, "step": 1, "stage": "stage1"}] + [
@@ -661,6 +601,5 @@ def test_plot_diffaug_stage1_draws_the_curves(tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "3 measurements, last at step 100" in capsys.readouterr().out
     (run / "train_result.json").write_text(json.dumps({"log_history": history[:1]}))
-    assert main(["plot", "diffaug-stage1", str(run), "--out", str(out)]) == 2
-    assert "no stage-1 diagnostics" in capsys.readouterr().err
+    assert "no stage-1 diagnostics" in cli_error(["plot", "diffaug-stage1", run, "--out", out], capsys)
     assert main(["plot", "diffaug-stage1", str(tmp_path / "nope"), "--out", str(out)]) == 2

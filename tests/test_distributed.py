@@ -1,11 +1,5 @@
-"""Multi-process training: a recipe under ``torchrun`` (2 CPU processes, gloo) trains like one process with the same
-global batch and seed, and only rank 0 writes the model.
-
-Why it can match: every process uses the other processes' rows as in-batch negatives (gathered with gradient), DDP
-averages the model's gradients, and :class:`~st_prompts.training.callbacks.SyncLossParametersCallback` averages those
-of the loss's own MLP; the trainer's sampler gives the two processes the two halves of the one-process batch. The
-backbone has no dropout here, since each process draws its own dropout masks.
-"""
+"""A recipe under ``torchrun`` (2 CPU processes, gloo) trains like one process with the same global batch and seed
+(no backbone dropout: each process draws its own masks), and only rank 0 writes the model."""
 
 from __future__ import annotations
 
@@ -20,10 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_tiny_backbone
+from conftest import FIXTURES, make_tiny_backbone
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 #: Largest absolute difference allowed between the prompts of the two runs after two Adam steps of lr 1e-2 (each
 #: step moves a prompt value by about 1e-2; float summation order differs between the runs).
 TOLERANCE = 1e-3

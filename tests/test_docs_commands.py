@@ -1,21 +1,13 @@
-"""Every command of the documentation and of ``--help`` runs as written (issue 60: the documented ``bank train`` named
-a file that existed nowhere, and the STS-B file of the ``--data-dir`` layout it pointed to was refused).
-
-Commands are read from the fenced shell blocks (and unlabeled blocks made only of commands) of README.md,
-CONTRIBUTING.md and docs/**/*.md, and from the example lines of the help texts. Two readings (the pages in
-:data:`PAGE_ORDER`, then the help texts), each in its own folder beside a small copy of the shared data layout and
-the reader's own files (:data:`USER_FILES`). Every command is parsed by its real parser and reads files that exist
-(:func:`inputs_and_outputs`); every ``st-prompts`` command not in :data:`NOT_RUN` (which says why) runs in process
-and exits 0. A recipe (``python recipes/X.py``) is parsed, never run: it trains as ``st-prompts train METHOD``.
-
-Cost: the parse test about 3 s; the run test about 90 s of CPU (45 commands, 2026-11-28).
-"""
+"""Every command of the pages' shell blocks and of the help texts' examples is parsed by its real parser, reads files
+that exist (:func:`inputs_and_outputs`), and, unless :data:`NOT_RUN` says why, runs in process beside a small copy of
+the data layout (recipes: parsed only)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import functools
+import itertools
 import json
 import os
 import re
@@ -39,14 +31,10 @@ HELP_ORDER = ("st_prompts/commands/bank.py", "st_prompts/commands/index.py", "st
 
 #: The files the documentation names as the reader's own (a corpus, queries), and what this test puts there: lines
 #: of ``tests/fixtures/search`` (real sentences).
-USER_FILES = {
-    "corpus.txt": ("real_corpus.txt", 0, 80),
-    "more.txt": ("real_corpus.txt", 80, 100),
-    "queries.txt": ("real_queries.txt", 0, 20),
-    "my_questions.txt": ("real_queries.txt", 20, 40),
-    "big.txt": ("real_corpus.txt", 0, 800),
-    "docs.jsonl": ("real_corpus.txt", 100, 140),  # as {"doc_id": ..., "body": ...}
-}
+USER_FILES = {"corpus.txt": ("real_corpus.txt", 0, 80), "more.txt": ("real_corpus.txt", 80, 100),
+              "queries.txt": ("real_queries.txt", 0, 20), "my_questions.txt": ("real_queries.txt", 20, 40),
+              "big.txt": ("real_corpus.txt", 0, 800),
+              "docs.jsonl": ("real_corpus.txt", 100, 140)}  # as {"doc_id": ..., "body": ...}
 
 #: Hub models the documentation names (never loaded here); every other model argument is a folder that must exist.
 HUB_MODELS = {"roberta-base", "bert-base-uncased", "sentence-transformers/all-mpnet-base-v2",
@@ -150,9 +138,6 @@ NOT_RUN = {
     "python benchmarks/run_all --data-dir ../shared/data --quick": _BENCHMARK + " (the quick run: minutes)",
     "python benchmarks/run_all --list": "prints the rows (parsed with its own parser)",
 }
-#: Programs that are not st_prompts': their commands need a reason in NOT_RUN. (A recipe, ``python recipes/X.py``, is
-#: parsed by its parser and never run: it trains as ``st-prompts train METHOD``, whose commands run here.)
-_OTHER_PROGRAMS = {"python3", "pip", "curl", "export", ".", "pytest"}
 
 
 # -------------------------------------------------------------------------------------------------------- reading
@@ -226,18 +211,9 @@ def page_commands() -> list[Command]:
 
 def _example_lines(text: str, source: str) -> list[Command]:
     """The indented example commands of a help text (``st-prompts ...``, ``python recipes/...``)."""
-    out, lines = [], text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith((" ", "\t")) and _COMMAND.match(line.strip()):
-            joined = line
-            while joined.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                joined = joined.rstrip()[:-1] + " " + lines[i].strip()
-            out.append(Command(source, strip_comment(joined)))
-        i += 1
-    return out
+    joined = re.sub(r"\\[ \t]*\n[ \t]*", " ", text)  # continuation lines joined
+    return [Command(source, strip_comment(line)) for line in joined.splitlines()
+            if line.startswith((" ", "\t")) and _COMMAND.match(line.strip())]
 
 
 def help_commands() -> list[Command]:
@@ -255,12 +231,10 @@ def help_commands() -> list[Command]:
     for path, parser in parser_walk(build_parser()):
         for text in (parser.description, parser.epilog):
             out += _example_lines(text or "", " ".join(path) + " --help")
-    seen, unique = set(), []
+    unique = {}
     for command in out:  # a docstring is also the description --help shows: one reading of each example
-        if command.text not in seen:
-            seen.add(command.text)
-            unique.append(command)
-    return unique
+        unique.setdefault(command.text, command)
+    return list(unique.values())
 
 
 # -------------------------------------------------------------------------------------------------------- parsing
@@ -274,16 +248,8 @@ class Step:
 
 
 def steps(text: str) -> list[Step]:
-    tokens = shlex.split(text)
-    out, current = [], []
-    for token in [*tokens, "&&"]:
-        if token in ("&&", "&", ";"):
-            if current:
-                out.append(_step(current))
-            current = []
-        else:
-            current.append(token)
-    return out
+    groups = itertools.groupby(shlex.split(text), key=lambda token: token in ("&&", "&", ";"))
+    return [_step(list(tokens)) for separator, tokens in groups if not separator]
 
 
 def _step(tokens: list[str]) -> Step:
@@ -408,11 +374,7 @@ def inputs_and_outputs(command: tuple[str, ...], args: argparse.Namespace) -> tu
         action = command[1]
         if action in ("create", "train"):
             return get("data") + get("dev") + get("data_dir") + get("senteval_dir"), [args.bank]
-        if action == "add":
-            return [args.bank, args.source], []
-        if action == "export":
-            return [args.bank], [args.out]
-        return [args.bank], []
+        return [args.bank] + get("source"), get("out")  # (add reads a source, export writes out)
     if head == "index":
         action = command[1]
         if action == "build":
@@ -512,10 +474,14 @@ def test_every_command_runs_here_or_has_a_reason_and_every_reason_a_command():
     assert not unexplained, f"commands that are not st-prompts and say nothing in NOT_RUN: {unexplained}"
 
 
-def test_every_command_parses_and_reads_files_that_exist(tmp_path, monkeypatch):
-    problems, benchmark_calls = [], []
+def test_every_command_parses_reads_files_that_exist_and_runs_as_written(tmp_path, monkeypatch, capsys):
+    """Parsed and checked first (nothing runs), then each reading's commands run in its folder."""
+    from st_prompts import cli
+    from st_prompts.training import pipeline
+
+    problems, benchmark_calls, works = [], [], {}
     for name, commands in readings().items():
-        work = make_reading_folder(tmp_path / name)
+        work = works[name] = make_reading_folder(tmp_path / name)
         monkeypatch.chdir(work)
         written: set[str] = set()  # what the reading's commands write (a page may build an index it served above)
         reads: list[tuple[str, str]] = []
@@ -559,11 +525,6 @@ def test_every_command_parses_and_reads_files_that_exist(tmp_path, monkeypatch):
             problems.append(f"{where}: --data-dir {result.get('data_dir')} is not the layout")
     assert not problems, "\n".join(problems)
 
-
-def test_every_command_that_can_run_here_runs_as_written(tmp_path, monkeypatch, capsys):
-    from st_prompts import cli
-    from st_prompts.training import pipeline
-
     assert default_output("dcpcse", True, "cpu") == pipeline.default_output("dcpcse", True, "cpu")
     assert pipeline.PROMPTS_SUFFIX == "-prompts"
     for variable in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
@@ -573,8 +534,7 @@ def test_every_command_that_can_run_here_runs_as_written(tmp_path, monkeypatch, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ran = []
     for name, commands in readings().items():
-        work = make_reading_folder(tmp_path / name)
-        monkeypatch.chdir(work)
+        monkeypatch.chdir(works[name])  # (the parsing above wrote nothing there)
         done: set[str] = set()
         for command in commands:
             if command.text in NOT_RUN or command.text in done:
@@ -598,7 +558,7 @@ def test_every_command_that_can_run_here_runs_as_written(tmp_path, monkeypatch, 
 
 
 def test_the_readme_states_the_demos_measured_time():
-    """Issue 60: the README said the demo takes "a few minutes"; it took 9 (and 16) on a loaded two-core machine."""
+    """Not "a few minutes": a measured time and the load it was measured under."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     intro = text[text.index("Install and run the demo"):text.index("st-prompts demo\n```")]
     assert "a few\nminutes" not in intro and "a few minutes" not in intro
@@ -612,8 +572,8 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_the_cli_page_documents_every_option_of_bank_and_serve():
-    """Issue 60: docs/cli.md had no ``serve`` and no ``bank`` section. Each section names every action, argument and
-    option the parser has (and an example of each command, run or parsed above)."""
+    """Each section names every action, argument and option the parser has (and an example of each command, run or
+    parsed above)."""
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     missing = []
     for path, parser in parser_walk(_parser()):

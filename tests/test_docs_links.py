@@ -1,15 +1,10 @@
-"""Every relative link of the documentation resolves (issue 60: docs/benchmarks.md had six links written from the
-repository's root, dead from docs/): the file or folder it names exists, and a ``#fragment`` into a Markdown file
-names one of its headings by GitHub's anchor rules (or an ``id``/``name`` anchor in its HTML).
-
-Read: README.md, CONTRIBUTING.md, CHANGELOG.md, docs/**/*.md and benchmarks/results/**/*.md; inline links and images
-(``[text](target)``, ``![alt](target)``) and reference definitions (``[label]: target``), outside code blocks and
-inline code. Links with a scheme (``https:``, ``mailto:``) are not followed.
-"""
+"""Every relative link of README.md, CONTRIBUTING.md, CHANGELOG.md, docs/ and benchmarks/results/ names a file that
+exists, and a ``#fragment`` into a Markdown file one of its headings (GitHub's anchor rules) or HTML ids/names."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
@@ -44,14 +39,8 @@ def github_anchor(heading: str) -> str:
     text = text.replace("`", "")
     text = re.sub(r"(\*{1,3}|_{1,3})(\S(?:.*?\S)?)\1", r"\2", text)  # emphasis
     text = text.strip().lower()
-    text = "".join(c for c in text if c.isalnum() or c in "_- " or _is_mark(c))
+    text = "".join(c for c in text if c.isalnum() or c in "_- " or unicodedata.category(c).startswith("M"))
     return text.replace(" ", "-")
-
-
-def _is_mark(char: str) -> bool:
-    import unicodedata
-
-    return unicodedata.category(char).startswith("M")
 
 
 @cache

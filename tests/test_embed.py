@@ -1,11 +1,9 @@
-"""``st-prompts embed`` (st_prompts.embedding): a corpus into Parquet parts, locally and on Ray Data actors.
-
-References are independent of the code under test: the model's own ``encode_document`` / ``encode(task=...)`` on the
-texts, read with plain Python from the input. One Ray session (2 CPUs) serves the whole module.
-"""
+"""``st-prompts embed`` (st_prompts.embedding): a corpus into Parquet parts, locally and on Ray Data actors (one Ray
+session of 2 CPUs for the module). References: the model's own ``encode_document`` / ``encode(task=...)``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -50,8 +48,7 @@ def loaded():
     """Models loaded once per folder, through the safe loader (the references)."""
     from st_prompts.loading import load_sentence_model
 
-    cache = {}
-    return lambda path: cache.setdefault(path, load_sentence_model(path, device="cpu"))
+    return functools.cache(lambda path: load_sentence_model(path, device="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +178,7 @@ def test_a_task_column_encodes_each_row_with_its_set(bank, loaded, tmp_path):
 def test_a_ray_run_loads_no_model_here_and_takes_the_actors_identity(plain, tiny_bert, loaded, corpus, tmp_path,
                                                                     monkeypatch):
     """The driver of ``--engine ray`` loads no model: the identity each actor sends decides the run file, and another
-    model is refused, in one line, before any part is written. A stand-in for the actor pool (a real one is
-    ``test_ray_engine_gives_the_local_vectors_and_records_its_node``) sends its actors' records as
-    ``encode_parts_on_ray`` does."""
+    model is refused in one line before any part is written (a stand-in for ``encode_parts_on_ray``)."""
     from st_prompts.embedding import ray_engine
     from st_prompts.embedding.encoder import ModelSpec
     from st_prompts.embedding.inputs import read_part
@@ -233,10 +228,9 @@ def test_a_ray_run_loads_no_model_here_and_takes_the_actors_identity(plain, tiny
         result = embed_file(plain, path, out, part_rows=8, engine="ray")  # resumed: the missing part only
         assert (result.parts_written, result.parts_skipped) == (1, 3)
     # nothing left to encode: no actor to ask, so this process checks the model (and refuses another one)
-    with pytest.raises(StPromptsError, match="was embedded by another model"):
-        embed_file(other, path, out, part_rows=8, engine="ray")
-    with pytest.raises(StPromptsError, match="was embedded by another model"):
-        embed_file(other, path, out, part_rows=8)
+    for engine in ("ray", "local"):
+        with pytest.raises(StPromptsError, match="was embedded by another model"):
+            embed_file(other, path, out, part_rows=8, engine=engine)
     assert embed_file(plain, path, out, part_rows=8, engine="ray").parts_skipped == 4
 
 
@@ -314,13 +308,10 @@ def test_the_command_line_runs_and_its_errors_are_one_line(plain, bank, corpus, 
     assert "options of --engine ray" in cli_error(["embed", plain, path, tmp_path / "o", "--actors", "2"], capsys)
     (tmp_path / "x.csv").write_text("text\na\n")
     assert "convert it to .parquet" in cli_error(["embed", plain, tmp_path / "x.csv", tmp_path / "o"], capsys)
-    import socket
-
-    with socket.socket() as free:  # a port where nothing listens: refused at once (Ray itself retries for minutes)
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
     import ray
+    from test_replicas import free_port
 
+    port = free_port()  # nothing listens there: refused at once (Ray itself retries for minutes)
     with monkeypatch.context() as patch:  # as in a fresh process, whatever Ray session this module's tests hold
         patch.setattr(ray, "is_initialized", lambda: False)
         line = cli_error(["embed", plain, path, tmp_path / "o2", "--engine", "ray", "--ray-address",

@@ -1,7 +1,5 @@
-"""``benchmarks/gpu.py`` (issue 62): its CPU smoke mode runs every row, the server's included, with tiny sizes and
-checks the vectors as the GPU run does; ``--device cuda`` without a GPU is refused in one line. The smoke run takes
-about 28 s on two quiet cores (the script's ``main`` in the test's process; two servers start), up to two minutes on
-a loaded machine."""
+"""``benchmarks/gpu.py``: its CPU smoke mode runs every row, the server's included, with tiny sizes and checks the
+vectors as the GPU run does; ``--device cuda`` without a GPU is refused in one line."""
 
 from __future__ import annotations
 
@@ -22,15 +20,9 @@ IN_PROCESS = ("tokenize", "hf-fp32", "hf-bf16", "bank-plain-fp32", "bank-mixed-f
               "bank-mixed-bf16", "st-fp32", "st-bf16")
 
 
-def _env() -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))}
-
-
 class _ForkedServers:
-    """The script's ``subprocess`` module, except that the ``st-prompts serve`` processes it starts are forked by the
-    suite's warm process (:class:`conftest.CLIProcess`) instead of started as fresh interpreters (about 12 s of CPU
-    each importing the libraries; the same command, environment, working directory, session and output pipe)."""
+    """The script's ``subprocess`` module, except that its ``st-prompts serve`` processes are forked by the suite's
+    warm process (:class:`conftest.CLIProcess`) instead of started as fresh interpreters."""
 
     def __getattr__(self, name: str):
         return getattr(subprocess, name)
@@ -45,9 +37,7 @@ class _ForkedServers:
 
 
 def test_smoke_runs_every_row_and_checks_the_vectors(tmp_path, capsys, monkeypatch):
-    """The script's ``main`` in this process (its servers are processes of their own, as on the GPU, forked by the
-    warm process): a fresh interpreter for the script itself would spend about 12 s of CPU importing what this one
-    has."""
+    """The script's ``main`` in this process (no interpreter start; its servers are processes of their own)."""
     pytest.importorskip("uvicorn")  # the server rows need the serve extra
     spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
     script = importlib.util.module_from_spec(spec)
@@ -83,8 +73,10 @@ def test_smoke_runs_every_row_and_checks_the_vectors(tmp_path, capsys, monkeypat
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_exits_2_in_one_line():
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--no-serve"], capture_output=True,
-                          text=True, timeout=300, env=_env(), cwd=str(ROOT), check=False)
+                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path},
+                          cwd=str(ROOT), check=False)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("gpu.py: error: --device cuda"), done.stderr[-2000:]

@@ -1,11 +1,7 @@
-"""Hostile and damaged search indexes through the ``st-prompts index`` commands: every value of ``meta.json`` out of
-range or of the wrong type, records that are not what the code reads, IVF labels outside the corpus, damaged
-``docs.jsonl`` / offsets / probe files, a model whose ``max_seq_length``
-exceeds its position table, a failing chat template, random corruption, and a 1 MB document. Each ends in exactly one
-``st-prompts index...: error:`` line (exit 2), never a traceback; a 1 MB document is never printed whole.
-
-One small IVF index over real text is built once (MiniLM); each case edits a copy of it.
-"""
+"""Hostile and damaged search indexes (``meta.json`` values, records, IVF labels, damaged files, random corruption), a
+model longer than its position table and a failing chat template through the ``st-prompts index`` commands: each ends in
+one ``error:`` line (exit 2), never a traceback; a 1 MB document is never printed whole. Each case edits a copy of one
+small IVF index over real text (MiniLM)."""
 
 from __future__ import annotations
 
@@ -21,7 +17,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from conftest import cli_error, run_cli
+from conftest import cli_error, edit_json, run_cli
+from test_search import cli_ok
 
 from st_prompts.errors import DataFormatError
 from st_prompts.search import SemanticIndex
@@ -234,18 +231,16 @@ def test_a_randomly_corrupted_ivf_index_is_detected_though_faiss_reads_it(base_i
 
 
 def test_a_1mb_document_is_never_printed_whole(base_index, capsys):
+    def search(*argv) -> str:
+        return cli_ok(["index", "search", base_index, *argv], capsys)[0]
+
     for extra in ([], ["--json"], ["--mmap"]):
-        assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "3", *extra]) == 0
-        out = capsys.readouterr().out
+        out = search("cat cat cat", "-k", "3", *extra)
         assert "cat cat cat" in out and len(out) < 3000, len(out)
-    assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json"]) == 0
-    hit = json.loads(capsys.readouterr().out)[0]["hits"][0]
+    hit = json.loads(search("cat cat cat", "-k", "1", "--json"))[0]["hits"][0]
     assert hit["text_chars"] == len(HUGE) and len(hit["text"]) == 200
-    assert run_cli(["index", "search", str(base_index), "cat cat cat", "-k", "1", "--json", "--full-text"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["hits"][0]["text"] == HUGE
-    # A 1 MB query or id on the command line is quoted short too.
-    assert run_cli(["index", "search", str(base_index), "dog " * 250_000, "-k", "1"]) == 0
-    assert len(capsys.readouterr().out) < 1000
+    assert json.loads(search("cat cat cat", "-k", "1", "--json", "--full-text"))[0]["hits"][0]["text"] == HUGE
+    assert len(search("dog " * 250_000, "-k", "1")) < 1000  # a 1 MB query or id is quoted short too
     assert len(error_line(["index", "search", str(base_index), "q", "--task", "x" * 1_000_000], capsys)) < 500
 
 
@@ -255,17 +250,15 @@ def test_index_build_refuses_a_length_beyond_the_position_table_and_a_failing_ch
     corpus.write_text("a man plays the guitar\nthe dog runs in the park\n" + "word " * 3000 + "\n")
     long = tmp_path / "long-minilm"
     shutil.copytree(minilm_path, long)
-    config = json.loads((long / "sentence_bert_config.json").read_text())
-    (long / "sentence_bert_config.json").write_text(json.dumps({**config, "max_seq_length": 100_000}))
+    edit_json(long / "sentence_bert_config.json", lambda config: config.update(max_seq_length=100_000))
     line = error_line(["index", "build", str(long), str(corpus), str(tmp_path / "a"), "--no-progress"], capsys)
     assert "max_seq_length 100000" in line and "position table holds 512" in line
     assert not (tmp_path / "a").exists()
 
     decoder = tmp_path / "decoder"
     shutil.copytree(tiny_backbones("llama"), decoder)
-    settings = json.loads((decoder / "tokenizer_config.json").read_text())
-    settings["chat_template"] = "{{ raise_exception('" + "x" * 5000 + "') }}"
-    (decoder / "tokenizer_config.json").write_text(json.dumps(settings))
+    edit_json(decoder / "tokenizer_config.json",
+              lambda settings: settings.update(chat_template="{{ raise_exception('" + "x" * 5000 + "') }}"))
     line = error_line(["index", "build", str(decoder), str(corpus), str(tmp_path / "b"), "--no-progress"], capsys)
     assert "chat template" in line and len(line) < 700
 
@@ -297,17 +290,11 @@ def test_a_search_that_meets_a_label_outside_the_corpus_is_refused():
 
 @pytest.mark.parametrize("change", ["no files", "a file left out"])
 def test_a_format_3_meta_json_that_does_not_record_every_file_is_refused(change, base_index, tmp_path, capsys):
-    """Issue 60, item 9: st-prompts records the size and SHA-256 of every file it writes from format 3 on, so a
-    ``meta.json`` without ``files``, or leaving one out (a file that could be swapped unseen), was not written by it:
-    every command refuses it in one line, ``index info --verify`` included (it used to exit 0 saying nothing)."""
+    """From format 3 on st-prompts records the size and SHA-256 of every file it writes: a ``meta.json`` that leaves
+    one out was not written by it, and every command refuses it, ``index info --verify`` included."""
     folder = tmp_path / "idx"
     shutil.copytree(base_index, folder)
-    meta = json.loads((folder / "meta.json").read_text())
-    if change == "no files":
-        del meta["files"]
-    else:
-        del meta["files"]["docs.jsonl"]
-    (folder / "meta.json").write_text(json.dumps(meta))
+    edit_meta(lambda meta: meta.pop("files") if change == "no files" else meta["files"].pop("docs.jsonl"))(folder)
     for argv in (["index", "info", str(folder), "--verify"], ["index", "info", str(folder)],
                  ["index", "search", str(folder), "a query", "--model", "minilm"]):
         line = error_line(argv, capsys)
@@ -318,11 +305,9 @@ def test_index_info_verify_says_what_it_verified_and_when_nothing_was(base_index
     folder = tmp_path / "idx"
     shutil.copytree(base_index, folder)
     capsys.readouterr()
-    assert run_cli(["index", "info", str(folder), "--verify"]) == 0
-    assert "Verified:   size and SHA-256 of 4 files (docs.jsonl" in capsys.readouterr().out
-    meta = json.loads((folder / "meta.json").read_text())  # an index of format 2 (before the records)
-    del meta["files"]
-    meta["format_version"] = 2
-    (folder / "meta.json").write_text(json.dumps(meta))
-    assert run_cli(["index", "info", str(folder), "--verify"]) == 0
-    assert "Verified:   nothing: this index (format 2) was written before st-prompts recorded" in capsys.readouterr().out
+    verify = ["index", "info", folder, "--verify"]
+    assert "Verified:   size and SHA-256 of 4 files (docs.jsonl" in cli_ok(verify, capsys)[0]
+    edit_meta(lambda meta: meta.pop("files"))(folder)  # an index of format 2 (before the records)
+    set_key("format_version", 2)(folder)
+    out = cli_ok(verify, capsys)[0]
+    assert "Verified:   nothing: this index (format 2) was written before st-prompts recorded" in out

@@ -1,13 +1,5 @@
-"""Nothing of a planted folder reaches the hub: no kernel is requested, and a hub that never answers fails in seconds.
-
-* A stand-in ``kernels`` package (written here, put on ``PYTHONPATH`` with its metadata, so that transformers takes it
-  for the real one) records every call into a file. A control shows that transformers, loading a folder whose
-  ``config.json`` names a hub kernel, asks it for that repository; through ``load_sentence_model`` and every command
-  that loads a model (``evaluate``, ``index build``, ``train --backbone``, ``bank list``) the planted folders are
-  refused first and the stand-in records no request.
-* A local TCP server accepts connections and never answers (``HF_ENDPOINT`` points at it): a hub model, and a PEFT
-  adapter whose base model is an uncached hub id, fail in one line within seconds.
-"""
+"""Nothing of a planted folder reaches the hub: no kernel is requested (a stand-in ``kernels`` package records every
+call, and a control shows transformers asking it), and a hub that never answers fails in seconds, in one line."""
 
 from __future__ import annotations
 
@@ -17,11 +9,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from conftest import edit_json, one_error_line, st_model
+from conftest import edit_json, one_error_line, prompted_model, st_model
 
 SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 CORPUS = Path(__file__).parent / "fixtures" / "search" / "real_queries.txt"
@@ -108,6 +99,7 @@ for case in json.loads(sys.argv[1]):
 #: its exit status, its stderr and its seconds (the hub settings are read from the environment at import).
 SILENT_DRIVER = '''
 import io, json, sys, time
+import faiss, sentence_transformers, transformers  # imported first: the bounds are on each command, not on imports
 from st_prompts import cli
 for argv in json.loads(sys.argv[1]):
     err, real, start = io.StringIO(), sys.stderr, time.monotonic()
@@ -136,11 +128,11 @@ def stand_in_kernels(root: Path) -> Path:
     return site
 
 
-def _run(cases: list, site: Path, log: Path, timeout: float = 540) -> str:
+def _run(cases: list, site: Path, log: Path) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "KERNELS_LOG": str(log), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(cases)], capture_output=True, text=True,
-                            env=env, timeout=timeout)
+                            env=env, timeout=540)
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stdout
 
@@ -153,10 +145,6 @@ def _requests(log: Path) -> list[dict]:
             or "flash-attn" in json.dumps(c)]
 
 
-def _plant(config: Path, value) -> None:
-    edit_json(config, lambda data: {**data, "attn_implementation": value})
-
-
 def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
     site = stand_in_kernels(tmp_path)
     clean = tmp_path / "clean"
@@ -164,17 +152,17 @@ def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
     planted = {}
     for value in (EVIL_KERNEL, "flash_attention_2", {"": "sdpa", "text_config": EVIL_KERNEL}):
         folder = Path(shutil.copytree(clean, tmp_path / f"planted-{len(planted)}"))
-        _plant(folder / "config.json", value)
+        edit_json(folder / "config.json", lambda data: {**data, "attn_implementation": value})
         planted[json.dumps(value)] = folder
     backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
-    _plant(backbone / "config.json", EVIL_KERNEL)
+    edit_json(backbone / "config.json", lambda data: {**data, "attn_implementation": EVIL_KERNEL})
     bank = tmp_path / "bank"
     from st_prompts.cli import main
 
     assert main(["bank", "create", str(bank), "--backbone", tiny_bert]) == 0
     for config in bank.rglob("config.json"):
         if "model_type" in json.loads(config.read_text()):
-            _plant(config, EVIL_KERNEL)
+            edit_json(config, lambda data: {**data, "attn_implementation": EVIL_KERNEL})
 
     log, control_log = tmp_path / "kernels.log", tmp_path / "control.log"
     senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
@@ -199,58 +187,43 @@ def test_no_kernel_is_requested_for_a_planted_folder(tiny_bert, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- a silent hub
-class SilentServer:
-    """A TCP server on 127.0.0.1 that accepts every connection and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        self.stop = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self.stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.stop = True
-        self.thread.join(timeout=5)
-        for conn in self.held:
-            conn.close()
-        self.sock.close()
-
-
 @pytest.fixture
 def silent_hub():
-    server = SilentServer()
-    yield f"http://127.0.0.1:{server.port}"
-    server.close()
+    """A port on 127.0.0.1 that takes connections (the kernel's backlog: nobody accepts them) and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_a_hub_that_never_answers_fails_in_seconds(tiny_bert, tmp_path, silent_hub):
-    adapter = tmp_path / "adapter"
+    """An adapter whose base model, a prompts-only checkpoint whose backbone, and a model that are uncached hub ids:
+    one line each, in seconds, with HF_HUB_OFFLINE unset."""
+    from st_prompts import save_prompts_only
+
+    adapter, checkpoint, uncached = tmp_path / "adapter", tmp_path / "prompts", "st-prompts-tests/not-cached-anywhere"
     st_model(tiny_bert, max_seq_length=32).save(str(adapter))
     (adapter / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "base_model_name_or_path": "st-prompts-tests/uncached-base", "r": 8,
         "target_modules": ["query"]}))
+    save_prompts_only(prompted_model(tiny_bert, "cls", prefix_length=2), str(checkpoint))
+    edit_json(checkpoint / "sentence_bert_config.json", lambda config: {**config, "backbone_name_or_path": uncached})
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env.update(HF_ENDPOINT=silent_hub, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"))
+    env.update(HF_ENDPOINT=silent_hub, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"),
+               TQDM_DISABLE="1")
     senteval = ["--metrics", "sts", "--tasks", "STSBenchmark", "--senteval-dir", str(SENTEVAL), "--no-progress"]
-    models = [str(adapter), "st-prompts-tests/uncached-model"]
-    result = subprocess.run([sys.executable, "-c", SILENT_DRIVER, json.dumps([["evaluate", m, *senteval] for m in models])],
-                            capture_output=True, text=True, env=env, timeout=300)
+    commands = [["evaluate", str(adapter), *senteval], ["evaluate", uncached, *senteval],
+                ["evaluate", str(checkpoint), *senteval], ["index", "build", str(checkpoint), str(CORPUS),
+                                                           str(tmp_path / "idx")]]
+    result = subprocess.run([sys.executable, "-c", SILENT_DRIVER, json.dumps(commands)], capture_output=True,
+                            text=True, env=env, timeout=300)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    for model, line in zip(models, result.stdout.strip().splitlines(), strict=True):
+    for argv, line in zip(commands, result.stdout.strip().splitlines(), strict=True):
         answer = json.loads(line)
         assert answer["status"] == 2, answer
-        assert "cannot be reached" in one_error_line(answer["err"]), answer
-        assert answer["took"] < 90, f"{model}: {answer['took']:.0f} s"  # the probe waits 5 s; the rest is loading torch
+        error = one_error_line(answer["err"], alone=argv[1] != str(adapter))
+        assert "cannot be reached" in error, answer
+        assert argv[1] == str(adapter) or ("not-cached-anywhere" in error and "Hugging Face cache" in error), error
+        bound = 90 if argv[1] == str(adapter) else 20  # the probe waits 5 s
+        assert answer["took"] < bound, f"{argv[:2]}: {answer['took']:.0f} s"
+    assert not (tmp_path / "idx").exists()

@@ -1,12 +1,5 @@
-"""The house keeps its own rule: no import circle in ``st_prompts``, and every module imports on its own.
-
-* The import graph of every module, read with ``ast`` (module-level and function-level imports both, relative ones
-  resolved), has no cycle: a function-level import that closes a circle is still a circle.
-* Every module imports alone in a fresh interpreter state: one process pre-imports every library the package imports
-  (torch, transformers, fastapi, ...: the slow part, and no st_prompts module), then forks one child per module,
-  which imports just that module. A module that only imports after another one (an order dependence a circle hides)
-  fails here.
-"""
+"""No import circle in ``st_prompts`` (module- and function-level imports, read with ``ast``), no arrow back up its
+layers, and every module imports on its own."""
 
 from __future__ import annotations
 
@@ -14,7 +7,6 @@ import ast
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -62,35 +54,10 @@ def import_graph(root: Path = ROOT, package: str = "st_prompts") -> dict[str, se
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (each holds an import circle)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
+    import networkx
 
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for target in sorted(graph.get(node, ())):
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+    edges = networkx.DiGraph([(name, target) for name, targets in graph.items() for target in targets])
+    return sorted(sorted(c) for c in networkx.strongly_connected_components(edges) if len(c) > 1)
 
 
 def test_the_detector_finds_a_function_level_circle(tmp_path):
@@ -115,7 +82,8 @@ def test_st_prompts_has_no_import_circle():
 
 #: The package's layers, bottom up: a module imports only from its own layer or below (no arrow back up).
 LAYERS = (
-    ("st_prompts", "errors", "aliases", "hub", "utils", "unpickling", "trust", "storage", "sizes", "precision"),
+    ("st_prompts", "errors", "numbers", "aliases", "hub", "utils", "unpickling", "trust", "storage", "sizes",
+     "precision"),
     ("prompts", "folder_checks", "quantization"),
     ("modules", "loading"),
     ("data", "evaluation", "losses", "plots", "search"),
@@ -136,8 +104,7 @@ def test_no_arrow_runs_back_up():
 
 
 def test_no_private_name_is_imported_across_modules():
-    """``from x import _name`` between st_prompts modules: a private name is its module's own (a package's private
-    module, ``commands/_numbers.py``, may be imported by that package)."""
+    """A private name is its module's own (a package's private module, ``commands/_numbers.py``, is its package's)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -149,9 +116,8 @@ def test_no_private_name_is_imported_across_modules():
 
 
 def third_party_imports() -> list[str]:
-    """Every module the package imports that is not its own (absolute imports, any level of a file), and every name
-    it imports from one as ``module:name`` (resolving it in the parent loads the lazy submodules of transformers once,
-    not once a child), sorted."""
+    """Every module the package imports that is not its own, and each name imported from one as ``module:name``
+    (resolved in the parent, transformers' lazy submodules load once, not once a child), sorted."""
     found = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -196,9 +162,7 @@ CHILDREN = textwrap.dedent('''
 
 
 def test_every_module_imports_alone():
-    """The parent of the children is forked from the suite's warm process (``conftest.CLIProcess`` with code): the
-    libraries are imported there already (a fresh interpreter spent about 20 s of CPU importing them), and it drops
-    st_prompts' modules from ``sys.modules`` before the children import theirs."""
+    """A child forked per module from a parent that imported every library the package imports, no st_prompts."""
     names = sorted(n for n in import_graph() if n != "st_prompts.__main__")
     process = CLIProcess([json.dumps(third_party_imports()), *names], dict(os.environ), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, cwd=str(ROOT), code=CHILDREN)

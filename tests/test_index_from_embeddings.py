@@ -1,7 +1,5 @@
-"""``st-prompts index build --from-embeddings`` / ``SemanticIndex.from_embedding_files``: an index built from
-embedding files (Parquet parts, :mod:`st_prompts.search.embedding_files`) a batch at a time is the index
-``SemanticIndex.from_embeddings`` builds in memory from the same vectors, saved in the same format; hostile files are
-refused in one line, and the build imports neither torch nor sentence-transformers."""
+"""``SemanticIndex.from_embedding_files`` (``index build --from-embeddings``): an index built from Parquet parts a batch
+at a time is the one ``from_embeddings`` builds in memory; hostile files are refused in one line; no torch imported."""
 
 from __future__ import annotations
 
@@ -12,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_error, cli_out
+from conftest import cli_error
+from test_search import cli_ok
+from test_search_ann import exact_top, recall_at_10
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search import SemanticIndex
@@ -51,17 +51,6 @@ def parts(tmp_path_factory):
     return _write_parts(root / "emb", ids, texts, vectors), ids, texts, vectors
 
 
-def _brute_force_top10(vectors: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
-    return np.argsort(-(q @ unit.T), axis=1, kind="stable")[:, :10]
-
-
-def _recall(index: SemanticIndex, ids: list, queries: np.ndarray, truth: np.ndarray) -> float:
-    found = [[hit.id for hit in hits] for hits in index.search_embeddings(queries, 10)]
-    return float(np.mean([len(set(row) & {ids[t] for t in truth_row}) / 10 for row, truth_row in zip(found, truth)]))
-
-
 def _queries(vectors: np.ndarray, count: int = 60) -> np.ndarray:
     rng = np.random.default_rng(5)
     return vectors[rng.choice(len(vectors), count, replace=False)] + rng.standard_normal((count, DIM)).astype(
@@ -76,7 +65,7 @@ def test_flat_index_from_parts_is_the_in_memory_index(parts, tmp_path):
     got, expected = built.search_embeddings(queries, 10), reference.search_embeddings(queries, 10)
     assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in expected]
     assert np.allclose([[h.score for h in row] for row in got], [[h.score for h in row] for row in expected], atol=1e-6)
-    truth = _brute_force_top10(vectors, queries)
+    truth = exact_top(vectors, queries, 10)
     assert [[h.id for h in row] for row in got] == [[ids[t] for t in row] for row in truth]
     assert got[0][0].text == texts[ids.index(got[0][0].id)]
     stored = load_index_dir(tmp_path / "flat.index", verify=True)  # every file's size and SHA-256
@@ -92,12 +81,12 @@ def test_ivf_and_its_calibration_match_the_in_memory_build(parts, tmp_path):
     assert built.index_params == reference.index_params
     assert built.info["calibration"]["value"] == reference.info["calibration"]["value"]
     queries = _queries(vectors)
-    truth = _brute_force_top10(vectors, queries)
+    truth = exact_top(vectors, queries, 10)
     for nprobe in (1, 3):
         built.set_search_params(nprobe=nprobe)
         reference.set_search_params(nprobe=nprobe)
-        assert abs(_recall(built, ids, queries, truth) - _recall(reference, ids, queries, truth)) <= 0.01
-    assert _recall(built, ids, queries, truth) < 1.0  # nprobe 3 of 51 lists is approximate: the check can fail
+        assert abs(recall_at_10(built, queries, truth, ids) - recall_at_10(reference, queries, truth, ids)) <= 0.01
+    assert recall_at_10(built, queries, truth, ids) < 1.0  # nprobe 3 of 51 lists is approximate: the check can fail
     mapped = SemanticIndex.load(tmp_path / "ivf.index", mmap=True)
     assert [h.id for h in mapped.search_embeddings(queries[:1], 5)[0]] == [
         h.id for h in SemanticIndex.load(tmp_path / "ivf.index").search_embeddings(queries[:1], 5)[0]]
@@ -114,8 +103,8 @@ def test_ivfpq_streams_the_same_vectors_file(tmp_path):
     assert np.array_equal(np.load(tmp_path / "pq.index" / "vectors.npy"),
                           np.load(tmp_path / "reference.index" / "vectors.npy"))
     queries = _queries(vectors, 30)
-    truth = _brute_force_top10(vectors, queries)
-    assert abs(_recall(built, ids, queries, truth) - _recall(reference, ids, queries, truth)) <= 0.01
+    truth = exact_top(vectors, queries, 10)
+    assert abs(recall_at_10(built, queries, truth, ids) - recall_at_10(reference, queries, truth, ids)) <= 0.01
     assert built.index_params == reference.index_params and built.index_params["nprobe"] == 4
 
 
@@ -126,12 +115,10 @@ def test_cli_text_search_with_the_parts_model(minilm, tmp_path, capsys):
     record = {"model": identity_record(ModelIdentity.of(minilm))}
     folder = _write_parts(tmp_path / "emb", list(range(len(texts))), texts, vectors, record, part_rows=40)
     out = tmp_path / "text.index"
-    code, printed, _ = cli_out(["index", "build", "--from-embeddings", str(folder / "part-0000[0-1].parquet"),
-                                str(folder / "part-00002.parquet"), out, "--no-progress"], capsys)
-    assert code == 0 and "Indexed 120 documents from 3 embedding file(s) (model minilm" in printed
-    code, printed, _ = cli_out(["index", "search", out, "how do cats sleep?", "a bread recipe", "-k", "3", "--json"],
-                               capsys)
-    assert code == 0
+    printed, _ = cli_ok(["index", "build", "--from-embeddings", folder / "part-0000[0-1].parquet",
+                         folder / "part-00002.parquet", out, "--no-progress"], capsys)
+    assert "Indexed 120 documents from 3 embedding file(s) (model minilm" in printed
+    printed, _ = cli_ok(["index", "search", out, "how do cats sleep?", "a bread recipe", "-k", "3", "--json"], capsys)
     found = [[hit["id"] for hit in query["hits"]] for query in json.loads(printed)]
     reference = SemanticIndex.from_embeddings(vectors, texts, model=minilm)
     assert found == [[h.id for h in row] for row in reference.search(["how do cats sleep?", "a bread recipe"], k=3)]
@@ -152,52 +139,36 @@ def test_hostile_parts_are_one_line_errors(parts, tmp_path, capsys):
     out = tmp_path / "out.index"
     twice = _write_parts(tmp_path / "twice", ids[:300], texts[:300], vectors[:300], part_rows=300)
     write_part(twice / part_name(1), ids[250:260], texts[250:260], vectors[250:260], {"part": 1})
-    with pytest.raises(DataFormatError, match="the id 350 appears twice"):
-        SemanticIndex.from_embedding_files(twice, out)
     strings = _write_parts(tmp_path / "strings", ["a", "b", "c"], ["x", "y", "z"], vectors[:3])
     write_part(strings / part_name(1), ["c"], ["w"], vectors[:1], {"part": 1})
-    with pytest.raises(DataFormatError, match="'c' appears twice"):
-        SemanticIndex.from_embedding_files(strings, out)
-    wide = tmp_path / "wide"
-    _write_parts(wide, [1, 2], ["a", "b"], np.ones((2, DIM + 1), np.float32))
-    with pytest.raises(DataFormatError, match="dimensional"):
-        SemanticIndex.from_embedding_files([folder / "part-00000.parquet", wide / "part-00000.parquet"], out)
-    bare = _write_parts(tmp_path / "bare", ids[:10], None, vectors[:10])
-    with pytest.raises(DataFormatError, match="hold no texts"):
-        SemanticIndex.from_embedding_files(bare, out)
-    blank = _write_parts(tmp_path / "blank", [1, 2], ["a", "  "], vectors[:2])
-    with pytest.raises(DataFormatError, match="id 2: the text is blank"):
-        SemanticIndex.from_embedding_files(blank, out)
-    with pytest.raises(DataNotFoundError, match="no embedding file matches"):
-        SemanticIndex.from_embedding_files(str(tmp_path / "nowhere-*.parquet"), out)
+    wide = _write_parts(tmp_path / "wide", [1, 2], ["a", "b"], np.ones((2, DIM + 1), np.float32))
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     data = (folder / "part-00001.parquet").read_bytes()
     (damaged / "part-00000.parquet").write_bytes(data[:100] + bytes(2000) + data[2100:])  # pages zeroed
-    with pytest.raises(DataFormatError, match="part-00000.parquet"):
-        SemanticIndex.from_embedding_files(damaged, out)
+    for source, match in ((twice, "the id 350 appears twice"), (strings, "'c' appears twice"),
+                          ([folder / "part-00000.parquet", wide / "part-00000.parquet"], "dimensional"),
+                          (_write_parts(tmp_path / "bare", ids[:10], None, vectors[:10]), "hold no texts"),
+                          (_write_parts(tmp_path / "blank", [1, 2], ["a", "  "], vectors[:2]),
+                           "id 2: the text is blank"),
+                          (damaged, "part-00000.parquet")):
+        with pytest.raises(DataFormatError, match=match):
+            SemanticIndex.from_embedding_files(source, out)
+    with pytest.raises(DataNotFoundError, match="no embedding file matches"):
+        SemanticIndex.from_embedding_files(str(tmp_path / "nowhere-*.parquet"), out)
     assert not out.exists()  # nothing half-written
-    message = cli_error(["index", "build", "--from-embeddings", twice, out], capsys)
-    assert "appears twice" in message
-    message = cli_error(["index", "build", "--from-embeddings", folder, out, "--column", "body"], capsys)
-    assert "--column" in message
-    message = cli_error(["index", "build", "minilm", out, "--from-embeddings", folder], capsys)
-    assert "only OUT" in message
-    message = cli_error(["index", "build", "--from-embeddings", folder], capsys)
-    assert "last argument" in message
-    message = cli_error(["index", "build", "--from-embeddings", folder, out, "--index-type", "ivfpq", "--pq-m", "5"],
-                        capsys)
-    assert "pq_m=5 must divide" in message
+    for argv, fragment in (([twice, out], "appears twice"), ([folder, out, "--column", "body"], "--column"),
+                           ([folder], "last argument"), ([folder, out, "--index-type", "ivfpq", "--pq-m", "5"],
+                                                         "pq_m=5 must divide")):
+        assert fragment in cli_error(["index", "build", "--from-embeddings", *argv], capsys)
+    assert "only OUT" in cli_error(["index", "build", "minilm", out, "--from-embeddings", folder], capsys)
 
 
 def test_model_and_bare_parts_are_not_mixed(minilm, parts, tmp_path):
     folder, ids, texts, vectors = parts
-    named = tmp_path / "named"
-    named.mkdir()
     record = {"model": identity_record(ModelIdentity.of(minilm))}
-    write_part(named / "part-00009.parquet", [1], ["a"], np.ones((1, 384), np.float32), record)
-    unnamed = tmp_path / "unnamed"
-    _write_parts(unnamed, [2], ["b"], np.ones((1, 384), np.float32))
+    named = _write_parts(tmp_path / "named", [1], ["a"], np.ones((1, 384), np.float32), record)
+    unnamed = _write_parts(tmp_path / "unnamed", [2], ["b"], np.ones((1, 384), np.float32))
     with pytest.raises(DataFormatError, match="records no model"):
         SemanticIndex.from_embedding_files([named, unnamed], tmp_path / "out.index")
 

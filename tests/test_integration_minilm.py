@@ -4,30 +4,22 @@ the prompts; the trainer path (SentenceTransformerTrainer) and the legacy ``mode
 from __future__ import annotations
 
 import torch
+from conftest import st_model, through_transformers_cache
 from datasets import Dataset
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 
 from st_prompts import PromptedTransformer
 from st_prompts.losses import PromptContrastiveLoss
 from st_prompts.methods import settings as preset
 from st_prompts.training.run import train
 
-SENTENCES = [
-    "A man is playing a guitar on stage.",
-    "The cat sleeps on the warm windowsill.",
-    "Stock markets fell sharply on Monday.",
-    "She baked a chocolate cake for the party.",
-    "The train to Paris was delayed by an hour.",
-    "Children are building a sandcastle at the beach.",
-    "The committee approved the new budget.",
-    "A dog chases a ball across the park.",
-]
+SENTENCES = ["A man is playing a guitar on stage.", "The cat sleeps on the warm windowsill.",
+             "Stock markets fell sharply on Monday.", "She baked a chocolate cake for the party.",
+             "The train to Paris was delayed by an hour.", "Children are building a sandcastle at the beach.",
+             "The committee approved the new budget.", "A dog chases a ball across the park."]
 
 
 def make_model(path):
-    encoder = PromptedTransformer(path, prefix_length=8, max_seq_length=32)
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+    return st_model(PromptedTransformer(path, prefix_length=8, max_seq_length=32), "cls")
 
 
 def contrastive_loss(loss, model, seed=0):
@@ -63,8 +55,8 @@ def test_few_steps_lower_the_loss_and_change_only_prompts(minilm_path, tmp_path)
 
 
 def test_legacy_fit_trains_the_prompts(minilm_path, tmp_path):
-    from torch.utils.data import DataLoader
     from sentence_transformers.readers import InputExample
+    from torch.utils.data import DataLoader
 
     model = make_model(minilm_path)
     before = model[0].prefix_encoder.embedding.weight.detach().clone()
@@ -80,10 +72,7 @@ def test_legacy_fit_trains_the_prompts(minilm_path, tmp_path):
 
 
 def test_the_attention_path_gives_transformers_cache_embeddings_on_minilm(minilm_path):
-    """On the real MiniLM, the prefix through the attention functions gives what transformers' own key/value cache
-    gives (PEFT's mechanism) within 1e-5: the official initialisation and a prefix 50 times larger, padded batches."""
-    from conftest import through_transformers_cache
-
+    """Within 1e-5 of transformers' key/value cache (PEFT's mechanism): the official and a 50 times larger prefix."""
     texts = SENTENCES + ["A very long sentence about nothing in particular, " * 4]
     for std in (None, 1.0):
         torch.manual_seed(0)

@@ -10,26 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SENTENCES
+from conftest import FIXTURES, SENTENCES, st_model, write_stsb
 from scipy.stats import spearmanr
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Transformer
 
 from st_prompts import PromptedTransformer
 from st_prompts.errors import ConfigurationError
 from st_prompts.evaluation import AlignmentUniformityEvaluator, STSRetrievalEvaluator, STSSuiteEvaluator
 from st_prompts.evaluation.sts import stsb_dev_evaluator
 from st_prompts.loading import load_sentence_model
-from st_prompts.modules.lengths import (
-    FullLengthEvaluator,
-    backbone_encode_length,
-    encode_limit,
-    full_length,
-    full_length_evaluator,
-    position_capacity,
-)
+from st_prompts.modules.lengths import (FullLengthEvaluator, backbone_encode_length, encode_limit, full_length,
+                                       full_length_evaluator, position_capacity)
 
-FIXTURES = Path(__file__).parent / "fixtures"
 #: About 150 WordPiece tokens of real English (the MiniLM tokenizer), so that its first 30 tokens are a different text.
 LONG_TEXT = " ".join([
     "The committee met on Tuesday to discuss the budget for the coming year, and after a long debate it agreed to",
@@ -84,9 +77,9 @@ def test_max_encode_length_is_a_setting(tiny_bert, data_dir, tmp_path):
                        batch_size=4, eval_steps=1, max_encode_length=500, show_progress_bar=False)
 
 
-def test_default_encode_length_is_the_backbone_limit(tiny_bert, minilm_path):
-    """The shipped sentence-transformers model's own length when there is one, else the position table less the
-    prefix (a tiny BERT: 64 positions, 16 prefix positions)."""
+def test_default_encode_length_is_the_backbone_limit_and_full_length_restores_the_training_length(tiny_bert,
+                                                                                                   minilm_path):
+    """The shipped sentence-transformers model's own length if any, else the position table less the prefix."""
     prompted = PromptedTransformer(tiny_bert, prefix_length=16, max_seq_length=8)
     assert prompted.max_seq_length == 8
     assert position_capacity(prompted) == 64 - 16
@@ -96,26 +89,15 @@ def test_default_encode_length_is_the_backbone_limit(tiny_bert, minilm_path):
     assert backbone_encode_length(minilm, minilm_path) == 256
     plain = Transformer(tiny_bert, max_seq_length=8)
     assert position_capacity(plain) == 64 and backbone_encode_length(plain, tiny_bert) == 64
-
-
-def test_full_length_restores_the_training_length(tiny_bert):
-    encoder = PromptedTransformer(tiny_bert, prefix_length=4, max_seq_length=8)
-    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu")
+    # full_length: the encode limit inside, the training length restored after (on errors too)
+    model = st_model(PromptedTransformer(tiny_bert, prefix_length=4, max_seq_length=8), "cls")
     assert encode_limit(model) == 60
     with full_length(model) as length:
         assert length == model.max_seq_length == 60
     assert model.max_seq_length == 8
     with pytest.raises(RuntimeError), full_length(model):
         raise RuntimeError("boom")
-    assert model.max_seq_length == 8  # restored on errors too
-
-
-def _suite_dir(tmp_path: Path, pairs: list[tuple[str, str, float]]) -> Path:
-    root = Path(shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval"))
-    lines = [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score:.3f}\t{a}\t{b}" for i, (a, b, score) in
-             enumerate(pairs)]
-    (root / "STS" / "STSBenchmark" / "sts-test.csv").write_text("\n".join(lines) + "\n")
-    return root
+    assert model.max_seq_length == 8
 
 
 def test_the_sts_suite_encodes_a_long_pair_whole(tiny_bert, tmp_path):
@@ -125,9 +107,9 @@ def test_the_sts_suite_encodes_a_long_pair_whole(tiny_bert, tmp_path):
     tails = ["and this is happy music", "the cat sits on the mat", "a woman plays piano", "the big red car",
              "green tree and blue water", "the sad dog sits"]
     pairs = [(f"{stem} {tails[0]}", f"{stem} {tail}", float(5 - i)) for i, tail in enumerate(tails)]
-    root = _suite_dir(tmp_path, pairs)
-    encoder = Transformer(tiny_bert, max_seq_length=6)
-    model = SentenceTransformer(modules=[encoder, Pooling(32, "mean")], device="cpu")
+    root = Path(shutil.copytree(FIXTURES / "senteval", tmp_path / "senteval"))
+    write_stsb(root, [(score, a, b) for a, b, score in pairs])
+    model = st_model(tiny_bert, max_seq_length=6)
     suite = STSSuiteEvaluator(str(root), tasks=["STSBenchmark"])
     result = suite(model)
     assert suite.max_length == 64 and model.max_seq_length == 6  # full length inside, the training length after
@@ -143,18 +125,11 @@ def test_the_sts_suite_encodes_a_long_pair_whole(tiny_bert, tmp_path):
 
 
 def test_every_evaluator_and_selection_encode_at_full_length(tiny_bert, tmp_path):
-    """The STS-B dev selection, recall@K and alignment/uniformity each encode at the model's full length, and any
-    evaluator handed to training is wrapped once."""
-    encoder = Transformer(tiny_bert, max_seq_length=6)
-    model = SentenceTransformer(modules=[encoder, Pooling(32, "mean")], device="cpu")
+    """STS-B dev selection, recall@K and alignment/uniformity; any evaluator handed to training is wrapped once."""
+    model = st_model(tiny_bert, max_seq_length=6)
     seen = []
     original = model.encode
-
-    def spy(*args, **kwargs):
-        seen.append(model.max_seq_length)
-        return original(*args, **kwargs)
-
-    model.encode = spy
+    model.encode = lambda *args, **kwargs: seen.append(model.max_seq_length) or original(*args, **kwargs)
     senteval = str(FIXTURES / "senteval")
     dev = stsb_dev_evaluator(senteval)
     dev(model)
@@ -179,8 +154,7 @@ class _PlainEvaluator:
 
 
 def test_an_index_records_its_length_and_reports_cut_documents(minilm_path, tmp_path, capsys):
-    """``index build`` encodes documents up to the model's limit, records it, and says how many documents were cut; a
-    model that now encodes at another length is told so when it meets the index."""
+    """``index build`` records the limit and counts the cut documents; a model now at another length is told so."""
     from st_prompts.cli import main
     from st_prompts.search import SemanticIndex
 

@@ -1,12 +1,6 @@
-"""What a model folder may ask of a loader: an allow-list, proven by hostile folders.
-
-Every hostile folder carries code that writes a marker file when it runs: an ``evil.py`` importable from the folder
-(``evil.Evil``, ``evil.EvilModel``, ...) and a ``pytorch_model.bin`` whose pickle writes the marker in ``__reduce__``.
-Without ``--trust-remote-code`` nothing of it may run: every load ends in a one-line error (exit 2 from the CLI) or a
-clean load, and the marker is never written. The property-based test builds such folders by mutating the JSON files
-of a real saved model with keys and values drawn from a list of dangerous loader options, at every level of every
-file.
-"""
+"""What a model folder may ask of a loader: an allow-list. Hostile folders' code (an ``evil.py``, a code-running
+pickle) writes a marker if it runs; without ``--trust-remote-code`` every load is one line or clean, the marker never
+written (a property-based test mutates real saved models)."""
 
 from __future__ import annotations
 
@@ -59,6 +53,13 @@ def plant(folder: Path, marker: Path, remove_safetensors: bool = True) -> None:
             path.unlink()
 
 
+def planted_copy(source, tmp_path: Path, name: str = "model", remove_safetensors: bool = True) -> tuple[Path, Path]:
+    """A copy of ``source`` at ``tmp_path / name`` with :func:`plant`'s files; returns it and the marker."""
+    folder = Path(shutil.copytree(source, tmp_path / name))
+    plant(folder, tmp_path / "marker", remove_safetensors)
+    return folder, tmp_path / "marker"
+
+
 @pytest.fixture(scope="module")
 def st_model(tmp_path_factory, tiny_bert) -> Path:
     """A saved SentenceTransformer of sentence-transformers' own classes: tiny BERT, mean pooling, Dense, Normalize."""
@@ -72,13 +73,6 @@ def st_model(tmp_path_factory, tiny_bert) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def prompted_saved(tmp_path_factory, tiny_bert) -> Path:
-    path = tmp_path_factory.mktemp("prompted") / "model"
-    prompted_model(tiny_bert, "cls", prefix_length=2).save(str(path))
-    return path
-
-
 def _one_line_refusal(argv: list[str], capsys, marker: Path, words: tuple[str, ...] = ()) -> str:
     error = cli_error(argv, capsys)
     assert all(word in error for word in words), error
@@ -88,11 +82,9 @@ def _one_line_refusal(argv: list[str], capsys, marker: Path, words: tuple[str, .
 
 # ---------------------------------------------------------------------------------------------- the reported case
 def minilm_exploit(minilm_path: str, tmp_path: Path, key: str = "model_kwargs") -> tuple[Path, Path]:
-    """The issue's folder: the packaged MiniLM with a malicious pickle instead of its safetensors,
+    """The reported folder: the packaged MiniLM with a malicious pickle instead of its safetensors,
     ``{key: {"weights_only": false}}`` in sentence_bert_config.json and no dtype in config.json."""
-    folder = Path(shutil.copytree(minilm_path, tmp_path / f"minilm-{key}"))
-    marker = tmp_path / f"marker-{key}"
-    plant(folder, marker)
+    folder, marker = planted_copy(minilm_path, tmp_path, f"minilm-{key}")
     edit_json(folder / "sentence_bert_config.json", lambda c: {**c, key: {"weights_only": False}})
     edit_json(folder / "config.json", lambda c: {k: v for k, v in c.items() if k not in ("dtype", "torch_dtype")})
     return folder, marker
@@ -118,14 +110,6 @@ def test_the_json_rules_look_at_every_depth_and_refuse_what_is_nested_past_it():
     assert trust.hf_files_reason("tokenizer.json", vocabulary) is None
 
 
-def test_the_harness_detects_code_that_runs(minilm_path, tmp_path):
-    """With trust, the same folder's pickle runs: a missing marker below means the loader prevented it."""
-    folder, marker = minilm_exploit(minilm_path, tmp_path)
-    with pytest.raises(Exception):  # noqa: B017 - the pickle is not a state dict: loading fails after it ran
-        load_sentence_model(str(folder), trust_remote_code=True)
-    assert marker.read_text() == "ran"
-
-
 @pytest.mark.parametrize("key", ["model_kwargs", "model_args"])
 def test_weights_only_in_a_module_config_is_refused_everywhere(minilm_path, tmp_path, capsys, key):
     folder, marker = minilm_exploit(minilm_path, tmp_path, key)
@@ -135,39 +119,37 @@ def test_weights_only_in_a_module_config_is_refused_everywhere(minilm_path, tmp_
     assert main(["index", "build", "minilm", str(CORPUS), str(index), "--no-progress"]) == 0
     edit_json(index / "meta.json", lambda m: m["model"].update(name=str(folder), path=str(folder)))
     senteval = ["--senteval-dir", str(SENTEVAL), "--no-progress"]
-    commands = [
-        ["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", *senteval],
-        ["plot", "similarity", str(folder), "--out", str(tmp_path / "s.png"), *senteval],
-        ["index", "build", str(folder), str(CORPUS), str(tmp_path / "new.index"), "--no-progress"],
-        ["index", "search", str(index), "a cat"],
-        ["index", "add", str(index), str(CORPUS), "--no-progress"],
-        ["index", "calibrate", str(index)],
-    ]
+    commands = [["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", *senteval],
+                ["plot", "similarity", str(folder), "--out", str(tmp_path / "s.png"), *senteval],
+                ["index", "build", str(folder), str(CORPUS), str(tmp_path / "new.index"), "--no-progress"],
+                # an index recording the model: refused before the model loads
+                ["index", "search", str(index), "a cat"], ["index", "add", str(index), str(CORPUS), "--no-progress"],
+                ["index", "calibrate", str(index)]]
     for argv in commands:
         _one_line_refusal(argv, capsys, marker, ("weights_only", "--trust-remote-code"))
     assert not marker.exists()
+    if key == "model_kwargs":  # the control: with trust the same pickle runs (a missing marker above is the loader's)
+        with pytest.raises(Exception):  # noqa: B017 - the pickle is not a state dict: loading fails after it ran
+            load_sentence_model(str(folder), trust_remote_code=True)
+        assert marker.read_text() == "ran"
 
 
 def test_a_pickle_without_safetensors_is_refused_even_without_options(st_model, tmp_path, capsys):
-    folder = Path(shutil.copytree(st_model, tmp_path / "pickled"))
-    marker = tmp_path / "marker"
-    plant(folder, marker)
+    folder, marker = planted_copy(st_model, tmp_path, "pickled")
     reason = untrusted_reason(str(folder))
     assert reason is not None and "pytorch_model.bin is a pickled weight file" in reason
     _one_line_refusal(["evaluate", str(folder), "--metrics", "sts", "--tasks", "STSBenchmark", "--senteval-dir",
                        str(SENTEVAL)], capsys, marker, ("pickled weight file",))
     # beside safetensors weights a pickle is ignored: transformers is asked for safetensors only
-    clean = Path(shutil.copytree(st_model, tmp_path / "both"))
-    plant(clean, marker, remove_safetensors=False)
+    clean, marker = planted_copy(st_model, tmp_path, "both", remove_safetensors=False)
     assert untrusted_reason(str(clean)) is None
     assert load_sentence_model(str(clean)).encode(["a cat"]).shape == (1, 16)
     assert not marker.exists()
 
 
-def test_a_prompted_model_with_model_args_and_only_a_pickle(prompted_saved, tmp_path, capsys):
-    folder = Path(shutil.copytree(prompted_saved, tmp_path / "prompted"))
-    marker = tmp_path / "marker"
-    plant(folder, marker)
+def test_a_prompted_model_with_model_args_and_only_a_pickle(tiny_bert, tmp_path):
+    prompted_model(tiny_bert, "cls", prefix_length=2).save(str(tmp_path / "prompted"))
+    folder, marker = planted_copy(tmp_path / "prompted", tmp_path, "planted")
     edit_json(folder / "sentence_bert_config.json", lambda c: {**c, "model_args": {"weights_only": False}})
     with pytest.raises(UntrustedCodeError, match="model_args.weights_only"):
         load_sentence_model(str(folder))
@@ -182,9 +164,7 @@ def test_unpickling_is_refused_at_the_last_line_too(st_model, tmp_path, monkeypa
     an untrusted model loads."""
     import st_prompts.loading as loading
 
-    folder = Path(shutil.copytree(st_model, tmp_path / "pickled"))
-    marker = tmp_path / "marker"
-    plant(folder, marker)
+    folder, marker = planted_copy(st_model, tmp_path)
     monkeypatch.setattr(loading.trust, "pickle_reason", lambda *a, **k: None)  # pretend the check missed it
     monkeypatch.setattr(loading.trust, "SAFE_MODEL_KWARGS", {})  # and transformers were allowed a pickle
     with pytest.raises(StPromptsError) as caught:
@@ -195,37 +175,32 @@ def test_unpickling_is_refused_at_the_last_line_too(st_model, tmp_path, monkeypa
 
 
 # -------------------------------------------------------------------------- loader options and code, case by case
-@pytest.mark.parametrize("where, change, words", [
-    ("sentence_bert_config.json", lambda c: {**c, "config_kwargs": {"auto_map": {"AutoConfig": "evil.EvilConfig"}}},
-     ("config_kwargs.auto_map",)),
-    ("sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"trust_remote_code": True}},
-     ("model_kwargs.trust_remote_code",)),
-    ("sentence_bert_config.json", lambda c: {**c, "processor_kwargs": {"gguf_file": "/etc/passwd"}},
-     ("processor_kwargs.gguf_file",)),
-    ("sentence_bert_config.json", lambda c: {**c, "tokenizer_name_or_path": "../elsewhere"},
-     ("tokenizer_name_or_path",)),
-    ("sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"attn_implementation": "kernels-community/x"}},
-     ("attn_implementation",)),
-    ("sentence_bert_config.json", lambda c: {**c, "backend": "onnx"}, ("backend",)),
-    ("config.json", lambda c: {**c, "model_type": "evil"}, ("model_type", "evil")),
-    ("config.json", lambda c: {**c, "text_config": {"auto_map": {"AutoModel": "evil.EvilModel"}}}, ("auto_map",)),
-    ("config.json", lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}},
-     ("quantization_config",)),
-    ("tokenizer_config.json", lambda c: {**c, "tokenizer_class": "evil.EvilTokenizer"}, ("tokenizer_class",)),
-    ("tokenizer_config.json", lambda c: {**c, "tokenizer_file": "/etc/passwd"}, ("tokenizer_file",)),
-    ("2_Dense/config.json", lambda c: {**c, "activation_function": "torch.hub.load"}, ("torch.hub.load",)),
-    ("2_Dense/config.json",
-     lambda c: {**c, "activation_function": "torch.testing._internal.common_utils.TestCase"}, ("torch.testing",)),
-    ("1_Pooling/config.json", lambda c: {**c, "weights_only": False}, ("weights_only",)),
+SBERT = "sentence_bert_config.json"
+
+
+@pytest.mark.parametrize("where, change, words", [  # change: keys set at the top of the file, or a function
+    (SBERT, {"config_kwargs": {"auto_map": {"AutoConfig": "evil.EvilConfig"}}}, ("config_kwargs.auto_map",)),
+    (SBERT, {"model_kwargs": {"trust_remote_code": True}}, ("model_kwargs.trust_remote_code",)),
+    (SBERT, {"processor_kwargs": {"gguf_file": "/etc/passwd"}}, ("processor_kwargs.gguf_file",)),
+    (SBERT, {"tokenizer_name_or_path": "../elsewhere"}, ("tokenizer_name_or_path",)),
+    (SBERT, {"model_kwargs": {"attn_implementation": "kernels-community/x"}}, ("attn_implementation",)),
+    (SBERT, {"backend": "onnx"}, ("backend",)),
+    ("config.json", {"model_type": "evil"}, ("model_type", "evil")),
+    ("config.json", {"text_config": {"auto_map": {"AutoModel": "evil.EvilModel"}}}, ("auto_map",)),
+    ("config.json", {"quantization_config": {"quant_method": "bitsandbytes"}}, ("quantization_config",)),
+    ("tokenizer_config.json", {"tokenizer_class": "evil.EvilTokenizer"}, ("tokenizer_class",)),
+    ("tokenizer_config.json", {"tokenizer_file": "/etc/passwd"}, ("tokenizer_file",)),
+    ("2_Dense/config.json", {"activation_function": "torch.hub.load"}, ("torch.hub.load",)),
+    ("2_Dense/config.json", {"activation_function": "torch.testing._internal.common_utils.TestCase"},
+     ("torch.testing",)),
+    ("1_Pooling/config.json", {"weights_only": False}, ("weights_only",)),
     ("modules.json", lambda m: [m[0], {**m[1], "path": "../outside"}, *m[2:]], ("outside the model",)),
 ])
 def test_each_loader_option_is_refused_in_one_line(st_model, tmp_path, capsys, where, change, words):
-    folder = Path(shutil.copytree(st_model, tmp_path / "model"))
-    marker = tmp_path / "marker"
-    plant(folder, marker, remove_safetensors=False)
+    folder, marker = planted_copy(st_model, tmp_path, remove_safetensors=False)
     sys.path.insert(0, str(folder))
     try:
-        edit_json(folder / where, change)
+        edit_json(folder / where, change if callable(change) else lambda config: {**config, **change})
         before = set(sys.modules)
         with pytest.raises(UntrustedCodeError) as caught:
             load_sentence_model(str(folder))
@@ -242,9 +217,7 @@ def test_each_loader_option_is_refused_in_one_line(st_model, tmp_path, capsys, w
 def test_allowed_options_still_load(st_model, tmp_path):
     """The allow-list's own entries load, and a key no loader reads as an option (a configuration attribute of
     config.json, a pickle beside safetensors weights) does not make a folder unloadable."""
-    folder = Path(shutil.copytree(st_model, tmp_path / "model"))
-    marker = tmp_path / "marker"
-    plant(folder, marker, remove_safetensors=False)
+    folder, marker = planted_copy(st_model, tmp_path, remove_safetensors=False)
     edit_json(folder / "config.json", lambda c: {**c, "weights_only": False, "use_safetensors": False})
     edit_json(folder / "sentence_bert_config.json", lambda c: {
         **c, "model_kwargs": {"dtype": "float32", "attn_implementation": "eager"},
@@ -257,9 +230,7 @@ def test_allowed_options_still_load(st_model, tmp_path):
 
 def test_a_peft_adapter_s_base_model_is_checked(st_model, tiny_bert, tmp_path):
     folder = Path(shutil.copytree(st_model, tmp_path / "adapter"))
-    base = Path(shutil.copytree(tiny_bert, tmp_path / "base"))
-    marker = tmp_path / "marker"
-    plant(base, marker, remove_safetensors=False)
+    base, marker = planted_copy(tiny_bert, tmp_path, "base", remove_safetensors=False)
     edit_json(base / "config.json", lambda c: {**c, "auto_map": {"AutoModel": "evil.EvilModel"}})
     (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": str(base),
                                                             "r": 8, "target_modules": ["query"]}))
@@ -270,7 +241,7 @@ def test_a_peft_adapter_s_base_model_is_checked(st_model, tiny_bert, tmp_path):
     assert not marker.exists()
 
 
-def test_a_gguf_backbone_is_checked(tiny_bert, tmp_path, capsys):
+def test_a_gguf_backbone_is_checked(tmp_path):
     fake = tmp_path / "x.gguf"
     fake.write_bytes(b"not a gguf file at all")
     assert "is not a GGUF file" in backbone_reason(str(fake))
@@ -282,50 +253,28 @@ def test_a_gguf_backbone_is_checked(tiny_bert, tmp_path, capsys):
     folder.mkdir()
     real = folder / "model.gguf"
     real.write_bytes(b"GGUF" + b"\x00" * 16)
-    marker = tmp_path / "marker"
     (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
     assert "auto_map" in backbone_reason(str(real))
-    assert not marker.exists()
 
 
 def test_train_and_bank_refuse_a_hostile_backbone_before_training(tiny_bert, tmp_path, capsys):
-    backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
-    marker = tmp_path / "marker"
-    plant(backbone, marker)
+    backbone, marker = planted_copy(tiny_bert, tmp_path, "backbone")
     data = tmp_path / "pairs.csv"
     data.write_text("sentence1,sentence2,score\na cat,a dog,0.5\nthe man,a woman,0.2\n")
-    for argv in (["train", "dcpcse", "--backbone", str(backbone), "--max-steps", "1", "--output",
-                  str(tmp_path / "out"), "--no-progress"],
-                 ["train", "simcse", "--backbone", str(backbone), "--max-steps", "1", "--output",
-                  str(tmp_path / "out2"), "--no-progress"],
+    for argv in (*(["train", method, "--backbone", str(backbone), "--max-steps", "1", "--output",
+                    str(tmp_path / method), "--no-progress"] for method in ("dcpcse", "simcse")),
                  ["bank", "train", str(tmp_path / "bank"), "sts", "--data", str(data), "--backbone", str(backbone),
                   "--no-progress"]):
         _one_line_refusal(argv, capsys, marker, ("pickled weight file", "--trust-remote-code"))
-    assert not (tmp_path / "out").exists() and not (tmp_path / "bank").exists()
+    assert not any((tmp_path / name).exists() for name in ("dcpcse", "simcse", "bank"))
 
 
 def test_bank_add_reads_a_hostile_source_as_data(tiny_bert, tmp_path, capsys):
     """``bank add`` reads a set's prompts as data: a pickle and an evil.py beside them never run."""
-    from st_prompts import bank
+    from st_prompts import bank, save_prompts_only
 
-    model = bank.create_bank(tiny_bert)
-    model.save(str(tmp_path / "bank"))
-    source = bank.create_bank(tiny_bert)
-    with bank.training_prompt_set(source, "sts", prefix_length=2, prefix_gate=False):
-        pass
-    from st_prompts import save_prompts_only
-
-    encoder = source[0]
-    trained = encoder.prompt_sets["sts"]
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer
-
-    single = PromptedTransformer(tiny_bert, prefix_length=2)
-    single.prefix_encoder.load_state_dict(trained.state_dict())
-    save_prompts_only(SentenceTransformer(modules=[single, Pooling(32, "mean")], device="cpu"),
-                      str(tmp_path / "set"))
+    bank.create_bank(tiny_bert).save(str(tmp_path / "bank"))
+    save_prompts_only(prompted_model(tiny_bert, prefix_length=2), str(tmp_path / "set"))
     marker = tmp_path / "marker"
     plant(tmp_path / "set", marker)
     edit_json(tmp_path / "set" / "sentence_bert_config.json", lambda c: {**c, "model_kwargs": {"weights_only": False}})
@@ -366,17 +315,11 @@ layout = st.tuples(st.booleans(), st.sampled_from((None, *HAZARDS)))
 EXAMPLES = int(os.environ.get("ST_PROMPTS_FUZZ_EXAMPLES", "40"))
 
 
-def _containers(data, found=None, depth=0):
+def _containers(data) -> list[dict]:
     """Every dict inside ``data`` (itself included), to place a key at any level."""
-    found = [] if found is None else found
     if isinstance(data, dict):
-        found.append(data)
-        for value in data.values():
-            _containers(value, found, depth + 1)
-    elif isinstance(data, list):
-        for value in data:
-            _containers(value, found, depth + 1)
-    return found
+        return [data, *(found for value in data.values() for found in _containers(value))]
+    return [found for value in data for found in _containers(value)] if isinstance(data, list) else []
 
 
 def _apply(folder: Path, which: int, key: str, value, level: int) -> None:

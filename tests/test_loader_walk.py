@@ -1,9 +1,6 @@
-"""The check walks what the loader will read: Router routes that are whole models, config.json keys at any depth
-(no hub kernel), shard indexes and symlinks (no path out of the folder), malformed module files (one line).
-
-Every refusal is one line (:class:`UntrustedCodeError` in Python, exit 2 and one ``error:`` line from the CLI) and
-never tells the user to install a package.
-"""
+"""The check walks what the loader will read: Router routes that are whole models, config.json keys at any depth (no
+hub kernel), shard indexes and symlinks (no path out of the folder), malformed module files. Every refusal is one line
+(:class:`UntrustedCodeError` in Python, exit 2 from the CLI) and never tells the user to install a package."""
 
 from __future__ import annotations
 
@@ -23,21 +20,18 @@ SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 EVIL_KERNEL = "someone-else/evil-kernel@deadbeef"
 
 
-def routed_model(tiny_bert: str, path: Path) -> Path:
-    """A saved model whose only module is a Router with two routes that are whole SentenceTransformers (what
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory, tiny_bert) -> Path:
+    """A saved model whose only module is a Router of two routes that are whole SentenceTransformers (as
     sentence-transformers' own docs show: one embedder for queries, another for documents)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.router import Router
 
+    path = tmp_path_factory.mktemp("routed") / "model"
     query, document = st_model(tiny_bert, "cls", max_seq_length=32), st_model(tiny_bert, max_seq_length=32)
     router = Router.for_query_document(query_modules=[query], document_modules=[document])
     SentenceTransformer(modules=[router], device="cpu").save(str(path))
     return path
-
-
-@pytest.fixture(scope="module")
-def routed(tmp_path_factory, tiny_bert) -> Path:
-    return routed_model(tiny_bert, tmp_path_factory.mktemp("routed") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +60,23 @@ def test_a_router_of_whole_models_loads(routed):
     assert model.encode_query(["a cat"]).shape == (1, 32) and model.encode_document(["a cat"]).shape == (1, 32)
 
 
-@pytest.mark.parametrize("where, change, words", [
-    ("document_0_SentenceTransformer/sentence_bert_config.json",
-     lambda c: {**c, "model_kwargs": {"weights_only": False}}, ("weights_only",)),
-    ("document_0_SentenceTransformer/sentence_bert_config.json",
-     lambda c: {**c, "tokenizer_name_or_path": "../../elsewhere"}, ("tokenizer_name_or_path",)),
-    ("document_0_SentenceTransformer/config.json", lambda c: {**c, "attn_implementation": EVIL_KERNEL},
-     ("attn_implementation", "kernel")),
-    ("document_0_SentenceTransformer/modules.json",
-     lambda m: [{**m[0], "type": "evil.EvilModel"}] + m[1:], ("evil.EvilModel",)),
-    ("document_0_SentenceTransformer/modules.json",
-     lambda m: [{**m[0], "path": "../../outside"}] + m[1:], ("outside",)),
-    ("document_0_SentenceTransformer/1_Pooling/config.json", lambda c: {**c, "evil_option": 1}, ("evil_option",)),
+DOC = "document_0_SentenceTransformer"
+
+
+@pytest.mark.parametrize("where, change, words", [  # change: keys set at the top of the file, or a function
+    (f"{DOC}/sentence_bert_config.json", {"model_kwargs": {"weights_only": False}}, ("weights_only",)),
+    (f"{DOC}/sentence_bert_config.json", {"tokenizer_name_or_path": "../../elsewhere"}, ("tokenizer_name_or_path",)),
+    (f"{DOC}/config.json", {"attn_implementation": EVIL_KERNEL}, ("attn_implementation", "kernel")),
+    (f"{DOC}/modules.json", lambda m: [{**m[0], "type": "evil.EvilModel"}] + m[1:], ("evil.EvilModel",)),
+    (f"{DOC}/modules.json", lambda m: [{**m[0], "path": "../../outside"}] + m[1:], ("outside",)),
+    (f"{DOC}/1_Pooling/config.json", {"evil_option": 1}, ("evil_option",)),
     ("router_config.json", lambda c: {**c, "types": {**c["types"], "query_0_SentenceTransformer": "evil.Model"}},
      ("evil.Model",)),
-    ("router_config.json", lambda c: {**c, "types": ["not", "an", "object"]}, ("types",)),
+    ("router_config.json", {"types": ["not", "an", "object"]}, ("types",)),
 ])
 def test_a_router_nested_model_is_checked_at_every_depth(routed, tmp_path, capsys, where, change, words):
     folder = Path(shutil.copytree(routed, tmp_path / "model"))
-    path = folder / where
-    if path.name == "config.json" and path.parent.name == "document_0_SentenceTransformer":
-        path = folder / "document_0_SentenceTransformer" / "0_Transformer" / "config.json"
-        if not path.exists():
-            path = folder / "document_0_SentenceTransformer" / "config.json"
-    edit_json(path, change)
+    edit_json(folder / where, change if callable(change) else lambda config: {**config, **change})
     _refused(folder, *words)
     assert all(word in cli_error(_evaluate(folder), capsys) for word in words)
 
@@ -97,7 +84,7 @@ def test_a_router_nested_model_is_checked_at_every_depth(routed, tmp_path, capsy
 def test_a_route_of_a_route_is_walked_too(routed, tmp_path):
     """A Router inside a route's model (two levels down) is checked like the top one."""
     folder = Path(shutil.copytree(routed, tmp_path / "model"))
-    inner = folder / "document_0_SentenceTransformer"
+    inner = folder / DOC
     shutil.rmtree(inner)
     shutil.copytree(routed, inner)  # the document route is itself a routed model
     assert untrusted_reason(str(folder)) is None
@@ -153,29 +140,16 @@ def test_local_attention_implementations_still_load(plain, tmp_path):
 # ----------------------------------------------------------------------------------------- shards and symlinks
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory, tiny_bert) -> Path:
-    """A model whose transformer weights are sharded (model.safetensors.index.json and two or more shards)."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    """A saved model whose transformer weights are sharded (model.safetensors.index.json and two or more shards)."""
     from transformers import AutoModel
 
     root = tmp_path_factory.mktemp("sharded")
-    backbone = root / "backbone"
-    AutoModel.from_pretrained(tiny_bert).save_pretrained(str(backbone), max_shard_size="40KB")
-    for name in os.listdir(tiny_bert):
-        if "token" in name or name.startswith("vocab") or name.startswith("special"):
-            shutil.copy(os.path.join(tiny_bert, name), backbone / name)
-    assert (backbone / "model.safetensors.index.json").exists()
-    path = root / "model"
-    SentenceTransformer(modules=[Transformer(str(backbone), max_seq_length=32), Pooling(32, "mean")],
-                        device="cpu").save(str(path))
-    index = path / "model.safetensors.index.json"
-    if not index.exists():  # sentence-transformers saved it whole: shard it again in the module folder
-        AutoModel.from_pretrained(str(path)).save_pretrained(str(root / "tmp"), max_shard_size="40KB")
-        (path / "model.safetensors").unlink()
-        for name in os.listdir(root / "tmp"):
-            if "safetensors" in name:
-                shutil.copy(root / "tmp" / name, path / name)
-    assert index.exists()
+    path = save_plain(root / "model", tiny_bert, max_seq_length=32)  # (saved whole: sharded again in its folder)
+    AutoModel.from_pretrained(str(path)).save_pretrained(str(root / "shards"), max_shard_size="40KB")
+    (path / "model.safetensors").unlink()
+    for shard in (root / "shards").glob("*safetensors*"):
+        shutil.copy(shard, path / shard.name)
+    assert (path / "model.safetensors.index.json").exists()
     return path
 
 
@@ -240,16 +214,15 @@ def test_a_hub_cache_snapshot_may_link_to_its_blobs(plain, tmp_path):
 
 
 # -------------------------------------------------------------------------------------- malformed module files
+POOLING, TRANSFORMER = ("sentence_transformers.sentence_transformer.modules.Pooling",
+                        "sentence_transformers.base.modules.transformer.Transformer")
+
+
 @pytest.mark.parametrize("modules", [
-    {"0": {"type": "sentence_transformers.sentence_transformer.modules.Pooling"}},
-    [],
-    ["sentence_transformers.sentence_transformer.modules.Pooling"],
-    [{"idx": 0, "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}],
-    [{"idx": 0, "name": 0, "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}],
-    [{"idx": 0, "name": "0", "path": 5, "type": "sentence_transformers.base.modules.transformer.Transformer"}],
+    {"0": {"type": POOLING}}, [], [POOLING], [{"idx": 0, "path": "", "type": TRANSFORMER}],
+    [{"idx": 0, "name": 0, "path": "", "type": TRANSFORMER}], [{"idx": 0, "name": "0", "path": 5, "type": TRANSFORMER}],
     [{"idx": 0, "name": "0", "path": "", "type": None}],
-    [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer",
-      "kwargs": "task"}],
+    [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER, "kwargs": "task"}],
 ])
 def test_a_malformed_modules_json_is_one_line(plain, tmp_path, capsys, modules):
     folder = Path(shutil.copytree(plain, tmp_path / "model"))

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import edit_json, save_plain
+from conftest import cli_out, edit_json, one_error_line, save_plain
 
 from st_prompts.errors import DataNotFoundError, UntrustedCodeError
 from st_prompts.loading import load_sentence_model, pooling_label, should_trust_remote_code
 
+SENTEVAL = Path(__file__).parent / "fixtures" / "senteval"
 ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling"
 
 
@@ -24,11 +25,8 @@ def st_folder(tmp_path_factory, tiny_bert) -> Path:
 
 def _edit_modules(folder: Path, **types: str) -> None:
     """Replace the ``type`` of the modules whose class name (last component) is a key of ``types``."""
-    modules = json.loads((folder / "modules.json").read_text())
-    for module in modules:
-        short = module["type"].rsplit(".", 1)[-1]
-        module["type"] = types.get(short, module["type"])
-    (folder / "modules.json").write_text(json.dumps(modules))
+    edit_json(folder / "modules.json", lambda modules: [
+        {**module, "type": types.get(module["type"].rsplit(".", 1)[-1], module["type"])} for module in modules])
 
 
 @pytest.fixture
@@ -51,51 +49,21 @@ def evil_folder(st_folder, tmp_path, monkeypatch) -> tuple[Path, Path]:
 
 
 def test_sentence_transformers_classes_load_without_any_trust(st_folder):
-    assert should_trust_remote_code(str(st_folder)) is True
+    assert should_trust_remote_code(str(st_folder)) is True and should_trust_remote_code("minilm") is True
     model = load_sentence_model(str(st_folder), device="cpu")
     assert model.trust_remote_code is False  # nothing is granted: their classes are sentence-transformers' own
     assert load_sentence_model(str(st_folder), False, device="cpu").trust_remote_code is False
 
 
-def test_packaged_minilm_is_trusted():
-    assert should_trust_remote_code("minilm") is True
-
-
-def test_st_prompts_classes_are_trusted(st_folder, tmp_path):
+def test_st_prompts_classes_are_trusted_and_code_or_unreadable_files_are_not(st_folder, tiny_bert, tmp_path):
     folder = Path(shutil.copytree(st_folder, tmp_path / "prompted"))
     _edit_modules(folder, Transformer="st_prompts.modules.prompted_transformer.PromptedTransformer")
     assert should_trust_remote_code(str(folder)) is True
     _edit_modules(folder, PromptedTransformer="st_prompts_extra.Module")  # a prefix match is not enough
     assert should_trust_remote_code(str(folder)) is False
-
-
-def test_foreign_class_is_refused_without_running_it(evil_folder):
-    folder, marker = evil_folder
-    assert should_trust_remote_code(str(folder)) is False
-    for trust in (None, False):
-        with pytest.raises(UntrustedCodeError) as caught:
-            load_sentence_model(str(folder), trust, device="cpu")
-        message = str(caught.value)
-        assert "evil_pkg.Module" in message and "--trust-remote-code" in message and "\n" not in message
-        assert isinstance(caught.value, ValueError)
-    assert not marker.exists() and "evil_pkg" not in sys.modules
-
-
-def test_explicit_trust_overrides_the_decision(evil_folder):
-    folder, marker = evil_folder
-    model = load_sentence_model(str(folder), True, device="cpu")
-    assert marker.read_text() == "imported"  # the foreign module was imported: trust was passed on
-    assert model.trust_remote_code is True
-    assert model.encode(["a man plays the guitar"]).shape == (1, 32)
-
-
-def test_custom_modelling_code_is_not_trusted(st_folder, tmp_path):
-    folder = Path(shutil.copytree(st_folder, tmp_path / "auto-map"))
+    folder = Path(shutil.copytree(st_folder, tmp_path / "auto-map"))  # custom modelling code
     edit_json(folder / "config.json", lambda config: {**config, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}})
     assert should_trust_remote_code(str(folder)) is False
-
-
-def test_unreadable_modules_json_is_not_trusted(tiny_bert, tmp_path, st_folder):
     assert should_trust_remote_code(tiny_bert) is True  # a plain transformers folder without auto_map: no code
     assert should_trust_remote_code(str(tmp_path / "no-such-folder")) is False
     broken = Path(shutil.copytree(st_folder, tmp_path / "broken"))
@@ -104,6 +72,28 @@ def test_unreadable_modules_json_is_not_trusted(tiny_bert, tmp_path, st_folder):
     (broken / "modules.json").write_text(json.dumps([{"path": "", "type": ST_POOLING, "idx": 0, "name": "0"},
                                                       {"path": "../elsewhere", "type": ST_POOLING}]))
     assert should_trust_remote_code(str(broken)) is False
+
+
+def test_a_foreign_class_is_refused_without_running_it_unless_trusted(evil_folder, capsys):
+    folder, marker = evil_folder
+    assert should_trust_remote_code(str(folder)) is False
+    for trust in (None, False):
+        with pytest.raises(UntrustedCodeError) as caught:
+            load_sentence_model(str(folder), trust, device="cpu")
+        message = str(caught.value)
+        assert "evil_pkg.Module" in message and "--trust-remote-code" in message and "\n" not in message
+        assert isinstance(caught.value, ValueError)
+    argv = ["evaluate", str(folder), "--senteval-dir", str(SENTEVAL), "--tasks", "stsb", "--no-progress"]
+    code, out, err = cli_out(argv, capsys)
+    line = one_error_line(err, alone=True)
+    assert code == 2 and out == "" and line.startswith("st-prompts evaluate: error: "), line
+    assert "evil_pkg.Module" in line and "--trust-remote-code" in line
+    assert not marker.exists() and "evil_pkg" not in sys.modules
+    code, out, _ = cli_out([*argv, "--trust-remote-code"], capsys)
+    assert code == 0 and "STS-B" in out and marker.read_text() == "imported"  # trust was passed on
+    model = load_sentence_model(str(folder), True, device="cpu")
+    assert model.trust_remote_code is True
+    assert model.encode(["a man plays the guitar"]).shape == (1, 32)
 
 
 def test_hub_ids_are_read_through_hf_hub_download(tmp_path, monkeypatch):
@@ -155,12 +145,7 @@ def test_pooling_labels(st_folder, tiny_bert):
 
 
 def test_trusted_but_missing_code_is_a_message_not_a_traceback(st_folder, tmp_path):
-    import shutil
-
-    from st_prompts.errors import DataNotFoundError
-
-    folder = tmp_path / "missing-code"
-    shutil.copytree(st_folder, folder)
+    folder = Path(shutil.copytree(st_folder, tmp_path / "missing-code"))
     _edit_modules(folder, Pooling="no_such_package_xyz.Module")
     with pytest.raises(DataNotFoundError, match="cannot be imported"):
         load_sentence_model(str(folder), trust_remote_code=True)

@@ -6,11 +6,11 @@ import logging
 
 import pytest
 import torch
-from sentence_transformers import SentenceTransformer
+from conftest import prompted_model as cls_prompted_model
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-from sentence_transformers.sentence_transformer.modules import Pooling
 
 from st_prompts import PromptedTransformer
+from st_prompts.errors import ConfigurationError
 from st_prompts.losses import MLMHead, PromptContrastiveLoss, TokenMasker, mlm_weight
 from st_prompts.training import LossStepCallback
 
@@ -18,16 +18,15 @@ SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits o
 NEGATIVES = ["the woman sits", "a red car", "big green tree", "sad water"]
 
 
-def prompted_model(path, **kw):
-    encoder = PromptedTransformer(path, prefix_length=3)
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
+def prompted_model(path):
+    return cls_prompted_model(path, "cls", prefix_length=3)
 
 
 def features(model, texts):
     return dict(model.preprocess(texts))
 
 
-def test_infonce_equals_sentence_transformers_and_the_formula(tiny_bert):
+def test_infonce_equals_sentence_transformers_and_the_formula_and_needs_two_columns(tiny_bert):
     model = prompted_model(tiny_bert).eval()
     loss = PromptContrastiveLoss(model).eval()
     columns = [SENTENCES, SENTENCES[::-1], NEGATIVES]
@@ -41,23 +40,8 @@ def test_infonce_equals_sentence_transformers_and_the_formula(tiny_bert):
     logits = torch.cat([a @ p.T, a @ n.T], dim=1) / 0.05
     by_hand = -(logits.diag() - torch.logsumexp(logits, dim=1)).mean()
     assert torch.allclose(ours["contrastive"], by_hand, atol=1e-4)
-
-
-def test_training_only_mlp(tiny_bert):
-    model = prompted_model(tiny_bert)
-    loss = PromptContrastiveLoss(model, mlp=True)
-    assert isinstance(loss.mlp[0], torch.nn.Linear) and isinstance(loss.mlp[1], torch.nn.Tanh)
-    model.eval(), loss.eval()
-    with torch.no_grad():
-        evaluation = loss([features(model, SENTENCES), features(model, SENTENCES)], None)["contrastive"]
-        plain = PromptContrastiveLoss(model, mlp=False).eval()([features(model, SENTENCES), features(model, SENTENCES)], None)
-    assert torch.allclose(evaluation, plain["contrastive"])  # MLP unused outside training
-    loss.train()
-    out = loss([features(model, SENTENCES), features(model, SENTENCES)], None)
-    out["contrastive"].backward()
-    assert loss.mlp[0].weight.grad is not None and loss.mlp[0].weight.grad.abs().sum() > 0
-    # never part of the saved model
-    assert not any(p is loss.mlp[0].weight for p in model.parameters())
+    with pytest.raises(ConfigurationError, match="anchor, positive"):
+        loss([features(model, SENTENCES)], None)
 
 
 def no_dropout(model):
@@ -117,6 +101,8 @@ def test_training_only_parts_follow_the_models_mode(tiny_backbones):
     """The trainer switches the model's mode, never the loss's: MLP, MLM and the step counter key on the model."""
     model = prompted_model(tiny_backbones("bert", head=True))
     loss = PromptContrastiveLoss(model, mlp=True, mlm_weight=0.1)
+    assert isinstance(loss.mlp[0], torch.nn.Linear) and isinstance(loss.mlp[1], torch.nn.Tanh)
+    assert not any(p is loss.mlp[0].weight for p in model.parameters())  # never part of the saved model
     loss.train()  # the loss's own flag must not matter
     model.eval()
     with torch.no_grad():
@@ -128,6 +114,8 @@ def test_training_only_parts_follow_the_models_mode(tiny_backbones):
     model.train()
     out = loss([features(model, SENTENCES), features(model, SENTENCES)], None)
     assert set(out) == {"contrastive", "mlm"} and loss.step == 1
+    out["contrastive"].backward()
+    assert loss.mlp[0].weight.grad is not None and loss.mlp[0].weight.grad.abs().sum() > 0
 
 
 def test_mlm_weight_does_not_move_during_trainer_evaluation(tiny_backbones, tmp_path):
@@ -218,27 +206,13 @@ def test_mlm_head_from_checkpoint_trains_and_leaves_the_encoder_alone(tiny_backb
     assert torch.equal(head.head["cls"].predictions.decoder.weight, encoder.auto_model.get_input_embeddings().weight)
 
 
-def test_loss_needs_two_columns(tiny_bert):
-    from st_prompts.errors import ConfigurationError
-
-    model = prompted_model(tiny_bert)
-    with pytest.raises(ConfigurationError, match="anchor, positive"):
-        PromptContrastiveLoss(model)([features(model, SENTENCES)], None)
-
-
 def test_mlm_pass_reuses_the_prefix_draw_of_the_contrastive_pass(tiny_backbones):
     """Official DCPCSE: the masked copy runs with the same ``past_key_values`` (same prefix dropout draw)."""
     model = prompted_model(tiny_backbones("bert", head=True)).train()
     encoder = model[0]
     drawn = []
     original = encoder.prefix_encoder.values
-
-    def recording(batch_size):
-        values = original(batch_size)
-        drawn.append(values)
-        return values
-
-    encoder.prefix_encoder.values = recording
+    encoder.prefix_encoder.values = lambda batch_size: drawn.append(original(batch_size)) or drawn[-1]
     loss = PromptContrastiveLoss(model, mlm_weight=0.1)
     used = []
     hook = encoder.register_forward_hook(lambda module, args, out: used.append(out["prefix_values"]))

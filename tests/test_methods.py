@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 
-from st_prompts import methods
+from st_prompts import methods, save_prompts_only
 from st_prompts.errors import ConfigurationError
 from st_prompts.methods.base import Method, TrainSettings
 
@@ -30,34 +31,29 @@ def test_registry_discovers_the_method_files():
         methods.get("nope")
 
 
-def test_settings_validate_names_and_choices():
-    with pytest.raises(ConfigurationError, match="no option"):
-        methods.settings("dcpcse", scale="cpu", mlp=True)  # the old boolean is gone: an error, not a silent no-op
-    with pytest.raises(ConfigurationError, match="mlp_head='always'"):
-        methods.settings("dcpcse", scale="cpu", mlp_head="always")
-    with pytest.raises(ConfigurationError, match="Unknown scale"):
-        methods.settings("dcpcse", scale="gpu")
+def test_settings_validate_names_and_choices_and_keep_the_official_presets():
+    # mlp: the old boolean is gone (an error, not a silent no-op)
+    for bad, match in ((dict(mlp=True), "no option"), (dict(mlp_head="always"), "mlp_head='always'"),
+                       (dict(scale="gpu"), "Unknown scale")):
+        with pytest.raises(ConfigurationError, match=match):
+            methods.settings("dcpcse", **{"scale": "cpu", **bad})
     s = methods.settings("dcpcse", True, "cpu", learning_rate=0.5, prefix_length=None)
     assert s.learning_rate == 0.5 and s.prefix_length == 12  # None means "keep the preset"
-
-
-def test_supervised_paper_presets_keep_the_mlp_at_inference():
-    """Official code: unsupervised runs use the MLP in training only, supervised runs keep it (``--pooler_type cls``)."""
+    # the official code: unsupervised runs use the MLP in training only, supervised runs keep it
     for name in ("dcpcse", "simcse", "scpcse"):
         assert methods.settings(name, False, "paper").mlp_head == "train_only"
         assert methods.settings(name, True, "paper").mlp_head == "saved"
-
-
-def test_scpcse_template_constant_matches_the_encoders():
+    from st_prompts.cli import build_parser
     from st_prompts.methods.scpcse.config import SCPCSE_TEMPLATE as light
     from st_prompts.prompts.shallow import SCPCSE_TEMPLATE
 
     assert light == SCPCSE_TEMPLATE
+    args = build_parser().parse_args(["train", "dcpcse", "--scale", "cpu", "--no-prefix-gate"])
+    assert args.prefix_gate is False  # the official prefix
 
 
 @pytest.mark.parametrize("prompts_only", [False, True])
 def test_saved_mlp_head_is_applied_saved_and_reloaded(tiny_bert, tmp_path, prompts_only):
-    from st_prompts import save_prompts_only
     from st_prompts.training.run import count_parameters
 
     model = methods.build("dcpcse", backbone=tiny_bert, supervised=True, scale="cpu", prefix_length=3,
@@ -83,23 +79,17 @@ def test_saved_mlp_head_is_applied_saved_and_reloaded(tiny_bert, tmp_path, promp
 
 
 def test_head_learning_rate_gets_its_own_optimizer_group(tiny_bert, tmp_path):
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer
-    from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
+    from st_prompts.training.run import stage_trainer
 
     for mode, owner in (("saved", "dense"), ("train_only", "loss")):
         settings = methods.settings("dcpcse", True, "cpu", backbone=tiny_bert, prefix_length=3, mlp_head=mode,
-                                    head_learning_rate=1e-4, learning_rate=1e-2)
+                                    head_learning_rate=1e-4, learning_rate=1e-2, max_steps=1)
         model = methods.get("dcpcse").build_model(settings)
-        stage = methods.get("dcpcse").stages(settings)[0]
-        loss = stage.build_loss(model, settings)
-        args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to="none",
-                                                    learning_rate=settings.learning_rate, use_cpu=True,
-                                                    learning_rate_mapping=stage.learning_rates(model, settings))
         data = Dataset.from_dict({"anchor": SENTENCES, "positive": SENTENCES, "negative": SENTENCES[::-1]})
-        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss)
+        trainer, _, _ = stage_trainer(settings, methods.get("dcpcse").stages(settings)[0], data, model,
+                                      show_progress_bar=False, trainer_dir=str(tmp_path))
         optimizer = trainer.create_optimizer()
-        head = model[-1].linear.weight if owner == "dense" else loss.mlp[0].weight
+        head = model[-1].linear.weight if owner == "dense" else trainer.loss.mlp[0].weight
         prefix = model[0].prefix_encoder.embedding.weight
         lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
         assert lr_of[id(head)] == 1e-4 and lr_of[id(prefix)] == 1e-2
@@ -107,14 +97,18 @@ def test_head_learning_rate_gets_its_own_optimizer_group(tiny_bert, tmp_path):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; from st_prompts.cli import main\n"
+    """Nor do a method's generated options for its recipe script (``method_parser``)."""
+    code = ("import sys; from st_prompts.cli import main; from st_prompts.commands.train import method_parser\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "try:\n    main(['train', 'dcpcse', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(method_parser('d2cse', 'D2CSE').format_help())\n"
             "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets', 'faiss', 'matplotlib')"
             " if m in sys.modules]\nprint('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out
-    assert "--prefix-length" in out and "--mlp-head" in out  # options generated from the settings class
+    for flag in ("--prefix-length", "--mlp-head", "--cls-prompt", "--crtd-weight", "--masking-ratio", "--generator",
+                 "--corruption-cache"):  # options generated from the settings classes
+        assert flag in out, flag
 
 
 @pytest.mark.parametrize("method, supervised, gated", [
@@ -122,9 +116,7 @@ def test_help_does_not_import_torch():
     ("diffaug", False, True), ("diffaug", True, False), ("skicse", False, False), ("skicse", True, False),
 ])
 def test_cpu_presets_gate_where_three_seeds_moved_the_selection_set_up(method, supervised, gated):
-    """Issue 51: the --scale cpu presets gate the prefix where the three-seed STS-B dev mean was higher with the gate
-    on the CPU (benchmarks/results/run_all/run_all.md: DCPCSE unsup, DiffAug semi; not D2CSE unsup, -0.53 there
-    though +0.46 on an H100); the paper presets never do; the option turns it on and off."""
+    """Gated where the three-seed STS-B dev mean was higher (benchmarks/results/run_all); paper presets never."""
     assert methods.settings(method, supervised, "cpu").prefix_gate is gated
     assert methods.settings(method, supervised, "cpu", prefix_gate=False).prefix_gate is False
     assert methods.settings(method, supervised, "cpu", prefix_gate=True).prefix_gate is True
@@ -133,17 +125,9 @@ def test_cpu_presets_gate_where_three_seeds_moved_the_selection_set_up(method, s
         assert methods.settings(method, supervised, "paper", backbone=backbone).prefix_gate is False
 
 
-def test_no_prefix_gate_on_the_command_line_gives_the_official_prefix():
-    from st_prompts.cli import build_parser
-
-    args = build_parser().parse_args(["train", "dcpcse", "--scale", "cpu", "--no-prefix-gate"])
-    assert args.prefix_gate is False
-
-
 def test_every_method_folder_is_registered_described_and_listed_in_the_docs():
-    """Adding a method is its folder, a recipe, a test and a docs page (CONTRIBUTING.md): the folder is found by its
-    config.py, which names the paper (cited by every model card it trains) and the line of the methods tables, and
-    README.md's and docs/index.md's tables are the registry's (python -m st_prompts.methods.catalog)."""
+    """A method is its folder (found by its config.py, naming the paper), a recipe, a test and a docs page
+    (CONTRIBUTING.md); README.md's and docs/index.md's tables are the registry's."""
     from st_prompts.methods import catalog
 
     package = Path(methods.__file__).parent
@@ -165,12 +149,10 @@ def test_a_method_card_cites_its_paper(tiny_bert):
     assert card.get_default_model_name().startswith("DiffAug on ")
 
 
-
 def test_contributing_walks_a_seventh_method_end_to_end(tiny_bert, data_dir, tmp_path, monkeypatch):
     """CONTRIBUTING.md's code blocks, each headed by its path, are a whole method: built into a package here,
     registered, its test block run (two training steps, save, reload), its recipe compiled."""
     import re
-    import sys
 
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     blocks = {match.group(1): match.group(2) for match in

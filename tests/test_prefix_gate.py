@@ -1,39 +1,27 @@
-"""A gated prefix (zero-initialised attention, LLaMA-Adapter) starts exactly as its backbone: on every architecture,
-alone and mixed per row with ungated sets, through save -> load and prompts-only -> load; it trains (the gate first);
+"""A gated prefix (zero-initialised attention, LLaMA-Adapter) starts exactly as its backbone, trains (the gate first),
 and training a set with an evaluator evaluates step 0, so the kept weights are never below the start."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
-from sentence_transformers import SentenceTransformer
+from conftest import edit_json, random_prefix, st_model
 from sentence_transformers.sentence_transformer.losses import CoSENTLoss
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 from test_architectures import ARCHITECTURES, SENTENCES, pooling
 
 from st_prompts import PromptedTransformer, bank, save_prompts_only
 from st_prompts.loading import load_sentence_model
 
-FIXTURES = Path(__file__).parent / "fixtures"
-
 
 def plain_and_gated(path: str, model_type: str, length: int = 4):
-    """The backbone as sentence-transformers loads it, and the same backbone with an untrained gated prefix whose
-    keys/values are large (so that an open gate would move every output)."""
-    plain = SentenceTransformer(modules=[Transformer(path), Pooling(32, pooling(model_type))], device="cpu")
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=length, prefix_gate=True)
-    with torch.no_grad():
-        encoder.prefix_encoder.embedding.weight.normal_()
-    gated = SentenceTransformer(modules=[encoder, Pooling(32, pooling(model_type))], device="cpu")
-    for model in (plain, gated):
-        model.max_seq_length = 48
-    return plain, gated
+    """The backbone, and the backbone with an untrained gated prefix that an open gate would let move every output."""
+    plain = st_model(path, pooling(model_type), max_seq_length=48)
+    encoder = random_prefix(path, length, prefix_gate=True, max_seq_length=48)
+    return plain, st_model(encoder, pooling(model_type))
 
 
 def embed(model, texts=SENTENCES, **kwargs) -> torch.Tensor:
@@ -60,8 +48,7 @@ def test_an_untrained_gated_set_is_the_shipped_minilm(minilm, minilm_path):
 
 @pytest.mark.parametrize("model_type", ["bert", "llama"])
 def test_gated_and_ungated_sets_mix_per_row(tiny_backbones, model_type, tmp_path):
-    """Rows of a gated set, an ungated set and the plain backbone in one pass, each equal to its single-task
-    embedding; the bank saves and loads (full and prompts-only) with its gate."""
+    """Each row equals its single-task embedding; the bank saves and loads (full and prompts-only) with its gate."""
     path = tiny_backbones(model_type)
     model = bank.create_bank(path, pooling=pooling(model_type))
     encoder = model[0]
@@ -85,8 +72,7 @@ def test_gated_and_ungated_sets_mix_per_row(tiny_backbones, model_type, tmp_path
 
     single = PromptedTransformer(path, prefix_length=4, prefix_gate=True)
     single.prefix_encoder.load_state_dict(encoder.prompt_sets["gated"].state_dict())
-    one = SentenceTransformer(modules=[single, Pooling(32, pooling(model_type))], device="cpu")
-    save_prompts_only(one, str(tmp_path / "gated-prompts"))
+    save_prompts_only(st_model(single, pooling(model_type)), str(tmp_path / "gated-prompts"))
     again = load_sentence_model(str(tmp_path / "gated-prompts"))
     torch.testing.assert_close(embed(again, SENTENCES[:1]), alone[:1], atol=1e-5, rtol=1e-5)
     other = bank.create_bank(path, pooling=pooling(model_type))
@@ -102,20 +88,19 @@ def test_banks_saved_before_the_gate_load_and_encode_as_before(tiny_bert, tmp_pa
     model[0].new_prompt_set("sts", prefix_length=3)
     before = embed(model, task="sts")
     model.save(str(tmp_path / "old"))
-    config_path = tmp_path / "old" / "sentence_bert_config.json"
-    config = json.loads(config_path.read_text())
-    for options in config["prompt_sets"].values():
-        options.pop("prefix_gate")
-    config.pop("prefix_gate")
-    config_path.write_text(json.dumps(config))
+
+    def drop_the_gate(config):
+        for options in [config, *config["prompt_sets"].values()]:
+            options.pop("prefix_gate")
+
+    edit_json(tmp_path / "old" / "sentence_bert_config.json", drop_the_gate)
     loaded = load_sentence_model(str(tmp_path / "old"))
     assert not loaded[0].prompt_sets["sts"].gated
     torch.testing.assert_close(embed(loaded, task="sts"), before, atol=1e-6, rtol=0)
 
 
 def test_a_gated_prefix_trains_gate_first(tiny_bert):
-    """At the start only the gate gets gradient (the prefix's output is multiplied by tanh(0) = 0); after a step the
-    prefix does too."""
+    """At first only the gate gets gradient (the prefix's output is multiplied by tanh(0) = 0), then the prefix."""
     model = bank.create_bank(tiny_bert)
     data = Dataset.from_dict({"sentence1": SENTENCES[:2], "sentence2": SENTENCES[2:], "score": [0.9, 0.1]})
     with bank.training_prompt_set(model, "sts", prefix_length=3, prefix_gate=True) as trained:

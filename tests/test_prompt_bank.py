@@ -1,4 +1,5 @@
-"""Many tasks on one frozen backbone: prompt sets chosen per call and per row, trained one at a time, saved, searched."""
+"""Many tasks on one frozen backbone: prompt sets chosen per call and per row, trained one at a time, saved,
+searched."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import json
 
 import pytest
 import torch
-from conftest import encode, make_tiny_backbone, random_bank
+from conftest import encode, make_tiny_backbone, prompted_model, random_bank
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.losses import CoSENTLoss, MultipleNegativesRankingLoss
-from sentence_transformers.sentence_transformer.modules import Pooling
 
-from st_prompts import PromptedTransformer, bank, save_prompts_only
+from st_prompts import bank, save_prompts_only
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
 
 TEXTS = ["the man plays guitar .", "a dog runs in the park with a red car and a big tree near the water", "the cat",
@@ -63,10 +63,7 @@ def test_save_load_and_prompts_only_give_identical_embeddings(tiny_bert, tmp_pat
         loaded = SentenceTransformer(str(tmp_path / folder), trust_remote_code=True, device="cpu")
         assert loaded[0].prompt_set_names == ["short", "long"] and loaded[0].query_task == "short"
         assert torch.equal(encode(loaded, TEXTS, task=tasks), expected), folder
-
-
-def test_an_empty_bank_saves_and_reloads_as_a_bank(tiny_bert, tmp_path):
-    """A bank created without any set yet (``st-prompts bank create``) reloads as a bank that sets can join."""
+    # a bank without any set yet (``st-prompts bank create``) reloads as a bank that sets can join
     model = random_bank(tiny_bert)
     expected = encode(model, TEXTS)
     model.save(str(tmp_path / "empty"))
@@ -90,7 +87,8 @@ def test_encode_query_and_encode_document_use_their_sets(tiny_bert):
 def test_a_set_trained_while_others_exist_leaves_them_and_the_backbone_bit_identical(tiny_bert):
     model = random_bank(tiny_bert, kept=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    data = Dataset.from_dict({"sentence1": TEXTS[:4] * 4, "sentence2": TEXTS[3:7] * 4, "score": [0.9, 0.1, 0.5, 0.3] * 4})
+    data = Dataset.from_dict({"sentence1": TEXTS[:4] * 4, "sentence2": TEXTS[3:7] * 4,
+                              "score": [0.9, 0.1, 0.5, 0.3] * 4})
     result = bank.train_prompt_set(model, "new", data, CoSENTLoss(model), batch_size=4, max_steps=3,
                                    learning_rate=5e-2, show_progress_bar=False, prefix_length=6)
     new = dict(model[0].prompt_sets["new"].named_parameters())
@@ -118,30 +116,20 @@ def test_any_sentence_transformers_loss_trains_a_set(tiny_bert):
 
 
 def test_a_set_for_other_weights_or_another_shape_is_refused(tiny_bert, tiny_backbones, tmp_path):
-    other = make_tiny_backbone(tmp_path / "other", "bert", seed=1)  # same shape, other weights
-    save_prompts_only_model = SentenceTransformer(modules=[PromptedTransformer(other, prefix_length=4),
-                                                           Pooling(32, pooling_mode="mean")], device="cpu")
-    save_prompts_only(save_prompts_only_model, str(tmp_path / "other-prompts"))
+    other = prompted_model(make_tiny_backbone(tmp_path / "other", "bert", seed=1), prefix_length=4)  # other weights
+    save_prompts_only(other, str(tmp_path / "other-prompts"))
     model = random_bank(tiny_bert)
-    with pytest.raises(BackboneMismatchError, match="other backbone weights"):
-        bank.add_prompt_set(model, "x", str(tmp_path / "other-prompts"))
-    with pytest.raises(BackboneMismatchError, match="other backbone weights"):
-        bank.add_prompt_set(model, "x", save_prompts_only_model)
-    deeper = make_tiny_backbone(tmp_path / "deeper", "distilbert")
-    foreign = SentenceTransformer(modules=[PromptedTransformer(deeper, prefix_length=4), Pooling(32, "mean")],
-                                  device="cpu")
-    foreign.save(str(tmp_path / "foreign"))
+    for source in (str(tmp_path / "other-prompts"), other):
+        with pytest.raises(BackboneMismatchError, match="other backbone weights"):
+            bank.add_prompt_set(model, "x", source)
+    prompted_model(tiny_backbones("distilbert"), prefix_length=4).save(str(tmp_path / "foreign"))  # another shape
     with pytest.raises(BackboneMismatchError):
         bank.add_prompt_set(model, "x", str(tmp_path / "foreign"))
     assert model[0].prompt_set_names == []
 
 
 def test_a_set_from_a_folder_of_the_same_backbone_joins_and_encodes_as_it_did(tiny_bert, tmp_path):
-    torch.manual_seed(3)
-    source = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=5),
-                                          Pooling(32, pooling_mode="mean")], device="cpu")
-    with torch.no_grad():
-        source[0].prefix_encoder.embedding.weight.normal_()
+    source = prompted_model(tiny_bert, prefix_length=5, randomise=True)
     expected = encode(source, TEXTS)
     save_prompts_only(source, str(tmp_path / "prompts"))
     source.save(str(tmp_path / "full"))
@@ -153,8 +141,7 @@ def test_a_set_from_a_folder_of_the_same_backbone_joins_and_encodes_as_it_did(ti
         assert torch.allclose(encode(model, TEXTS, task=name), expected, atol=1e-6)
     with pytest.raises(ConfigurationError, match="already has a prompt set"):
         bank.add_prompt_set(model, "other", source)
-    cls = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=5), Pooling(32, "cls")])
-    cls.save(str(tmp_path / "cls"))
+    prompted_model(tiny_bert, "cls", prefix_length=5).save(str(tmp_path / "cls"))
     with pytest.raises(ConfigurationError, match="pools 'cls' but this bank pools 'mean'"):
         bank.add_prompt_set(model, "cls", str(tmp_path / "cls"))
     bank.remove_prompt_set(model, "from-full")

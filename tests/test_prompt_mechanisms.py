@@ -1,7 +1,10 @@
-"""One mechanism for every soft prompt: explicit positions, prefix views by attention mask, input-embedding overrides
-([CLS] prompt, external [CLS] vector), soft and hard templates, template-only features."""
+"""One mechanism for every soft prompt: explicit positions, prefix views, input-embedding overrides ([CLS] prompt,
+external [CLS] vector), soft and hard templates, template-only features."""
 
 from __future__ import annotations
+
+import contextlib
+import shutil
 
 import numpy as np
 import pytest
@@ -9,10 +12,10 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
+from conftest import random_prefix, randomise_prompts, transformers_cache
+
 from st_prompts import MaskTokenPooling, PromptedTransformer, save_prompts_only
 from st_prompts.errors import ConfigurationError
-from conftest import transformers_cache
-
 from st_prompts.modules import CLS_OVERRIDE, PREFIX_ATTENTION_MASK, prefix_view_mask
 from st_prompts.prompts import PROMPTBERT_TEMPLATE, SCPCSE_TEMPLATE
 
@@ -24,27 +27,22 @@ def literal(template: str, sentence: str) -> str:
     return template.replace("[X]", sentence)
 
 
-class Capture:
-    """Records the keyword arguments the backbone's embeddings module receives (forward pre-hook)."""
-
-    def __init__(self, encoder: PromptedTransformer) -> None:
-        self.calls: list[dict] = []
-        self.handle = encoder.auto_model.embeddings.register_forward_pre_hook(self.hook, with_kwargs=True)
-
-    def hook(self, module, args, kwargs):
-        self.calls.append({k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
+@contextlib.contextmanager
+def capture(encoder: PromptedTransformer):
+    """The tensor keyword arguments of each call of the backbone's embeddings module, recorded."""
+    calls = []
+    handle = encoder.auto_model.embeddings.register_forward_pre_hook(lambda module, args, kwargs: calls.append(
+        {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}), with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 def run(encoder: PromptedTransformer, features: dict) -> tuple[torch.Tensor, dict]:
-    with Capture(encoder) as capture, torch.no_grad():
+    with capture(encoder) as calls, torch.no_grad():
         out = encoder(dict(features))["token_embeddings"]
-    return out, capture.calls[-1]
+    return out, calls[-1]
 
 
 def same_prompts(source: PromptedTransformer, target: PromptedTransformer) -> PromptedTransformer:
@@ -53,19 +51,11 @@ def same_prompts(source: PromptedTransformer, target: PromptedTransformer) -> Pr
     return target.eval()
 
 
-def prefixed(path: str, length: int = 4, **kwargs) -> PromptedTransformer:
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=length, **kwargs).eval()
-    with torch.no_grad():
-        encoder.prefix_encoder.embedding.weight.normal_()
-    return encoder
-
-
 # ---------------------------------------------------------------------------------------------- explicit positions
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_prefix_only_equals_transformers_own_position_computation(tiny_backbones, model_type):
     """Explicit positions + inputs_embeds give exactly what transformers computes from input_ids and the cache."""
-    encoder = prefixed(tiny_backbones(model_type), length=5)
+    encoder = random_prefix(tiny_backbones(model_type), 5).eval()
     features = encoder.preprocess(SENTENCES)
     ours, seen = run(encoder, features)
 
@@ -90,12 +80,11 @@ def test_prefix_only_equals_transformers_own_position_computation(tiny_backbones
 @pytest.mark.parametrize("mode", ["hard", "soft"])
 @pytest.mark.parametrize("prefix", [True, False])
 def test_template_keeps_the_positions_and_output_of_the_literal_text(tiny_backbones, model_type, mode, prefix):
-    """prefix / template / both × BERT / RoBERTa: a template (hard, or soft before training) gives the same
-    position ids and the same hidden states as the same prompts run on the literal template text."""
+    """A template (hard, or soft before training) gives the position ids and hidden states of the literal text."""
     path = tiny_backbones(model_type)
     template = PROMPTBERT_TEMPLATE if mode == "hard" else SCPCSE_TEMPLATE
     if prefix:
-        plain = prefixed(path, length=4)
+        plain = random_prefix(path, 4).eval()
         templated = same_prompts(plain, PromptedTransformer(path, prefix_length=4, template=template, template_mode=mode))
     else:
         plain = Transformer(path).eval()
@@ -116,16 +105,6 @@ def test_template_keeps_the_positions_and_output_of_the_literal_text(tiny_backbo
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
 
 
-def test_explicit_position_ids_in_features_are_used(tiny_bert):
-    encoder = prefixed(tiny_bert, length=3)
-    features = encoder.preprocess(SHORT)
-    shifted = encoder.position_ids(features["attention_mask"]) + 1
-    _, seen = run(encoder, {**features, "position_ids": shifted})
-    assert torch.equal(seen["position_ids"], shifted)
-    with pytest.raises(ConfigurationError, match="position_ids"):
-        encoder({**features, "position_ids": shifted[:, :2]})
-
-
 # ---------------------------------------------------------------------------------------------- prefix views
 def test_prefix_view_mask_helper():
     assert prefix_view_mask(2, 6, 0).tolist() == [[1, 1, 1, 0, 0, 0]] * 2
@@ -141,7 +120,7 @@ def test_prefix_view_mask_helper():
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_a_view_row_gives_the_same_output_alone_or_batched_with_the_other_view(tiny_backbones, model_type):
-    encoder = prefixed(tiny_backbones(model_type), length=6)
+    encoder = random_prefix(tiny_backbones(model_type), 6).eval()
     features = encoder.preprocess(SENTENCES)
     views = [0, 1, 1, 0]
     batched, seen = run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 6, views)})
@@ -168,36 +147,24 @@ def test_a_view_row_gives_the_same_output_alone_or_batched_with_the_other_view(t
             assert (changed[row, :n] - batched[row, :n]).abs().max() > 1e-3
 
 
-def test_full_view_mask_equals_no_mask(tiny_bert):
-    encoder = prefixed(tiny_bert, length=4)
-    features = encoder.preprocess(SENTENCES)
-    plain, _ = run(encoder, features)
-    masked, _ = run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, None)})
-    assert torch.equal(plain, masked)
-
-
-def test_prefix_is_a_broadcast_under_a_view_mask(tiny_bert, monkeypatch):
-    """A per-row prefix mask does not make the prefix be copied per row (eval mode: one row, or batch stride 0)."""
+def test_view_masks_broadcast_the_prefix_and_explicit_positions_are_used_and_bad_ones_refused(tiny_bert, monkeypatch):
+    """A per-row prefix mask does not copy the prefix per row (one row, or stride 0); a full one equals none."""
     from st_prompts.modules import prompted_transformer as module  # the steps of a pass (PromptedTransformer._encode)
 
-    encoder = PromptedTransformer(tiny_bert, prefix_length=4).eval()
+    encoder = random_prefix(tiny_bert, 4).eval()
+    features = encoder.preprocess(SHORT)
     seen = []
     real = module.PrefixInjection
-
-    def spy(values, mask):
-        injection = real(values, mask)
-        seen.append(injection.prefix[0])
-        return injection
-
-    monkeypatch.setattr(module, "PrefixInjection", spy)
-    features = encoder.preprocess(SENTENCES)
-    run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(4, 4, [0, 1, 0, 1])})
-    assert seen[-1].shape[0] == 1 or seen[-1].stride(0) == 0
-
-
-def test_view_mask_errors(tiny_bert):
-    encoder = prefixed(tiny_bert, length=4)
-    features = encoder.preprocess(SHORT)
+    monkeypatch.setattr(module, "PrefixInjection", lambda values, mask: seen.append(real(values, mask)) or seen[-1])
+    run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(2, 4, [0, 1])})
+    assert seen[-1].prefix[0].shape[0] == 1 or seen[-1].prefix[0].stride(0) == 0
+    full, _ = run(encoder, {**features, PREFIX_ATTENTION_MASK: prefix_view_mask(2, 4, None)})
+    assert torch.equal(run(encoder, features)[0], full)
+    shifted = encoder.position_ids(features["attention_mask"]) + 1  # explicit position ids are used, if they fit
+    _, seen = run(encoder, {**features, "position_ids": shifted})
+    assert torch.equal(seen["position_ids"], shifted)
+    with pytest.raises(ConfigurationError, match="position_ids"):
+        encoder({**features, "position_ids": shifted[:, :2]})
     with pytest.raises(ConfigurationError, match="prefix_attention_mask"):
         encoder({**features, PREFIX_ATTENTION_MASK: torch.ones(2, 3)})
     no_prefix = PromptedTransformer(tiny_bert, prefix_length=None, template=SCPCSE_TEMPLATE)
@@ -208,12 +175,12 @@ def test_view_mask_errors(tiny_bert):
 # ---------------------------------------------------------------------------------------------- input overrides
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_cls_override_replaces_the_cls_input_row_and_receives_gradient(tiny_backbones, model_type):
-    encoder = prefixed(tiny_backbones(model_type), length=3, cls_prompt=True).train()
+    encoder = random_prefix(tiny_backbones(model_type), 3, cls_prompt=True).train()
     features = encoder.preprocess(SENTENCES)
     override = torch.randn(4, 32, requires_grad=True)
-    with Capture(encoder) as capture:
+    with capture(encoder) as calls:
         out = encoder({**features, CLS_OVERRIDE: override})["token_embeddings"]
-    embeds = capture.calls[-1]["inputs_embeds"]
+    embeds = calls[-1]["inputs_embeds"]
     assert torch.equal(embeds[:, 0], override)  # wins over the [CLS] prompt
     words = encoder.auto_model.get_input_embeddings()(features["input_ids"])
     assert torch.equal(embeds[:, 1:], words[:, 1:])
@@ -227,7 +194,7 @@ def test_cls_override_replaces_the_cls_input_row_and_receives_gradient(tiny_back
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_cls_prompt_starts_as_the_cls_embedding_and_trains_alone(tiny_backbones, model_type):
     path = tiny_backbones(model_type)
-    plain = prefixed(path, length=3)
+    plain = random_prefix(path, 3).eval()
     encoder = same_prompts(plain, PromptedTransformer(path, prefix_length=3, cls_prompt=True))
     cls_id = encoder.tokenizer.cls_token_id
     word_embeddings = encoder.auto_model.get_input_embeddings().weight
@@ -265,24 +232,14 @@ def test_cls_prompt_alone_and_with_a_soft_template(tiny_bert):
 
 
 # ---------------------------------------------------------------------------------------------- hard templates
-def test_hard_template_adds_no_parameter_and_pools_the_mask(tiny_bert):
+def test_hard_template_adds_no_parameter(tiny_bert):  # its [MASK] pooling: test_diffaug's mask pooling test
     encoder = PromptedTransformer(tiny_bert, prefix_length=3, template=PROMPTBERT_TEMPLATE, template_mode="hard")
     assert encoder.shallow_prompt is None
     assert [p.shape for p in encoder.prompt_parameters()] == [p.shape for p in encoder.prefix_encoder.parameters()]
-    features = encoder.preprocess(SHORT)
-    assert "soft_prompt_positions" not in features
-    model = SentenceTransformer(modules=[encoder, MaskTokenPooling(encoder.get_embedding_dimension())]).eval()
-    embeddings = model.encode(SHORT, convert_to_tensor=True)
-    hidden = encoder(dict(features))["token_embeddings"]
-    mask_id = encoder.tokenizer.mask_token_id
-    for row, text in enumerate(SHORT):
-        position = features["input_ids"][row].tolist().index(mask_id)
-        torch.testing.assert_close(embeddings[row], hidden[row, position], rtol=0, atol=1e-6)
+    assert "soft_prompt_positions" not in encoder.preprocess(SHORT)
     with pytest.raises(ConfigurationError, match="template_mode"):
         PromptedTransformer(tiny_bert, template=PROMPTBERT_TEMPLATE, template_mode="frozen")
-
-
-def test_hard_template_alone_is_a_valid_encoder(tiny_bert):
+    # a hard template alone is a valid encoder (of a trainable backbone)
     encoder = PromptedTransformer(tiny_bert, prefix_length=None, template=PROMPTBERT_TEMPLATE, template_mode="hard")
     assert encoder.prompt_parameters() == []
     encoder.freeze_backbone = False
@@ -297,7 +254,7 @@ def test_hard_template_alone_is_a_valid_encoder(tiny_bert):
 @pytest.mark.parametrize("mode", ["hard", "soft"])
 def test_template_only_features_keep_the_template_positions(tiny_backbones, model_type, mode):
     path = tiny_backbones(model_type)
-    encoder = prefixed(path, length=4, template=PROMPTBERT_TEMPLATE, template_mode=mode)
+    encoder = random_prefix(path, 4, template=PROMPTBERT_TEMPLATE, template_mode=mode).eval()
     features = encoder.preprocess(SHORT)
     full_positions = encoder.position_ids(features["attention_mask"])
     only = encoder.template_only_features({**features, PREFIX_ATTENTION_MASK: prefix_view_mask(2, 4, 1)})
@@ -333,28 +290,21 @@ def test_template_only_features_keep_the_template_positions(tiny_backbones, mode
 def test_save_load_keeps_the_cls_prompt(tiny_bert, tmp_path):
     encoder = PromptedTransformer(tiny_bert, prefix_length=2, template=PROMPTBERT_TEMPLATE, template_mode="hard",
                                   cls_prompt=True)
-    with torch.no_grad():
-        for p in encoder.prompt_parameters():
-            p.add_(torch.randn_like(p))
+    randomise_prompts(encoder)
     model = SentenceTransformer(modules=[encoder, MaskTokenPooling(encoder.get_embedding_dimension())])
     expected = model.encode(SENTENCES)
 
     model.save(str(tmp_path / "full"))
-    full = SentenceTransformer(str(tmp_path / "full"), trust_remote_code=True)
-    assert full[0].cls_prompt and full[0].template_mode == "hard"
-    np.testing.assert_array_equal(full.encode(SENTENCES), expected)
-
     save_prompts_only(model, str(tmp_path / "small"))
-    small = SentenceTransformer(str(tmp_path / "small"), trust_remote_code=True)
-    assert small[0].cls_prompt and small[0].template_mode == "hard"
-    np.testing.assert_array_equal(small.encode(SENTENCES), expected)
+    for folder in ("full", "small"):
+        loaded = SentenceTransformer(str(tmp_path / folder), trust_remote_code=True)
+        assert loaded[0].cls_prompt and loaded[0].template_mode == "hard"
+        np.testing.assert_array_equal(loaded.encode(SENTENCES), expected)
 
     # a checkpoint whose prompts do not fit the configuration is refused clearly
     plain = SentenceTransformer(modules=[PromptedTransformer(tiny_bert, prefix_length=2, cls_prompt=False),
                                          Pooling(32, pooling_mode="cls")])
     save_prompts_only(plain, str(tmp_path / "plain"))
-    import shutil
-
     shutil.copy(tmp_path / "small" / "soft_prompts.safetensors", tmp_path / "plain" / "soft_prompts.safetensors")
     with pytest.raises(ConfigurationError, match="expects"):
         SentenceTransformer(str(tmp_path / "plain"), trust_remote_code=True)

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
+from conftest import random_prefix, randomise_prompts, st_model
 from st_prompts import SCPCSE_TEMPLATE, MaskTokenPooling, PromptedTransformer, save_prompts_only
-from st_prompts.errors import BackboneMismatchError, ConfigurationError, UnsupportedArchitectureError
+from st_prompts.errors import ConfigurationError, UnsupportedArchitectureError
 from st_prompts.modules import PROMPTS_FILE
 
 SENTENCES = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music"]
-
-
-def cls_model(encoder) -> SentenceTransformer:
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")])
 
 
 def test_matches_peft_prefix_tuning(tiny_bert):
@@ -37,11 +31,8 @@ def test_matches_peft_prefix_tuning(tiny_bert):
     assert peft_embedding.weight.shape == encoder.prefix_encoder.embedding.weight.shape
     with torch.no_grad():
         peft_embedding.weight.copy_(encoder.prefix_encoder.embedding.weight)
-        theirs = peft_model(
-            input_ids=features["input_ids"],
-            attention_mask=features["attention_mask"],
-            token_type_ids=features["token_type_ids"],
-        ).last_hidden_state
+        theirs = peft_model(**{k: features[k] for k in ("input_ids", "attention_mask", "token_type_ids")})
+    theirs = theirs.last_hidden_state
     assert theirs.shape == ours.shape
     assert (theirs - ours).abs().max().item() <= 1e-5
 
@@ -53,14 +44,10 @@ def test_only_prompt_parameters_reach_the_optimizer(tiny_bert, tmp_path):
     from sentence_transformers.sentence_transformer.training_args import SentenceTransformerTrainingArguments
 
     encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_projection=True, prefix_hidden_size=8)
-    model = cls_model(encoder)
+    model = st_model(encoder, "cls")
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict({"a": SENTENCES, "b": SENTENCES}),
-        loss=MultipleNegativesRankingLoss(model),
-    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, loss=MultipleNegativesRankingLoss(model),
+                                         train_dataset=Dataset.from_dict({"a": SENTENCES, "b": SENTENCES}))
     optimizer = trainer.create_optimizer()
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert in_optimizer == {id(p) for p in encoder.prompt_parameters()}
@@ -69,34 +56,23 @@ def test_only_prompt_parameters_reach_the_optimizer(tiny_bert, tmp_path):
 
 
 def test_dropout_makes_views_differ_only_in_training(tiny_bert):
-    model = cls_model(PromptedTransformer(tiny_bert, prefix_length=4))
+    model = st_model(PromptedTransformer(tiny_bert, prefix_length=4), "cls")
     features = model.preprocess(SENTENCES)
-    model.train()
-    a = model(dict(features))["sentence_embedding"]
-    b = model(dict(features))["sentence_embedding"]
-    assert (a - b).abs().max() > 1e-4
-    model.eval()
-    with torch.no_grad():
-        a = model(dict(features))["sentence_embedding"]
-        b = model(dict(features))["sentence_embedding"]
-    assert torch.equal(a, b)
+    for training in (True, False):
+        a, b = (model.train(training)(dict(features))["sentence_embedding"] for _ in range(2))
+        assert (a - b).abs().max() > 1e-4 if training else torch.equal(a, b)
 
 
-def test_probe_catches_a_backbone_that_ignores_the_prompts(tiny_bert, monkeypatch):
-    """A backbone whose attention drops the prefix must not pass as a silent no-op."""
-    from st_prompts.prompts.injection import PrefixInjection
+def test_probe_catches_a_backbone_that_ignores_or_drops_the_prompts(tiny_bert, monkeypatch):
+    """Attention that drops the prefix, or a layer never handed it, must not pass as a silent no-op."""
+    from transformers.models.bert import modeling_bert
+
+    from st_prompts.prompts.injection import PREFIX_KWARG, PrefixInjection
 
     monkeypatch.setattr(PrefixInjection, "inject", lambda self, module, q, key, value, mask, *a: (key, value, mask))
     with pytest.raises(UnsupportedArchitectureError, match="ignores the deep prompts"):
         PromptedTransformer(tiny_bert, prefix_length=3)
-
-
-def test_probe_catches_a_backbone_that_drops_the_prompts_on_the_way_to_a_layer(tiny_bert, monkeypatch):
-    """A model that does not hand its keyword arguments down to every attention layer is refused."""
-    from transformers.models.bert import modeling_bert
-
-    from st_prompts.prompts.injection import PREFIX_KWARG
-
+    monkeypatch.undo()
     real = modeling_bert.BertSelfAttention.forward
 
     def dropping(self, hidden_states, *args, **kwargs):
@@ -115,9 +91,11 @@ def test_invalid_prefix_length(tiny_bert, bad):
         PromptedTransformer(tiny_bert, prefix_length=bad)
 
 
-def test_no_prompt_at_all_is_an_error(tiny_bert):
+def test_no_prompt_at_all_or_a_template_without_slots_is_an_error(tiny_bert):
     with pytest.raises(ConfigurationError, match="prefix_length .* template"):
         PromptedTransformer(tiny_bert, prefix_length=None)
+    with pytest.raises(ConfigurationError, match=r"\[X\]"):
+        PromptedTransformer(tiny_bert, prefix_length=None, template="no slots here [MASK]")
 
 
 @pytest.mark.parametrize("model_type,offset", [("bert", 0), ("roberta", 1)])
@@ -128,23 +106,17 @@ def test_max_seq_length_fits_position_embeddings(tiny_backbones, model_type, off
     assert encoder.max_seq_length == 40 - offset - 8
     encoder.max_seq_length = 1000
     assert encoder.max_seq_length == 40 - offset - 8
-    model = cls_model(encoder)
+    model = st_model(encoder, "cls")
     long_text = " ".join(["music"] * 500)
     embeddings = model.encode([long_text, "", "a dog"])
     assert embeddings.shape == (3, 32) and np.isfinite(embeddings).all()
-
-
-def test_empty_input_gives_empty_result(tiny_bert):
-    model = cls_model(PromptedTransformer(tiny_bert, prefix_length=2))
     assert model.encode([]).shape[0] == 0
 
 
 def test_save_load_and_prompts_only_round_trips(tiny_bert, tmp_path):
     encoder = PromptedTransformer(tiny_bert, prefix_length=4, prefix_projection=True, prefix_hidden_size=16)
-    with torch.no_grad():
-        for p in encoder.prompt_parameters():
-            p.add_(torch.randn_like(p))
-    model = cls_model(encoder)
+    randomise_prompts(encoder)
+    model = st_model(encoder, "cls")
     expected = model.encode(SENTENCES)
 
     full = tmp_path / "full"
@@ -163,20 +135,6 @@ def test_save_load_and_prompts_only_round_trips(tiny_bert, tmp_path):
     np.testing.assert_array_equal(SentenceTransformer(str(small), trust_remote_code=True).encode(SENTENCES), expected)
 
 
-def test_prompts_only_checkpoint_refuses_a_different_backbone(tiny_backbones, tmp_path):
-    original = tiny_backbones("bert", seed=0)
-    other = tiny_backbones("bert", seed=1)
-    model = cls_model(PromptedTransformer(original, prefix_length=2))
-    save_prompts_only(model, str(tmp_path / "p"))
-    with pytest.raises(BackboneMismatchError, match="weights differ"):
-        SentenceTransformer(str(tmp_path / "p"), trust_remote_code=True, model_kwargs={"backbone_name_or_path": other})
-    # pointing at an identical copy elsewhere is fine
-    copy = tmp_path / "copy"
-    shutil.copytree(original, copy)
-    loaded = SentenceTransformer(str(tmp_path / "p"), trust_remote_code=True, model_kwargs={"backbone_name_or_path": str(copy)})
-    np.testing.assert_array_equal(loaded.encode(SENTENCES), model.encode(SENTENCES))
-
-
 def test_shallow_template_prompt(tiny_bert, tmp_path):
     encoder = PromptedTransformer(tiny_bert, prefix_length=None, template=SCPCSE_TEMPLATE, max_seq_length=16)
     tokenizer = encoder.tokenizer
@@ -186,30 +144,15 @@ def test_shallow_template_prompt(tiny_bert, tmp_path):
     for row, mask_pos in zip(ids, features["prompt_mask_index"]):
         assert row[mask_pos] == tokenizer.mask_token_id
         assert row[0] == tokenizer.cls_token_id
-    # soft slots are the template tokens except [MASK]; initialised from their word embeddings, so before training
-    # the prompted model equals the backbone run on the literal template text, pooled at [MASK].
-    model = SentenceTransformer(modules=[encoder, MaskTokenPooling(encoder.get_embedding_dimension())]).eval()
-    plain = Transformer(tiny_bert).eval()
-    text = 'this sentence : " the cat " means [MASK] .'
-    literal = plain.preprocess([text])
-    with torch.no_grad():
-        hidden = plain(dict(literal))["token_embeddings"][0]
-    mask_position = literal["input_ids"][0].tolist().index(tokenizer.mask_token_id)
-    ours = model.encode(["the cat"], convert_to_tensor=True)[0]
-    assert torch.allclose(ours, hidden[mask_position], atol=1e-5)
+    # soft slots: the template tokens but [MASK] (before training, the literal text: test_prompt_mechanisms)
     assert encoder.shallow_prompt.num_soft_tokens == 7  # this sentence : " " means .
-
+    model = SentenceTransformer(modules=[encoder, MaskTokenPooling(encoder.get_embedding_dimension())]).eval()
     model.save(str(tmp_path / "scp"))
     reloaded = SentenceTransformer(str(tmp_path / "scp"), trust_remote_code=True)
     np.testing.assert_array_equal(reloaded.encode(SENTENCES), model.encode(SENTENCES))
 
 
-def test_template_must_have_slots(tiny_bert):
-    with pytest.raises(ConfigurationError, match=r"\[X\]"):
-        PromptedTransformer(tiny_bert, prefix_length=None, template="no slots here [MASK]")
-
-
-def test_prefix_draw_broadcasts_in_eval_and_draws_dropout_per_example_in_training():
+def test_prefix_draw_broadcasts_in_eval_and_draws_dropout_per_example_or_shared_in_training(tiny_bert):
     from st_prompts.prompts.prefix import PrefixEncoder, prefix_concat
 
     encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5)
@@ -225,14 +168,23 @@ def test_prefix_draw_broadcasts_in_eval_and_draws_dropout_per_example_in_trainin
     keys = prefix_concat(draw.prefix[0], draw.keep[0], draw.scale, torch.zeros(5, 2, 1, 4))
     assert keys.shape == (5, 2, 4, 4)
     assert not torch.equal(keys[0, :, :3], keys[1, :, :3])  # independent dropout masks per example
+    # a shared mask: one draw per batch, before the broadcast
+    encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5, shared_dropout=True)
+    draw = encoder.train().values(5)
+    assert draw.keep is None and draw.prefix.shape[1] == 1
+    values = draw.dense()
+    assert values.stride(1) == 0  # still a view over the batch: one prefix, one mask
+    assert torch.equal(values[:, 0], values[:, 4])
+    assert (values[:, 0] == 0).any() and not torch.equal(values[:, 0], encoder.eval().values(1).dense()[:, 0])
+    prompted = PromptedTransformer(tiny_bert, prefix_length=2, prefix_dropout_shared=True)  # saved in the config
+    assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout
 
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_prefix_dropout_equals_dropout_then_cat(shared):
-    """The fused prefix dropout (a boolean draw applied inside each layer's concatenation) gives exactly what the
-    plain route gives, values and gradients bit for bit, from the same random numbers: with a mask per example, the
-    prefix broadcast over the batch times ``draw_keep_mask``'s draw times ``1 / P(keep)``, then ``torch.cat`` with
-    the tokens' keys/values; with a shared mask, ``nn.Dropout`` on the prefix itself, then ``torch.cat``."""
+    """The fused prefix dropout (a draw applied inside each layer's concatenation) gives what the plain route gives
+    from the same random numbers: the broadcast prefix times ``draw_keep_mask``'s draw times ``1 / P(keep)`` (a
+    mask per example) or ``nn.Dropout`` on the prefix (a shared mask), then ``torch.cat``."""
     from st_prompts.prompts.prefix import PrefixEncoder, draw_keep_mask, prefix_concat
 
     batch, layers, heads, length, head_dim, tokens = 6, 3, 2, 4, 8, 5
@@ -276,8 +228,7 @@ def test_prefix_dropout_equals_dropout_then_cat(shared):
 
 
 def test_per_example_prefix_dropout_gradient_matches_a_hand_written_sum():
-    """The gradient of the broadcast prefix is the batch's masked, scaled gradients summed: checked against the
-    formula written out, and on a prefix given per row (dense) where nothing may be summed."""
+    """The broadcast prefix's gradient is the batch's masked, scaled gradients summed (a per-row prefix: not summed)."""
     from st_prompts.prompts.prefix import _DroppedPrefixCat
 
     torch.manual_seed(0)
@@ -302,7 +253,6 @@ def test_per_example_prefix_dropout_gradient_matches_a_hand_written_sum():
 def test_draw_keep_mask_is_bernoulli_with_the_stated_probability():
     """Every entry is kept with the returned probability (p rounded to 2**-16), independently of its neighbours
     (four entries share one 64-bit random word) and of the lane it came from; seeded draws repeat."""
-    from st_prompts.errors import ConfigurationError
     from st_prompts.prompts.prefix import draw_keep_mask
 
     n = 1 << 21
@@ -331,34 +281,15 @@ def test_draw_keep_mask_is_bernoulli_with_the_stated_probability():
         draw_keep_mask((3,), 1.5)
 
 
-def test_shared_prefix_dropout_draws_one_mask_per_batch(tiny_bert):
-    from st_prompts.prompts.prefix import PrefixEncoder
-
-    encoder = PrefixEncoder(prefix_length=3, num_layers=2, num_heads=2, head_dim=4, dropout=0.5, shared_dropout=True)
-    encoder.train()
-    draw = encoder.values(5)
-    assert draw.keep is None and draw.prefix.shape[1] == 1  # dropped out once, before the broadcast
-    values = draw.dense()
-    assert values.stride(1) == 0  # still a view over the batch: one prefix, one mask
-    assert torch.equal(values[:, 0], values[:, 4])
-    assert (values[:, 0] == 0).any() and not torch.equal(values[:, 0], encoder.eval().values(1).dense()[:, 0])
-    # saved with the module config and restored on load
-    prompted = PromptedTransformer(tiny_bert, prefix_length=2, prefix_dropout_shared=True)
-    assert prompted.get_config_dict()["prefix_dropout_shared"] is True and prompted.prefix_encoder.shared_dropout
-
-
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output(tiny_backbones, model_type,
                                                                                    monkeypatch):
-    """At inference the prefix gets masked-out zero positions so that prefix + tokens is a multiple of 16 keys (the
-    CPU attention kernel's fast case); the token embeddings are those of the unpadded prefix, with padded sentences
-    and with a per-row prefix view mask too. Training never pads."""
+    """Masked-out zero prefix positions up to a multiple of 16 keys (the CPU's fast case); training never pads."""
     from st_prompts.modules import prompted_transformer as module  # the steps of a pass (PromptedTransformer._encode)
     from st_prompts.prompts.prefix import key_padding
 
     assert [key_padding(12, t) for t in (32, 4, 20, 37)] == [4, 0, 0, 15]
-    encoder = PromptedTransformer(tiny_backbones(model_type), prefix_length=5).eval()
-    torch.nn.init.normal_(encoder.prefix_encoder.embedding.weight)
+    encoder = random_prefix(tiny_backbones(model_type), 5).eval()
     features = encoder.tokenize(["a man plays the guitar on a stage", "a dog", "two women are talking quietly"])
     lengths = []
     real_injection = module.PrefixInjection
@@ -387,8 +318,7 @@ def test_inference_pads_the_keys_to_a_multiple_of_16_without_changing_the_output
 
 @pytest.mark.parametrize("projection", [False, True])
 def test_prefix_starts_at_the_backbones_initializer_range_as_in_the_official_code(tiny_backbones, projection):
-    """The official DCPCSE/DiffAug code builds the prefix encoder before transformers' init_weights(): every Embedding
-    and Linear weight ~ N(0, initializer_range), biases zero (torch's defaults: Embedding N(0, 1))."""
+    """Every Embedding and Linear weight ~ N(0, initializer_range), biases zero (official: before init_weights())."""
     for initializer_range in (0.02, 0.05):
         path = tiny_backbones("bert", max_positions=128)
         encoder = PromptedTransformer(path, prefix_length=64, prefix_projection=projection, prefix_hidden_size=64,
@@ -407,13 +337,10 @@ def test_prefix_starts_at_the_backbones_initializer_range_as_in_the_official_cod
     assert float(explicit.prefix_encoder.embedding.weight.std()) == pytest.approx(0.5, rel=0.1)
     with pytest.raises(ConfigurationError, match="prefix_init_std"):
         PromptedTransformer(tiny_backbones("bert"), prefix_length=4, prefix_init_std=0.0)
-
-
-def test_training_only_simcse_mlp_starts_like_simcse(tiny_bert):
     from st_prompts.losses import PromptContrastiveLoss
 
-    encoder = PromptedTransformer(tiny_bert, prefix_length=2)
-    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu")
+    encoder = PromptedTransformer(tiny_backbones("bert"), prefix_length=2)  # the training-only MLP starts as SimCSE's
+    model = st_model(encoder, "cls")
     linear = PromptContrastiveLoss(model, mlp=True).mlp[0]
     assert float(linear.weight.std()) == pytest.approx(encoder.auto_model.config.initializer_range, rel=0.15)
     assert float(linear.bias.abs().max()) == 0

@@ -4,15 +4,16 @@ untouched, one-line errors, saving refused, and the --quantize options of `index
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import encode, random_bank
+from conftest import cli_error, encode, random_bank, st_model
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 
-from st_prompts import PromptedTransformer, bank
+from st_prompts import PromptedTransformer, bank, save_prompts_only
+from st_prompts.cli import main
 from st_prompts.errors import BackboneMismatchError, ConfigurationError
 from st_prompts.loading import load_sentence_model
 from st_prompts.prompts.row_exact import ROW_EXACT_ATTRIBUTE
@@ -81,22 +82,17 @@ def test_minilm_int8_rows_are_exactly_the_same_alone_and_in_mixed_batches(minilm
     assert (padded - alone).abs().max() > 1e-4
 
 
-def test_prompt_sets_and_gates_are_unchanged_and_stay_fp32(tiny_bert):
+def test_quantize_is_idempotent_none_changes_nothing_and_prompt_sets_and_gates_stay_fp32(tiny_bert):
     model = two_set_bank(tiny_bert)
     encoder = model[0]
     sets = {k: v.clone() for k, v in encoder.prompt_sets.state_dict().items()}
     assert any(k.endswith("gate") for k in sets) and sum(sets[k].abs().sum() for k in sets if "gate" in k) > 0
+    assert quantize_model(model, "none") is model and not is_quantized(model)
     quantize_model(model, "int8")
     after = encoder.prompt_sets.state_dict()
     assert sets.keys() == after.keys() and all(torch.equal(sets[k], after[k]) for k in sets)
     assert not any(isinstance(m, Int8Linear) for m in encoder.prompt_sets.modules())
     assert any(isinstance(m, torch.nn.Linear) for m in encoder.prompt_sets.modules())  # the gated set's MLP
-
-
-def test_quantize_is_idempotent_and_none_changes_nothing(tiny_bert):
-    model = two_set_bank(tiny_bert)
-    assert quantize_model(model, "none") is model and not is_quantized(model)
-    quantize_model(model, "int8")
     layers = [id(m) for m in model.modules() if isinstance(m, Int8Linear)]
     first = encode(model, TEXTS, task=TASKS)
     assert quantize_model(model, "int8") is model
@@ -104,52 +100,38 @@ def test_quantize_is_idempotent_and_none_changes_nothing(tiny_bert):
     assert torch.equal(encode(model, TEXTS, task=TASKS), first)
 
 
-def test_unknown_modes_are_one_line_errors_before_anything_loads(tiny_bert, capsys):
+def test_unknown_modes_and_devices_are_one_line_errors_before_anything_loads(tiny_bert, capsys):
     model = two_set_bank(tiny_bert)
     with pytest.raises(ConfigurationError, match=r"^unknown quantization 'int4': choose one of none, int8$"):
         quantize_model(model, "int4")
     with pytest.raises(ConfigurationError, match="unknown quantization 'int4'"):
         load_sentence_model("/no/such/folder", quantize="int4")  # refused before the missing folder is noticed
-    from st_prompts.cli import main
+    assert "invalid choice: 'int4'" in cli_error(["index", "build", "minilm", CORPUS_TXT, "out", "--quantize", "int4"],
+                                                 capsys)
+    model[0].auto_model.to("meta")
+    with pytest.raises(ConfigurationError, match="int8 inference runs on the CPU; the model is on meta"):
+        quantize_model(model, "int8")
 
-    with pytest.raises(SystemExit) as exit_info:
-        main(["index", "build", "minilm", str(CORPUS_TXT), "out", "--quantize", "int4"])
-    assert exit_info.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
 
-
-def test_a_quantized_model_refuses_to_save_and_writes_nothing(tiny_bert, tmp_path):
+def test_a_quantized_model_refuses_to_save_and_an_incomplete_backbone_never_loads(tiny_bert, tmp_path):
+    """No save of any part writes anything (the int8 weights live packed outside ``state_dict``: a backbone saved
+    without them loaded random layers without an error, and such a folder is refused)."""
     model = quantize_model(two_set_bank(tiny_bert), "int8")
-    for save in (model.save, model.save_pretrained, model[0].save):
+    for save in (model.save, model.save_pretrained, model[0].save, model[0].auto_model.save_pretrained,
+                 model[0].auto_model.push_to_hub):
         with pytest.raises(ConfigurationError, match=r"refused: this model's backbone is quantized to int8"):
             save(str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
-
-
-def test_the_quantized_backbone_itself_refuses_to_save_and_an_incomplete_backbone_never_loads(tiny_bert, tmp_path):
-    """Issue 60, item 3: ``model[0].auto_model.save_pretrained`` wrote the biases and norms without one linear weight
-    (they live packed outside ``state_dict``), and loading that folder gave random layers without an error."""
-    from st_prompts import save_prompts_only
-
-    model = quantize_model(two_set_bank(tiny_bert), "int8")
-    for save in (model[0].auto_model.save_pretrained, model[0].auto_model.push_to_hub):
-        with pytest.raises(ConfigurationError, match=r"refused: this model's backbone is quantized to int8"):
-            save(str(tmp_path / "raw"))
-    assert not (tmp_path / "raw").exists()
     with pytest.raises(ConfigurationError, match="quantized to int8"):  # blames quantization, not training
         save_prompts_only(model, str(tmp_path / "prompts"))
     assert not (tmp_path / "prompts").exists()
     # what such a save wrote (the state dict without the int8 weights) is refused by every st_prompts loader
     from safetensors.torch import save_file
-    from transformers import AutoConfig
 
-    incomplete = tmp_path / "incomplete"
-    AutoConfig.from_pretrained(tiny_bert).save_pretrained(incomplete)
+    incomplete = shutil.copytree(tiny_bert, tmp_path / "incomplete", ignore=shutil.ignore_patterns("*.safetensors"))
     state = {k: v.contiguous() for k, v in model[0].auto_model.state_dict().items() if v.is_floating_point()}
     assert not any(k.endswith("query.weight") for k in state)
     save_file(state, str(incomplete / "model.safetensors"), metadata={"format": "pt"})
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (Path(tiny_bert) / name).exists():
-            (incomplete / name).write_bytes((Path(tiny_bert) / name).read_bytes())
     from st_prompts.errors import DataFormatError
 
     with pytest.raises(DataFormatError, match=r"backbone weights in .* are incomplete: 12 weight\(s\) .*query.weight"):
@@ -160,9 +142,7 @@ def test_the_quantized_backbone_itself_refuses_to_save_and_an_incomplete_backbon
 
 def test_a_set_trained_on_the_fp32_backbone_joins_the_quantized_bank(tiny_bert, tmp_path):
     torch.manual_seed(1)
-    prompted = PromptedTransformer(tiny_bert, prefix_length=4)
-    SentenceTransformer(modules=[prompted, Pooling(prompted.get_embedding_dimension(), pooling_mode="mean")],
-                        device="cpu").save(str(tmp_path / "one-set"))
+    st_model(PromptedTransformer(tiny_bert, prefix_length=4)).save(str(tmp_path / "one-set"))
     two_set_bank(tiny_bert).save(str(tmp_path / "fp32-bank"))
     model = load_sentence_model(str(tmp_path / "fp32-bank"), quantize="int8")
     bank.add_prompt_set(model, "again", str(tmp_path / "one-set"))  # checked against the fp32 fingerprint
@@ -170,16 +150,7 @@ def test_a_set_trained_on_the_fp32_backbone_joins_the_quantized_bank(tiny_bert, 
     assert (encode(model, TEXTS[:2], task="again") - encode(model, TEXTS[:2])).abs().max() > 1e-4
 
 
-def test_a_quantized_model_must_be_on_the_cpu(tiny_bert):
-    model = two_set_bank(tiny_bert)
-    model[0].auto_model.to("meta")
-    with pytest.raises(ConfigurationError, match="int8 inference runs on the CPU; the model is on meta"):
-        quantize_model(model, "int8")
-
-
 def test_index_build_quantize_int8_records_it_and_search_encodes_queries_alike(tmp_path, capsys):
-    from st_prompts.cli import main
-
     out = tmp_path / "int8.index"
     assert main(["index", "build", "minilm", str(CORPUS_TXT), str(out), "--no-progress", "--quantize", "int8"]) == 0
     assert "Indexed 15 documents" in capsys.readouterr().out
@@ -187,9 +158,8 @@ def test_index_build_quantize_int8_records_it_and_search_encodes_queries_alike(t
     assert json.dumps(meta).count('"quantize": "int8"') == 1
     assert main(["index", "info", str(out)]) == 0  # issue 60, item 14: index info says so
     assert "documents encoded in int8 (--quantize int8)" in capsys.readouterr().out
-    code = main(["index", "search", str(out), "where do cats sleep?", "-k", "3", "--json"])  # the recorded int8 model
-    payload = capsys.readouterr().out
-    assert code == 0 and json.loads(payload)[0]["hits"][0]["id"] in (1, 2, 16)
+    assert main(["index", "search", str(out), "where do cats sleep?", "-k", "3", "--json"]) == 0  # the int8 model
+    assert json.loads(capsys.readouterr().out)[0]["hits"][0]["id"] in (1, 2, 16)
     from st_prompts.search import SemanticIndex
 
     index = SemanticIndex.load(out)
@@ -217,21 +187,11 @@ def test_serve_parses_quantize_and_the_served_model_is_int8(tiny_bert, tmp_path)
 
 @pytest.mark.parametrize("model_type", ["modernbert", "llama", "camembert"])
 def test_int8_rows_are_exact_on_other_architectures(tiny_backbones, model_type):
-    """ModernBERT's sliding-window layers (not a padding mask), a causal decoder (grouped passes) and a RoBERTa-type
-    encoder: every row of a mixed-task batch exactly as alone, prompts and gates included."""
-    path = tiny_backbones(model_type)
-    torch.manual_seed(0)
-    encoder = PromptedTransformer(path, prefix_length=None, prompt_sets={
-        "gated": {"prefix_length": 4, "prefix_gate": True}, "plain": {"prefix_length": 6}})
-    with torch.no_grad():
-        for parameter in encoder.prompt_sets.parameters():
-            parameter.normal_()
-    pooling = "lasttoken" if model_type == "llama" else "mean"
-    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode=pooling)],
-                                device="cpu")
+    """Sliding-window layers, a causal decoder, a RoBERTa-type encoder: each mixed-task row exactly as alone."""
+    model = random_bank(tiny_backbones(model_type), "lasttoken" if model_type == "llama" else "mean",
+                        gated={"prefix_length": 4, "prefix_gate": True}, plain=6)
     quantize_model(model, "int8")
-    texts = TEXTS * 2
-    tasks = (TASKS + TASKS[::-1])
+    texts, tasks = TEXTS * 2, TASKS + TASKS[::-1]
     mixed = encode(model, texts, task=tasks)
     alone = torch.stack([encode(model, [text], task=task)[0] for text, task in zip(texts, tasks)])
     assert torch.equal(mixed, alone)

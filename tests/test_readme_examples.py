@@ -26,8 +26,8 @@ def test_the_block_reader_finds_blocks_and_honours_the_marker():
 
 
 def test_every_readme_python_block_runs_offline(tmp_path, monkeypatch, capsys):
-    """The blocks run as one script with fresh globals in this process (an interpreter start less), the hub off, the
-    training's STS-B dev selection on 200 of its 1,500 pairs (encoding them was most of the test's time)."""
+    """One script in this process (no interpreter start), the hub off, and for speed STS-B dev selection on 200 of
+    its 1,500 pairs."""
     from huggingface_hub import constants
 
     from st_prompts.training import pipeline

@@ -1,9 +1,5 @@
-"""The README's results table says what the benchmark's run files say (issue 51: claims that match the runs).
-
-Each cell of the README's results table (method x unsupervised / supervised) must be the STS-B dev / SICK-R trial
-mean of ``benchmarks/results/run_all/summary.json`` (what ``python benchmarks/run_all --report-only`` writes from the
-run files), and a row with fewer than three seeds must say how many it has.
-"""
+"""Each cell of the README's results table is the STS-B dev / SICK-R trial mean of ``benchmarks/results/run_all/
+summary.json``, and a row with fewer than three seeds says how many it has."""
 
 from __future__ import annotations
 
@@ -13,15 +9,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the README row's first words -> the benchmark rows of its two columns
-ROWS = {
-    "SimCSE": ("simcse-unsup", "simcse-sup"),
-    "LoRA": ("lora-unsup", "lora-sup"),
-    "PEFT prefix tuning": ("peft-prefix-unsup", "peft-prefix-sup"),
-    "DCPCSE": ("dcpcse-unsup", "dcpcse-sup"),
-    "D2CSE": ("d2cse-unsup", "d2cse-sup"),
-    "SKICSE": ("skicse-prompted-unsup", "skicse-prompted-sup"),
-    "DiffAug": ("diffaug-semi", "diffaug-sup"),
-}
+ROWS = {"SimCSE": ("simcse-unsup", "simcse-sup"), "LoRA": ("lora-unsup", "lora-sup"),
+        "PEFT prefix tuning": ("peft-prefix-unsup", "peft-prefix-sup"), "DCPCSE": ("dcpcse-unsup", "dcpcse-sup"),
+        "D2CSE": ("d2cse-unsup", "d2cse-sup"), "SKICSE": ("skicse-prompted-unsup", "skicse-prompted-sup"),
+        "DiffAug": ("diffaug-semi", "diffaug-sup")}
 CELL = re.compile(r"^\s*(\d+\.\d\d) / (\d+\.\d\d)(?: \((\d) seeds?\))?\s*$")
 
 
@@ -49,6 +40,5 @@ def test_every_readme_result_is_the_run_files_mean_and_says_its_seeds():
             result = summary[row]
             assert stsb == f"{100 * result['stsb_dev']['mean']:.2f}", (row, cell)
             assert sick == f"{100 * result['sick_trial']['mean']:.2f}", (row, cell)
-            count = len(result["seeds"])
-            assert (int(seeds) if seeds else 3) == count, (row, cell, result["seeds"])
+            assert (int(seeds) if seeds else 3) == len(result["seeds"]), (row, cell, result["seeds"])
             assert not result.get("evaluated_at_training_length"), row  # no protocol-1 number in the README

@@ -1,17 +1,6 @@
-"""Serving replicas (issue 63, part 4): N ``st-prompts serve`` processes behind a load balancer, checked and changed
-as one by ``st-prompts replicas``, ``/health`` as the readiness probe (docs/serving.md: Replicas).
-
-Two replicas of a tiny random bank (an ``st-prompts serve`` process, and the same app on uvicorn in this process)
-behind a stand-in load balancer (:class:`Balancer`: round robin over the replicas whose ``/health`` answers 200, the
-next one when a connection is refused, as HAProxy's ``option httpchk`` with ``redispatch`` does): requests are spread
-over both and every vector equals the bank's ``encode``; an added set reaches every replica before ``replicas add-set``
-returns; replicas that differ are named in one line, and the same command run again makes them agree; a refused
-change reaches none; an index reloads on both; the process replica's ``/health`` refuses connections while
-it loads and first answers 200; a drained replica exits 0 and the balancer's requests are all answered by the other.
-In process: ``/live`` answers 200 while ``/health`` answers 503 during a drain, and a set's digest follows its weights
-(a set added at run time has the digest of the same set in a bank folder: old and new replicas of a rolling update
-agree). Cost: one server start (its imports: ~10 s of CPU), beside this process's replica.
-"""
+"""Serving replicas behind a load balancer, checked and changed as one by ``st-prompts replicas``, ``/health`` as the
+readiness probe (docs/serving.md: Replicas). Two replicas of a tiny bank (an ``st-prompts serve`` process and the same
+app on uvicorn in this process) behind :class:`Balancer`; in process: ``/live`` during a drain and the sets' digests."""
 
 from __future__ import annotations
 
@@ -25,23 +14,27 @@ import time
 
 import numpy as np
 import pytest
-from conftest import CLIProcess, make_tiny_backbone, run_cli
-from test_serving import get, one_thread, post, prefixed_model, tiny_bank, wait_for
+import torch
+from conftest import CLIProcess, run_cli
+from test_serving import (TOKEN, add_set, embeddings, get, one_thread, post, saved_prompts, tiny_backbone_and_bank,
+                          wait_for)
 
 from st_prompts import save_prompts_only
 from st_prompts.loading import load_sentence_model
 from st_prompts.search import SemanticIndex
+from st_prompts.serving.app import ServerContext, create_app
+from st_prompts.serving.indexes import IndexRegistry
+from st_prompts.serving.limits import ServingLimits
+from st_prompts.serving.model import ServedModel
 
-TOKEN = "test-admin-token-0123456789"
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick brown fox jumps over the lazy dog " * 3]
 ARGS = ["--threads", "1", "--drain-timeout", "4"]
 
 
 class Balancer:
-    """A stand-in for HAProxy, nginx or a Kubernetes Service in front of the replicas: each new connection goes to
-    the next replica (round robin) among those whose ``GET /health`` answered 200 at the last check (every 0.1 s),
-    or to the one after when its connection is refused. ``picked`` counts the connections each replica got."""
+    """A stand-in for HAProxy (``option httpchk``, ``redispatch``): each new connection goes to the next replica (round
+    robin) whose ``GET /health`` answered 200 at the last check (every 0.1 s), or to the one after when its connection
+    is refused. ``picked`` counts the connections each replica got."""
 
     def __init__(self, upstreams: list[tuple[str, int]]) -> None:
         self.upstreams = upstreams
@@ -158,17 +151,11 @@ class Probe:
 
 
 class InProcess:
-    """A replica in this process: the same application (:func:`st_prompts.serving.app.create_app` of the bank, its
-    index and the admin token) on uvicorn in a thread. A second ``st-prompts serve`` process would cost the test its
-    imports (the largest part of a start); replica 0 is one, started, probed and drained for real."""
+    """A replica in this process: the application of the bank, its index and the admin token on uvicorn in a thread
+    (a second ``st-prompts serve`` process would cost its imports)."""
 
     def __init__(self, bank: str, index: str) -> None:
         import uvicorn
-
-        from st_prompts.serving.app import ServerContext, create_app
-        from st_prompts.serving.indexes import IndexRegistry
-        from st_prompts.serving.limits import ServingLimits
-        from st_prompts.serving.model import ServedModel
 
         served = ServedModel.load(bank, device="cpu")
         registry = IndexRegistry(served)
@@ -191,8 +178,7 @@ class InProcess:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
     root = tmp_path_factory.mktemp("replicas")
-    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(root / "tiny-bank", backbone)
+    backbone, bank = tiny_backbone_and_bank(root)
     reference = load_sentence_model(bank, device="cpu")
     with one_thread():
         SemanticIndex.build(reference, TEXTS, task="a").save(str(root / "docs.index"))
@@ -215,18 +201,27 @@ def replicas(tmp_path_factory):
             server.stop()
 
 
-def embed(base: str, model: str, texts: list[str] = TEXTS) -> np.ndarray:
-    response = post(base, "/v1/embeddings", {"model": model, "input": texts})  # a new connection each time
-    assert response.status_code == 200, response.text
-    return np.array([d["embedding"] for d in response.json()["data"]])
+def embed(base: str, model: str) -> np.ndarray:
+    return embeddings(post(base, "/v1/embeddings", {"model": model, "input": TEXTS}))  # a new connection each time
 
 
-def replicas_cli(capsys, monkeypatch, *args: str, urls: list[str]) -> tuple[int, str, str]:
+@pytest.fixture
+def replicas_cli(replicas, capsys, monkeypatch):
+    """``st-prompts replicas ARGS --replica URL...`` in process: asserts its exit status; its stdout and stderr."""
     monkeypatch.setenv("ST_PROMPTS_ADMIN_TOKEN", TOKEN)
-    capsys.readouterr()
-    code = run_cli(["replicas", *args, *[a for url in urls for a in ("--replica", url)]])
-    out, err = capsys.readouterr()
-    return code, out, err
+
+    def run(*args, status: int = 0) -> tuple[str, str]:
+        capsys.readouterr()
+        code = run_cli(["replicas", *map(str, args), *[a for url in replicas["urls"] for a in ("--replica", url)]])
+        out, err = capsys.readouterr()
+        assert code == status, err
+        return out, err
+
+    return run
+
+
+def fingerprints(urls: list[str]) -> set[str]:
+    return {health(url)["fingerprint"] for url in urls}
 
 
 def health(url: str) -> dict:
@@ -235,8 +230,7 @@ def health(url: str) -> dict:
     return response.json()
 
 
-def test_requests_through_the_balancer_reach_both_replicas_and_give_what_encode_gives(replicas, capsys,
-                                                                                      monkeypatch):
+def test_requests_through_the_balancer_reach_both_replicas_and_give_what_encode_gives(replicas, replicas_cli):
     balancer, probe = replicas["balancer"], replicas["probe"]
     # the readiness probe while replica 0 loaded: its connection refused, never answered otherwise, until 200
     assert probe.status == 200 and probe.refused > 0 and probe.other == [], probe.log.read_text()
@@ -249,87 +243,64 @@ def test_requests_through_the_balancer_reach_both_replicas_and_give_what_encode_
             assert np.abs(embed(balancer.url, task) - expected).max() < 1e-5, task
     assert [after - b for after, b in zip(balancer.picked, before)] == [6, 6]  # round robin: each took half
     assert {health(balancer.url)["pid"] for _ in range(4)} == pids  # /health says which replica answered
-    code, out, err = replicas_cli(capsys, monkeypatch, "check", urls=replicas["urls"])
-    assert code == 0, err
-    fingerprints = {health(url)["fingerprint"] for url in replicas["urls"]}
-    assert len(fingerprints) == 1
-    assert f"2 replicas ready, serving the same sets (fingerprint {fingerprints.pop()})" in out
+    out, _ = replicas_cli("check")
+    (fingerprint,) = fingerprints(replicas["urls"])
+    assert f"2 replicas ready, serving the same sets (fingerprint {fingerprint})" in out
     assert set(health(replicas["urls"][0])["sets"]) == {"a", "b", "c"}
 
 
-def test_an_added_set_reaches_every_replica_and_replicas_that_differ_are_named(replicas, capsys, monkeypatch,
-                                                                               tmp_path):
+def test_an_added_set_reaches_every_replica_and_replicas_that_differ_are_named(replicas, replicas_cli, tmp_path):
     urls, balancer = replicas["urls"], replicas["balancer"]
-    source = prefixed_model(replicas["backbone"], 6, seed=7, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "prompts"))
-    expected = source.encode(TEXTS)
+    expected = saved_prompts(replicas["backbone"], 6, 7, tmp_path / "prompts").encode(TEXTS)
     start = health(urls[0])["fingerprint"]
 
     # refused by the first replica's checks: one line, no replica changed
-    code, _, err = replicas_cli(capsys, monkeypatch, "add-set", "nowhere", str(tmp_path / "missing"), urls=urls)
-    assert code == 2 and err.count("\n") == 1 and "refused it (422)" in err and "Nothing was changed" in err
-    assert {health(url)["fingerprint"] for url in urls} == {start}
+    _, err = replicas_cli("add-set", "nowhere", tmp_path / "missing", status=2)
+    assert err.count("\n") == 1 and "refused it (422)" in err and "Nothing was changed" in err
+    assert fingerprints(urls) == {start}
 
-    code, out, err = replicas_cli(capsys, monkeypatch, "add-set", "added", str(tmp_path / "prompts"), urls=urls)
-    assert code == 0, err
-    assert "2 replicas serve 'added'" in out
+    assert "2 replicas serve 'added'" in replicas_cli("add-set", "added", tmp_path / "prompts")[0]
     for url in urls:  # each replica, addressed directly, at once
         assert np.abs(embed(url, "added") - expected).max() < 1e-5
     for _ in range(4):
         assert np.abs(embed(balancer.url, "added") - expected).max() < 1e-5
-    added = {health(url)["fingerprint"] for url in urls}
+    added = fingerprints(urls)
     assert len(added) == 1 and added != {start}
 
     # a set added to one replica only (its own admin route): check names the difference in one line
-    other = prefixed_model(replicas["backbone"], 4, seed=9, dimension=32, normalize=False)
-    save_prompts_only(other, str(tmp_path / "other"))
-    assert post(urls[1], "/admin/prompt-sets", {"name": "one", "source": str(tmp_path / "other")},
-                headers=HEADERS).status_code == 201
-    code, out, err = replicas_cli(capsys, monkeypatch, "check", urls=urls)
-    assert code == 2 and err.count("\n") == 1 and "the replicas serve different sets" in err
-    assert urls[0] in err and urls[1] in err
-    # the same fan-out completes it: the replica that has it counts as done
-    code, out, err = replicas_cli(capsys, monkeypatch, "add-set", "one", str(tmp_path / "other"), urls=urls)
-    assert code == 0, err
+    other = saved_prompts(replicas["backbone"], 4, 9, tmp_path / "other")
+    assert add_set(urls[1], "one", tmp_path / "other").status_code == 201
+    _, err = replicas_cli("check", status=2)
+    assert err.count("\n") == 1 and "the replicas serve different sets" in err and urls[0] in err and urls[1] in err
+    replicas_cli("add-set", "one", tmp_path / "other")  # the same fan-out completes it: the replica that has it is done
     assert np.abs(embed(urls[0], "one") - other.encode(TEXTS)).max() < 1e-5
 
     # the same name with other weights on one replica: the names agree, the fingerprints do not
-    code, _, err = replicas_cli(capsys, monkeypatch, "remove-set", "one", urls=urls)
-    assert code == 0, err
-    assert post(urls[0], "/admin/prompt-sets", {"name": "one", "source": str(tmp_path / "other")},
-                headers=HEADERS).status_code == 201
-    assert post(urls[1], "/admin/prompt-sets", {"name": "one", "source": str(tmp_path / "prompts")},
-                headers=HEADERS).status_code == 201
+    replicas_cli("remove-set", "one")
+    assert add_set(urls[0], "one", tmp_path / "other").status_code == 201
+    assert add_set(urls[1], "one", tmp_path / "prompts").status_code == 201
     sets = [health(url)["sets"] for url in urls]
     assert set(sets[0]) == set(sets[1]) and sets[0]["one"] != sets[1]["one"] and sets[0]["added"] == sets[1]["added"]
-    code, _, err = replicas_cli(capsys, monkeypatch, "check", urls=urls)
-    assert code == 2 and "different sets" in err
+    assert "different sets" in replicas_cli("check", status=2)[1]
 
-    code, out, err = replicas_cli(capsys, monkeypatch, "remove-set", "one", urls=urls)
-    assert code == 0, err
+    replicas_cli("remove-set", "one")
     for url in urls:
         assert "one" not in health(url)["sets"]
         assert post(url, "/v1/embeddings", {"model": "one", "input": ["x"]}).status_code == 404
-    assert {health(url)["fingerprint"] for url in urls} == added
-    assert replicas_cli(capsys, monkeypatch, "remove-set", "added", urls=urls)[0] == 0
-    assert {health(url)["fingerprint"] for url in urls} == {start}  # as they started
+    assert fingerprints(urls) == added
+    replicas_cli("remove-set", "added")
+    assert fingerprints(urls) == {start}  # as they started
 
     # an index reloaded on every replica; one that no replica serves is refused by the first: nothing changed
-    code, out, err = replicas_cli(capsys, monkeypatch, "reload-index", "docs", urls=urls)
-    assert code == 0 and "2 replicas reloaded 'docs'" in out, err
-    code, _, err = replicas_cli(capsys, monkeypatch, "reload-index", "nothing", urls=urls)
-    assert code == 2 and err.count("\n") == 1 and f"{urls[0]} refused it (404)" in err
+    assert "2 replicas reloaded 'docs'" in replicas_cli("reload-index", "docs")[0]
+    _, err = replicas_cli("reload-index", "nothing", status=2)
+    assert err.count("\n") == 1 and f"{urls[0]} refused it (404)" in err
     hits = post(balancer.url, "/search", {"query": TEXTS[0], "index": "docs", "k": 1}).json()["data"][0]["hits"]
     assert hits[0]["id"] == 0
 
 
 def test_live_answers_while_health_says_draining(replicas):
     from starlette.testclient import TestClient
-
-    from st_prompts.serving.app import ServerContext, create_app
-    from st_prompts.serving.indexes import IndexRegistry
-    from st_prompts.serving.limits import ServingLimits
-    from st_prompts.serving.model import ServedModel
 
     served = ServedModel.load(replicas["bank"], device="cpu")
     context = ServerContext(served, IndexRegistry(served), ServingLimits())
@@ -347,40 +318,27 @@ def test_live_answers_while_health_says_draining(replicas):
 
 
 def test_set_digests_follow_the_weights_not_the_names(replicas, tmp_path):
-    from st_prompts.serving.model import ServedModel
-
     served = ServedModel.load(replicas["bank"], device="cpu")
     first, digests = served.fingerprint(), served.set_digests()
     assert set(digests) >= {"a", "b", "c"} and len(set(digests.values())) == len(digests)
     again = ServedModel.load(replicas["bank"], device="cpu")
     assert again.set_digests() == digests and again.fingerprint() == first  # another load, the same weights
-    source = prefixed_model(replicas["backbone"], 3, seed=5, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "x"))
+    source = saved_prompts(replicas["backbone"], 3, 5, tmp_path / "x")
     served.add_prompt_set("x", str(tmp_path / "x"))
     assert served.fingerprint() != first and served.set_digests()["a"] == digests["a"]
     with_x = served.set_digests()["x"]
     served.remove_prompt_set("x")
     assert served.fingerprint() == first
-    with torch_no_grad():
+    with torch.no_grad():
         source[0].prefix_encoder.embedding.weight[0, 0] += 1.0  # one value changed
     save_prompts_only(source, str(tmp_path / "x2"))
     served.add_prompt_set("x", str(tmp_path / "x2"))
     assert served.set_digests()["x"] != with_x
 
 
-def torch_no_grad():
-    import torch
-
-    return torch.no_grad()
-
-
 def test_a_set_added_at_run_time_has_the_digest_of_the_same_set_in_a_bank_folder(replicas, tmp_path):
-    """A rolling update (the set added at run time to every replica, then the bank folder changed and the replicas
-    restarted on it one at a time) leaves old and new replicas with the same fingerprint."""
-    from st_prompts.serving.model import ServedModel
-
-    source = prefixed_model(replicas["backbone"], 5, seed=11, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "rolled"))
+    """A rolling update (a set added at run time, then to the bank folder) leaves old and new replicas alike."""
+    saved_prompts(replicas["backbone"], 5, 11, tmp_path / "rolled")
     assert run_cli(["bank", "add", replicas["bank"], "rolled", str(tmp_path / "rolled"), "--output",
                     str(tmp_path / "bank-v2")]) == 0
     running = ServedModel.load(replicas["bank"], device="cpu")
@@ -390,7 +348,7 @@ def test_a_set_added_at_run_time_has_the_digest_of_the_same_set_in_a_bank_folder
     assert restarted.fingerprint() == running.fingerprint() != ServedModel.load(replicas["bank"]).fingerprint()
 
 
-def test_a_drained_replica_leaves_the_balancer_and_no_request_fails(replicas, capsys, monkeypatch):
+def test_a_drained_replica_leaves_the_balancer_and_no_request_fails(replicas, replicas_cli):
     """Last: it stops replica 0 (the other half of a rolling restart, starting a replica, is the fixture's probe)."""
     urls, balancer = replicas["urls"], replicas["balancer"]
     expected = replicas["reference"].encode(TEXTS, task="a")
@@ -400,5 +358,5 @@ def test_a_drained_replica_leaves_the_balancer_and_no_request_fails(replicas, ca
     for _ in range(6):  # refused by replica 0 (until the balancer's next check): sent to replica 1
         assert np.abs(embed(balancer.url, "a") - expected).max() < 1e-5
     assert wait_for(lambda: balancer.ready == {1}, timeout=10)
-    code, _, err = replicas_cli(capsys, monkeypatch, "check", urls=urls)
-    assert code == 2 and err.count("\n") == 1 and f"{urls[0]}  unreachable" in err
+    _, err = replicas_cli("check", status=2)
+    assert err.count("\n") == 1 and f"{urls[0]}  unreachable" in err

@@ -21,13 +21,10 @@ def run_all():
 
     sys.path.insert(0, str(REPO / "benchmarks" / "run_all"))
     try:
-        rows = importlib.import_module("rows")
-        runner = importlib.import_module("runner")
-        report = importlib.import_module("report")
+        modules = [importlib.import_module(name) for name in ("rows", "runner", "report")]
     finally:
         sys.path.pop(0)
-    names = {**vars(rows), **vars(runner), **vars(report)}
-    return types.SimpleNamespace(**{k: v for k, v in names.items() if not k.startswith("__")})
+    return types.SimpleNamespace(**{k: v for m in modules for k, v in vars(m).items() if not k.startswith("__")})
 
 
 def test_claim_skips_done_and_running_runs_and_takes_over_stale_claims(run_all, tmp_path):
@@ -62,9 +59,7 @@ def test_all_seeds_changes_the_seeds_not_the_run_key(run_all, tmp_path):
 
 
 def test_a_preset_change_of_a_setting_the_run_does_not_use_keeps_its_key(run_all, tmp_path, monkeypatch):
-    """SKICSE's preset ``prompted_learning_rate`` is only the source of ``learning_rate``: changing it keeps the runs
-    whose rate does not change cached (full encoder; a prompted row naming its rate) and changes the prompted runs
-    that take the preset's rate."""
+    """SKICSE's ``prompted_learning_rate`` keys only the prompted runs that take it (not full, not a named rate)."""
     from st_prompts.methods.skicse import config as skicse_config
 
     (tmp_path / "train").mkdir()
@@ -73,10 +68,7 @@ def test_a_preset_change_of_a_setting_the_run_does_not_use_keeps_its_key(run_all
     rows = [run_all.ROWS[n] for n in ("skicse-full-sup", "skicse-prompted-sup", "skicse-prompted-sup-lambda0")]
     before = [run_all.run_key(row, 42, tmp_path, False) for row in rows]
     presets = skicse_config.presets
-
-    def changed(scale, supervised, backbone):
-        return {**presets(scale, supervised, backbone), "prompted_learning_rate": 7e-2}
-
+    changed = lambda *args: {**presets(*args), "prompted_learning_rate": 7e-2}  # noqa: E731
     monkeypatch.setattr(skicse_config, "CONFIG", dataclasses.replace(skicse_config.CONFIG, presets=changed))
     after = [run_all.run_key(row, 42, tmp_path, False) for row in rows]
     assert after[:2] == before[:2] and after[2] != before[2]
@@ -96,8 +88,7 @@ def test_lora_route_problem_names_the_versions_before_any_run(run_all, monkeypat
 
 
 def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows_do_not_use(run_all):
-    """The report's sentence on learning rates is read from the sweep rows, never written by hand: a setting without
-    its sweep says so, and a sweep whose best STS-B dev rate differs from the rows' rate is named."""
+    """Read from the sweep rows: a setting without its sweep says so; a best STS-B dev rate not the rows' is named."""
     def e(x):
         return f"{x:.0e}".replace("e-0", "e-")
 
@@ -117,14 +108,11 @@ def test_learning_rate_note_says_which_sweeps_ran_and_flags_a_best_rate_the_rows
 
 
 def test_a_sweep_partly_rerun_under_protocol_2_compares_like_with_like(run_all):
-    """Where some rates of a sweep have runs of the current protocol and others only runs of protocol 1, the note
-    compares the current ones: a protocol-1 number never wins over a re-run one."""
+    """Where only some rates of a sweep were re-run under the current protocol, a protocol-1 number never wins."""
     chosen = run_all.DIFFAUG_STAGE1_LR[False]
-    summary = {
-        f"diffaug-semi-stage1-lr{chosen:g}": {"stsb_dev": {"mean": 0.84}},
-        "diffaug-semi-stage1-lr0.001": {"stsb_dev": {"mean": 0.83}},
-        "diffaug-semi-stage1-lr0.0003": {"stsb_dev": {"mean": 0.90}, "evaluated_at_training_length": True},
-    }
+    summary = {f"diffaug-semi-stage1-lr{chosen:g}": {"stsb_dev": {"mean": 0.84}},
+               "diffaug-semi-stage1-lr0.001": {"stsb_dev": {"mean": 0.83}},
+               "diffaug-semi-stage1-lr0.0003": {"stsb_dev": {"mean": 0.90}, "evaluated_at_training_length": True}}
     part = run_all._lr_selection_note(summary).split("DiffAug's stage 1")[1].split(" and supervised")[0]
     assert "the sweep's best" not in part and "among the rates re-run under protocol 2: 1e-3, 3e-3" in part
     summary["diffaug-semi-stage1-lr0.001"]["stsb_dev"]["mean"] = 0.85
@@ -142,6 +130,6 @@ def test_protocol_moves_pair_seeds_and_skip_runs_whose_settings_changed(run_all)
     moves = run_all.protocol_moves(new, old)
     assert [m["seed"] for m in moves] == [42, 43]  # seed 44 trained at another rate: another experiment
     assert moves[0]["stsb_dev"] == pytest.approx(1.0) and moves[0]["sick_trial"] == pytest.approx(-1.0)
-    sentence = run_all._moves_sentence({"x": {"protocol_moves": moves}, "y": {"ablation": True,
-                                                                          "protocol_moves": [{"stsb_dev": 9, "sick_trial": 9}]}})
+    ablation = {"ablation": True, "protocol_moves": [{"stsb_dev": 9, "sick_trial": 9}]}
+    sentence = run_all._moves_sentence({"x": {"protocol_moves": moves}, "y": ablation})
     assert sentence.startswith("The 2 runs of main rows") and "+0.00 to +1.00 on STS-B dev" in sentence

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import time
@@ -12,14 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import cli_out, save_plain
+from conftest import cli_error, cli_out, edit_json, save_plain
 
-from st_prompts.errors import (
-    BackboneMismatchError,
-    ConfigurationError,
-    DataFormatError,
-    DataNotFoundError,
-)
+from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
 from st_prompts.search import SearchHit, SemanticIndex
 
 FIXTURES = Path(__file__).parent / "fixtures" / "search"
@@ -35,9 +31,16 @@ def corpus_index(minilm):
         return SemanticIndex.from_file(minilm, CORPUS_TXT, show_progress_bar=False)
 
 
-def clustered_vectors(
-    n: int, dim: int = 64, clusters: int = 40, seed: int = 0, sample_seed: int | None = None, spread: float = 0.6
-) -> np.ndarray:
+@pytest.fixture(scope="module")
+def saved_index(corpus_index, tmp_path_factory) -> Path:
+    """``corpus_index`` saved, for the tests that only read it."""
+    folder = tmp_path_factory.mktemp("saved") / "idx"
+    corpus_index.save(folder)
+    return folder
+
+
+def clustered_vectors(n: int, dim: int = 64, clusters: int = 40, seed: int = 0, sample_seed: int | None = None,
+                      spread: float = 0.6) -> np.ndarray:
     """Random-ish vectors with structure (Gaussian blobs), like real embeddings; pure noise is unrealistically hard.
     ``seed`` fixes the blob centres; ``sample_seed`` (default: ``seed``) draws other points around the same centres."""
     rng = np.random.default_rng(seed)
@@ -49,11 +52,14 @@ def clustered_vectors(
 
 
 def brute_force(doc_emb: np.ndarray, query_emb: np.ndarray, k: int):
-    docs = doc_emb / np.linalg.norm(doc_emb, axis=1, keepdims=True)
-    queries = query_emb / np.linalg.norm(query_emb, axis=1, keepdims=True)
-    scores = queries @ docs.T
+    """The top ``k`` rows of each query by numpy over normalised vectors (independent of FAISS), and their scores."""
+    scores = normalized(query_emb) @ normalized(doc_emb).T
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return order, np.take_along_axis(scores, order, axis=1)
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 def hits_as_tuples(results):
@@ -61,8 +67,6 @@ def hits_as_tuples(results):
 
 
 # ---------------------------------------------------------------- exact search
-
-
 def test_exact_search_matches_numpy_brute_force_on_model_embeddings(minilm, corpus_index):
     texts = corpus_index.texts
     doc_emb = minilm.encode(texts, convert_to_numpy=True)
@@ -74,7 +78,6 @@ def test_exact_search_matches_numpy_brute_force_on_model_embeddings(minilm, corp
         assert len(hits) == 5
         assert all(isinstance(hit, SearchHit) for hit in hits)
         np.testing.assert_allclose([hit.score for hit in hits], row_scores, atol=1e-5)
-        # Ids: compare as sets of texts where scores tie (the fixture has a duplicate line), else exactly.
         assert [hit.text for hit in hits] == [texts[i] for i in row_order]
     assert results[0][0].text.startswith(("A cat sleeps", "Kittens"))
     assert "bread" in results[1][0].text or "dough" in results[1][0].text
@@ -118,8 +121,6 @@ def listing(folder):
 
 
 # ---------------------------------------------------------------- save / load
-
-
 def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_path):
     before = corpus_index.search(QUERIES, k=6)
     corpus_index.save(tmp_path / "idx")
@@ -138,26 +139,8 @@ def test_save_load_round_trip_gives_identical_results(minilm, corpus_index, tmp_
     assert [tmp_path / "idx"] == listing(tmp_path)  # no temp directory left behind
 
 
-@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
-def test_round_trip_of_every_index_type_keeps_ids_params_and_results(index_type, tmp_path):
-    vectors = clustered_vectors(1200, dim=32)
-    ids = [f"d{i:04d}" for i in range(len(vectors))]
-    index = SemanticIndex.from_embeddings(vectors, [f"text {i}" for i in ids], ids, index_type=index_type)
-    queries = clustered_vectors(25, dim=32, seed=5)
-    before = index.search_embeddings(queries, k=10)
-    index.save(tmp_path / "idx")
-    loaded = SemanticIndex.load(tmp_path / "idx")
-    assert loaded.index_type == index_type
-    assert loaded.index_params == index.index_params
-    assert loaded.model_identity is None
-    assert hits_as_tuples(loaded.search_embeddings(queries, k=10)) == hits_as_tuples(before)
-    with pytest.raises(ConfigurationError, match="no model"):
-        loaded.search("a text query needs a model")
-
-
-def test_loaded_index_loads_its_recorded_model_lazily(corpus_index, tmp_path):
-    corpus_index.save(tmp_path / "idx")
-    loaded = SemanticIndex.load(tmp_path / "idx")
+def test_loaded_index_loads_its_recorded_model_lazily(corpus_index, saved_index):
+    loaded = SemanticIndex.load(saved_index)
     assert loaded.model is None
     assert hits_as_tuples(loaded.search(QUERIES[:1], k=3)) == hits_as_tuples(corpus_index.search(QUERIES[:1], k=3))
     assert loaded.model is not None
@@ -192,44 +175,37 @@ def test_save_replaces_an_index_atomically_and_cleans_up_on_failure(corpus_index
 
 
 # ---------------------------------------------------------------- model identity
-
-
-def test_model_with_different_weights_is_rejected(minilm, corpus_index, tmp_path):
-    corpus_index.save(tmp_path / "idx")
+def test_model_with_different_weights_is_rejected(minilm, corpus_index, saved_index):
     other = copy.deepcopy(minilm)
     with torch.no_grad():
         for parameter in other.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
     with pytest.raises(BackboneMismatchError, match="does not match"):
-        SemanticIndex.load(tmp_path / "idx", model=other)
+        SemanticIndex.load(saved_index, model=other)
     with pytest.raises(BackboneMismatchError):
         corpus_index.set_model(other)
 
 
-def test_model_with_different_dimension_is_rejected(minilm_path, corpus_index, tmp_path):
+def test_model_with_different_dimension_is_rejected(minilm_path, corpus_index, saved_index):
     from sentence_transformers import SentenceTransformer
 
-    corpus_index.save(tmp_path / "idx")
     truncated = SentenceTransformer(minilm_path, truncate_dim=128, device="cpu")
     with pytest.raises(BackboneMismatchError, match="128-dimensional"):
-        SemanticIndex.load(tmp_path / "idx", model=truncated)
+        SemanticIndex.load(saved_index, model=truncated)
     with pytest.raises(BackboneMismatchError, match="dimensions"):
         corpus_index.search_embeddings(np.ones((1, 128), dtype=np.float32), k=1)
 
 
-def test_model_without_final_normalize_is_compatible(minilm, corpus_index, tmp_path):
+def test_model_without_final_normalize_is_compatible(minilm, corpus_index, saved_index):
     """Scores are cosines whatever the model's last layer, so dropping Normalize changes nothing."""
     from sentence_transformers import SentenceTransformer
 
-    corpus_index.save(tmp_path / "idx")
     unnormalised = SentenceTransformer(modules=[minilm[0], minilm[1]], device="cpu")
-    loaded = SemanticIndex.load(tmp_path / "idx", model=unnormalised)
+    loaded = SemanticIndex.load(saved_index, model=unnormalised)
     assert hits_as_tuples(loaded.search(QUERIES, k=4)) == hits_as_tuples(corpus_index.search(QUERIES, k=4))
 
 
 # ---------------------------------------------------------------- approximate indexes
-
-
 @pytest.fixture(scope="module")
 def ann_data():
     vectors = clustered_vectors(4000, dim=64)
@@ -259,14 +235,12 @@ def test_ivf_on_a_tiny_corpus_falls_back_to_one_list_and_explicit_nlist_too_larg
     assert index.index_params == {"nlist": 1, "nprobe": 1}
     exact = SemanticIndex.from_embeddings(vectors, texts)
     assert hits_as_tuples(index.search_embeddings(vectors[:5], k=5)) == hits_as_tuples(
-        exact.search_embeddings(vectors[:5], k=5)
-    )
-    with pytest.raises(ConfigurationError, match="nlist=64 needs at least 64 documents"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="ivf", nlist=64)
-    with pytest.raises(ConfigurationError, match="unknown index_type"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="lsh")
-    with pytest.raises(ConfigurationError, match="unknown parameter"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="hnsw", nlist=4)
+        exact.search_embeddings(vectors[:5], k=5))
+    for options, match in (({"index_type": "ivf", "nlist": 64}, "nlist=64 needs at least 64 documents"),
+                           ({"index_type": "lsh"}, "unknown index_type"),
+                           ({"index_type": "hnsw", "nlist": 4}, "unknown parameter")):
+        with pytest.raises(ConfigurationError, match=match):
+            SemanticIndex.from_embeddings(vectors, texts, **options)
 
 
 def test_search_params_can_be_changed(ann_data):
@@ -279,36 +253,24 @@ def test_search_params_can_be_changed(ann_data):
 
 
 # ---------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize("documents", [[], ["", "   ", "\t"]])
-def test_empty_corpus_is_an_error(minilm, documents):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(DataFormatError, match="empty"):
-            SemanticIndex.build(minilm, documents, show_progress_bar=False)
-
-
-def test_empty_text_file_and_missing_file_are_errors(minilm, tmp_path):
-    with pytest.raises(DataFormatError, match="no non-blank document"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            SemanticIndex.from_file(minilm, FIXTURES / "blank.txt")
-    with pytest.raises(DataNotFoundError):
-        SemanticIndex.from_file(minilm, tmp_path / "missing.txt")
-    with pytest.raises(ConfigurationError, match="from_file"):
-        SemanticIndex.build(minilm, str(CORPUS_TXT))
-    with pytest.raises(ConfigurationError, match="id-column needs a dataset file"):
-        SemanticIndex.from_file(minilm, CORPUS_TXT, id_column="doc_id")
-
-
-def test_duplicate_ids_are_an_error(minilm):
-    with pytest.raises(DataFormatError, match="unique.*'a'"):
-        SemanticIndex.build(minilm, ["x", "y", "z"], ids=["a", "b", "a"], show_progress_bar=False)
-    with pytest.raises(DataFormatError, match="unique"):
-        SemanticIndex.from_file(minilm, FIXTURES / "duplicate_ids.jsonl", text_column="body", id_column="doc_id")
-    with pytest.raises(DataFormatError, match="ids must be str or int"):
-        SemanticIndex.build(minilm, ["x"], ids=[1.5], show_progress_bar=False)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the blank lines skipped
+def test_empty_or_missing_corpora_and_bad_ids_are_errors(minilm, tmp_path):
+    build = functools.partial(SemanticIndex.build, minilm, show_progress_bar=False)
+    for call, error, match in [
+        (lambda: build([]), DataFormatError, "empty"),
+        (lambda: build(["", "   ", "\t"]), DataFormatError, "empty"),
+        (lambda: SemanticIndex.from_file(minilm, FIXTURES / "blank.txt"), DataFormatError, "no non-blank document"),
+        (lambda: SemanticIndex.from_file(minilm, tmp_path / "missing.txt"), DataNotFoundError, None),
+        (lambda: SemanticIndex.build(minilm, str(CORPUS_TXT)), ConfigurationError, "from_file"),
+        (lambda: SemanticIndex.from_file(minilm, CORPUS_TXT, id_column="doc_id"), ConfigurationError,
+         "id-column needs a dataset file"),
+        (lambda: build(["x", "y", "z"], ids=["a", "b", "a"]), DataFormatError, "unique.*'a'"),
+        (lambda: SemanticIndex.from_file(minilm, FIXTURES / "duplicate_ids.jsonl", text_column="body",
+                                         id_column="doc_id"), DataFormatError, "unique"),
+        (lambda: build(["x"], ids=[1.5]), DataFormatError, "ids must be str or int"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
 
 
 def test_dataset_columns(minilm):
@@ -367,10 +329,9 @@ def test_public_methods_have_no_private_parameters():
     import inspect
 
     for name, member in inspect.getmembers(SemanticIndex, callable):
-        if name.startswith("_"):
-            continue
-        parameters = inspect.signature(member).parameters
-        assert not [p for p in parameters if p.startswith("_")], f"SemanticIndex.{name}{inspect.signature(member)}"
+        if not name.startswith("_"):
+            private = [p for p in inspect.signature(member).parameters if p.startswith("_")]
+            assert not private, f"SemanticIndex.{name}{inspect.signature(member)}"
 
 
 def test_ivf_with_too_few_probes_drops_empty_slots_instead_of_returning_minus_one():
@@ -382,95 +343,77 @@ def test_ivf_with_too_few_probes_drops_empty_slots_instead_of_returning_minus_on
 
 
 # ---------------------------------------------------------------- CLI
+def cli_ok(argv: list, capsys) -> tuple[str, str]:
+    """Run the command line ``argv`` in process, assert it succeeds: its stdout and stderr."""
+    code, out, err = cli_out(argv, capsys)
+    assert code == 0, err
+    return out, err
 
 
 def test_cli_build_and_search_end_to_end(tmp_path, capsys):
     out = tmp_path / "corpus.index"
-    code, stdout, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(out), "--no-progress"], capsys)
-    assert code == 0, stderr
+    stdout, stderr = cli_ok(["index", "build", "minilm", CORPUS_TXT, out, "--no-progress"], capsys)
     assert "Indexed 15 documents" in stdout
     assert "skipped 1 blank" in stderr and "repeat the text" in stderr
     # one action, one message: the save itself does not announce itself a second time
     assert len(stdout.splitlines()) == 1 and "saved" not in stderr.lower() and "Indexed" not in stderr
 
-    code, stdout, stderr = cli_out(["index", "search", str(out), "where do cats sleep?", "bread recipe", "-k", "3",
-                                    "--json"], capsys)  # fmt: skip
-    assert code == 0, stderr
+    stdout, _ = cli_ok(["index", "search", out, "where do cats sleep?", "bread recipe", "-k", "3", "--json"], capsys)
     payload = json.loads(stdout)
     assert [entry["query"] for entry in payload] == ["where do cats sleep?", "bread recipe"]
     assert [hit["rank"] for hit in payload[0]["hits"]] == [1, 2, 3]
     assert payload[0]["hits"][0]["id"] in (1, 2, 16)
     assert payload[1]["hits"][0]["id"] in (5, 6)
 
-    code, stdout, stderr = cli_out(["index", "search", str(out), "stock prices dropped", "-k", "2",
-                                    "--model", "minilm"], capsys)  # fmt: skip
-    assert code == 0, stderr
+    stdout, _ = cli_ok(["index", "search", out, "stock prices dropped", "-k", "2", "--model", "minilm"], capsys)
     assert stdout.splitlines()[0] == "Query: stock prices dropped"
     assert "stock market fell" in stdout.splitlines()[1] or "Investors" in stdout.splitlines()[1]
-
-    code, stdout, _ = cli_out(["index", "info", str(out)], capsys)
-    assert code == 0 and "Documents:  15" in stdout
-
-    code, _, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(out)], capsys)
-    assert code == 2 and "already holds an index" in stderr
+    assert "Documents:  15" in cli_ok(["index", "info", out], capsys)[0]
+    assert "already holds an index" in cli_error(["index", "build", "minilm", CORPUS_TXT, out], capsys)
 
 
 def test_cli_dataset_file_with_id_column_and_hnsw(tmp_path, capsys):
     out = tmp_path / "jsonl.index"
-    code, stdout, stderr = cli_out(["index", "build", "minilm", str(CORPUS_JSONL), str(out), "--column", "body",
-                                    "--id-column", "doc_id", "--index-type", "hnsw", "--no-progress"], capsys)  # fmt: skip
-    assert code == 0, stderr
-    code, stdout, stderr = cli_out(["index", "search", str(out), "train departure", "-k", "1", "--json"], capsys)
+    cli_ok(["index", "build", "minilm", CORPUS_JSONL, out, "--column", "body", "--id-column", "doc_id",
+            "--index-type", "hnsw", "--no-progress"], capsys)
+    stdout, _ = cli_ok(["index", "search", out, "train departure", "-k", "1", "--json"], capsys)
     assert json.loads(stdout)[0]["hits"][0]["id"] == "travel-1"
 
 
 def test_cli_errors_are_one_line_messages(tmp_path, capsys):
-    code, _, stderr = cli_out(["index", "search", str(tmp_path / "missing"), "q"], capsys)
-    assert code == 2 and stderr.strip() == f"st-prompts index: error: index directory not found: {tmp_path / 'missing'}"
-    code, _, stderr = cli_out(["index", "build", "minilm", str(FIXTURES / "blank.txt"), str(tmp_path / "o")], capsys)
-    assert code == 2 and "error:" in stderr and "empty" in stderr and "Traceback" not in stderr
-    assert not (tmp_path / "o").exists()
-    code, _, stderr = cli_out(["index", "build", "minilm", str(FIXTURES / "duplicate_ids.jsonl"), str(tmp_path / "o"),
-                               "--column", "body", "--id-column", "doc_id"], capsys)  # fmt: skip
-    assert code == 2 and "unique" in stderr
-    code, _, stderr = cli_out(["index", "build", "minilm", str(CORPUS_TXT), str(tmp_path / "o"), "--index-type", "ivf",
-                               "--nlist", "100"], capsys)  # fmt: skip
-    assert code == 2 and "nlist=100" in stderr
-    assert not (tmp_path / "o").exists()
+    line = cli_error(["index", "search", tmp_path / "missing", "q"], capsys, alone=True)
+    assert line == f"st-prompts index: error: index directory not found: {tmp_path / 'missing'}"
+    for source, options, fragment in ((FIXTURES / "blank.txt", [], "empty"),
+                                      (FIXTURES / "duplicate_ids.jsonl", ["--column", "body", "--id-column", "doc_id"],
+                                       "unique"),
+                                      (CORPUS_TXT, ["--index-type", "ivf", "--nlist", "100"], "nlist=100")):
+        assert fragment in cli_error(["index", "build", "minilm", source, tmp_path / "o", *options], capsys)
+        assert not (tmp_path / "o").exists()
 
 
-def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, corpus_index):
+def test_cli_refuses_a_model_with_foreign_code_unless_trusted(tmp_path, capsys, tiny_bert, saved_index):
     foreign = save_plain(tmp_path / "foreign-model", tiny_bert)
-    modules = json.loads((foreign / "modules.json").read_text())
-    modules[1]["type"] = "not_installed_pkg.Pooling"
-    (foreign / "modules.json").write_text(json.dumps(modules))
-
+    edit_json(foreign / "modules.json", lambda modules: modules[1].update(type="not_installed_pkg.Pooling"))
     out = tmp_path / "foreign.index"
-    code, _, stderr = cli_out(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--no-progress"], capsys)
-    assert code == 2 and "not_installed_pkg.Pooling" in stderr and "--trust-remote-code" in stderr
-    assert not out.exists()
-    corpus_index.save(tmp_path / "idx")
-    code, _, stderr = cli_out(["index", "search", str(tmp_path / "idx"), "cats", "--model", str(foreign)], capsys)
-    assert code == 2 and "--trust-remote-code" in stderr
-    # With the flag, trust is passed on: sentence-transformers then tries to import the (missing) package, which the
-    # command reports in one line (no importlib traceback).
-    code, _, stderr = cli_out(["index", "build", str(foreign), str(CORPUS_TXT), str(out), "--trust-remote-code"],
-                              capsys)
-    assert code == 2 and "not_installed_pkg" in stderr and "cannot be imported" in stderr and "Traceback" not in stderr
+    line = cli_error(["index", "build", foreign, CORPUS_TXT, out, "--no-progress"], capsys)
+    assert "not_installed_pkg.Pooling" in line and "--trust-remote-code" in line and not out.exists()
+    assert "--trust-remote-code" in cli_error(["index", "search", saved_index, "cats", "--model", foreign], capsys)
+    # With the flag, trust is passed on: importing the (missing) package fails, in one line
+    line = cli_error(["index", "build", foreign, CORPUS_TXT, out, "--trust-remote-code"], capsys)
+    assert "not_installed_pkg" in line and "cannot be imported" in line
 
 
 def test_cli_index_info_loads_no_model_library(tmp_path):
-    """`index info` needs no model: it reads the index without importing torch, transformers or sentence-transformers
-    (in a fresh interpreter, where nothing else imported them)."""
+    """`index info` imports no torch, transformers or sentence-transformers (in a fresh interpreter)."""
     import subprocess
     import sys
 
     vectors = np.random.default_rng(0).normal(size=(20, 8)).astype("float32")
-    SemanticIndex.from_embeddings(vectors, [f"text {i}" for i in range(20)], index_type="ivf", nlist=2, target_recall=None).save(
-        tmp_path / "idx")
+    SemanticIndex.from_embeddings(vectors, [f"text {i}" for i in range(20)], index_type="ivf", nlist=2,
+                                  target_recall=None).save(tmp_path / "idx")
     probe = ("import sys; from st_prompts.cli import main; code = main(['index', 'info', sys.argv[1]]); "
-             "print('LOADED', sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules)); "
-             "sys.exit(code)")
+             "print('LOADED', sorted(m for m in ('torch', 'transformers', 'sentence_transformers') "
+             "if m in sys.modules)); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "idx")], capture_output=True, text=True,
                             timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert result.returncode == 0, result.stderr

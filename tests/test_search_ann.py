@@ -1,19 +1,18 @@
-"""Tests of the approximate-search features of st_prompts.search: recall calibration, IVF-PQ with exact re-ranking,
-add / remove, memory-mapped loading, drift warnings, chunked resumable encoding, and their CLI commands.
-
-Real-text fixtures (``tests/fixtures/search/real_*.txt``, copied from the shared data): 800 distinct sentences
-(Wikipedia, SNLI triplets, STS-B train) as the corpus and 120 STS-B dev sentences, not in the corpus, as queries.
-"""
+"""Approximate search (st_prompts.search): recall calibration, IVF-PQ with exact re-ranking, add / remove, memory-mapped
+loading, drift warnings, chunked resumable encoding, and their CLI commands. Real text: 800 distinct sentences as the
+corpus and 120 STS-B dev sentences, not in the corpus, as queries (``tests/fixtures/search/real_*.txt``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_out, st_model
+from conftest import cli_error, st_model
+from test_search import brute_force, cli_ok, clustered_vectors, hits_as_tuples, normalized
 
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.search import SemanticIndex
@@ -28,30 +27,17 @@ def read_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def clustered(n: int, dim: int = 64, clusters: int = 30, seed: int = 0, sample_seed: int | None = None,
-              spread: float = 0.6) -> np.ndarray:  # fmt: skip
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(clusters, dim))
-    if sample_seed is not None:
-        rng = np.random.default_rng(sample_seed)
-    labels = rng.integers(clusters, size=n)
-    return (centers[labels] + spread * rng.normal(size=(n, dim))).astype(np.float32)
-
-
-def normalized(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+clustered = functools.partial(clustered_vectors, clusters=30)
 
 
 def exact_top(docs: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Reference top-k rows by numpy brute force (independent of FAISS)."""
-    scores = normalized(queries) @ normalized(docs).T
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return brute_force(docs, queries, k)[0]
 
 
 def recall_at_10(index: SemanticIndex, queries: np.ndarray, truth: np.ndarray, ids: list) -> float:
     results = index.search_embeddings(queries, k=10)
     return float(np.mean([len({h.id for h in hits} & {ids[i] for i in row}) / 10 for hits, row in zip(results, truth)]))
-
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +51,6 @@ def real_text(minilm):
 
 
 # ---------------------------------------------------------------------------------------------------- calibration
-
-
 @pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
 def test_calibration_on_real_text_reaches_its_target_measured_independently(index_type, real_text, minilm):
     corpus, queries, doc_emb, query_emb = real_text
@@ -110,11 +94,8 @@ def test_default_build_calibrates_on_perturbed_documents_and_records_it(real_tex
     index.save(tmp_path / "idx")
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["calibration"]["value"] == index.index_params["nprobe"] == meta["index_params"]["nprobe"]
-    from st_prompts.cli import main
-
-    assert main(["index", "info", str(tmp_path / "idx")]) == 0
-    out = capsys.readouterr().out
-    assert f"Calibration: nprobe={record['value']} -> recall@10 {record['measured_recall']:.4f} (target 0.95, reached)" in out
+    assert (f"Calibration: nprobe={record['value']} -> recall@10 {record['measured_recall']:.4f} "
+            "(target 0.95, reached)") in cli_ok(["index", "info", tmp_path / "idx"], capsys)[0]
 
 
 def test_explicit_search_parameter_disables_the_default_calibration_and_conflicts_with_a_target():
@@ -122,12 +103,12 @@ def test_explicit_search_parameter_disables_the_default_calibration_and_conflict
     texts = [f"t{i}" for i in range(2000)]
     index = SemanticIndex.from_embeddings(vectors, texts, index_type="ivf", nprobe=3)
     assert index.index_params["nprobe"] == 3 and "calibration" not in index.info
-    with pytest.raises(ConfigurationError, match="either target_recall or nprobe"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="ivf", nprobe=3, target_recall=0.9)
-    with pytest.raises(ConfigurationError, match="exact"):
-        SemanticIndex.from_embeddings(vectors, texts, target_recall=0.9)
-    with pytest.raises(ConfigurationError, match=r"\(0, 1\]"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="hnsw", target_recall=1.5)
+    for options, match in (({"index_type": "ivf", "nprobe": 3, "target_recall": 0.9},
+                            "either target_recall or nprobe"),
+                           ({"target_recall": 0.9}, "exact"),
+                           ({"index_type": "hnsw", "target_recall": 1.5}, r"\(0, 1\]")):
+        with pytest.raises(ConfigurationError, match=match):
+            SemanticIndex.from_embeddings(vectors, texts, **options)
     flat = SemanticIndex.from_embeddings(vectors, texts)
     with pytest.raises(ConfigurationError, match="nothing to calibrate"):
         flat.calibrate(0.9)
@@ -157,8 +138,6 @@ def test_unreachable_target_warns_and_records_it():
 
 
 # ------------------------------------------------------------------------------------------- IVF-PQ and re-ranking
-
-
 def test_ivfpq_with_reranking_returns_the_exact_top1_for_documents_queried_with_their_own_text(real_text, minilm):
     corpus, queries, doc_emb, query_emb = real_text
     ids = [f"doc-{i}" for i in range(len(corpus))]
@@ -199,17 +178,14 @@ def test_reranking_recovers_what_pq_alone_loses():
 def test_ivfpq_parameter_errors():
     vectors = clustered(300, dim=64)
     texts = [str(i) for i in range(300)]
-    with pytest.raises(ConfigurationError, match="pq_m=10 must divide"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="ivfpq", pq_m=10)
-    with pytest.raises(ConfigurationError, match="at least 256 documents"):
-        SemanticIndex.from_embeddings(vectors[:100], texts[:100], index_type="ivfpq", pq_m=8)
-    with pytest.raises(ConfigurationError, match="rerank must be"):
-        SemanticIndex.from_embeddings(vectors, texts, index_type="ivfpq", pq_m=8, rerank=-1)
+    for rows, options, match in ((300, {"pq_m": 10}, "pq_m=10 must divide"),
+                                 (100, {"pq_m": 8}, "at least 256 documents"),
+                                 (300, {"pq_m": 8, "rerank": -1}, "rerank must be")):
+        with pytest.raises(ConfigurationError, match=match):
+            SemanticIndex.from_embeddings(vectors[:rows], texts[:rows], index_type="ivfpq", **options)
 
 
 # --------------------------------------------------------------------------------------------------- add / remove
-
-
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw", "ivfpq"])
 def test_add_and_remove_keep_ids_texts_and_vectors_together_through_save_and_load(index_type, tmp_path):
     base = clustered(1200)
@@ -243,8 +219,7 @@ def test_add_and_remove_keep_ids_texts_and_vectors_together_through_save_and_loa
     assert loaded.ids == index.ids and loaded.texts == index.texts
     queries = clustered(30, sample_seed=21)
     assert [[(h.id, h.text) for h in row] for row in loaded.search_embeddings(queries, k=10)] == [
-        [(h.id, h.text) for h in row] for row in index.search_embeddings(queries, k=10)
-    ]
+        [(h.id, h.text) for h in row] for row in index.search_embeddings(queries, k=10)]
     # A loaded index can be updated again, and default integer ids continue after the largest one.
     more = loaded.add(["one more"], ["x1"], embeddings=clustered(1, sample_seed=4))
     assert more == ["x1"] and loaded.texts[-1] == "one more"
@@ -253,16 +228,13 @@ def test_add_and_remove_keep_ids_texts_and_vectors_together_through_save_and_loa
 def test_update_errors_and_integer_ids():
     index = SemanticIndex.from_embeddings(clustered(500), [f"t{i}" for i in range(500)], index_type="ivf")
     assert index.add(["a", "b"], embeddings=clustered(2, sample_seed=1)) == [500, 501]
-    with pytest.raises(DataFormatError, match="already in the index"):
-        index.add(["c"], [3], embeddings=clustered(1))
-    with pytest.raises(DataFormatError, match="not in the index"):
-        index.remove([10_000])
-    with pytest.raises(DataFormatError, match="empty"):
-        index.remove(index.ids)
-    with pytest.raises(DataFormatError, match="non-blank"):
-        index.add(["  "], embeddings=clustered(1))
-    with pytest.raises(DataFormatError, match="2 embeddings for 1"):
-        index.add(["d"], embeddings=clustered(2))
+    for call, match in ((lambda: index.add(["c"], [3], embeddings=clustered(1)), "already in the index"),
+                        (lambda: index.remove([10_000]), "not in the index"),
+                        (lambda: index.remove(index.ids), "empty"),
+                        (lambda: index.add(["  "], embeddings=clustered(1)), "non-blank"),
+                        (lambda: index.add(["d"], embeddings=clustered(2)), "2 embeddings for 1")):
+        with pytest.raises(DataFormatError, match=match):
+            call()
     named = SemanticIndex.from_embeddings(clustered(50), ["x"] * 50, [f"s{i}" for i in range(50)])
     with pytest.raises(ConfigurationError, match="non-integer ids"):
         named.add(["y"], embeddings=clustered(1))
@@ -281,8 +253,6 @@ def test_adding_documents_far_from_the_trained_centroids_warns():
 
 
 # ----------------------------------------------------------------------------------------------------------- mmap
-
-
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw", "ivfpq"])
 def test_memory_mapped_loading_gives_the_same_results_and_is_read_only(index_type, tmp_path):
     vectors = clustered(1500)
@@ -296,13 +266,16 @@ def test_memory_mapped_loading_gives_the_same_results_and_is_read_only(index_typ
     if index_type == "ivfpq":
         assert isinstance(mapped.vectors, np.memmap)
     queries = clustered(40, sample_seed=2)
-    assert [[(h.id, h.text, round(h.score, 5)) for h in row] for row in mapped.search_embeddings(queries, k=10)] == [
-        [(h.id, h.text, round(h.score, 5)) for h in row] for row in index.search_embeddings(queries, k=10)
-    ]
-    with pytest.raises(ConfigurationError, match="read-only"):
-        mapped.add(["x"], ["new"], embeddings=clustered(1))
-    with pytest.raises(ConfigurationError, match="read-only"):
-        mapped.remove(["d1"])
+    loaded = SemanticIndex.load(tmp_path / "idx")  # and a plain load keeps the type, the parameters, no model
+    assert (loaded.index_type, loaded.index_params, loaded.model_identity) == (index_type, index.index_params, None)
+    for other in (mapped, loaded):
+        assert hits_as_tuples(other.search_embeddings(queries, k=10)) == hits_as_tuples(
+            index.search_embeddings(queries, k=10))
+    for call, match in ((lambda: loaded.search("a text query needs a model"), "no model"),
+                        (lambda: mapped.add(["x"], ["new"], embeddings=clustered(1)), "read-only"),
+                        (lambda: mapped.remove(["d1"]), "read-only")):
+        with pytest.raises(ConfigurationError, match=match):
+            call()
 
 
 def test_version_1_index_without_offsets_still_loads(tmp_path):
@@ -318,8 +291,6 @@ def test_version_1_index_without_offsets_still_loads(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ chunked encoding
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tiny_bert):
     return st_model(tiny_bert)
@@ -337,25 +308,21 @@ def test_interrupted_encoding_resumes_from_the_cached_chunks(tiny_model, tmp_pat
     original = tiny_model.encode_document
     corpus = set(texts) | {"a completely new sentence"}
 
-    def failing(inputs, **kwargs):
+    def counting(inputs, **kwargs):
         if inputs[0] in corpus:  # a corpus chunk (not the probe sentences of the model fingerprint)
-            if len(calls) == 3:
+            if crash and len(calls) == 3:
                 raise Interrupt("simulated crash while encoding the 4th chunk")
             calls.append(len(inputs))
         return original(inputs, **kwargs)
 
-    def counting(inputs, **kwargs):
-        if inputs[0] in corpus:
-            calls.append(len(inputs))
-        return original(inputs, **kwargs)
-
-    monkeypatch.setattr(tiny_model, "encode_document", failing)
+    crash = True
+    monkeypatch.setattr(tiny_model, "encode_document", counting)
     with pytest.raises(Interrupt):
         encode_in_chunks(tiny_model, texts, chunk_size=50, cache_dir=tmp_path / "cache", progress=False)
     assert len(list((tmp_path / "cache").glob("chunk-*.npy"))) == 3
 
     calls.clear()
-    monkeypatch.setattr(tiny_model, "encode_document", counting)
+    crash = False
     result = encode_in_chunks(tiny_model, texts, chunk_size=50, cache_dir=tmp_path / "cache", progress=False)
     assert (result.chunks_total, result.chunks_encoded, result.chunks_reused) == (5, 2, 3)
     assert calls == [50, 30]  # only the 4th and 5th chunks were encoded
@@ -381,45 +348,34 @@ def test_build_with_an_encoding_cache_and_the_multi_process_pool(tiny_model, tmp
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
-
-
 def test_cli_add_remove_calibrate_and_info(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(read_lines(REAL_CORPUS)[:150]) + "\n", encoding="utf-8")
     queries = tmp_path / "queries.txt"
     queries.write_text("\n".join(read_lines(REAL_QUERIES)[:40]) + "\n", encoding="utf-8")
     out = tmp_path / "idx"
-    code, stdout, stderr = cli_out(["index", "build", "minilm", str(corpus), str(out), "--index-type", "hnsw",
-                                    "--calibration-queries", str(queries), "--no-progress"], capsys)  # fmt: skip
-    assert code == 0, stderr
+    stdout, _ = cli_ok(["index", "build", "minilm", corpus, out, "--index-type", "hnsw", "--calibration-queries",
+                        queries, "--no-progress"], capsys)
     assert "Calibrated: ef_search=" in stdout and "given texts queries" in stdout
 
     more = tmp_path / "more.txt"
     more.write_text("A violinist tunes her instrument backstage.\n\nThe ferry leaves the harbour at dawn.\n")
-    code, stdout, stderr = cli_out(["index", "add", str(out), str(more), "--no-progress"], capsys)
-    assert code == 0, stderr
+    stdout, _ = cli_ok(["index", "add", out, more, "--no-progress"], capsys)
     assert "Added 2 documents" in stdout and "ids 151..152" in stdout
-    code, stdout, _ = cli_out(["index", "search", str(out), "boat departs in the early morning", "-k", "1", "--json"],
-                              capsys)  # fmt: skip
+    stdout, _ = cli_ok(["index", "search", out, "boat departs in the early morning", "-k", "1", "--json"], capsys)
     hit = json.loads(stdout)[0]["hits"][0]
     assert (hit["id"], hit["text"]) == (152, "The ferry leaves the harbour at dawn.")
-    code, stdout, stderr = cli_out(["index", "remove", str(out), "152", "1"], capsys)
-    assert code == 0, stderr
-    assert "Removed 2 documents" in stdout
+    assert "Removed 2 documents" in cli_ok(["index", "remove", out, "152", "1"], capsys)[0]
     loaded = SemanticIndex.load(out)
     assert 152 not in loaded.ids and 1 not in loaded.ids and 151 in loaded.ids and len(loaded) == 150
 
-    code, stdout, _ = cli_out(["index", "info", str(out)], capsys)
-    assert "Calibration: ef_search=" in stdout
-    code, stdout, stderr = cli_out(["index", "calibrate", str(out), "--target-recall", "0.99", "--queries",
-                                    str(queries)], capsys)  # fmt: skip
-    assert code == 0, stderr
+    assert "Calibration: ef_search=" in cli_ok(["index", "info", out], capsys)[0]
+    stdout, _ = cli_ok(["index", "calibrate", out, "--target-recall", "0.99", "--queries", queries], capsys)
     assert "target 0.99" in stdout
-    code, stdout, _ = cli_out(["index", "search", str(out), "a ferry", "-k", "2", "--mmap", "--json"], capsys)
-    assert code == 0 and len(json.loads(stdout)[0]["hits"]) == 2
+    stdout, _ = cli_ok(["index", "search", out, "a ferry", "-k", "2", "--mmap", "--json"], capsys)
+    assert len(json.loads(stdout)[0]["hits"]) == 2
 
-    code, _, stderr = cli_out(["index", "remove", str(out), "99999"], capsys)
-    assert code == 2 and "not in the index" in stderr and "Traceback" not in stderr
-    code, _, stderr = cli_out(["index", "build", "minilm", str(corpus), str(tmp_path / "x"), "--index-type", "ivfpq",
-                               "--pq-m", "7", "--no-progress"], capsys)  # fmt: skip
-    assert code == 2 and "pq_m=7 must divide" in stderr
+    assert "not in the index" in cli_error(["index", "remove", out, "99999"], capsys)
+    line = cli_error(["index", "build", "minilm", corpus, tmp_path / "x", "--index-type", "ivfpq", "--pq-m", "7",
+                      "--no-progress"], capsys)
+    assert "pq_m=7 must divide" in line

@@ -41,18 +41,14 @@ def test_pair_counts(task):
     assert all(s1 and s2 for s1, s2 in zip(pairs.sentences1, pairs.sentences2))
 
 
-def test_subsets_follow_senteval_lists():
+def test_subsets_follow_senteval_lists_and_blank_gold_lines_keep_the_alignment():
     assert load_sts(FIXTURE, "STS13").subset_names == ["FNWN", "headlines", "OnWN"]
     sts16 = load_sts(FIXTURE, "STS16")
     assert sts16.subset_names == ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]
     assert [len(sts16.subset(s)) for s in sts16.subset_names] == [2, 2, 3, 3, 3]
-    assert load_sts(FIXTURE, "STS12").subset_names == [
-        "MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"
-    ]
+    assert load_sts(FIXTURE, "STS12").subset_names == ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN",
+                                                        "surprise.SMTnews"]
     assert set(load_sts(FIXTURE, "STSBenchmark").subsets) == {"all"}
-
-
-def test_first_pair_and_blank_gold_line_alignment():
     sts12 = load_sts(FIXTURE, "STS12")
     assert sts12.sentences1[0].startswith("the problem likely will mean corrective changes")
     assert sts12.sentences2[0].startswith("he said the problem needs to be corrected")
@@ -63,7 +59,7 @@ def test_first_pair_and_blank_gold_line_alignment():
     assert belief.scores == [2.7, 4.0, 1.6]
 
 
-def test_stsb_splits_and_quotes_read_literally():
+def test_stsb_splits_quotes_and_whitespace_read_like_senteval(tree):
     assert [len(load_sts(FIXTURE, "STSBenchmark", s)) for s in ("train", "dev", "test")] == [4, 5, 8]
     dev = load_sts(FIXTURE, "STSBenchmark", "validation")  # alias of dev
     # the last dev row has one unbalanced '"': csv quoting would swallow the tab and the next column
@@ -71,6 +67,9 @@ def test_stsb_splits_and_quotes_read_literally():
     assert dev.sentences2[-1].startswith("as noted on the wiki page")
     assert dev.scores[-1] == 1.4
     assert load_sts(FIXTURE, "STSBenchmark").scores[:3] == [2.5, 3.6, 5.0]
+    (tree / "STS/STSBenchmark/sts-test.csv").write_text("g\tf\t2012\t0001\t3.0\t  a   man  is\tsinging .  \n")
+    pairs = load_sts(tree, "STSBenchmark")
+    assert (pairs.sentences1, pairs.sentences2, pairs.scores) == (["a man is"], ["singing ."], [3.0])
 
 
 def test_sick_crlf_header_and_splits():
@@ -82,22 +81,12 @@ def test_sick_crlf_header_and_splits():
     assert len(load_sts(FIXTURE, "SICKRelatedness", "train")) == 4
 
 
-def test_whitespace_is_normalized_like_senteval(tree):
-    (tree / "STS/STSBenchmark/sts-test.csv").write_text("g\tf\t2012\t0001\t3.0\t  a   man  is\tsinging .  \n")
-    pairs = load_sts(tree, "STSBenchmark")
-    assert (pairs.sentences1, pairs.sentences2, pairs.scores) == (["a man is"], ["singing ."], [3.0])
-
-
 def test_task_and_split_names():
-    assert len(load_sts(FIXTURE, "stsb")) == 8
-    assert len(load_sts(FIXTURE, "SICK-R")) == 8
-    assert len(load_sts(FIXTURE, "sts13")) == 9
-    with pytest.raises(ConfigurationError, match="unknown STS task"):
-        load_sts(FIXTURE, "STS17")
-    with pytest.raises(ConfigurationError, match="only has a test split"):
-        load_sts(FIXTURE, "STS12", "dev")
-    with pytest.raises(ConfigurationError, match="unknown split"):
-        load_sts(FIXTURE, "STSBenchmark", "validate")
+    assert [len(load_sts(FIXTURE, task)) for task in ("stsb", "SICK-R", "sts13")] == [8, 8, 9]
+    for task, split, match in (("STS17", "test", "unknown STS task"), ("STS12", "dev", "only has a test split"),
+                               ("STSBenchmark", "validate", "unknown split")):
+        with pytest.raises(ConfigurationError, match=match):
+            load_sts(FIXTURE, task, split)
 
 
 def test_stspairs_subset_and_len():
@@ -111,12 +100,9 @@ def test_stspairs_subset_and_len():
         STSPairs(["a"], [], [1.0], ["all"])
 
 
-def test_check_senteval_dir_ok():
+def test_check_senteval_dir_needs_only_the_requested_tasks(tmp_path):
     assert check_senteval_dir(FIXTURE) == FIXTURE
     assert check_senteval_dir(FIXTURE, tasks=["STSBenchmark"], split="dev") == FIXTURE
-
-
-def test_check_only_needs_the_requested_tasks(tmp_path):
     shutil.copytree(FIXTURE / "STS" / "STSBenchmark", tmp_path / "STS" / "STSBenchmark")
     assert check_senteval_dir(tmp_path, tasks=["STSBenchmark"]) == tmp_path
     with pytest.raises(DataNotFoundError, match="SICK/"):
@@ -126,7 +112,7 @@ def test_check_only_needs_the_requested_tasks(tmp_path):
 # ----------------------------------------------------------------------------------------------------- bad input
 
 
-def test_missing_dir(tmp_path):
+def test_missing_dir_and_one_level_too_high(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(DataNotFoundError) as exc:
         check_senteval_dir(missing)
@@ -136,6 +122,9 @@ def test_missing_dir(tmp_path):
         load_sts(missing, "STS12")
     with pytest.raises(ConfigurationError):
         check_senteval_dir(None)
+    shutil.copytree(FIXTURE, tmp_path / "downstream")  # one level too high: a hint
+    with pytest.raises(DataNotFoundError, match="did you mean .*downstream"):
+        check_senteval_dir(tmp_path)
 
 
 def test_missing_files_are_all_named_in_one_error(tree):
@@ -149,12 +138,6 @@ def test_missing_files_are_all_named_in_one_error(tree):
     with pytest.raises(DataNotFoundError, match="STS.gs.OnWN.txt"):
         load_sts(tree, "STS13")
     assert len(load_sts(tree, "STS12")) == 15  # the other tasks still load
-
-
-def test_pointing_one_level_too_high_gives_a_hint(tmp_path):
-    shutil.copytree(FIXTURE, tmp_path / "downstream")
-    with pytest.raises(DataNotFoundError, match="did you mean .*downstream"):
-        check_senteval_dir(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -182,41 +165,38 @@ def test_malformed_files(tree, relpath, content, task, expected):
 # ----------------------------------------------------------------------------------------------------------- hub
 
 
-class _FakeDatasets:
-    def __init__(self, rows=None, error=None):
-        self.rows, self.error, self.calls = rows, error, []
+def fake_hub(monkeypatch, rows=None, error=None) -> list:
+    """``datasets.load_dataset`` answering ``rows`` (or raising ``error``); returns the list of its calls."""
+    import datasets
 
-    def load_dataset(self, repo, split):
-        import datasets
+    calls = []
 
-        self.calls.append((repo, split))
-        if self.error:
-            raise self.error
-        return datasets.Dataset.from_dict(self.rows)
+    def load_dataset(repo, split):
+        calls.append((repo, split))
+        if error:
+            raise error
+        return datasets.Dataset.from_dict(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
 
 
 def test_load_sts_from_hub_converts(monkeypatch):
-    import datasets
-
-    fake = _FakeDatasets({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [0.5, 1]})
-    monkeypatch.setattr(datasets, "load_dataset", fake.load_dataset)
+    calls = fake_hub(monkeypatch, {"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [0.5, 1]})
     pairs = load_sts_from_hub("STSBenchmark", "dev")
-    assert fake.calls == [("sentence-transformers/stsb", "validation")]
+    assert calls == [("sentence-transformers/stsb", "validation")]
     assert (pairs.sentences1, pairs.sentences2, pairs.scores, pairs.subsets) == (["a", "b"], ["c", "d"], [0.5, 1.0], ["all", "all"])
     load_sts_from_hub("sts13")
-    assert fake.calls[-1] == (senteval.HUB_DATASETS["STS13"], "test")
+    assert calls[-1] == (senteval.HUB_DATASETS["STS13"], "test")
     with pytest.raises(ConfigurationError):
         load_sts_from_hub("SICKRelatedness", "train")
 
 
 def test_load_sts_from_hub_errors_are_one_line(monkeypatch):
-    import datasets
-
-    fake = _FakeDatasets(error=ConnectionError("no network\nmore details"))
-    monkeypatch.setattr(datasets, "load_dataset", fake.load_dataset)
+    fake_hub(monkeypatch, error=ConnectionError("no network\nmore details"))
     with pytest.raises(DataNotFoundError, match="mteb/sts12-sts .*no network") as exc:
         load_sts_from_hub("STS12")
     one_line_message(exc)
-    monkeypatch.setattr(datasets, "load_dataset", _FakeDatasets({"text": ["a"]}).load_dataset)
+    fake_hub(monkeypatch, {"text": ["a"]})
     with pytest.raises(DataFormatError, match="sentence1"):
         load_sts_from_hub("STS12")

@@ -1,14 +1,12 @@
-"""The server's one path from text to vector: a request is tokenised once (:meth:`ServedModel.tokenize`), its token
-ids go through the batcher to :func:`st_prompts.encode_rows`, and every row comes out as ``model.encode`` gives it:
-prompt sets per row, the query/document sides (their prompts, a pooling that leaves a prompt out), a Router, a model
-with a template (texts kept). No server process: the pass is what a server's worker thread runs."""
+"""The server's path from text to vector (:meth:`ServedModel.tokenize`, then :func:`st_prompts.encode_rows`) gives every
+row as ``model.encode`` does: sets per row, query/document sides, a Router, a template. No server process."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from conftest import random_bank
+from conftest import random_bank, st_model
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Router
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -47,9 +45,8 @@ def test_a_side_with_a_prompt_that_the_pooling_leaves_out(tiny_bert):
     got = served.encode(queries + documents, [QUERY_ROLE] * 3 + [DOCUMENT_ROLE] * 3)
     assert np.abs(got[:3] - model.encode_query(TEXTS[:3])).max() < 1e-5
     assert np.abs(got[3:] - model.encode_document(TEXTS[3:])).max() < 1e-5
-    with_prompt = SentenceTransformer(modules=[Transformer(tiny_bert), Pooling(transformer.get_embedding_dimension(),
-                                                                              pooling_mode="mean")],
-                                      device="cpu", prompts={"query": "query: a long prompt here "})
+    with_prompt = st_model(tiny_bert)
+    with_prompt.prompts = {"query": "query: a long prompt here "}
     assert np.abs(got[:3] - with_prompt.encode_query(TEXTS[:3])).max() > 1e-4  # the exclusion mattered
 
 
@@ -76,8 +73,7 @@ def test_a_router_routes_each_side_and_token_ids_are_refused_for_it(tiny_bert):
 
 
 def test_a_template_keeps_texts(tiny_bert):
-    encoder = PromptedTransformer(tiny_bert, prefix_length=4, template='This sentence : "[X]" means [MASK] .')
-    model = SentenceTransformer(modules=[encoder, Pooling(32, pooling_mode="mean")], device="cpu")
+    model = st_model(PromptedTransformer(tiny_bert, prefix_length=4, template='This sentence : "[X]" means [MASK] .'))
     served = ServedModel(model, "templated")
     assert not served._ids_rows
     rows, tokens = served.tokenize(TEXTS, None)

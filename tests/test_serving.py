@@ -1,17 +1,14 @@
-"""``st-prompts serve``: real server processes on free ports, real HTTP clients (the official ``openai`` client among
-them), every answer checked against ``model.encode(text, task=...)`` of the same bank loaded separately.
-
-Three servers start together (module fixture): **A** the packaged MiniLM as a bank of three sets with an index and the
-admin endpoint; **B** a tiny random backbone with three sets (the load test; no admin token); **C** the tiny bank with a
-small queue and a batching wait of 3 s, long enough to act on queued requests on a busy machine (overload,
-disconnects, hot removal in flight, SIGTERM last).
-"""
+"""``st-prompts serve``: real server processes, real HTTP clients (``openai`` among them), every answer checked against
+``model.encode(text, task=...)``. Servers: **A** MiniLM as a bank of three sets with an index and the admin endpoint;
+**B** a tiny bank (the load test, no admin token); **C** the tiny bank with a small queue and a 3 s batching wait
+(overload, disconnects, removal in flight, SIGTERM last). The other test_serving*.py files share the helpers here."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import math
 import os
 import pickle
 import random
@@ -29,7 +26,7 @@ import numpy as np
 import openai
 import pytest
 import torch
-from conftest import WORDS, CLIProcess, http_error, make_tiny_backbone
+from conftest import WORDS, CLIProcess, http_error, make_tiny_backbone, random_bank
 from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
@@ -45,6 +42,7 @@ except ImportError:  # pragma: no cover - older openai releases
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "test-admin-token-0123456789"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 #: Server C's batching wait: rows queue this long before a pass takes them.
 C_WAIT_MS = 3000
 TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick brown fox jumps over the lazy dog " * 5]
@@ -60,10 +58,8 @@ class Server:
     def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None,
                  stderr_apart: bool = False, fresh: bool = False) -> None:
         self.name = name
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        full_env.pop("ST_PROMPTS_ADMIN_TOKEN", None)
-        full_env.pop("ST_PROMPTS_TRACEBACK", None)
-        full_env.update(env or {})
+        full_env = {k: v for k, v in os.environ.items() if k not in ("ST_PROMPTS_ADMIN_TOKEN", "ST_PROMPTS_TRACEBACK")}
+        full_env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
         argv, out = ["serve", *args, "--port", "0"], subprocess.PIPE if stderr_apart else subprocess.STDOUT
         self.process = (subprocess.Popen([sys.executable, "-m", "st_prompts.cli", *argv], stdout=subprocess.PIPE,
                                          stderr=out, text=True, env=full_env) if fresh
@@ -94,6 +90,10 @@ class Server:
     def log(self) -> str:
         return "\n".join(self.lines)
 
+    def when(self, text: str) -> float:
+        """When the first log line holding ``text`` was read (``math.inf``: none was)."""
+        return next((stamp for line, stamp in zip(self.lines, self.stamps) if text in line), math.inf)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -103,27 +103,42 @@ class Server:
                 self.process.kill()
                 self.process.wait()
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
 
 def tiny_bank(path: Path, backbone: str) -> str:
-    torch.manual_seed(1)
-    encoder = PromptedTransformer(backbone, prefix_length=None, max_seq_length=400,
-                                  prompt_sets={"a": {"prefix_length": 4}, "b": {"prefix_length": 9},
-                                               "c": {"prefix_length": 16}})
-    with torch.no_grad():
-        for prefix in encoder.prompt_sets.values():
-            prefix.embedding.weight.normal_()
-    model = SentenceTransformer(modules=[encoder, Pooling(32, pooling_mode="mean")], device="cpu")
+    """A bank of three random sets (prefixes of 4, 9, 16) on ``backbone``, reading up to 400 tokens."""
+    model = random_bank(backbone, a=4, b=9, c=16)
+    model.max_seq_length = 400
     model.save(str(path))
     return str(path)
 
 
-def prefixed_model(backbone: str, length: int, seed: int, dimension: int, normalize: bool) -> SentenceTransformer:
+def tiny_backbone_and_bank(root: Path) -> tuple[str, str]:
+    """A tiny random backbone of 512 positions and :func:`tiny_bank` on it, under ``root``."""
+    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
+    return backbone, tiny_bank(root / "tiny-bank", backbone)
+
+
+def prefixed_model(backbone: str, length: int, seed: int, dimension: int = 32,
+                   normalize: bool = False) -> SentenceTransformer:
     torch.manual_seed(seed)
     encoder = PromptedTransformer(backbone, prefix_length=length)
     with torch.no_grad():
         encoder.prefix_encoder.embedding.weight.normal_(0, 0.3)
     modules = [encoder, Pooling(dimension, pooling_mode="mean")] + ([Normalize()] if normalize else [])
     return SentenceTransformer(modules=modules, device="cpu")
+
+
+def saved_prompts(backbone: str, length: int, seed: int, folder: Path) -> SentenceTransformer:
+    """:func:`prefixed_model` (tiny) saved prompts-only to ``folder``; returns the model."""
+    model = prefixed_model(backbone, length, seed)
+    save_prompts_only(model, str(folder))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +155,7 @@ def setup(tmp_path_factory, minilm_path):
     docs = (FIXTURES / "search" / "real_corpus.txt").read_text(encoding="utf-8").splitlines()[:200]
     with one_thread():
         SemanticIndex.build(model, docs, task="sts").save(str(root / "docs.index"))
-    # B and C: a tiny random backbone that reads up to 400 tokens
-    tiny_backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
-    tiny = tiny_bank(root / "tiny-bank", tiny_backbone)
+    tiny_backbone, tiny = tiny_backbone_and_bank(root)  # B and C
     servers = {
         "A": Server("A", [str(root / "bank"), "--index", f"docs={root / 'docs.index'}"],
                     env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}),
@@ -190,6 +203,12 @@ def get(base: str, path: str, **kwargs):
         return client.get(base + path, **kwargs)
 
 
+def embeddings(response) -> np.ndarray:
+    """The vectors of a 200 answer of ``/v1/embeddings`` (floats)."""
+    assert response.status_code == 200, response.text
+    return np.array([d["embedding"] for d in response.json()["data"]])
+
+
 def metrics(base: str) -> dict[str, float]:
     """Every sample of /metrics: ``name{label=value,...}`` -> value."""
     out = {}
@@ -226,6 +245,7 @@ def test_the_openai_client_gets_what_model_encode_gives(setup, encoding_format):
         response = client.embeddings.create(model=task, input=TEXTS, **options)
         assert response.model == task and [d.index for d in response.data] == list(range(len(TEXTS)))
         got = np.array([decoded(d.embedding) for d in response.data])
+        assert got.shape == (len(TEXTS), 384)
         for text, row in zip(TEXTS, got):
             assert np.abs(row - reference.encode(text, task=task)).max() < 1e-5, (task, text)
         tokens = sum(len(reference.tokenizer(t, truncation=True, max_length=256)["input_ids"]) for t in TEXTS)
@@ -234,14 +254,6 @@ def test_the_openai_client_gets_what_model_encode_gives(setup, encoding_format):
     assert np.abs(decoded(single.data[0].embedding) - reference.encode(TEXTS[0], task="para")).max() < 1e-5
     # the sets really differ: routing matters
     assert np.abs(reference.encode(TEXTS[0], task="sts") - reference.encode(TEXTS[0], task="nli")).max() > 1e-2
-
-
-def test_base64_is_little_endian_float32(setup):
-    response = post(url(setup, "A"), "/v1/embeddings", {"model": "nli", "input": ["a dog"],
-                                                         "encoding_format": "base64"})
-    vector = np.frombuffer(base64.b64decode(response.json()["data"][0]["embedding"]), dtype="<f4")
-    assert vector.shape == (384,)
-    assert np.abs(vector - setup["reference"].encode("a dog", task="nli")).max() < 1e-5
 
 
 def test_models_are_the_tasks_and_the_backbone(setup):
@@ -256,16 +268,12 @@ def test_models_are_the_tasks_and_the_backbone(setup):
 # ------------------------------------------------------------------------------------------------------ bad input
 def test_bad_input_gets_one_line_4xx_and_the_server_keeps_serving(setup):
     base = url(setup, "A")
-    cases = [
-        ({"model": "sts", "input": []}, 422, "empty list"),
-        ({"model": "sts", "input": ["ok", 7]}, 422, "token ids"),
+    cases = [  # (the request checks themselves: test_serving_batcher.py)
         ({"model": "sts", "input": ["ok", {"a": 1}]}, 422, "must be a string"),
-        ({"model": "sts", "input": [[101, 102]]}, 422, "token ids"),
         ({"model": "sts", "input": ["x"] * 10_000}, 422, "10,000 inputs"),
         ({"model": "sts", "input": "x" * 1_000_000}, (413, 422), "limit"),
         ({"model": "unknown-task", "input": "x"}, 404, "does not exist"),
         ({"model": "sts", "input": "x", "dimensions": 128}, 422, "384-dimensional"),
-        ({"model": "sts", "input": "x", "encoding_format": "int8"}, 422, "encoding_format"),
         (["not", "an", "object"], 400, "JSON object"),
     ]
     for body, status, fragment in cases:
@@ -300,7 +308,6 @@ def test_search_encodes_queries_with_the_index_task_and_finds_what_the_library_f
     assert len(one) == 1 and len(one[0]["hits"]) == 100
     assert "from 1 to 100" in http_error(post(base, "/search", {"query": "q", "index": "docs", "k": 101}), 422)
     http_error(post(base, "/search", {"query": "q", "index": "nope"}), 404)
-    http_error(post(base, "/search", {"query": "q", "index": "docs", "k": 0}), 422)
 
 
 # ----------------------------------------------------------------------------------------------------------- admin
@@ -310,6 +317,11 @@ def admin(base: str, method: str, path: str, body=None, token: str | None = TOKE
         if method == "DELETE":
             return client.delete(base + path, headers=headers)
         return client.post(base + path, json=body, headers=headers)
+
+
+def add_set(base: str, name: str, source, token: str | None = TOKEN):
+    """``POST /admin/prompt-sets``: the set ``name`` from the folder ``source``."""
+    return admin(base, "POST", "/admin/prompt-sets", {"name": name, "source": str(source)}, token)
 
 
 class Evil:
@@ -324,32 +336,24 @@ class Evil:
 
 def hostile_folders(root: Path, full: Path, prompts: Path, marker: Path) -> dict[str, Path]:
     """Copies of a saved set that would run code if anything loaded them as a model."""
-    code = f"from pathlib import Path\nPath({str(marker)!r}).write_text('pwned')\n"
-    out = {}
-    for label, config_name in (("config-auto-map", "config.json"), ("tokenizer-auto-map", "tokenizer_config.json")):
-        folder = root / label
-        shutil.copytree(full, folder, copy_function=os.link)
-        config_file = folder / config_name
-        config = json.loads(config_file.read_text())
-        config_file.unlink()  # a hard link: write a new file, leave the original alone
-        config["auto_map"] = {"AutoModel": "evil.EvilModel", "AutoTokenizer": ["evil.EvilTokenizer", None]}
-        config_file.write_text(json.dumps(config))
-        (folder / "evil.py").write_text(code)
-        out[label] = folder
-    folder = root / "pickled-weights"
-    shutil.copytree(full, folder, copy_function=os.link)
-    (folder / "model.safetensors").unlink()
-    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(str(marker))))
-    settings = folder / "sentence_bert_config.json"
-    config = json.loads(settings.read_text())
-    settings.unlink()
-    config["model_kwargs"] = {"weights_only": False}
-    settings.write_text(json.dumps(config))
-    out["pickled-weights"] = folder
-    folder = root / "prompts-with-pickle"
-    shutil.copytree(prompts, folder)
-    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(str(marker))))
-    out["prompts-with-pickle"] = folder
+    def linked_copy(label: str, name: str, change: dict) -> Path:
+        shutil.copytree(full, root / label, copy_function=os.link)
+        data = json.loads((root / label / name).read_text())
+        (root / label / name).unlink()  # a hard link: write a new file, leave the original alone
+        (root / label / name).write_text(json.dumps({**data, **change}))
+        return root / label
+
+    auto_map = {"auto_map": {"AutoModel": "evil.EvilModel", "AutoTokenizer": ["evil.EvilTokenizer", None]}}
+    out = {"config-auto-map": linked_copy("config-auto-map", "config.json", auto_map),
+           "tokenizer-auto-map": linked_copy("tokenizer-auto-map", "tokenizer_config.json", auto_map),
+           "pickled-weights": linked_copy("pickled-weights", "sentence_bert_config.json",
+                                          {"model_kwargs": {"weights_only": False}}),
+           "prompts-with-pickle": Path(shutil.copytree(prompts, root / "prompts-with-pickle"))}
+    for label in ("config-auto-map", "tokenizer-auto-map"):
+        (out[label] / "evil.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('pwned')\n")
+    (out["pickled-weights"] / "model.safetensors").unlink()
+    for label in ("pickled-weights", "prompts-with-pickle"):
+        (out[label] / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(str(marker))))
     return out
 
 
@@ -360,39 +364,33 @@ def test_admin_adds_and_removes_sets_from_folders_and_refuses_hostile_ones(setup
     save_prompts_only(source, str(tmp_path / "prompts"))
     expected = source.encode(TEXTS)
 
-    http_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token=None), 401)
-    http_error(admin(base, "POST", "/admin/prompt-sets", {"name": "x", "source": "y"}, token="wrong"), 401)
+    for token in (None, "wrong"):
+        http_error(add_set(base, "x", "y", token), 401)
     for name, folder in (("from-full", tmp_path / "full"), ("from-prompts", tmp_path / "prompts")):
-        added = admin(base, "POST", "/admin/prompt-sets", {"name": name, "source": str(folder)})
+        added = add_set(base, name, folder)
         assert added.status_code == 201, added.text
         assert added.json()["id"] == name and added.json()["prefix_length"] == 8
-        got = post(base, "/v1/embeddings", {"model": name, "input": TEXTS}).json()["data"]
-        assert np.abs(np.array([d["embedding"] for d in got]) - expected).max() < 1e-5
+        got = embeddings(post(base, "/v1/embeddings", {"model": name, "input": TEXTS}))
+        assert np.abs(got - expected).max() < 1e-5
     names = [m["id"] for m in get(base, "/v1/models").json()["data"]]
     assert names == ["sts", "nli", "para", "from-full", "from-prompts", "backbone"]
-    taken = admin(base, "POST", "/admin/prompt-sets", {"name": "sts", "source": str(tmp_path / "full")})
-    assert "already serves" in http_error(taken, 409)
+    assert "already serves" in http_error(add_set(base, "sts", tmp_path / "full"), 409)
 
     marker = tmp_path / "marker"
     for label, folder in hostile_folders(tmp_path, tmp_path / "full", tmp_path / "prompts", marker).items():
-        refused = admin(base, "POST", "/admin/prompt-sets", {"name": label, "source": str(folder)})
-        message = http_error(refused, 422)
-        assert "Refused" in message, (label, message)
-        assert not marker.exists(), label
-    other = prefixed_model(setup["tiny_backbone"], 4, seed=1, dimension=32, normalize=False)
-    other.save(str(tmp_path / "other-backbone"))
-    mismatch = admin(base, "POST", "/admin/prompt-sets", {"name": "other", "source": str(tmp_path / "other-backbone")})
-    assert http_error(mismatch, 422)
-    missing = admin(base, "POST", "/admin/prompt-sets", {"name": "hub", "source": "someone/some-model"})
-    assert "No folder" in http_error(missing, 422)
+        message = http_error(add_set(base, label, folder), 422)
+        assert "Refused" in message and not marker.exists(), (label, message)
+    prefixed_model(setup["tiny_backbone"], 4, seed=1).save(str(tmp_path / "other-backbone"))
+    assert http_error(add_set(base, "other", tmp_path / "other-backbone"), 422)
+    assert "No folder" in http_error(add_set(base, "hub", "someone/some-model"), 422)
 
     assert admin(base, "DELETE", "/admin/prompt-sets/from-full").status_code == 200
     http_error(post(base, "/v1/embeddings", {"model": "from-full", "input": "x"}), 404)
     http_error(admin(base, "DELETE", "/admin/prompt-sets/from-full"), 404)
     http_error(admin(base, "DELETE", "/admin/prompt-sets/backbone"), 409)
     assert not marker.exists()
-    still = post(base, "/v1/embeddings", {"model": "from-prompts", "input": TEXTS}).json()["data"]
-    assert np.abs(np.array([d["embedding"] for d in still]) - expected).max() < 1e-5
+    still = embeddings(post(base, "/v1/embeddings", {"model": "from-prompts", "input": TEXTS}))
+    assert np.abs(still - expected).max() < 1e-5
 
 
 def test_an_index_reloads_after_index_add(setup):
@@ -462,14 +460,13 @@ def test_300_concurrent_requests_of_mixed_tasks_each_get_their_own_task(setup):
         want = np.stack([expected[(task, t)] for t in texts])
         assert np.abs(got - want).max() < 1e-5, task
     after = metrics(base)
-    rows = sum(len(texts) for _, texts in requests)
-    assert after["st_prompts_batches_total"] > before.get("st_prompts_batches_total", 0)
-    assert after["st_prompts_mixed_batches_total"] > before.get("st_prompts_mixed_batches_total", 0)
-    assert after["st_prompts_batch_tasks_sum"] - before.get("st_prompts_batch_tasks_sum", 0) > \
-        after["st_prompts_batch_tasks_count"] - before.get("st_prompts_batch_tasks_count", 0)  # > 1 task a pass
-    encoded = sum(after.get(f"st_prompts_rows_total{{task={t}}}", 0) - before.get(f"st_prompts_rows_total{{task={t}}}", 0)
-                  for t in tasks)
-    assert encoded == rows
+
+    def grew(key: str) -> float:
+        return after[key] - before.get(key, 0)
+
+    assert grew("st_prompts_batches_total") > 0 and grew("st_prompts_mixed_batches_total") > 0
+    assert grew("st_prompts_batch_tasks_sum") > grew("st_prompts_batch_tasks_count")  # > 1 task a pass
+    assert sum(grew(f"st_prompts_rows_total{{task={t}}}") for t in tasks) == sum(len(texts) for _, texts in requests)
     assert after["st_prompts_queue_rows"] == 0
     assert after["process_resident_memory_bytes"] > 0
 
@@ -498,6 +495,11 @@ def test_a_full_queue_answers_503_with_retry_after_and_nothing_hangs(setup):
     assert post(base, "/v1/embeddings", {"model": "a", "input": "after the storm"}).status_code == 200
 
 
+def queue_reaches(base: str, rows: int, timeout: float = C_WAIT_MS / 1000 - 0.5) -> bool:
+    """Whether server ``base`` queues ``rows`` rows within ``timeout`` seconds (by default, before C's pass)."""
+    return wait_for(lambda: metrics(base)["st_prompts_queue_rows"] == rows, timeout)
+
+
 def _send_raw(base: str, body: dict) -> socket.socket:
     host, port = base.removeprefix("http://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
@@ -512,9 +514,9 @@ def test_a_client_that_disconnects_frees_its_rows(setup):
     before = metrics(base)
     sent = time.monotonic()
     sock = _send_raw(base, {"model": "c", "input": ["gone"] * 5})
-    assert wait_for(lambda: metrics(base)["st_prompts_queue_rows"] == 5, timeout=C_WAIT_MS / 1000 - 0.5)
+    assert queue_reaches(base, 5)
     sock.close()
-    assert wait_for(lambda: metrics(base)["st_prompts_queue_rows"] == 0, timeout=C_WAIT_MS / 1000)
+    assert queue_reaches(base, 0, C_WAIT_MS / 1000)
     time.sleep(max(0.0, sent + C_WAIT_MS / 1000 + 0.5 - time.monotonic()))  # past the pass that would have run
     after = metrics(base)
     assert after["st_prompts_cancelled_requests_total"] == before.get("st_prompts_cancelled_requests_total", 0) + 1
@@ -523,30 +525,26 @@ def test_a_client_that_disconnects_frees_its_rows(setup):
 
 
 def test_requests_in_flight_finish_on_the_set_they_started_with(setup, tmp_path):
-    """A request for set b is queued; b is removed and a different b added; a second request for b joins the same
-    pass: each gets its own set."""
+    """A request for b is queued; b is removed and another b added; a second request joins the same pass."""
     base = url(setup, "C")
-    replacement = prefixed_model(setup["tiny_backbone"], 6, seed=9, dimension=32, normalize=False)
+    replacement = prefixed_model(setup["tiny_backbone"], 6, seed=9)
     replacement.save(str(tmp_path / "new-b"))
     texts = ["the man plays guitar", "a red car"]
 
     async def main():
         async with httpx.AsyncClient(timeout=60) as client:
             first = asyncio.ensure_future(client.post(base + "/v1/embeddings", json={"model": "b", "input": texts}))
-            await asyncio.to_thread(wait_for, lambda: metrics(base)["st_prompts_queue_rows"] == 2, C_WAIT_MS / 1000 - 0.5)
+            await asyncio.to_thread(queue_reaches, base, 2)
             removed = await asyncio.to_thread(admin, base, "DELETE", "/admin/prompt-sets/b")
             gone = await client.post(base + "/v1/embeddings", json={"model": "b", "input": texts})
-            added = await asyncio.to_thread(admin, base, "POST", "/admin/prompt-sets",
-                                            {"name": "b", "source": str(tmp_path / "new-b")})
+            added = await asyncio.to_thread(add_set, base, "b", tmp_path / "new-b")
             second = await client.post(base + "/v1/embeddings", json={"model": "b", "input": texts})
             return removed, gone, added, await first, second
 
     removed, gone, added, first, second = asyncio.run(main())
     assert removed.status_code == 200 and gone.status_code == 404 and added.status_code == 201, added.text
-    old = np.array([d["embedding"] for d in first.json()["data"]])
-    new = np.array([d["embedding"] for d in second.json()["data"]])
-    assert np.abs(old - setup["tiny_reference"].encode(texts, task="b")).max() < 1e-5
-    assert np.abs(new - replacement.encode(texts)).max() < 1e-5
+    assert np.abs(embeddings(first) - setup["tiny_reference"].encode(texts, task="b")).max() < 1e-5
+    assert np.abs(embeddings(second) - replacement.encode(texts)).max() < 1e-5
 
 
 def test_sigterm_during_load_answers_every_accepted_request_and_exits(setup):
@@ -558,8 +556,7 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits(setup):
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=20)) as client:
             calls = [asyncio.ensure_future(client.post(base + "/v1/embeddings", json={"model": "a", "input": t}))
                      for t in texts]
-            queued = await asyncio.to_thread(wait_for, lambda: metrics(base)["st_prompts_queue_rows"] == 56,
-                                             C_WAIT_MS / 1000 - 0.5)
+            queued = await asyncio.to_thread(queue_reaches, base, 56)
             server.process.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
             try:  # a new request after SIGTERM is not accepted (or told to come back)
@@ -574,23 +571,20 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits(setup):
     assert late_status in (None, 503)
     reference = setup["tiny_reference"]
     for batch, response in zip(texts, responses):
-        assert response.status_code == 200, response.text
-        got = np.array([d["embedding"] for d in response.json()["data"]])
-        assert np.abs(got - reference.encode(batch, task="a")).max() < 1e-5
+        assert np.abs(embeddings(response) - reference.encode(batch, task="a")).max() < 1e-5
     assert server.process.wait(30) == 0
     assert "stopped after SIGTERM" in server.log()
 
 
 def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_path, monkeypatch):
-    """``time = (overhead + tokens) x per-token``: with passes that take 30 ms + 0.5 ms a padded token, the measured
-    overhead is 60 tokens; the server logs what it measured (no ``--pass-overhead-tokens``). The passes advance a
-    clock of the test's own: with real sleeps a loaded CI machine overslept by 4 ms and measured 66."""
+    """``time = (overhead + tokens) x per-token``: passes of 30 ms + 0.5 ms a padded token cost 60 tokens; the server
+    logs what it measured. The passes advance the test's own clock (real sleeps oversleep on a loaded machine)."""
     from types import SimpleNamespace
 
     from st_prompts.serving import model as model_module
     from st_prompts.serving.model import ServedModel
 
-    served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0, dimension=32, normalize=False), "tiny")
+    served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0), "tiny")
     tokens = served.count_tokens([" ".join(["measure"] * 30)])[0]
     clock = [0.0]
     monkeypatch.setattr(model_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -602,7 +596,8 @@ def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_pat
     served._pass = timed
     assert served.measure_pass_overhead(rows=8, repeats=2) == pytest.approx(60, rel=1e-6)
     assert served.pass_overhead_tokens == pytest.approx(60, rel=1e-6)
-    def flat(texts, route, prompt_length=None):  # a pass of 8 rows costs what one does
+
+    def flat(texts, route, prompt_length=None):
         clock[0] += 0.01
         return np.zeros((len(texts), 32), dtype=np.float32)
 
@@ -613,14 +608,11 @@ def test_the_pass_overhead_is_measured_at_start_from_pass_timings(setup, tmp_pat
 
 
 def test_an_accelerators_pass_size_is_the_fewest_rows_within_a_tenth_of_the_best_rate(setup):
-    """``measure_batch_rows`` (run at start on a GPU without --max-batch-rows): with passes of 10 ms + 1 ms a row the
-    rates flatten (762, 865, 927, 962, 981 rows/s), so 128 rows; with 20 ms + 0.1 ms a row they keep rising, so 512;
-    a candidate that runs out of device memory ends the search."""
-    import torch
-
+    """``measure_batch_rows`` (at start on a GPU): passes of 10 ms + 1 ms a row flatten out at 128 rows; of 20 ms +
+    0.1 ms a row keep rising to 512; a candidate that runs out of device memory ends the search."""
     from st_prompts.serving.model import ServedModel
 
-    served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0, dimension=32, normalize=False), "tiny")
+    served = ServedModel(prefixed_model(setup["tiny_backbone"], 4, seed=0), "tiny")
     assert (served.batch_rows, served.batch_tokens) == (64, 4096)  # a CPU's, unmeasured
 
     def timed(fixed, per_row, out_of_memory_at=None):
@@ -642,11 +634,11 @@ def test_an_accelerators_pass_size_is_the_fewest_rows_within_a_tenth_of_the_best
 
 
 def test_the_command_module_imports_no_heavy_library():
-    """``st-prompts --help`` stays fast: the serve command imports its server only in its runner (a bare package
-    object stands in for ``st_prompts/__init__.py``, as in test_command_imports.py)."""
+    """The serve command imports its server only in its runner (a bare package stands in for ``st_prompts``)."""
     package_dir = str(Path(__file__).resolve().parents[1] / "st_prompts")
-    code = (f"import sys, types, argparse; package = types.ModuleType('st_prompts'); package.__path__ = [{package_dir!r}]; "
-            "sys.modules['st_prompts'] = package; import st_prompts.commands.serve as s; "
+    code = ("import sys, types, argparse; package = types.ModuleType('st_prompts'); "
+            f"package.__path__ = [{package_dir!r}]; sys.modules['st_prompts'] = package; "
+            "import st_prompts.commands.serve as s; "
             "p = argparse.ArgumentParser(); s.add_parser(p.add_subparsers()); "
             "print([m for m in ('torch', 'sentence_transformers', 'starlette', 'uvicorn', 'numpy', 'orjson', "
             "'prometheus_client') if m in sys.modules])")

@@ -45,8 +45,16 @@ class FakeEncoder:
         return np.stack([fake_vector(t, k) for t, k in zip(texts, tasks)])
 
 
-def run(coroutine):
-    return asyncio.run(coroutine)
+def with_batcher(encoder, body, **options):
+    """``body(batcher)`` (a coroutine function) on a started :class:`Batcher` of ``encoder``, closed after it."""
+    async def main():
+        batcher = Batcher(encoder, **options)
+        await batcher.start()
+        result = await body(batcher)
+        await batcher.close()
+        return result
+
+    return asyncio.run(main())
 
 
 def tokens_of(texts):
@@ -62,14 +70,10 @@ def test_rows_of_many_requests_and_tasks_share_passes_and_come_back_in_order():
         texts = [" ".join(["w"] * rng.randint(1, 60)) + f" {r}-{i}" for i in range(rng.randint(1, 12))]
         requests.append((texts, rng.choice(tasks)))
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=5, max_batch_tokens=600, max_batch_rows=40)
-        await batcher.start()
-        results = await asyncio.gather(*(batcher.encode(texts, tokens_of(texts), task) for texts, task in requests))
-        await batcher.close()
-        return results
+    async def main(batcher):
+        return await asyncio.gather(*(batcher.encode(texts, tokens_of(texts), task) for texts, task in requests))
 
-    results = run(main())
+    results = with_batcher(encoder, main, max_wait_ms=5, max_batch_tokens=600, max_batch_rows=40)
     for (texts, task), result in zip(requests, results):
         assert result.shape == (len(texts), DIM)
         assert np.array_equal(result, np.stack([fake_vector(t, task) for t in texts]))
@@ -85,25 +89,16 @@ def test_rows_of_many_requests_and_tasks_share_passes_and_come_back_in_order():
 
 @pytest.mark.parametrize("overhead", [64.0, 1e6])
 def test_sorting_by_length_cuts_padding_and_the_oldest_row_is_never_left_behind(overhead):
-    """A long oldest row among short ones: where a pass costs little beyond its tokens (a CPU), it runs alone rather
-    than pad three short rows to its length (4 x 100 tokens against 100 + 64); where a pass costs much (a GPU), it
-    takes one short row along: that saves a pass (4 passes of at most 20 rows instead of 5), and more would only
-    pad more."""
+    """A long oldest row among short ones: where a pass costs little (a CPU) it runs alone rather than pad short rows
+    to its length; where a pass costs much (a GPU) it takes one short row along, which saves a pass."""
     encoder = FakeEncoder()
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=400, max_batch_rows=20,
-                          pass_overhead_tokens=overhead)
-        await batcher.start()
-        long = " ".join(["w"] * 98)
-        shorts = [f"s{i}" for i in range(61)]  # 3 tokens each
-        first = asyncio.ensure_future(batcher.encode([long], [100], "a"))
+    async def main(batcher):
+        first = asyncio.ensure_future(batcher.encode([" ".join(["w"] * 98)], [100], "a"))
         await asyncio.sleep(0)
-        rest = asyncio.ensure_future(batcher.encode(shorts, [3] * 61, "b"))
-        await asyncio.gather(first, rest)
-        await batcher.close()
+        await asyncio.gather(first, batcher.encode([f"s{i}" for i in range(61)], [3] * 61, "b"))  # 3 tokens each
 
-    run(main())
+    with_batcher(encoder, main, max_wait_ms=50, max_batch_tokens=400, max_batch_rows=20, pass_overhead_tokens=overhead)
     first_texts, _ = encoder.passes[0]
     assert first_texts[-1].startswith("w w")  # the oldest (long) row is in the first pass
     assert len(encoder.passes) == (5 if overhead < 100 else 4)
@@ -115,21 +110,14 @@ def test_sorting_by_length_cuts_padding_and_the_oldest_row_is_never_left_behind(
 
 @pytest.mark.parametrize("overhead, passes", [(20.0, 2), (1e6, 1)])
 def test_a_mixed_queue_splits_by_length_when_a_pass_costs_little(overhead, passes):
-    """Short and long rows interleaved (both requests queued before the first pass): a cheap pass splits them into
-    one pass of each length (no row padded); a costly one keeps them in one pass."""
+    """Short and long rows interleaved: a cheap pass splits them by length (no row padded), a costly one does not."""
     encoder = FakeEncoder()
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=100, max_batch_tokens=100_000, max_batch_rows=64,
-                          pass_overhead_tokens=overhead)
-        await batcher.start()
-        texts = [f"r{i}" for i in range(40)]
-        lengths = [5 if i % 2 else 50 for i in range(40)]
-        await batcher.encode(texts, lengths, ["a", "b"] * 20)
-        await batcher.close()
-        return dict(zip(texts, lengths))
-
-    length_of = run(main())
+    texts = [f"r{i}" for i in range(40)]
+    lengths = [5 if i % 2 else 50 for i in range(40)]
+    with_batcher(encoder, lambda batcher: batcher.encode(texts, lengths, ["a", "b"] * 20), max_wait_ms=100,
+                 max_batch_tokens=100_000, max_batch_rows=64, pass_overhead_tokens=overhead)
+    length_of = dict(zip(texts, lengths))
     assert len(encoder.passes) == passes
     if passes == 2:
         assert [sorted({length_of[t] for t in texts}) for texts, _ in encoder.passes] == [[50], [5]]  # oldest first
@@ -181,19 +169,15 @@ def test_pass_overhead_tokens_must_be_a_non_negative_number():
 def test_a_lone_request_waits_at_most_max_wait_and_a_full_pass_does_not_wait():
     encoder = FakeEncoder()
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=150, max_batch_tokens=10_000, max_batch_rows=8)
-        await batcher.start()
+    async def main(batcher):
         start = time.perf_counter()
         await batcher.encode(["one"], [3], "a")
         lone = time.perf_counter() - start
         start = time.perf_counter()
         await batcher.encode([f"t{i}" for i in range(8)], [3] * 8, "a")  # fills max_batch_rows
-        full = time.perf_counter() - start
-        await batcher.close()
-        return lone, full
+        return lone, time.perf_counter() - start
 
-    lone, full = run(main())
+    lone, full = with_batcher(encoder, main, max_wait_ms=150, max_batch_tokens=10_000, max_batch_rows=8)
     assert 0.14 <= lone < 1.0
     assert full < 0.1
 
@@ -201,19 +185,15 @@ def test_a_lone_request_waits_at_most_max_wait_and_a_full_pass_does_not_wait():
 def test_a_full_queue_refuses_with_a_retry_time_and_a_lone_large_request_is_admitted():
     encoder = FakeEncoder(delay=0.05)
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=100, max_queue_rows=10)
-        await batcher.start()
+    async def main(batcher):
         big = await batcher.encode([f"x{i}" for i in range(25)], [3] * 25, "a")  # alone: admitted
         first = asyncio.ensure_future(batcher.encode([f"y{i}" for i in range(8)], [3] * 8, "a"))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull) as refused:
             await batcher.encode([f"z{i}" for i in range(3)], [3] * 3, "a")
-        ok = await first
-        await batcher.close()
-        return big, ok, refused.value
+        return big, await first, refused.value
 
-    big, ok, refused = run(main())
+    big, ok, refused = with_batcher(encoder, main, max_wait_ms=100, max_queue_rows=10)
     assert big.shape == (25, DIM) and ok.shape == (8, DIM)
     assert refused.retry_after >= 1 and "retry after" in str(refused)
 
@@ -221,20 +201,15 @@ def test_a_full_queue_refuses_with_a_retry_time_and_a_lone_large_request_is_admi
 def test_a_cancelled_request_leaves_the_queue_and_its_rows_are_never_encoded():
     encoder = FakeEncoder()
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=300)
-        await batcher.start()
+    async def main(batcher):
         gone = asyncio.ensure_future(batcher.encode(["gone-1", "gone-2"], [3, 3], "a"))
         await asyncio.sleep(0.01)
         assert batcher.queued_rows == 2
         gone.cancel()
         await asyncio.sleep(0)
-        queued_after = batcher.queued_rows
-        kept = await batcher.encode(["kept"], [3], "a")
-        await batcher.close()
-        return queued_after, kept
+        return batcher.queued_rows, await batcher.encode(["kept"], [3], "a")
 
-    queued_after, kept = run(main())
+    queued_after, kept = with_batcher(encoder, main, max_wait_ms=300)
     assert queued_after == 0
     assert kept.shape == (1, DIM)
     assert all(not t.startswith("gone") for texts, _ in encoder.passes for t in texts)
@@ -243,24 +218,18 @@ def test_a_cancelled_request_leaves_the_queue_and_its_rows_are_never_encoded():
 def test_an_encoder_failure_fails_its_pass_only_and_the_batcher_goes_on():
     encoder = FakeEncoder(fail_on="bad")
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=1)
-        await batcher.start()
+    async def main(batcher):
         with pytest.raises(RuntimeError, match="boom"):
             await batcher.encode(["bad", "good"], [3, 3], "a")
-        after = await batcher.encode(["fine"], [3], "b")
-        await batcher.close()
-        return after
+        return await batcher.encode(["fine"], [3], "b")
 
-    assert np.array_equal(run(main())[0], fake_vector("fine", "b"))
+    assert np.array_equal(with_batcher(encoder, main, max_wait_ms=1)[0], fake_vector("fine", "b"))
 
 
 def test_close_answers_everything_queued_and_refuses_new_requests():
     encoder = FakeEncoder(delay=0.01)
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=200, max_batch_rows=4)
-        await batcher.start()
+    async def main(batcher):
         pending = [asyncio.ensure_future(batcher.encode([f"r{i}-{j}" for j in range(3)], [3] * 3, i % 2))
                    for i in range(10)]
         await asyncio.sleep(0.01)
@@ -269,7 +238,7 @@ def test_close_answers_everything_queued_and_refuses_new_requests():
             await batcher.encode(["late"], [3], 0)
         return await asyncio.gather(*pending)
 
-    results = run(main())
+    results = with_batcher(encoder, main, max_wait_ms=200, max_batch_rows=4)
     assert all(r.shape == (3, DIM) for r in results)
 
 
@@ -278,9 +247,7 @@ def test_retry_after_follows_the_measured_drain_rate():
     when the rows ahead of it are done (not a constant, nor a guess made before any pass)."""
     encoder = FakeEncoder(delay=0.2)
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=3, max_queue_rows=60)
-        await batcher.start()
+    async def main(batcher):
         assert batcher.drain_rate() is None and batcher.retry_after() == 5  # nothing measured yet
         queued = [asyncio.ensure_future(batcher.encode([f"q{i}-{j}" for j in range(3)], [3] * 3, "a"))
                   for i in range(20)]
@@ -294,7 +261,7 @@ def test_retry_after_follows_the_measured_drain_rate():
         await asyncio.gather(*queued, return_exceptions=True)
         return rate, ahead, refused.value.retry_after
 
-    rate, ahead, retry_after = run(main())
+    rate, ahead, retry_after = with_batcher(encoder, main, max_wait_ms=0, max_batch_rows=3, max_queue_rows=60)
     assert 5 <= rate <= 16, rate  # 15 rows/s, less on a busy machine
     assert retry_after == math.ceil(ahead / rate) or abs(retry_after - ahead / rate) <= 1.5, (retry_after, ahead, rate)
     assert 2 <= retry_after <= 12
@@ -303,9 +270,7 @@ def test_retry_after_follows_the_measured_drain_rate():
 def test_close_with_a_timeout_answers_what_is_left_with_batcher_closed():
     encoder = FakeEncoder(delay=0.1)
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=2)
-        await batcher.start()
+    async def main(batcher):
         pending = [asyncio.ensure_future(batcher.encode([f"c{i}-{j}" for j in range(2)], [3] * 2, "a"))
                    for i in range(20)]
         await asyncio.sleep(0.05)
@@ -314,7 +279,7 @@ def test_close_with_a_timeout_answers_what_is_left_with_batcher_closed():
         took = time.monotonic() - start
         return took, await asyncio.gather(*pending, return_exceptions=True)
 
-    took, results = run(main())
+    took, results = with_batcher(encoder, main, max_wait_ms=0, max_batch_rows=2)
     done = [r for r in results if isinstance(r, np.ndarray)]
     closed = [r for r in results if isinstance(r, BatcherClosed)]
     assert len(done) + len(closed) == 20 and 1 <= len(done) < 20 and closed
@@ -330,19 +295,16 @@ def test_a_full_pass_waits_behind_the_running_one_and_starts_without_the_event_l
         ends.append(time.monotonic())
         return np.stack([fake_vector(t, k) for t, k in zip(texts, tasks)])
 
-    async def main():
-        batcher = Batcher(encode, max_wait_ms=0, max_batch_rows=4, max_batch_tokens=10_000)
-        await batcher.start()
-        texts = [f"r{i}" for i in range(12)]
+    texts = [f"r{i}" for i in range(12)]
+
+    async def main(batcher):
         job = asyncio.ensure_future(batcher.encode(texts, [3] * 12, "a"))
         await asyncio.sleep(0.05)  # the first pass runs, the second (a full one) is queued behind it
         running = batcher.running_rows
         time.sleep(0.5)  # the event loop is held through the first pass and most of the second
-        vectors = await job
-        await batcher.close()
-        return texts, vectors, running, batcher.running_rows
+        return await job, running, batcher.running_rows
 
-    texts, vectors, running, after = run(main())
+    vectors, running, after = with_batcher(encode, main, max_wait_ms=0, max_batch_rows=4, max_batch_tokens=10_000)
     assert len(starts) == 3 and running == 8 and after == 0
     assert starts[1] - ends[0] < 0.05  # the thread went straight on, the event loop still held
     assert np.array_equal(vectors, np.stack([fake_vector(t, "a") for t in texts]))
@@ -351,9 +313,7 @@ def test_a_full_pass_waits_behind_the_running_one_and_starts_without_the_event_l
 def test_a_pass_queued_behind_the_running_one_does_not_start_after_the_drain_timeout():
     encoder = FakeEncoder(delay=0.3)
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=0, max_batch_rows=2)
-        await batcher.start()
+    async def main(batcher):
         job = asyncio.ensure_future(batcher.encode([f"q{i}" for i in range(6)], [3] * 6, "a"))
         await asyncio.sleep(0.05)
         start = time.monotonic()
@@ -361,7 +321,7 @@ def test_a_pass_queued_behind_the_running_one_does_not_start_after_the_drain_tim
         took = time.monotonic() - start
         return took, await asyncio.gather(job, return_exceptions=True)
 
-    took, (result,) = run(main())
+    took, (result,) = with_batcher(encoder, main, max_wait_ms=0, max_batch_rows=2)
     assert isinstance(result, BatcherClosed)
     assert len(encoder.passes) == 1  # the queued pass never ran
     assert took < 0.3 + 0.2
@@ -411,15 +371,11 @@ def test_later_rows_cannot_jump_ahead_of_older_ones_beyond_the_window():
     they would pad, wait while older rows of another length are within the window."""
     encoder = FakeEncoder()
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=50, max_batch_tokens=10_000, max_batch_rows=2)  # window: 8 rows
-        await batcher.start()
+    async def main(batcher):
         old = asyncio.ensure_future(batcher.encode([f"o{i}" for i in range(8)], [50] + [10] * 7, "a"))
-        fresh = asyncio.ensure_future(batcher.encode([f"f{i}" for i in range(20)], [50] * 20, "b"))  # queued next
-        await asyncio.gather(old, fresh)
-        await batcher.close()
+        await asyncio.gather(old, batcher.encode([f"f{i}" for i in range(20)], [50] * 20, "b"))  # queued next
 
-    run(main())
+    with_batcher(encoder, main, max_wait_ms=50, max_batch_tokens=10_000, max_batch_rows=2)  # window: 8 rows
     first = encoder.passes[0][0]
     assert "o0" in first and all(t.startswith("o") for t in first)  # not the perfectly fitting fresh "f0"
     last_old = max(i for i, (texts, _) in enumerate(encoder.passes) if any(t.startswith("o") for t in texts))
@@ -430,11 +386,7 @@ def test_on_idle_runs_once_in_the_worker_thread_after_the_queue_has_been_empty_f
     encoder = FakeEncoder(delay=0.01)
     calls: list[tuple[float, str]] = []
 
-    async def main():
-        batcher = Batcher(encoder, max_wait_ms=1, on_idle=lambda: calls.append((time.perf_counter(),
-                                                                                 threading.current_thread().name)),
-                          idle_seconds=0.3)
-        await batcher.start()
+    async def main(batcher):
         await asyncio.sleep(0.5)
         assert calls == []  # nothing ran since the start: nothing to give back
         for _ in range(10):  # busy for ~0.5 s: never idle for 0.3 s in between
@@ -451,23 +403,20 @@ def test_on_idle_runs_once_in_the_worker_thread_after_the_queue_has_been_empty_f
         np.testing.assert_array_equal(vectors[0], fake_vector("again", "b"))
         await asyncio.sleep(0.6)
         assert len(calls) == 2
-        await batcher.close()
 
-    run(main())
+    with_batcher(encoder, main, max_wait_ms=1, idle_seconds=0.3,
+                 on_idle=lambda: calls.append((time.perf_counter(), threading.current_thread().name)))
 
 
 def test_a_failing_on_idle_is_logged_and_the_batcher_goes_on(caplog):
-    async def main():
-        batcher = Batcher(FakeEncoder(), max_wait_ms=1, on_idle=lambda: 1 / 0, idle_seconds=0.05)
-        await batcher.start()
+    async def main(batcher):
         await batcher.encode(["x"], tokens=[3], tasks="a")
         await asyncio.sleep(0.3)
         vectors = await batcher.encode(["y"], tokens=[3], tasks="a")
         np.testing.assert_array_equal(vectors[0], fake_vector("y", "a"))
-        await batcher.close()
 
     with caplog.at_level(logging.ERROR, logger="st_prompts.serving.batcher"):
-        run(main())
+        with_batcher(FakeEncoder(), main, max_wait_ms=1, on_idle=lambda: 1 / 0, idle_seconds=0.05)
     assert "the idle callback failed" in caplog.text
 
 

@@ -1,6 +1,5 @@
 """``st-prompts serve --devices cpu,cpu``: one started (not forked) worker per device, each loading the model, behind
-the same port (issue 62). The same code runs ``--devices cuda:0,cuda:1`` on a machine with GPUs; here it runs on the
-CPU, in bfloat16 (``--dtype``), which also checks that half precision is served as ``encode`` computes it."""
+one port (the code of ``--devices cuda:0,cuda:1``), in bfloat16: half precision is served as ``encode`` computes it."""
 
 from __future__ import annotations
 
@@ -9,11 +8,11 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import cli_error, make_tiny_backbone, random_bank
-from test_serving import Server, get, post, prefixed_model, wait_for
-from test_serving_workers import HEADERS, TEXTS, TOKEN, children, encode_many
+from conftest import cli_error, edit_json, make_tiny_backbone, random_bank, save_plain
+from test_serving import TOKEN, Server, add_set, get, saved_prompts, wait_for
+from test_serving_workers import TEXTS, children, encode_many
 
-from st_prompts import precision, save_prompts_only
+from st_prompts import precision
 from st_prompts.loading import load_sentence_model
 
 
@@ -23,14 +22,11 @@ def served(tmp_path_factory):
     backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
     bank = str(root / "bank")
     random_bank(backbone, a=4, b={"prefix_length": 9, "prefix_gate": True}).save(bank)
-    server = Server("devices", [bank, "--devices", "cpu,cpu", "--dtype", "bfloat16", "--threads", "1",
-                                "--drain-timeout", "4"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}, stderr_apart=True)
-    try:
+    with Server("devices", [bank, "--devices", "cpu,cpu", "--dtype", "bfloat16", "--threads", "1", "--drain-timeout",
+                            "4"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}, stderr_apart=True) as server:
         base = server.wait_ready(300)
         yield {"backbone": backbone, "bank": bank, "server": server, "base": base,
                "reference": load_sentence_model(bank, device="cpu", dtype="bfloat16")}
-    finally:
-        server.stop()
 
 
 def started(pid: int) -> bool:
@@ -72,11 +68,8 @@ def test_each_device_has_a_started_worker_that_loaded_the_model_in_its_dtype(ser
 
 def test_an_added_set_reaches_every_started_worker_and_a_killed_one_is_started_again_with_it(served, tmp_path):
     base, server = served["base"], served["server"]
-    source = prefixed_model(served["backbone"], 5, seed=9, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "added"))
-    expected = source.encode(TEXTS)
-    answer = post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "added")},
-                  headers=HEADERS, timeout=120)
+    expected = saved_prompts(served["backbone"], 5, 9, tmp_path / "added").encode(TEXTS)
+    answer = add_set(base, "added", tmp_path / "added")
     assert answer.status_code == 201, answer.text
     for got in encode_many(base, "added", TEXTS, 12):  # either worker, at once after the answer
         assert close_to(got, expected)
@@ -97,22 +90,20 @@ def test_an_added_set_reaches_every_started_worker_and_a_killed_one_is_started_a
     (["--devices", "cpu", "--device", "cpu"], "leave out --device and --workers"),
     (["--devices", "cpu,gpu:0"], "'gpu:0' is not a device"),
     (["--devices", "cpu,,cpu"], "comma-separated devices"),
+    (["--workers", "2", "--device", "cuda"], "--workers 2 serves on the CPU only"),  # a fork: refused before loading
+    (["--max-url-bytes", "70000"], "--max-url-bytes"),
+    (["--max-header-bytes", "10"], "--max-header-bytes"),
+    (["--max-headers", "0"], "--max-headers"),
 ])
-def test_devices_that_cannot_be_served_are_refused_in_one_line(args, message, capsys, tmp_path):
-    assert message in cli_error(["serve", str(tmp_path / "no-model"), *args, "--port", "0"], capsys)
+def test_devices_workers_and_bounds_that_cannot_be_served_are_refused_in_one_line(args, message, capsys, tmp_path):
+    assert message in cli_error(["serve", str(tmp_path / "no-model"), *args, "--port", "0"], capsys, alone=True)
 
 
 def test_a_model_that_names_code_is_refused_by_the_parent_in_one_line_before_any_worker_starts(tiny_bert, tmp_path,
                                                                                                capsys):
-    import json
-
-    from conftest import save_plain
-
     folder = save_plain(tmp_path / "carries-code", tiny_bert)
     (folder / "evil.py").write_text("raise SystemExit('foreign code ran')\n", encoding="utf-8")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "evil.EvilModel"}}),
-                                        encoding="utf-8")
+    edit_json(folder / "config.json", lambda config: config.update(auto_map={"AutoModel": "evil.EvilModel"}))
     line = cli_error(["serve", str(folder), "--devices", "cpu,cpu", "--port", "0"], capsys)
     assert "refused to load model" in line and "auto_map" in line
 

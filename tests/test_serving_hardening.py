@@ -1,77 +1,44 @@
-"""``st-prompts serve`` against clients that hold it open or send what is not HTTP: real server processes on
-127.0.0.1 (free ports), raw sockets and httpx clients; every loop and wait is bounded in count and time.
-
-Three servers start together (module fixture) from a tiny random bank: **S** with 2 s header, body and idle timeouts,
-40 connections at most, the default bounds of a request's head (64 KiB, 100 fields, a 32 KiB URL) and the admin
-endpoint; **T** with long timeouts, a 5 s drain (SIGTERM with stalled clients open) and ``--quantize int8``; **D** with a
-batching wait of 20 s and a 3 s drain (SIGTERM with a request queued that cannot be answered in time). T and D are
-stopped by their tests.
-"""
+"""``st-prompts serve`` against clients that hold it open or send what is not HTTP (raw sockets, httpx). Servers on a
+tiny bank: **S** 2 s timeouts, 40 connections, the default head bounds, admin; **T** long timeouts, a 5 s drain,
+``--quantize int8``; **D** a 20 s batching wait and a 3 s drain. T and D are stopped by their tests."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import http_error, make_tiny_backbone
+from conftest import edit_json, http_error
 from safetensors.torch import load_file, save_file
-from test_serving import Server as ServingServer
-from test_serving import metrics, prefixed_model, tiny_bank
+from test_serving import (HEADERS, TOKEN, Server, add_set, httpx, metrics, post, saved_prompts, tiny_backbone_and_bank,
+                          tiny_bank, wait_for)
 
-from st_prompts import save_prompts_only
-
-try:  # the HTTP client the openai package brings
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - older openai releases
-    import httpx
-
-TOKEN = "test-admin-token-0123456789"
 TIMEOUT = 2.0  # S's header, body and idle timeouts
 SLACK = 4.0  # what a busy two-core machine may add to a timer
 
 
-class Server(ServingServer):
-    """``st-prompts serve ... --port 0`` in its own process, its log stderr alone, each line time-stamped."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        super().__init__("hardening", args, env, stderr_apart=True)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        return host, int(port)
-
-    def when(self, text: str) -> float:
-        """When the first log line holding ``text`` was read (``math.inf``: none was)."""
-        return next((stamp for line, stamp in zip(self.lines, self.stamps) if text in line), math.inf)
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hardening")
-    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(root / "tiny-bank", backbone)
+    backbone, bank = tiny_backbone_and_bank(tmp_path_factory.mktemp("hardening"))
     quick = ["--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT), "--idle-timeout", str(TIMEOUT)]
     slow = ["--header-timeout", "60", "--body-timeout", "60", "--idle-timeout", "60"]
-    started = {
-        "S": Server([bank, "--threads", "1", *quick, "--max-connections", "40"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}),
-        "T": Server([bank, "--threads", "1", *slow, "--drain-timeout", "5", "--quantize", "int8"]),
-        "D": Server([bank, "--threads", "1", "--max-wait-ms", "20000", "--drain-timeout", "3"]),
-    }
+    # each log stderr alone, each line time-stamped
+    started = {name: Server(name, [bank, "--threads", "1", *args], env, stderr_apart=True) for name, args, env in (
+        ("S", [*quick, "--max-connections", "40"], {"ST_PROMPTS_ADMIN_TOKEN": TOKEN}),
+        ("T", [*slow, "--drain-timeout", "5", "--quantize", "int8"], None),
+        ("D", ["--max-wait-ms", "20000", "--drain-timeout", "3"], None))}
     try:
         for server in started.values():
             server.wait_ready()
-        yield {"root": root, "backbone": backbone, **started}
+        yield {"backbone": backbone, **started}
     finally:
         for server in started.values():
             server.stop()
@@ -79,7 +46,8 @@ def servers(tmp_path_factory):
 
 # ---------------------------------------------------------------------------------------------------------- helpers
 def connect(server: Server, data: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(server.address, timeout=10)
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
     if data:
         sock.sendall(data)
     return sock
@@ -113,6 +81,16 @@ def error_of(raw: bytes) -> tuple[int, dict]:
     return status, error
 
 
+def exchange(server: Server, data: bytes, limit: float = 10) -> tuple[float, bytes]:
+    """Send ``data`` on a new connection: :func:`read_until_closed` of it."""
+    with connect(server, data) as sock:
+        return read_until_closed(sock, limit)
+
+
+def answer_of(server: Server, data: bytes) -> bytes:
+    return exchange(server, data)[1]
+
+
 def open_fds(server: Server) -> int:
     return len(os.listdir(f"/proc/{server.process.pid}/fd"))
 
@@ -126,12 +104,7 @@ HALF_BODY = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: applicat
 @pytest.mark.parametrize(("sent", "expected"), [(HALF_HEADER, "headers"), (HALF_BODY, "body"), (b"", None)],
                          ids=["half-header", "half-body", "silent"])
 def test_a_stalled_client_is_dropped_within_the_timeout(servers, sent, expected):
-    server = servers["S"]
-    sock = connect(server, sent)
-    try:
-        seconds, answer = read_until_closed(sock, TIMEOUT + SLACK)
-    finally:
-        sock.close()
+    seconds, answer = exchange(servers["S"], sent, TIMEOUT + SLACK)
     assert TIMEOUT - 0.2 <= seconds <= TIMEOUT + SLACK, seconds
     if expected is None:  # nothing asked, nothing answered: the connection is simply closed
         assert answer == b""
@@ -194,11 +167,7 @@ def test_malformed_http_gets_an_openai_error_object_and_is_counted(servers, requ
     server = servers["S"]
     key = "st_prompts_requests_total{endpoint=malformed,status=400}"
     before = metrics(server.url).get(key, 0)
-    sock = connect(server, request_bytes)
-    try:
-        seconds, answer = read_until_closed(sock, 10)
-    finally:
-        sock.close()
+    seconds, answer = exchange(server, request_bytes)
     assert seconds < 10
     status, error = error_of(answer)
     assert status == 400 and error["code"] == "invalid_http_request" and error["message"].startswith("Malformed")
@@ -211,33 +180,21 @@ FIELD_LIMIT = 100
 URL_LIMIT = 32 * 1024
 
 
-def answer_of(server: Server, data: bytes, limit: float = 10) -> bytes:
-    sock = connect(server, data)
-    try:
-        return read_until_closed(sock, limit)[1]
-    finally:
-        sock.close()
-
-
 def test_an_endless_header_value_is_refused_431_at_the_head_limit(servers):
-    """httptools gathers a header arriving in pieces by concatenating bytes (quadratic): one client streaming a header
-    value stalled the event loop for the whole header timeout (issue 60). The head is cut at its limit instead."""
+    """A header streamed in pieces (httptools joins them quadratically) is cut at the head limit."""
     server = servers["S"]
     key = "st_prompts_dropped_connections_total{reason=header_too_large}"
     before = metrics(server.url).get(key, 0)
-    sock = connect(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
     sent, chunk = 0, b"v" * 16384
-    try:
+    with connect(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ") as sock:
         sock.settimeout(TIMEOUT + SLACK)
-        while sent < 64 * 1024 * 1024:  # bounded: the server closes long before (old code: at its 2 s header timeout)
+        while sent < 64 * 1024 * 1024:  # bounded: the server closes long before
             try:
                 sock.sendall(chunk)
             except OSError:  # closed by the server, with what it had not read
                 break
             sent += len(chunk)
         answer = read_until_closed(sock, 10)[1]
-    finally:
-        sock.close()
     status, error = error_of(answer)
     assert status == 431 and error["code"] == "request_header_fields_too_large", error
     assert f"{HEAD_LIMIT:,} bytes" in error["message"]
@@ -259,15 +216,14 @@ def test_the_head_is_bounded_in_bytes_and_fields_and_the_url_in_bytes(servers):
     path = b"/" + b"u" * (URL_LIMIT - 1)
     assert answer_of(server, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
         b"HTTP/1.1 404 ")  # exactly the limit: no such route
-    # 70 KB: beyond httptools' URL parser too (before, an AttributeError in the protocol and no answer at all)
+    # 70 KB: beyond httptools' URL parser too
     for size in (URL_LIMIT, 70_000):
         status, error = error_of(answer_of(server, b"GET /" + b"u" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n"))
         assert status == 414 and error["code"] == "url_too_long" and f"{URL_LIMIT:,} bytes" in error["message"]
 
 
 def test_a_url_the_parser_cannot_read_is_answered_400_without_an_error_in_the_log(servers):
-    """The URL parser fails after the headers: the protocol's refusal took the request for one with a body and failed
-    itself (an ``AttributeError``, a 3-line asyncio error in the log, no answer)."""
+    """The URL parser fails after the headers (the refusal once failed itself: an ``AttributeError``, no answer)."""
     server = servers["S"]
     status, error = error_of(answer_of(server, b"GET http://a:99999999/ HTTP/1.1\r\nHost: x\r\n\r\n"))
     assert status == 400 and error["code"] == "invalid_http_request" and "invalid url" in error["message"]
@@ -331,40 +287,29 @@ def test_errors_quote_a_few_hundred_characters_of_the_input(servers):
 # ---------------------------------------------------------------------------------------------------------- admin
 def _edited(source: Path, target: Path, config: dict | None = None, tensors=None) -> str:
     """A copy of the prompts-only folder ``source`` with ``config`` keys set and ``tensors(state) -> state``."""
-    target.mkdir()
-    for item in source.rglob("*"):
-        if item.is_file():
-            (target / item.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
-            (target / item.relative_to(source)).write_bytes(item.read_bytes())
+    shutil.copytree(source, target)
     if config:
-        settings = target / "sentence_bert_config.json"
-        settings.write_text(json.dumps({**json.loads(settings.read_text()), **config}))
+        edit_json(target / "sentence_bert_config.json", lambda settings: settings.update(config))
     if tensors is not None:
         weights = str(target / "soft_prompts.safetensors")
         save_file(tensors(load_file(weights)), weights)
     return str(target)
 
 
-def _nan(state):
-    return {k: torch.full_like(v, float("nan")) for k, v in state.items()}
-
-
 def test_the_admin_endpoint_answers_4xx_never_500(servers, tmp_path):
     base = servers["S"].url
     good = tmp_path / "good"
-    save_prompts_only(prefixed_model(servers["backbone"], 6, seed=9, dimension=32, normalize=False), str(good))
-    folders = {
-        "huge prefix_length": _edited(good, tmp_path / "huge", {"prefix_length": 9_999_999}),
-        "NaN prompts": _edited(good, tmp_path / "nan", tensors=_nan),
-        "huge hidden size": _edited(good, tmp_path / "hidden", {"prefix_projection": True,
-                                                                "prefix_hidden_size": 10**9}),
-        "shapes that do not match": _edited(good, tmp_path / "shape", {"prefix_length": 7}),
-        "prefix_length as text": _edited(good, tmp_path / "text", {"prefix_length": "6"}),
-        "dropout 5": _edited(good, tmp_path / "dropout", {"prefix_dropout": 5}),
-        "damaged tensors": _edited(good, tmp_path / "damaged"),
-    }
+    saved_prompts(servers["backbone"], 6, 9, good)
+    folders = {label: _edited(good, tmp_path / label.replace(" ", "-"), config, tensors)
+               for label, config, tensors in (
+                   ("huge prefix_length", {"prefix_length": 9_999_999}, None),
+                   ("NaN prompts", None, lambda state: {k: torch.full_like(v, float("nan")) for k, v in state.items()}),
+                   ("huge hidden size", {"prefix_projection": True, "prefix_hidden_size": 10**9}, None),
+                   ("shapes that do not match", {"prefix_length": 7}, None),
+                   ("prefix_length as text", {"prefix_length": "6"}, None),
+                   ("dropout 5", {"prefix_dropout": 5}, None), ("damaged tensors", None, None))}
     (Path(folders["damaged tensors"]) / "soft_prompts.safetensors").write_bytes(b"\x00" * 64)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    headers = {**HEADERS, "Content-Type": "application/json"}
     bodies = [b"{not json", b"[1, 2]", b"null", json.dumps({"name": 5, "source": str(good)}).encode(),
               json.dumps({"name": "n" * 1_000_000, "source": str(good)}).encode(),
               json.dumps({"name": "ok", "source": "/tmp/\u0000x"}).encode(),
@@ -378,31 +323,26 @@ def test_the_admin_endpoint_answers_4xx_never_500(servers, tmp_path):
             message = http_error(client.post(base + "/admin/prompt-sets", content=body, headers=headers))
             assert len(message) < 1000
         for label in ("huge prefix_length", "NaN prompts", "shapes that do not match"):
-            response = client.post(base + "/admin/prompt-sets", headers=headers,
-                                   json={"name": "x", "source": folders[label]})
+            response = add_set(base, "x", folders[label])
             assert response.status_code == 422 and http_error(response), label
         assert http_error(client.delete(base + "/admin/prompt-sets/" + "z" * 5000, headers=headers))
         assert client.get(base + "/v1/models").json() == names  # nothing was added
-        added = client.post(base + "/admin/prompt-sets", headers=headers, json={"name": "good", "source": str(good)})
+        added = add_set(base, "good", good)
         assert added.status_code == 201, added.text  # the folder the bad ones were made from is fine
         assert client.post(base + "/v1/embeddings", json={"model": "good", "input": "still serving"}).status_code == 200
     assert "Traceback" not in servers["S"].log()
 
 
 def test_the_admin_endpoint_takes_only_names_of_the_one_grammar(servers, tmp_path):
-    """Set names follow st_prompts.prompts.names (before: 1-128 characters without '.', '@', '/': a newline in a name
-    split the server's log lines and ``x@1`` counted as ``x`` in /metrics)."""
+    """Set names follow st_prompts.prompts.names (a newline split the log lines, ``x@1`` counted as ``x``)."""
     from st_prompts.prompts.names import SET_NAME_RULE
 
     base = servers["S"].url
-    save_prompts_only(prefixed_model(servers["backbone"], 6, seed=3, dimension=32, normalize=False),
-                      str(tmp_path / "good"))
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+    saved_prompts(servers["backbone"], 6, 3, tmp_path / "good")
     with httpx.Client(timeout=120) as client:
         names = client.get(base + "/v1/models").json()
         for name in ("a\nb", "x@1", "backbone", "-x", "caf\u00e9", "t" * 65, "a b", "\x1b[31mred", "x.y"):
-            response = client.post(base + "/admin/prompt-sets", headers=headers,
-                                   json={"name": name, "source": str(tmp_path / "good")})
+            response = add_set(base, name, tmp_path / "good")
             assert SET_NAME_RULE in http_error(response) and response.status_code == 422, (name, response.text)
             assert response.json()["error"]["param"] == "name"
         assert client.get(base + "/v1/models").json() == names
@@ -410,16 +350,14 @@ def test_the_admin_endpoint_takes_only_names_of_the_one_grammar(servers, tmp_pat
 
 
 def test_a_set_added_again_while_the_old_one_drains_is_labelled_by_its_public_name(servers, tmp_path):
-    """The second ``n`` is ``n@2`` inside the model while the first still drains: its rows count under ``n``, from the
-    name it was added under (not by cutting at '@', which counted a set named ``x@1`` as ``x``)."""
+    """The second ``n`` is ``n@2`` inside the model while the first drains: its rows count under ``n``."""
     from st_prompts.serving.app import ServerContext
     from st_prompts.serving.indexes import IndexRegistry
     from st_prompts.serving.limits import ServingLimits
     from st_prompts.serving.model import ServedModel
 
     bank = tiny_bank(tmp_path / "bank", servers["backbone"])
-    save_prompts_only(prefixed_model(servers["backbone"], 5, seed=4, dimension=32, normalize=False),
-                      str(tmp_path / "n"))
+    saved_prompts(servers["backbone"], 5, 4, tmp_path / "n")
     served = ServedModel.load(bank, device="cpu")
     context = ServerContext(served, IndexRegistry(served), ServingLimits())
     served.add_prompt_set("n", str(tmp_path / "n"))
@@ -431,14 +369,6 @@ def test_a_set_added_again_while_the_old_one_drains_is_labelled_by_its_public_na
     assert [context.label(route) for route in (pinned, again, "a", None)] == ["n", "n", "a", served.name]
     served.release(pinned)
     served.release(again)
-
-
-def test_the_bounds_of_the_head_are_checked_on_the_command_line(tmp_path):
-    for flag, value in (("--max-url-bytes", "70000"), ("--max-header-bytes", "10"), ("--max-headers", "0")):
-        result = subprocess.run([sys.executable, "-m", "st_prompts.cli", "serve", "minilm", flag, value],
-                                capture_output=True, text=True, timeout=120, check=False)
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert result.returncode == 2 and len(lines) == 1 and flag in lines[0], result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------- SIGTERM
@@ -466,16 +396,10 @@ def test_sigterm_is_bounded_by_the_drain_timeout_and_health_says_draining(server
     server = servers["D"]  # rows wait 20 s for a pass; the drain lasts 3 s
     base = server.url
     result = {}
-
-    def queued_request():
-        with httpx.Client(timeout=60) as client:
-            result["queued"] = client.post(base + "/v1/embeddings", json={"model": "a", "input": ["one", "two"]})
-
-    thread = threading.Thread(target=queued_request, daemon=True)
+    thread = threading.Thread(target=lambda: result.update(
+        queued=post(base, "/v1/embeddings", {"model": "a", "input": ["one", "two"]})), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
-    while metrics(server.url)["st_prompts_queue_rows"] != 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: metrics(server.url)["st_prompts_queue_rows"] == 2, 15, 0.05)
     start = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)

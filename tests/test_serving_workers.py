@@ -1,12 +1,6 @@
-"""``st-prompts serve --workers N``: forked workers over one loaded model (issue 50).
-
-Real server processes on a tiny random bank: vectors equal ``encode`` whichever worker answers, an admin change
-reaches every worker before its answer, ``/metrics`` sums the workers (the prompt sets gauge is the server's, not the
-sum), a killed worker is replaced with the changes made since and its clients are shared again with the replacement,
-a connection flood while the workers cannot take more waits for them instead of closing new clients,
-``--max-connections`` and ``--max-queue-rows`` bound the whole server, SIGTERM with a stalled client stops within the
-drain timeout without a traceback, and workers whose parent is killed stop on their own (issues 50, 60).
-"""
+"""``st-prompts serve --workers N``: forked workers over one loaded model, real server processes on a tiny bank:
+answers, admin changes, metrics, replacement of a killed worker, the sharing of connections, the server's bounds,
+SIGTERM and orphans."""
 
 from __future__ import annotations
 
@@ -15,66 +9,54 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import psutil
 import pytest
-from conftest import cli_error, http_error, make_tiny_backbone
-from test_serving import Server, get, metrics, post, prefixed_model, tiny_bank, wait_for
+from conftest import http_error
+from test_serving import (HEADERS, TOKEN, Server, add_set, admin, embeddings, get, metrics, post, saved_prompts,
+                          tiny_backbone_and_bank, wait_for)
 
-from st_prompts import save_prompts_only
 from st_prompts.loading import load_sentence_model
 from st_prompts.serving.workers import merge_metrics
 
-try:  # the HTTP client the openai package brings
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - older openai releases
-    import httpx
-
-TOKEN = "test-admin-token-0123456789"
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 TEXTS = ["A man is playing a guitar.", "Der Hund schläft.", "a", "The quick brown fox jumps over the lazy dog " * 3]
 
 
 def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout.split()
-    return [int(p) for p in out]
+    return [child.pid for child in psutil.Process(pid).children()]
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and not yet reaped by its parent, counts as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    # a zombie (exited, not yet reaped by its parent) counts as gone
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("workers")
-    backbone = make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(root / "tiny-bank", backbone)
-    server = Server("workers", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "4",
-                                "--header-timeout", "60"], env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}, stderr_apart=True)
-    try:
+def tiny(tmp_path_factory) -> tuple[str, str]:
+    """A tiny backbone and bank for the module's servers."""
+    return tiny_backbone_and_bank(tmp_path_factory.mktemp("workers"))
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    backbone, bank = tiny
+    with Server("workers", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "4", "--header-timeout", "60"],
+                env={"ST_PROMPTS_ADMIN_TOKEN": TOKEN}, stderr_apart=True) as server:
         base = server.wait_ready()
-        yield {"root": root, "backbone": backbone, "bank": bank, "server": server, "base": base,
+        yield {"backbone": backbone, "bank": bank, "server": server, "base": base,
                "reference": load_sentence_model(bank, device="cpu")}
-    finally:
-        server.stop()
 
 
 def encode_many(base: str, model: str, texts: list[str], times: int) -> list[np.ndarray]:
-    def one(_):
-        # a new connection per request: the kernel spreads them over the workers
-        response = post(base, "/v1/embeddings", {"model": model, "input": texts})
-        assert response.status_code == 200, response.text
-        return np.array([d["embedding"] for d in response.json()["data"]])
+    def one(_):  # a new connection per request: the kernel spreads them over the workers
+        return embeddings(post(base, "/v1/embeddings", {"model": model, "input": texts}))
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(one, range(times)))
@@ -93,19 +75,14 @@ def test_two_workers_are_forked_and_answer_what_encode_gives(served):
 def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_the_workers(served, tmp_path):
     base = served["base"]
     before = metrics(base)
-    source = prefixed_model(served["backbone"], 6, seed=7, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "prompts"))
-    expected = source.encode(TEXTS)
-    added = post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "prompts")}, headers=HEADERS,
-                 timeout=120)
+    expected = saved_prompts(served["backbone"], 6, 7, tmp_path / "prompts").encode(TEXTS)
+    added = add_set(base, "added", tmp_path / "prompts")
     assert added.status_code == 201, added.text
     for got in encode_many(base, "added", TEXTS, 24):  # any worker, at once after the answer
         assert np.abs(got - expected).max() < 1e-5
     # refused by the first worker's checks: no worker has it
-    assert "already serves" in http_error(
-        post(base, "/admin/prompt-sets", {"name": "added", "source": str(tmp_path / "prompts")}, headers=HEADERS), 409)
-    http_error(post(base, "/admin/prompt-sets", {"name": "nowhere", "source": str(tmp_path / "no")},
-                    headers=HEADERS), 422)
+    assert "already serves" in http_error(add_set(base, "added", tmp_path / "prompts"), 409)
+    http_error(add_set(base, "nowhere", tmp_path / "no"), 422)
     names = [m["id"] for m in get(base, "/v1/models").json()["data"]]
     assert "added" in names and "nowhere" not in names
     after = metrics(base)
@@ -117,19 +94,15 @@ def test_an_added_set_is_served_by_every_worker_after_the_201_and_metrics_sum_th
         {"process_resident_memory_bytes{worker=0}", "process_resident_memory_bytes{worker=1}"}
     removed = post(base, "/admin/prompt-sets/added", None, headers=HEADERS)  # POST is not the removal route
     assert removed.status_code == 405
-    with httpx.Client(timeout=60) as client:
-        assert client.delete(base + "/admin/prompt-sets/added", headers=HEADERS).status_code == 200
+    assert admin(base, "DELETE", "/admin/prompt-sets/added").status_code == 200
     for _ in range(12):
         http_error(post(base, "/v1/embeddings", {"model": "added", "input": "x"}), 404)
 
 
 def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before_as_they_were_read(served, tmp_path):
     base, server = served["base"], served["server"]
-    source = prefixed_model(served["backbone"], 5, seed=9, dimension=32, normalize=False)
-    save_prompts_only(source, str(tmp_path / "kept"))
-    expected = source.encode(TEXTS)
-    assert post(base, "/admin/prompt-sets", {"name": "kept", "source": str(tmp_path / "kept")}, headers=HEADERS,
-                timeout=120).status_code == 201
+    expected = saved_prompts(served["backbone"], 5, 9, tmp_path / "kept").encode(TEXTS)
+    assert add_set(base, "kept", tmp_path / "kept").status_code == 201
     shutil.rmtree(tmp_path / "kept")  # the replacement adds the set as the first worker read it, not the folder
     pid = server.process.pid
     first = children(pid)
@@ -144,43 +117,35 @@ def test_a_killed_worker_is_replaced_and_serves_the_sets_added_before_as_they_we
 
 def connections_per_worker(pid: int, port: int, established_only: bool = True) -> list[int]:
     """TCP connections on ``port`` (established ones, or in any state but listening) that each worker of server
-    ``pid`` holds (from /proc)."""
-    established = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table, encoding="ascii") as handle:
-            for line in handle.readlines()[1:]:
-                fields = line.split()
-                state = fields[3]  # 01 established, 0A listening
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and state != "0A" and (state == "01" or not
-                                                                                      established_only):
-                    established.add(fields[9])
-    counts = []
-    for child in children(pid):
-        inodes = set()
-        for fd in os.listdir(f"/proc/{child}/fd"):
-            try:
-                target = os.readlink(f"/proc/{child}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-        counts.append(len(inodes & established))
-    return sorted(counts)
+    ``pid`` holds."""
+    def counted(connection) -> bool:
+        if established_only:
+            return connection.status == psutil.CONN_ESTABLISHED
+        return connection.status != psutil.CONN_LISTEN
+
+    return sorted(sum(c.laddr.port == port and counted(c) for c in child.net_connections("tcp"))
+                  for child in psutil.Process(pid).children())
+
+
+def settled(server: Server) -> tuple[int, int]:
+    """The pid and port of ``server`` once its workers hold no connection: a closed connection a worker has not yet
+    read counts as open, and would tilt the next ones to the other worker."""
+    pid, port = server.process.pid, int(server.url.rsplit(":", 1)[1])
+    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    return pid, port
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 def test_a_burst_of_connections_is_shared_evenly_by_the_workers_the_replacement_included(served):
-    """The parent hands each connection to the worker holding the fewest: with a shared listening socket, a burst
-    of 16 clients landed 3/13 or 5/11 on two workers (asyncio accepts all that wait when its loop wakes)."""
-    base, pid = served["base"], served["server"].process.pid
-    port = int(base.rsplit(":", 1)[1])
+    """The parent hands each connection to the worker holding the fewest (not one shared listening socket)."""
     for _ in range(3):
-        # the connections closed before (this test's, the tests' before) are seen closed by the workers (a closed
-        # connection a worker has not yet read counts as open: it would tilt the next connections to the other)
-        assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+        pid, port = settled(served["server"])
         clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(16)]
         try:
             for client in clients:  # all connected before the first request: a burst
-                client.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                client.sendall(HEALTH)
             for client in clients:
                 assert b" 200 " in client.recv(4096).split(b"\r\n", 1)[0] + b" "
             assert connections_per_worker(pid, port) == [8, 8]
@@ -190,23 +155,16 @@ def test_a_burst_of_connections_is_shared_evenly_by_the_workers_the_replacement_
 
 
 def test_the_prompt_sets_gauge_is_the_servers_not_the_sum_over_workers(served):
-    """A bank of 3 sets served by 2 workers read 6."""
     base = served["base"]
     sets = [card["id"] for card in get(base, "/v1/models").json()["data"] if card["id"] != "backbone"]
     assert len(sets) >= 3 and metrics(base)["st_prompts_prompt_sets"] == len(sets)
 
 
-HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
 def test_a_connection_flood_waits_for_the_workers_instead_of_closing_new_clients(served):
-    """While no worker takes connections (both stopped: what a flood of connections that open and close does to their
-    hand-off queues), the parent closed every connection it could not hand over at once: new legitimate clients got
-    EOF (171 of 200 in the issue's run) and the log one warning per connection. It now waits for the workers, and
-    the connections wait in the listen queue."""
-    server, pid = served["server"], served["server"].process.pid
-    port = int(served["base"].rsplit(":", 1)[1])
-    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    """While no worker takes connections (both stopped, their hand-off queues full), new clients wait in the listen
+    queue: none is closed, nothing is logged per connection."""
+    server = served["server"]
+    pid, port = settled(server)
     lines = len(server.lines)
     workers = children(pid)
     clients = []
@@ -233,12 +191,9 @@ def test_a_connection_flood_waits_for_the_workers_instead_of_closing_new_clients
 
 
 def test_after_a_worker_is_killed_its_clients_are_shared_again_with_the_replacement(served):
-    """The killed worker's keep-alive clients reconnect at once, before its replacement is ready: all landed on the
-    survivor and stayed there ([0, 8]). The parent now asks the survivor to close half its lead after their next
-    answers (``Connection: close``); those clients reconnect, to the replacement."""
-    pid = served["server"].process.pid
-    port = int(served["base"].rsplit(":", 1)[1])
-    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    """The killed worker's clients reconnect to the survivor at once; the parent has it close half its lead
+    (``Connection: close``), and those clients reconnect to the replacement."""
+    pid, port = settled(served["server"])
     stop = threading.Event()
 
     def client() -> None:  # a keep-alive client that reconnects when the server closes its connection
@@ -277,24 +232,18 @@ def test_after_a_worker_is_killed_its_clients_are_shared_again_with_the_replacem
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory):
+def limited(tiny):
     """Two workers, 6 connections and 4 queued rows in all; rows wait 20 s for a pass (they stay queued)."""
-    root = tmp_path_factory.mktemp("limited")
-    bank = tiny_bank(root / "tiny-bank", make_tiny_backbone(root / "tiny-backbone", "bert", max_positions=512))
-    server = Server("limited", [bank, "--workers", "2", "--threads", "1", "--max-connections", "6",
-                                "--max-queue-rows", "4", "--max-wait-ms", "20000", "--drain-timeout", "3"],
-                    stderr_apart=True)
-    try:
+    with Server("limited", [tiny[1], "--workers", "2", "--threads", "1", "--max-connections", "6",
+                            "--max-queue-rows", "4", "--max-wait-ms", "20000", "--drain-timeout", "3"],
+                stderr_apart=True) as server:
         server.wait_ready()
         yield server
-    finally:
-        server.stop()
 
 
 def test_max_connections_bounds_the_whole_server_and_the_rest_are_answered_503(limited):
-    """``--workers 2 --max-connections 50`` held 100 (a cap per worker); the extra ones got TCP resets."""
-    pid, port = limited.process.pid, int(limited.url.rsplit(":", 1)[1])
-    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
+    """Not a cap per worker; the extra connections get an answer, not a TCP reset."""
+    pid, port = settled(limited)
     clients = []
     try:
         for _ in range(9):
@@ -311,20 +260,15 @@ def test_max_connections_bounds_the_whole_server_and_the_rest_are_answered_503(l
 
 
 def test_max_queue_rows_is_shared_by_the_workers(limited):
-    """``--max-queue-rows 4`` with two workers: each queues 2 rows at most, so the server 4 (before: 4 each)."""
-    base, pid = limited.url, limited.process.pid
-    port = int(base.rsplit(":", 1)[1])
-    assert wait_for(lambda: connections_per_worker(pid, port, established_only=False) == [0, 0], 15)
-    results = {}
-
-    def queued(name: str) -> None:
-        results[name] = post(base, "/v1/embeddings", {"model": "a", "input": ["one", "two"]})
-
-    threads: list[threading.Thread] = []
+    """``--max-queue-rows 4`` with two workers: each queues 2 rows at most."""
+    base = limited.url
+    pid, port = settled(limited)
+    results, threads = {}, []
 
     def start() -> str:
         name = f"queued-{len(threads)}"
-        threads.append(threading.Thread(target=queued, args=(name,), daemon=True))
+        threads.append(threading.Thread(target=lambda: results.update(
+            {name: post(base, "/v1/embeddings", {"model": "a", "input": ["one", "two"]})}), daemon=True))
         threads[-1].start()
         return name
 
@@ -348,12 +292,9 @@ def test_max_queue_rows_is_shared_by_the_workers(limited):
     assert "rows queued in each (--max-queue-rows 4 shared)" in limited.log()
 
 
-def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeout(tmp_path):
-    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
-    server = Server("drain", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "3",
-                              "--header-timeout", "60"], stderr_apart=True)
-    try:
+def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeout(tiny):
+    with Server("drain", [tiny[1], "--workers", "2", "--threads", "1", "--drain-timeout", "3",
+                          "--header-timeout", "60"], stderr_apart=True) as server:
         base = server.wait_ready()
         host, port = base.removeprefix("http://").rsplit(":", 1)
         stalled = socket.create_connection((host, int(port)))
@@ -364,8 +305,6 @@ def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeo
         code = server.process.wait(30)
         took = time.monotonic() - start
         stalled.close()
-    finally:
-        server.stop()
     assert code == 0, server.log()
     assert took < 3 + 4, took
     assert not any(alive(pid) for pid in workers)
@@ -373,26 +312,14 @@ def test_sigterm_with_a_stalled_client_stops_every_worker_within_the_drain_timeo
     assert "every worker drained" in server.log()
 
 
-def test_workers_stop_when_their_parent_is_killed(tmp_path):
-    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
-    server = Server("orphans", [bank, "--workers", "2", "--threads", "1", "--drain-timeout", "3"], stderr_apart=True)
-    try:
+def test_workers_stop_when_their_parent_is_killed(tiny):
+    with Server("orphans", [tiny[1], "--workers", "2", "--threads", "1", "--drain-timeout", "3"],
+                stderr_apart=True) as server:
         server.wait_ready()
         workers = children(server.process.pid)
         server.process.kill()
         server.process.wait(10)
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 20), server.log()
-    finally:
-        server.stop()
-
-
-def test_workers_refuse_a_device_other_than_the_cpu(tmp_path, capsys):
-    backbone = make_tiny_backbone(tmp_path / "tiny-backbone", "bert", max_positions=512)
-    bank = tiny_bank(tmp_path / "tiny-bank", backbone)
-    # in process (a fresh one spent 13 s importing torch for the same line): refused before anything is loaded
-    line = cli_error(["serve", bank, "--workers", "2", "--device", "cuda", "--port", "0"], capsys, alone=True)
-    assert "--workers 2 serves on the CPU only" in line
 
 
 def test_merge_metrics_sums_counters_and_histograms_and_labels_process_samples():

@@ -1,57 +1,39 @@
-"""SKI generation: the resumable cache (counted with a tiny random causal LM), refusal to mix settings, retry of
-degenerate answers, per-row determinism, the smollm2 alias, and the real SmolLM2 generating non-empty SKI (the one
-SmolLM2 generation of the suite: two sentences, 16 tokens)."""
+"""SKI generation with a tiny random causal LM: the resumable cache, refusal to mix settings, retries, per-row
+determinism, the smollm2 alias; and the suite's one real SmolLM2 generation (two sentences, 16 tokens)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from st_prompts.methods.skicse.generation import (
-    PAPER_PROMPT,
-    SKI_TEMPLATE,
-    GenerationSettings,
-    SKICache,
-    SKIGenerator,
-    clean_answer,
-    generate_ski_file,
-    is_degenerate,
-    read_input_sentences,
-    read_ski,
-    resolve_llm,
-)
 from st_prompts.errors import ConfigurationError, DataNotFoundError, SKICacheMismatchError
+from st_prompts.methods.skicse.generation import (PAPER_PROMPT, SKI_TEMPLATE, GenerationSettings, SKICache,
+                                                  SKIGenerator, clean_answer, generate_ski_file, is_degenerate,
+                                                  read_input_sentences, read_ski, resolve_llm)
 
 SENTENCES = ["the man plays", "a dog runs", "the cat sits", "music is on", "the dog sits"]
 
 
-def make_generator(tiny_llm, **settings):
-    model, tokenizer = tiny_llm
-    values = dict(max_new_tokens=12, seed=1)
-    values.update(settings)
-    return SKIGenerator(model, tokenizer, "tiny-llama", settings=GenerationSettings(**values))
+def make_generator(tiny_llm, name="tiny-llama", **settings):
+    return SKIGenerator(*tiny_llm, name, settings=GenerationSettings(**{"max_new_tokens": 12, "seed": 1, **settings}))
 
 
-class Counting:
-    """Wraps ``model.generate`` and ``generator.generate`` to count calls and record the sentences asked for."""
+def counting(generator, monkeypatch) -> SimpleNamespace:
+    """Counts the calls of ``model.generate`` and records the sentences ``generator.generate`` is asked for."""
+    counter = SimpleNamespace(model_calls=0, asked=[])
+    model_generate, generate = generator.model.generate, generator.generate
 
-    def __init__(self, generator, monkeypatch):
-        self.model_calls = 0
-        self.asked: list[str] = []
-        original_model, original = generator.model.generate, generator.generate
+    def count(*args, **kwargs):
+        counter.model_calls += 1
+        return model_generate(*args, **kwargs)
 
-        def model_generate(*args, **kwargs):
-            self.model_calls += 1
-            return original_model(*args, **kwargs)
-
-        def generate(sentences):
-            self.asked.extend(sentences)
-            return original(sentences)
-
-        monkeypatch.setattr(generator.model, "generate", model_generate)
-        monkeypatch.setattr(generator, "generate", generate)
+    monkeypatch.setattr(generator.model, "generate", count)
+    monkeypatch.setattr(generator, "generate", lambda sentences: counter.asked.extend(sentences) or generate(sentences))
+    return counter
 
 
 def test_prompt_is_the_papers_template_in_the_chat_format(tiny_llm):
@@ -67,7 +49,7 @@ def test_prompt_is_the_papers_template_in_the_chat_format(tiny_llm):
 def test_cache_resumes_without_recomputing(tiny_llm, tmp_path, monkeypatch):
     out = tmp_path / "ski.jsonl"
     generator = make_generator(tiny_llm)
-    counter = Counting(generator, monkeypatch)
+    counter = counting(generator, monkeypatch)
     first = generate_ski_file(generator, SENTENCES[:3], out, batch_size=2, progress=False)
     assert (first.generated, first.cached) == (3, 0) and counter.model_calls >= 2
     before = out.read_text()
@@ -102,14 +84,10 @@ def test_refuses_to_mix_models_templates_or_settings(tiny_llm, tmp_path):
     out = tmp_path / "ski.jsonl"
     generate_ski_file(make_generator(tiny_llm), SENTENCES[:2], out, progress=False)
     before = out.read_bytes()
-    model, tokenizer = tiny_llm
-    others = [
-        SKIGenerator(model, tokenizer, "another-llm", settings=GenerationSettings(max_new_tokens=12, seed=1)),
-        SKIGenerator(model, tokenizer, "tiny-llama", template="Tell me about {sentence}",
-                     settings=GenerationSettings(max_new_tokens=12, seed=1)),
-        make_generator(tiny_llm, seed=2),
-    ]
-    for other, field in zip(others, ("model", "template", "generation")):
+    others = [make_generator(tiny_llm, "another-llm"), make_generator(tiny_llm, seed=2),
+              SKIGenerator(*tiny_llm, "tiny-llama", template="Tell me about {sentence}",
+                           settings=GenerationSettings(max_new_tokens=12, seed=1))]
+    for other, field in zip(others, ("model", "generation", "template")):
         with pytest.raises(SKICacheMismatchError, match=field):
             generate_ski_file(other, SENTENCES, out, progress=False)
     assert out.read_bytes() == before
@@ -165,7 +143,13 @@ def test_answer_cleaning_and_degenerate_detection():
     assert not is_degenerate("A dog is an animal that often lives with people and runs in parks.")
 
 
-def test_settings_and_template_are_validated(tiny_llm):
+def test_settings_and_template_are_validated_and_the_help_shows_the_defaults(tiny_llm):
+    import dataclasses
+
+    from st_prompts.commands.ski import HELP_DEFAULTS
+
+    defaults = dataclasses.asdict(GenerationSettings())
+    assert all(defaults[k] == v for k, v in HELP_DEFAULTS.items())
     with pytest.raises(ConfigurationError):
         GenerationSettings(max_new_tokens=0)
     with pytest.raises(ConfigurationError):
@@ -175,9 +159,7 @@ def test_settings_and_template_are_validated(tiny_llm):
         SKIGenerator(model, tokenizer, "x", template="no placeholder")
 
 
-def test_input_files(tmp_path):
-    from pathlib import Path
-
+def test_input_files():
     fixtures = Path(__file__).parent / "fixtures" / "ski"
     assert len(read_input_sentences(fixtures / "five_sentences.txt")) == 5
     premises = read_input_sentences(fixtures / "nli_triplets.csv")
@@ -198,15 +180,6 @@ def test_smollm2_alias_finds_the_packaged_gguf_file(monkeypatch):
         resolve_llm("smollm2")
     with pytest.raises(DataNotFoundError, match="GGUF file not found"):
         resolve_llm("/nowhere/model.gguf")
-
-
-def test_help_defaults_match_the_generation_settings():
-    import dataclasses
-
-    from st_prompts.commands.ski import HELP_DEFAULTS
-
-    defaults = dataclasses.asdict(GenerationSettings())
-    assert all(defaults[k] == v for k, v in HELP_DEFAULTS.items())
 
 
 def test_real_smollm2_generates_non_empty_ski(cached_gguf):

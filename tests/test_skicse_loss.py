@@ -6,18 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from sentence_transformers import SentenceTransformer
+from conftest import st_model
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
 from st_prompts.errors import ConfigurationError
-from st_prompts.losses import (
-    SUPERVISED_READINGS,
-    InfoNCETerm,
-    MultiPositiveInfoNCELoss,
-    skicse_supervised_terms,
-    skicse_unsupervised_terms,
-)
+from st_prompts.losses import (SUPERVISED_READINGS, InfoNCETerm, MultiPositiveInfoNCELoss, skicse_supervised_terms,
+                               skicse_unsupervised_terms)
 
 ANCHORS = ["the man plays guitar .", "a dog runs in the park", "the cat sits on the mat", "this is happy music"]
 POSITIVES = ["a man plays music", "the dog runs", "a cat on a mat", "happy music is playing"]
@@ -33,8 +27,7 @@ SUP = ("anchor", "positive", "negative", "ski")
 
 @pytest.fixture(scope="module")
 def model(tiny_bert):
-    encoder = Transformer(tiny_bert, max_seq_length=32)
-    return SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), pooling_mode="cls")]).eval()
+    return st_model(tiny_bert, "cls", max_seq_length=32).eval()
 
 
 def feats(model, texts):
@@ -90,6 +83,9 @@ def test_supervised_equals_equations_4_to_7_in_both_readings(model, reading):
 
 
 def test_the_two_readings_differ(model):
+    from st_prompts.methods.skicse.config import READINGS
+
+    assert set(READINGS) == set(SUPERVISED_READINGS)
     columns = [ANCHORS, POSITIVES, NEGATIVES, SKI]
     text = run(MultiPositiveInfoNCELoss(model, SUP, skicse_supervised_terms(reading="text")), model, columns)
     printed = run(MultiPositiveInfoNCELoss(model, SUP, skicse_supervised_terms(reading="printed")), model, columns)
@@ -98,15 +94,11 @@ def test_the_two_readings_differ(model):
     torch.testing.assert_close(text["simcse"], printed["simcse"])
 
 
-@pytest.mark.parametrize("supervised", [False, True])
-def test_lambda_zero_is_multiple_negatives_ranking_loss(model, supervised):
-    if supervised:
-        loss = MultiPositiveInfoNCELoss(model, SUP, skicse_supervised_terms(0.0, 0.0))
-        columns = [ANCHORS, POSITIVES, NEGATIVES, SKI]
-    else:
-        loss = MultiPositiveInfoNCELoss(model, UNSUP, skicse_unsupervised_terms(0.0))
-        columns = [ANCHORS, POSITIVES, SKI]
-    ours = run(loss, model, columns)
+@pytest.mark.parametrize("names, terms, columns", [
+    (UNSUP, skicse_unsupervised_terms(0.0), [ANCHORS, POSITIVES, SKI]),
+    (SUP, skicse_supervised_terms(0.0, 0.0), [ANCHORS, POSITIVES, NEGATIVES, SKI])], ids=["unsupervised", "supervised"])
+def test_lambda_zero_is_multiple_negatives_ranking_loss(model, names, terms, columns):
+    ours = run(MultiPositiveInfoNCELoss(model, names, terms), model, columns)
     reference = run(MultipleNegativesRankingLoss(model, scale=1 / TAU), model, columns[:-1])
     torch.testing.assert_close(sum(ours.values()), reference, atol=1e-5, rtol=1e-5)
     # ... and the SKI column, a 3rd/4th column there, is not a negative here: MNRL with it differs
@@ -115,7 +107,8 @@ def test_lambda_zero_is_multiple_negatives_ranking_loss(model, supervised):
 
 
 def test_missing_ski_rows_fall_back_to_the_simcse_term(model):
-    """Row 1 has no SKI: its loss is the SimCSE term alone (weight 1), and its empty SKI text is in no denominator."""
+    """Row 1 has no SKI: its loss is the SimCSE term alone (weight 1), and its empty SKI text is in no denominator
+    (supervised: equation 4 alone)."""
     loss = MultiPositiveInfoNCELoss(model, UNSUP, skicse_unsupervised_terms(0.15), presence_column="ski")
     ski = list(SKI)
     ski[1] = ""
@@ -134,9 +127,7 @@ def test_missing_ski_rows_fall_back_to_the_simcse_term(model):
                    [ANCHORS, ANCHORS, SKI])
     for name in no_flags:
         torch.testing.assert_close(all_present[name], no_flags[name])
-
-
-def test_supervised_row_without_ski_keeps_only_equation_4(model):
+    # supervised: rows without SKI keep only equation 4
     loss = MultiPositiveInfoNCELoss(model, SUP, skicse_supervised_terms(0.1, 0.3), presence_column="ski")
     ski = ["", "", "", ""]
     parts = run(loss, model, [ANCHORS, POSITIVES, NEGATIVES, ski], torch.zeros(4, dtype=torch.long))
@@ -173,13 +164,9 @@ def test_columns_are_matched_by_name_never_by_position(model):
                                sum(run(loss, model, [ANCHORS, ANCHORS, SKI]).values()))
 
 
-def test_readings_constant_matches_the_method_file():
-    from st_prompts.methods.skicse.config import READINGS
+def test_column_max_length_collator_gives_ski_its_own_limit_and_checks_the_order_once(model, caplog):
+    import logging
 
-    assert set(READINGS) == set(SUPERVISED_READINGS)
-
-
-def test_column_max_length_collator_gives_ski_its_own_limit(model):
     from st_prompts.data.collators import ColumnMaxLengthCollator
 
     long_text = " ".join(["the man plays guitar in the park"] * 10)
@@ -190,13 +177,7 @@ def test_column_max_length_collator_gives_ski_its_own_limit(model):
     assert [k for k in batch if k.endswith("_input_ids")] == ["anchor_input_ids", "positive_input_ids",
                                                               "ski_input_ids"]
     assert batch["label"].tolist() == [1, 1]
-
-
-def test_column_max_length_collator_checks_column_order_once_for_the_whole_row(model, caplog):
-    import logging
-
-    from st_prompts.data.collators import ColumnMaxLengthCollator
-
+    # the column order is checked once for the whole row
     collator = ColumnMaxLengthCollator(preprocess_fn=model.preprocess, column_max_lengths={"ski": 48})
     with caplog.at_level(logging.WARNING, logger="sentence_transformers"):
         for _ in range(3):

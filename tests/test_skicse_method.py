@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from sentence_transformers import SentenceTransformer
 
 from st_prompts import methods
@@ -15,7 +15,6 @@ from st_prompts.cli import main
 from st_prompts.errors import ConfigurationError, DataFormatError
 from st_prompts.methods.skicse.method import join_ski, ski_columns, ski_data
 
-FIXTURES = Path(__file__).parent / "fixtures"
 SKI_FIXTURES = FIXTURES / "ski"
 
 
@@ -44,12 +43,11 @@ def test_presets_follow_appendix_a_and_the_encoder():
     assert methods.settings("skicse", True, "cpu", encoder="prompted").learning_rate == 1e-1  # selected (seed 42)
     assert methods.settings("skicse", False, "cpu").learning_rate == 3e-5
     assert methods.settings("skicse", False, "cpu", encoder="prompted", learning_rate=1e-2).learning_rate == 1e-2
-    with pytest.raises(ConfigurationError, match="encoder='frozen'"):
-        methods.settings("skicse", scale="cpu", encoder="frozen")
-    with pytest.raises(ConfigurationError, match="ski_weight_1"):
-        methods.settings("skicse", True, "cpu", ski_weight_1=0.6, ski_weight_2=0.5)
-    with pytest.raises(ConfigurationError, match="lambda"):
-        methods.settings("skicse", False, "cpu", ski_weight=1.5)
+    for supervised, bad, match in ((False, dict(encoder="frozen"), "encoder='frozen'"),
+                                   (True, dict(ski_weight_1=0.6, ski_weight_2=0.5), "ski_weight_1"),
+                                   (False, dict(ski_weight=1.5), "lambda")):
+        with pytest.raises(ConfigurationError, match=match):
+            methods.settings("skicse", supervised, "cpu", **bad)
 
 
 def test_join_ski_counts_missing_and_uncached_rows():
@@ -62,7 +60,7 @@ def test_join_ski_counts_missing_and_uncached_rows():
     assert flags == [1, 0, 0] and counts == {"rows": 3, "with_ski": 1, "missing": 2, "dropped": 0}
 
 
-def test_ski_data_joins_by_premise_and_flags_missing_rows(data_dir, caplog):
+def test_ski_data_joins_by_premise_flags_missing_rows_and_says_how_to_make_one(data_dir, caplog):
     settings = methods.settings("skicse", True, "cpu", ski_file=str(SKI_FIXTURES / "nli_premises_ski.jsonl"))
     with caplog.at_level("INFO", logger="st_prompts"):
         dataset = ski_data(settings, data_dir, None)
@@ -75,60 +73,47 @@ def test_ski_data_joins_by_premise_and_flags_missing_rows(data_dir, caplog):
     assert "6 with SKI and 1 without" in caplog.text and "1 rows dropped" in caplog.text
     fallback = ski_data(settings.replace(uncached="fallback"), data_dir, None)
     assert len(fallback) == 8 and sum(fallback["label"]) == 6
-
-
-def test_ski_data_without_any_match_says_how_to_make_one(data_dir):
-    settings = methods.settings("skicse", False, "cpu", ski_file=str(SKI_FIXTURES / "nli_premises_ski.jsonl"))
+    unsupervised = methods.settings("skicse", False, "cpu", ski_file=settings.ski_file)  # no sentence matches
     with pytest.raises(DataFormatError, match="st-prompts ski generate"):
-        ski_data(settings, data_dir, None)
+        ski_data(unsupervised, data_dir, None)
 
 
-def test_runner_rejects_an_extra_column(tiny_bert):
+def test_runner_rejects_an_extra_column_and_the_encoders_train_the_backbone_or_only_the_prefix(tiny_bert):
     from datasets import Dataset
 
-    from st_prompts.training.run import stage_dataset
+    from st_prompts.training.run import count_parameters, stage_dataset
 
     settings = methods.settings("skicse", False, "cpu", backbone=tiny_bert)
     stage = methods.get("skicse").stages(settings)[0]
     extra = Dataset.from_dict({"anchor": ["a"], "positive": ["a"], "ski": ["k"], "negative": ["n"], "label": [1]})
     with pytest.raises(ConfigurationError, match="columns"):
         stage_dataset(stage, extra, settings, 0)
-
-
-@pytest.mark.parametrize("encoder", ["full", "prompted"])
-def test_encoders_train_the_backbone_or_only_the_prefix(tiny_bert, encoder):
-    from st_prompts.training.run import count_parameters
-
-    settings = methods.settings("skicse", False, "cpu", backbone=tiny_bert, encoder=encoder, prefix_length=3)
-    model = methods.get("skicse").build_model(settings)
-    trainable, total = count_parameters(model)
-    backbone = sum(p.numel() for p in model[0].auto_model.parameters())
-    if encoder == "full":
-        assert trainable == total
-    else:
-        assert trainable == total - backbone and 0 < trainable < backbone
+    for encoder in ("full", "prompted"):
+        settings = methods.settings("skicse", False, "cpu", backbone=tiny_bert, encoder=encoder, prefix_length=3)
+        model = methods.get("skicse").build_model(settings)
+        trainable, total = count_parameters(model)
+        backbone = sum(p.numel() for p in model[0].auto_model.parameters())
+        assert trainable == total if encoder == "full" else trainable == total - backbone and 0 < trainable < backbone
 
 
 def test_train_skicse_supervised_prompted_with_missing_ski(tiny_bert, data_dir, tmp_path, capsys):
     out = tmp_path / "model"
     argv = ["train", "skicse", "--supervised", "--encoder", "prompted", "--prefix-length", "3", "--backbone",
             tiny_bert, "--data-dir", str(data_dir), "--ski-file", str(SKI_FIXTURES / "nli_premises_ski.jsonl"),
-            "--max-steps", "2", "--batch-size", "4", "--eval-steps", "1", "--ski-max-seq-length", "48", "--logging-steps", "1",
-            "--output", str(out), "--no-progress"]
+            "--max-steps", "2", "--batch-size", "4", "--eval-steps", "1", "--ski-max-seq-length", "48",
+            "--logging-steps", "1", "--output", str(out), "--no-progress"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "fall back to the SimCSE term" in captured.err and "used the SimCSE term alone" in captured.err
     result = json.loads((out / "train_result.json").read_text())
     assert result["steps"] == 2 and result["settings"]["encoder"] == "prompted"
-    logged = [entry for entry in result["log_history"] if "ski_anchor" in entry]
-    assert logged, "the loss's named parts are logged"
+    assert [e for e in result["log_history"] if "ski_anchor" in e], "the loss's named parts are logged"
     model = SentenceTransformer(str(out), trust_remote_code=True)
     assert model.encode(["a man plays guitar"]).shape == (1, 32)
 
 
 def test_generate_then_train_end_to_end(tiny_bert, tiny_llm_path, data_dir, tmp_path, capsys):
-    """The acceptance path: SKI for five sentences with an LLM folder (a tiny random LLaMA: the real SmolLM2's
-    generation is test_ski_generation's), a rerun that resumes, then three training steps on them."""
+    """SKI for five sentences from an LLM folder (a tiny LLaMA), a rerun that resumes, three training steps."""
     ski = tmp_path / "ski.jsonl"
     argv = ["ski", "generate", "--llm", tiny_llm_path, "--input", str(data_dir / "train" / "wiki_sentences.txt"),
             "--output", str(ski), "--max-new-tokens", "12", "--batch-size", "5", "--threads", "1", "--no-progress"]
@@ -150,9 +135,9 @@ def test_generate_then_train_end_to_end(tiny_bert, tiny_llm_path, data_dir, tmp_
 
 def test_packaged_ski_covers_the_bundled_data_and_is_the_default(tiny_bert, tmp_path, capsys):
     """Without --data-dir and --ski-file, skicse trains on the bundled demo data with the packaged SmolLM2 SKI."""
-    from st_prompts.methods.skicse.generation import SKICache
     from st_prompts.data.training_data import bundled_data_dir, read_nli_triplets, read_sentences
     from st_prompts.methods.skicse.config import default_ski_file
+    from st_prompts.methods.skicse.generation import SKICache
 
     wiki_header, wiki = SKICache(default_ski_file(False)).read()
     nli_header, nli = SKICache(default_ski_file(True)).read()

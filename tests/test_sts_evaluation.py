@@ -57,8 +57,7 @@ def test_hand_checked_example(tmp_path):
     stsb = "".join(f"g\tf\t2012\t{i}\t{g}\ta\t{s}\n" for i, (g, s) in enumerate(zip([5, 4, 2, 3, 0], second)))
     # SICK gold 5 3 4 1 2 -> ranks 5 3 4 1 2: d^2 = 0+1+1+1+1 = 4, rho = 1 - 6*4 / 120 = 0.8
     sick = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + "".join(
-        f"{i}\ta\t{s}\t{g}\tNEUTRAL\n" for i, (g, s) in enumerate(zip([5, 3, 4, 1, 2], second))
-    )
+        f"{i}\ta\t{s}\t{g}\tNEUTRAL\n" for i, (g, s) in enumerate(zip([5, 3, 4, 1, 2], second)))
     (tmp_path / "STS" / "STSBenchmark").mkdir(parents=True)
     (tmp_path / "STS" / "STSBenchmark" / "sts-test.csv").write_text(stsb)
     (tmp_path / "SICK").mkdir()
@@ -68,8 +67,7 @@ def test_hand_checked_example(tmp_path):
     evaluator = STSSuiteEvaluator(tmp_path, tasks=["STSBenchmark", "SICKRelatedness"], show_progress_bar=False)
     results = evaluator(model)
     assert results == pytest.approx(
-        {"sts_stsbenchmark_spearman": 0.9, "sts_sickrelatedness_spearman": 0.8, "sts_avg_spearman": 0.85}
-    )
+        {"sts_stsbenchmark_spearman": 0.9, "sts_sickrelatedness_spearman": 0.8, "sts_avg_spearman": 0.85})
     assert evaluator.primary_metric == "sts_avg_spearman"
     for task in ("STSBenchmark", "SICKRelatedness"):
         direct = _cosine_spearman(model, load_sts(tmp_path, task))
@@ -95,16 +93,11 @@ def test_each_distinct_sentence_is_encoded_once(tmp_path, monkeypatch):
     model = static_model(WORD_VECTORS)
     (tmp_path / "STS" / "STSBenchmark").mkdir(parents=True)
     (tmp_path / "STS" / "STSBenchmark" / "sts-test.csv").write_text(
-        "g\tf\t2012\t1\t5\ta\ta\ng\tf\t2012\t2\t3\ta\tc\ng\tf\t2012\t3\t1\tb\td\n"
-    )
+        "g\tf\t2012\t1\t5\ta\ta\ng\tf\t2012\t2\t3\ta\tc\ng\tf\t2012\t3\t1\tb\td\n")
     encoded: list[str] = []
     original = model.encode
-
-    def counting_encode(sentences, *args, **kwargs):
-        encoded.extend([sentences] if isinstance(sentences, str) else sentences)
-        return original(sentences, *args, **kwargs)
-
-    monkeypatch.setattr(model, "encode", counting_encode)
+    monkeypatch.setattr(model, "encode", lambda sentences, *args, **kwargs: encoded.extend(
+        [sentences] if isinstance(sentences, str) else sentences) or original(sentences, *args, **kwargs))
     evaluator = STSSuiteEvaluator(tmp_path, tasks=["STSBenchmark"], name="", show_progress_bar=False)
     results = evaluator(model)
     assert sorted(encoded) == ["a", "b", "c", "d"]
@@ -113,26 +106,19 @@ def test_each_distinct_sentence_is_encoded_once(tmp_path, monkeypatch):
 
 
 def test_bad_input_fails_at_construction(tmp_path):
-    with pytest.raises(DataNotFoundError, match="nowhere"):
-        STSSuiteEvaluator(tmp_path / "nowhere")
-    with pytest.raises(ConfigurationError):
-        STSSuiteEvaluator(None)
-    with pytest.raises(ConfigurationError, match="source"):
-        STSSuiteEvaluator(FIXTURE, source="web")
-    with pytest.raises(ConfigurationError, match="STS99"):
-        STSSuiteEvaluator(FIXTURE, tasks=["STS99"])
-    with pytest.raises(ConfigurationError, match="similarity"):
-        STSSuiteEvaluator(FIXTURE, similarity="jaccard")
+    for folder, options, error, match in [(tmp_path / "nowhere", {}, DataNotFoundError, "nowhere"),
+                                          (None, {}, ConfigurationError, None),
+                                          (FIXTURE, {"source": "web"}, ConfigurationError, "source"),
+                                          (FIXTURE, {"tasks": ["STS99"]}, ConfigurationError, "STS99"),
+                                          (FIXTURE, {"similarity": "jaccard"}, ConfigurationError, "similarity")]:
+        with pytest.raises(error, match=match):
+            STSSuiteEvaluator(folder, **options)
 
 
 def test_hub_source_uses_the_hub_loader(monkeypatch):
     calls = []
-
-    def fake_hub(task, split="test"):
-        calls.append((task, split))
-        return STSPairs(["a", "a", "a"], ["a", "c", "b"], [5.0, 3.0, 1.0], ["all"] * 3)
-
-    monkeypatch.setattr(sts_module, "load_sts_from_hub", fake_hub)
+    monkeypatch.setattr(sts_module, "load_sts_from_hub", lambda task, split="test": calls.append((task, split)) or
+                        STSPairs(["a", "a", "a"], ["a", "c", "b"], [5.0, 3.0, 1.0], ["all"] * 3))
     evaluator = STSSuiteEvaluator(tasks=["STS12", "stsb"], source="hub", show_progress_bar=False)
     assert calls == [("STS12", "test"), ("STSBenchmark", "test")]
     results = evaluator(static_model(WORD_VECTORS))
@@ -148,28 +134,22 @@ def test_stsb_dev_evaluator(minilm):
     results = evaluator(minilm)
     assert evaluator.primary_metric == "sts-dev_spearman_cosine"
     assert results["sts-dev_spearman_cosine"] == pytest.approx(
-        _cosine_spearman(minilm, load_sts(FIXTURE, "STSBenchmark", "dev")), abs=1e-6
-    )
+        _cosine_spearman(minilm, load_sts(FIXTURE, "STSBenchmark", "dev")), abs=1e-6)
     with pytest.raises(DataNotFoundError):
         stsb_dev_evaluator(FIXTURE / "missing")
 
 
 def test_format_results_table():
-    results = {
-        "model-a": {"sts_sts12_spearman": 0.7, "sts_stsbenchmark_spearman": 0.81234, "sts_avg_spearman": 0.75617},
-        "b": {"sts_sts12_spearman": 0.654321, "sts_stsbenchmark_spearman": math.nan, "sts_avg_spearman": 0.6},
-    }
+    results = {"model-a": {"sts_sts12_spearman": 0.7, "sts_stsbenchmark_spearman": 0.81234,
+                           "sts_avg_spearman": 0.75617},
+               "b": {"sts_sts12_spearman": 0.654321, "sts_stsbenchmark_spearman": math.nan, "sts_avg_spearman": 0.6}}
     table = format_results_table(results)
     lines = table.splitlines()
     assert lines[0].split() == ["model-a", "b"]
-    assert [line.split() for line in lines[2:]] == [
-        ["STS12", "70.00", "65.43"],
-        ["STS-B", "81.23", "-"],
-        ["Avg.", "75.62", "60.00"],
-    ]
+    assert [line.split() for line in lines[2:]] == [["STS12", "70.00", "65.43"], ["STS-B", "81.23", "-"],
+                                                    ["Avg.", "75.62", "60.00"]]
     assert len({len(line) for line in lines[:2]}) == 1  # header and rule are aligned
     custom = format_results_table(results, rows=[("Avg.", "sts_avg_spearman", 1.0), ("x", "missing")], title="T")
-    custom_lines = custom.splitlines()
-    assert custom_lines[0] == "T"
-    assert [line.split() for line in custom_lines[3:]] == [["Avg.", "0.76", "0.60"], ["x", "-", "-"]]
+    assert custom.splitlines()[0] == "T"
+    assert [line.split() for line in custom.splitlines()[3:]] == [["Avg.", "0.76", "0.60"], ["x", "-", "-"]]
     assert [label for label, _ in sts_table_rows()] == ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]

@@ -1,23 +1,24 @@
-"""No code that ships with a model runs unless the user asked: every route, through every command that loads a model.
-
-Each hostile folder below carries code that writes a marker file when it runs: a tokenizer ``auto_map``, a ``Dense``
-module naming a foreign activation, a prompts-only checkpoint whose backbone has a modelling ``auto_map``, and a search
-index recording such a model. Without ``--trust-remote-code`` every command exits 2 with one line naming the reason
-and the flag, and the marker is not written; with the flag the same model loads (and its code runs).
-"""
+"""No code that ships with a model runs unless the user asked, by any route (a tokenizer ``auto_map``, a ``Dense``
+activation, a backbone's modelling ``auto_map``, a Router route) through any command that loads a
+model: one line naming the reason and the flag, and the marker its code writes never appears; with the flag it runs."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import edit_json, save_plain
+import torch
+from conftest import cli_error, edit_json, save_plain, st_model
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules.router import Router
+from sentence_transformers.sentence_transformer.modules import Dense, Pooling
 
+from st_prompts import PromptedTransformer, bank, save_prompts_only
 from st_prompts.cli import main
-from st_prompts.errors import UntrustedCodeError
+from st_prompts.errors import ConfigurationError, UntrustedCodeError
 from st_prompts.loading import load_sentence_model, untrusted_reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -40,9 +41,8 @@ def tokenizer_route(source: Path, tmp_path: Path, name: str = "tok") -> tuple[Pa
     folder = Path(shutil.copytree(source, tmp_path / f"{name}-model"))
     marker = tmp_path / f"{name}-ran"
     module = f"tokenization_{name}"
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["auto_map"] = {"AutoTokenizer": [f"{module}.EvilTokenizer", None]}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    edit_json(folder / "tokenizer_config.json",
+              lambda config: {**config, "auto_map": {"AutoTokenizer": [f"{module}.EvilTokenizer", None]}})
     (folder / f"{module}.py").write_text(_marker_code(
         marker, "from transformers import BertTokenizerFast\n\n\nclass EvilTokenizer(BertTokenizerFast):\n    pass\n"))
     return folder, marker
@@ -50,13 +50,11 @@ def tokenizer_route(source: Path, tmp_path: Path, name: str = "tok") -> tuple[Pa
 
 def dense_route(source: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     """A copy of ``source`` with a Dense module whose activation is a class of an importable foreign module."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Dense
-
     marker = tmp_path / "dense-ran"
     package = tmp_path / "site-dense"
     package.mkdir()
-    (package / "evil_activation.py").write_text(_marker_code(marker, "import torch\n\n\nclass Act(torch.nn.Tanh):\n    pass\n"))
+    (package / "evil_activation.py").write_text(_marker_code(
+        marker, "import torch\n\n\nclass Act(torch.nn.Tanh):\n    pass\n"))
     monkeypatch.syspath_prepend(str(package))
     monkeypatch.delitem(sys.modules, "evil_activation", raising=False)
     model = SentenceTransformer(str(source), device="cpu")
@@ -70,16 +68,9 @@ def dense_route(source: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
 
 def backbone_route(tiny_bert: str, tmp_path: Path) -> tuple[Path, Path]:
     """A prompts-only checkpoint whose backbone folder maps AutoModel to modelling code beside it."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer, save_prompts_only
-
     backbone = Path(shutil.copytree(tiny_bert, tmp_path / "backbone"))
-    encoder = PromptedTransformer(str(backbone), prefix_length=2)
-    model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu")
     folder = tmp_path / "prompts-only"
-    save_prompts_only(model, str(folder))
+    save_prompts_only(st_model(PromptedTransformer(str(backbone), prefix_length=2), "cls"), str(folder))
     marker = tmp_path / "backbone-ran"
     edit_json(backbone / "config.json", lambda config: {**config, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}})
     (backbone / "modeling_evil.py").write_text(_marker_code(
@@ -110,12 +101,7 @@ def clean_index(tmp_path_factory, clean_model) -> Path:
 
 
 def _assert_refused(argv: list[str], capsys, marker: Path, words: tuple[str, ...]) -> None:
-    capsys.readouterr()
-    assert main(argv) == 2, argv
-    lines = capsys.readouterr().err.strip().splitlines()
-    errors = [line for line in lines if ": error: " in line]
-    assert len(errors) == 1 and lines[-1] == errors[0], lines  # one line, the last, and no traceback
-    err = errors[0]
+    err = cli_error(argv, capsys)
     assert "--trust-remote-code" in err and all(word in err for word in words), err
     assert not marker.exists(), f"{argv[0:2]} ran the model's code"
 
@@ -132,9 +118,11 @@ def test_every_command_refuses_every_route(route, clean_model, clean_index, tiny
     else:
         folder, marker = backbone_route(tiny_bert, tmp_path)
         words = ("backbone", "auto_map")
+    assert untrusted_reason(str(folder)) is not None
+    with pytest.raises(UntrustedCodeError, match="trust_remote_code=True"):
+        load_sentence_model(str(folder))
     before = (clean_index / "meta.json").read_text()
-    capsys.readouterr()
-    for name, argv in _commands(folder, tmp_path, clean_index).items():
+    for argv in _commands(folder, tmp_path, clean_index).values():
         _assert_refused(argv, capsys, marker, words)
     assert (clean_index / "meta.json").read_text() == before  # nothing was added or recalibrated
     assert not (tmp_path / "new.index").exists()
@@ -142,14 +130,12 @@ def test_every_command_refuses_every_route(route, clean_model, clean_index, tiny
     argv = _commands(folder, tmp_path, clean_index)["evaluate"] + ["--trust-remote-code"]
     assert main(argv) == 0
     assert marker.read_text() == "ran"
+    assert load_sentence_model(str(folder), trust_remote_code=True).encode(["a cat"]).shape[0] == 1
 
 
 def router_route(source: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A model whose Router routes are whole models (copies of ``source``); the document route's tokenizer maps
-    AutoTokenizer to a file beside it, two levels down."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules.router import Router
-
+    """A Router of two whole models (copies of ``source``); the document route's tokenizer maps AutoTokenizer to a
+    file beside it."""
     router = Router.for_query_document(query_modules=[SentenceTransformer(str(source), device="cpu")],
                                        document_modules=[SentenceTransformer(str(source), device="cpu")])
     folder = tmp_path / "router-model"
@@ -170,31 +156,6 @@ def test_every_command_refuses_a_router_nested_model(clean_model, clean_index, t
     assert not (tmp_path / "new.index").exists()
 
 
-def test_an_index_checks_its_recorded_model_before_loading_it(clean_model, tmp_path, capsys):
-    """A shared index whose meta.json names a model carrying code: searching it refuses before loading the model."""
-    model = Path(shutil.copytree(clean_model, tmp_path / "shared-model"))
-    index = tmp_path / "shared.index"
-    assert main(["index", "build", str(model), str(CORPUS), str(index), "--no-progress"]) == 0
-    (tmp_path / "work").mkdir()
-    evil, marker = tokenizer_route(model, tmp_path / "work", name="shared")
-    shutil.rmtree(model)
-    evil.rename(model)  # the folder the index records now carries a tokenizer auto_map
-    _assert_refused(["index", "search", str(index), "a cat"], capsys, marker, ("auto_map",))
-    _assert_refused(["index", "calibrate", str(index)], capsys, marker, ("auto_map",))
-
-
-def test_python_loading_refuses_before_running(clean_model, tiny_bert, tmp_path, monkeypatch):
-    for folder, marker in (tokenizer_route(clean_model, tmp_path, name="py"), dense_route(clean_model, tmp_path,
-                                                                                         monkeypatch),
-                           backbone_route(tiny_bert, tmp_path)):
-        assert untrusted_reason(str(folder)) is not None
-        with pytest.raises(UntrustedCodeError, match="trust_remote_code=True"):
-            load_sentence_model(str(folder))
-        assert not marker.exists()
-        loaded = load_sentence_model(str(folder), trust_remote_code=True)
-        assert marker.exists() and loaded.encode(["a cat"]).shape[0] == 1
-
-
 def test_a_backbone_override_is_checked_too(tiny_bert, tmp_path):
     folder, marker = backbone_route(tiny_bert, tmp_path)
     clean = Path(shutil.copytree(tiny_bert, tmp_path / "clean-backbone"))
@@ -209,12 +170,6 @@ def test_a_backbone_override_is_checked_too(tiny_bert, tmp_path):
 def test_st_prompts_models_load_without_the_global_flag(tiny_bert, tmp_path):
     """A model with st_prompts modules is assembled from its modules, none loaded with trust_remote_code, and encodes
     exactly as sentence-transformers' own loading with the flag does."""
-    import numpy as np
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer
-
     encoder = PromptedTransformer(tiny_bert, prefix_length=3)
     model = SentenceTransformer(modules=[encoder, Pooling(32, "cls")], device="cpu",
                                 prompts={"query": "the "}, default_prompt_name="query", similarity_fn_name="dot")
@@ -230,26 +185,14 @@ def test_st_prompts_models_load_without_the_global_flag(tiny_bert, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- Router routes (#60.8)
 def _router(query_modules, document_modules):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules.router import Router
-
     return SentenceTransformer(modules=[Router.for_query_document(query_modules=query_modules,
                                                                    document_modules=document_modules)], device="cpu")
 
 
 def test_a_prompted_route_loads_without_trust_and_a_bank_route_is_refused_in_one_line(tiny_bert, clean_model, tmp_path,
                                                                                      capsys):
-    """A Router route that is st_prompts' own PromptedTransformer (with its own prefix) loads safely, as with trust;
-    a route to a prompt bank is refused in one line, in memory, saved, trusted or not, through the command line: the
-    Router and the bank would both read task= (the rows reached the wrong set, or every call failed)."""
-    import numpy as np
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from st_prompts import PromptedTransformer, bank
-    from st_prompts.errors import ConfigurationError
-
+    """A PromptedTransformer route loads safely, as with trust; a route to a prompt bank is refused in one line, in
+    memory, saved, trusted or not, through the command line: the Router and the bank would both read task=."""
     plain = SentenceTransformer(str(clean_model), device="cpu")
     torch.manual_seed(0)
     prompted = PromptedTransformer(tiny_bert, prefix_length=3, prefix_init_std=0.5)
@@ -272,12 +215,9 @@ def test_a_prompted_route_loads_without_trust_and_a_bank_route_is_refused_in_one
     route = next((tmp_path / "bank-routed").glob("query_0_*"))
     edit_json(route / "sentence_bert_config.json", lambda config: {**config, "prompt_sets": {}})
     whole = tmp_path / "whole-routed"
-    from sentence_transformers.base.modules.router import Router
-
-    whole_model = SentenceTransformer(modules=[Router({"query": [SentenceTransformer(
-        modules=[PromptedTransformer(tiny_bert, prefix_length=2), Pooling(32, "mean")], device="cpu")],
-        "document": [plain]}, default_route="document")], device="cpu")
-    whole_model.save(str(whole))
+    whole_route = Router({"query": [st_model(PromptedTransformer(tiny_bert, prefix_length=2))], "document": [plain]},
+                         default_route="document")
+    SentenceTransformer(modules=[whole_route], device="cpu").save(str(whole))
     for folder, match in ((tmp_path / "bank-routed", "prompt bank inside a sentence-transformers Router"),
                           (whole, "route that is a whole st_prompts model cannot be loaded")):
         for trust in (False, True):

@@ -1,17 +1,11 @@
-"""An index exported into a vector database (Milvus Lite, embedded) searches like its FAISS folder, in the library,
-from the command line and behind ``st-prompts serve``.
-
-One server for the module (started by the fixture, waited for by the last test): the packaged MiniLM serving the
-FAISS folder and its exported collection side by side (a real model: its scores lie far enough apart that every
-engine orders the hits alike, which a tiny random model's crowded scores do not). References: the FAISS index's own
-search and a brute-force numpy search over the model's embeddings.
-"""
+"""An index exported into a vector database (Milvus Lite, and its gRPC server) searches like its FAISS folder, in the
+library, from the command line and behind ``st-prompts serve`` (MiniLM: its scores lie far enough apart that every
+engine orders the hits alike). References: the FAISS index's search and a brute-force numpy search."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +14,8 @@ import numpy as np
 import pytest
 import requests
 from conftest import FIXTURES, cli_error, cli_out, one_line_message, run_cli, save_plain
+from test_replicas import free_port
+from test_search import brute_force as top_rows
 from test_serving import Server
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError, DataNotFoundError
@@ -34,16 +30,11 @@ QUERIES = (FIXTURES / "search" / "real_queries.txt").read_text(encoding="utf-8")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, minilm_path):
     root = tmp_path_factory.mktemp("vector-db")
-    model_path = minilm_path
-    model = load_sentence_model(model_path, device="cpu")
+    model = load_sentence_model(minilm_path, device="cpu")
     docs, queries = model.encode_document(DOCS), model.encode_query(QUERIES)  # once: every index is built from these
     flat = SemanticIndex.from_embeddings(docs, DOCS, model=model)
     flat.save(root / "flat.index")
     served_db = f"milvus:{root / 'served.db'}#docs"
-    out, err = io.StringIO(), io.StringIO()  # capsys is per test: the module's export prints here
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(["index", "export", root / "flat.index", "--to", served_db, "--no-progress"])
-    assert code == 0, err.getvalue()
     # a Milvus server reached over http://: Milvus Lite's own gRPC server in a process of its own (the protocol of a
     # standalone Milvus; offline, no other server can run here)
     milvus = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(root / "milvus-data"),
@@ -52,11 +43,13 @@ def world(tmp_path_factory, minilm_path):
     listening = milvus.stdout.readline()
     assert "listening on" in listening, listening
     remote = "http://" + listening.split("listening on ")[1].split()[0] + "#docs"
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(["index", "export", root / "flat.index", "--to", remote, "--no-progress"])
-    assert code == 0, err.getvalue()
+    out, err = io.StringIO(), io.StringIO()  # capsys is per test: the module's exports print here
+    for target in (served_db, remote):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run_cli(["index", "export", root / "flat.index", "--to", target, "--no-progress"])
+        assert code == 0, err.getvalue()
     # --pass-overhead-tokens: the start-up measurement of the pass overhead is not what this module tests
-    server = Server("vdb", [str(model_path), "--threads", "1", "--pass-overhead-tokens", "64",
+    server = Server("vdb", [str(minilm_path), "--threads", "1", "--pass-overhead-tokens", "64",
                             "--index", f"folder={root / 'flat.index'}", "--index", f"db={served_db}",
                             "--index", f"remote={remote}"])
     try:
@@ -71,25 +64,41 @@ def world(tmp_path_factory, minilm_path):
         milvus.wait(30)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def brute_force(world, docs_ids, k: int) -> list[list]:
-    """The ``k`` best ids of each query by numpy over the model's normalised embeddings."""
-    docs = world["docs"] / np.linalg.norm(world["docs"], axis=1, keepdims=True)
-    queries = world["queries"] / np.linalg.norm(world["queries"], axis=1, keepdims=True)
-    order = np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
-    return [[docs_ids[i] for i in row] for row in order]
+    """The ``k`` best ids of each query by numpy over the model's embeddings."""
+    return [[docs_ids[i] for i in row] for row in top_rows(world["docs"], world["queries"], k)[0]]
+
+
+@contextlib.contextmanager
+def opened(address, client: bool = False):
+    """:meth:`VectorCollection.open` of ``address`` (``client``: a ``MilvusClient`` of its file or server), closed and
+    released after."""
+    from pymilvus import MilvusClient
+
+    handle = MilvusClient(address.uri) if client else VectorCollection.open(address)
+    try:
+        yield handle
+    finally:
+        handle.close()
+        release(address)
+
+
+def foreign_collection(client, name: str) -> None:
+    """A collection st-prompts did not write: an id and a 2-dimensional vector."""
+    from pymilvus import DataType
+
+    schema = client.create_schema(auto_id=False)
+    schema.add_field("pk", DataType.INT64, is_primary=True)
+    schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
+    params = client.prepare_index_params()
+    params.add_index(field_name="v", index_type="FLAT", metric_type="L2")
+    client.create_collection(name, schema=schema, index_params=params)
 
 
 def test_an_exported_flat_index_searches_exactly_like_the_faiss_folder(world):
     flat, record = world["flat"], world["record"]
     assert record["complete"] and record["documents"] == len(DOCS) and record["search"]["index_type"] == "FLAT"
-    collection = VectorCollection.open(world["exported"])
-    try:
+    with opened(world["exported"]) as collection:
         assert len(collection) == len(DOCS) and collection.dimension == flat.dimension
         assert collection.model_identity.fingerprint == flat.model_identity.fingerprint
         queries = world["queries"]
@@ -99,8 +108,6 @@ def test_an_exported_flat_index_searches_exactly_like_the_faiss_folder(world):
             assert [h.text for h in mine] == [h.text for h in theirs]
             assert np.allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-5)
         assert len(collection.search_embeddings(queries[:1], 10_000)[0]) == len(DOCS)  # k clamped to the size
-    finally:
-        collection.close()
 
 
 def test_an_hnsw_index_with_string_ids_keeps_its_parameters_and_ids(world):
@@ -112,14 +119,11 @@ def test_an_hnsw_index_with_string_ids_keeps_its_parameters_and_ids(world):
     assert record["search"] == {"index_type": "HNSW", "metric_type": "IP", "params": {"ef": 200},
                                 "build": {"M": hnsw.index_params["m"], "efConstruction":
                                           hnsw.index_params["ef_construction"]}}
-    collection = VectorCollection.open(address)
-    try:
+    with opened(address) as collection:
         got = collection.search_embeddings(world["queries"], 10)
-        truth = brute_force(world, ids, 10)
-        assert np.mean([len({h.id for h in row} & set(t)) / 10 for row, t in zip(got, truth)]) >= 0.95
-        assert all(DOCS[int(h.id[4:])] == h.text for row in got for h in row)
-    finally:
-        collection.close()
+    truth = brute_force(world, ids, 10)
+    assert np.mean([len({h.id for h in row} & set(t)) / 10 for row, t in zip(got, truth)]) >= 0.95
+    assert all(DOCS[int(h.id[4:])] == h.text for row in got for h in row)
 
 
 def test_an_existing_collection_is_replaced_only_with_overwrite_and_a_foreign_one_never(world, capsys):
@@ -131,29 +135,18 @@ def test_an_existing_collection_is_replaced_only_with_overwrite_and_a_foreign_on
     code, out, _ = cli_out(["index", "export", root / "flat.index", "--to", target, "--overwrite", "--no-progress"],
                            capsys)
     assert code == 0 and f"Exported {len(DOCS)} documents" in out and "--index NAME=milvus:" in out
-    # a collection st-prompts did not write is never dropped, --overwrite or not
-    from pymilvus import DataType, MilvusClient
-
-    client = MilvusClient(str(root / "cli.db"))
-    schema = client.create_schema(auto_id=False)
-    schema.add_field("pk", DataType.INT64, is_primary=True)
-    schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
-    params = client.prepare_index_params()
-    params.add_index(field_name="v", index_type="FLAT", metric_type="L2")
-    client.create_collection("theirs", schema=schema, index_params=params)
-    client.insert("theirs", [{"pk": 1, "v": [0.0, 1.0]}])
-    client.close()
-    release(parse_address(f"{root / 'cli.db'}#theirs"))
+    theirs = parse_address(f"{root / 'cli.db'}#theirs")
+    with opened(theirs, client=True) as client:  # a collection st-prompts did not write is never dropped
+        foreign_collection(client, "theirs")
+        client.insert("theirs", [{"pk": 1, "v": [0.0, 1.0]}])
     message = cli_error(["index", "export", root / "flat.index", "--to", f"{root / 'cli.db'}#theirs", "--overwrite"],
                         capsys)
     assert "not written by st-prompts" in message
     with pytest.raises(DataFormatError) as error:
-        VectorCollection.open(parse_address(f"{root / 'cli.db'}#theirs"))
+        VectorCollection.open(theirs)
     assert "records no model" in one_line_message(error)
-    client = MilvusClient(str(root / "cli.db"))
-    assert client.has_collection("theirs") and client.has_collection("again")
-    client.close()
-    release(parse_address(f"{root / 'cli.db'}#theirs"))
+    with opened(theirs, client=True) as client:
+        assert client.has_collection("theirs") and client.has_collection("again")
 
 
 @pytest.mark.parametrize("uri, expected", [
@@ -227,15 +220,9 @@ def _insert_failing_after(monkeypatch, batches: int) -> None:
 
 
 def _versions_in(address) -> list[str]:
-    from pymilvus import MilvusClient
-
-    client = MilvusClient(address.uri)
-    try:
+    with opened(address, client=True) as client:
         return sorted(c for c in client.list_collections() if c.startswith(address.collection + "__st_v")
                       and not c.endswith("__st_prompts"))
-    finally:
-        client.close()
-        release(address)
 
 
 def test_an_export_that_broke_off_leaves_the_collection_as_it_was(world, monkeypatch, capsys):
@@ -252,12 +239,10 @@ def test_an_export_that_broke_off_leaves_the_collection_as_it_was(world, monkeyp
     # nothing was finished, so nothing is overwritten: no --overwrite needed; the broken version is dropped
     assert cli_out(["index", "export", world["root"] / "flat.index", "--to", str(address), "--no-progress"],
                    capsys)[0] == 0
-    first = VectorCollection.open(address)
     query = world["queries"][:1]
     expected = [h.id for h in world["flat"].search_embeddings(query, 3)[0]]
-    assert len(first) == len(DOCS) and [h.id for h in first.search_embeddings(query, 3)[0]] == expected
-    first.close()
-    release(address)
+    with opened(address) as first:
+        assert len(first) == len(DOCS) and [h.id for h in first.search_embeddings(query, 3)[0]] == expected
     assert len(_versions_in(address)) == 1
     # an --overwrite that breaks off: the collection still reads the whole first export
     smaller = SemanticIndex.from_embeddings(world["docs"][:50], DOCS[:50], model=world["model"])
@@ -265,45 +250,27 @@ def test_an_export_that_broke_off_leaves_the_collection_as_it_was(world, monkeyp
     with pytest.raises(ConfigurationError):
         export_index(smaller, address, rows=20, overwrite=True)
     monkeypatch.undo()
-    kept = VectorCollection.open(address)
-    assert len(kept) == len(DOCS) and [h.id for h in kept.search_embeddings(query, 3)[0]] == expected
-    kept.close()
-    release(address)
+    with opened(address) as kept:
+        assert len(kept) == len(DOCS) and [h.id for h in kept.search_embeddings(query, 3)[0]] == expected
     # a whole --overwrite moves the name; the version before stays for readers that opened it, older ones go
     export_index(smaller, address, rows=20, overwrite=True)
     export_index(smaller, address, rows=20, overwrite=True)
-    now = VectorCollection.open(address)
-    assert len(now) == 50 and now.collection == _versions_in(address)[-1]
-    now.close()
-    release(address)
+    with opened(address) as now:
+        assert len(now) == 50 and now.collection == _versions_in(address)[-1]
     assert len(_versions_in(address)) == 2  # the current one and the one before; the broken one and the first gone
 
 
 def test_collections_that_look_like_versions_but_are_not_st_prompts_are_never_dropped(world):
-    from pymilvus import DataType, MilvusClient
-
     address = parse_address(f"{world['root'] / 'lookalike.db'}#docs")
-    client = MilvusClient(address.uri)
-    for name in ("docs__st_v20200101000000_deadbeef", "docs__st_v20200101000001_deadbeef",
-                 "docs__st_v20200101000001_deadbeef__st_prompts"):  # the last: a "record" of another shape
-        schema = client.create_schema(auto_id=False)
-        schema.add_field("pk", DataType.INT64, is_primary=True)
-        schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
-        params = client.prepare_index_params()
-        params.add_index(field_name="v", index_type="FLAT", metric_type="L2")
-        client.create_collection(name, schema=schema, index_params=params)
-    client.close()
-    release(address)
+    theirs = {"docs__st_v20200101000000_deadbeef", "docs__st_v20200101000001_deadbeef",
+              "docs__st_v20200101000001_deadbeef__st_prompts"}  # the last: a "record" of another shape
+    with opened(address, client=True) as client:
+        for name in theirs:
+            foreign_collection(client, name)
     for _ in range(3):  # every export drops the versions before the one before it: never these
         export_index(world["flat"], address, rows=50, overwrite=True)
-    client = MilvusClient(address.uri)
-    try:
-        names = set(client.list_collections())
-    finally:
-        client.close()
-        release(address)
-    assert {"docs__st_v20200101000000_deadbeef", "docs__st_v20200101000001_deadbeef",
-            "docs__st_v20200101000001_deadbeef__st_prompts"} <= names
+    with opened(address, client=True) as client:
+        assert theirs <= set(client.list_collections())
     assert len(_versions_in(address)) == 2 + 2  # theirs, and the current version with the one before
 
 
@@ -315,9 +282,8 @@ def test_on_a_server_an_unfinished_export_is_kept_for_the_writer_that_may_still_
         export_index(world["flat"], address, rows=50, overwrite=True)
     monkeypatch.undo()
     export_index(world["flat"], address, rows=50, overwrite=True)  # on a server another export may be filling it
-    collection = VectorCollection.open(address)
-    assert len(collection) == len(DOCS)
-    collection.close()
+    with opened(address) as collection:
+        assert len(collection) == len(DOCS)
     assert len(_versions_in(address)) == 3  # the one before (for its readers), the unfinished one, the current
 
 
