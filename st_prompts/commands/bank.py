@@ -175,15 +175,6 @@ def _summary(model, path: str) -> dict:
             "query": encoder.query_task, "document": encoder.document_task}
 
 
-def _check_names(*names: str | None) -> None:
-    """Refuse a set name outside the one grammar before anything loads (the library checks it again)."""
-    from st_prompts.prompts.names import check_set_name
-
-    for name in names:
-        if name is not None:
-            check_set_name(name)
-
-
 def _changed_bank_destination(args) -> str:
     """Where a changed bank is written: ``--output``, else ``BANK`` itself, which must be a bank st-prompts saved
     (checked before anything loads; the refusal says how to go on)."""
@@ -239,8 +230,9 @@ def run_create(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     from st_prompts.bank import add_prompt_set
+    from st_prompts.prompts.names import check_set_name
 
-    _check_names(args.name)
+    check_set_name(args.name)  # before anything loads (the library checks it again)
     return _modify(args, lambda model: add_prompt_set(model, args.name, args.source))
 
 
@@ -317,9 +309,10 @@ def run_train(args: argparse.Namespace) -> int:
     from st_prompts.data.task_data import KINDS, LOSS_KINDS, read_task_file
     from st_prompts.methods.models import backbone_kwargs
     from st_prompts.modules.set_checks import check_finite_training
+    from st_prompts.prompts.names import check_set_name
     from st_prompts.storage import check_model_destination
 
-    _check_names(args.name)
+    check_set_name(args.name)  # before anything loads (the library checks it again)
     data = read_task_file(args.data, limit=args.limit)
     loss_name = args.loss or KINDS[data.kind]
     if data.kind not in LOSS_KINDS[loss_name]:

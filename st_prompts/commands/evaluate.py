@@ -81,10 +81,14 @@ def _sts_info(evaluator) -> dict[str, Any]:
     }
 
 
-def _pairs_evaluator(args: argparse.Namespace, group: str, evaluator_class, **kwargs) -> BaseEvaluator:
-    """An evaluator over the pairs of ``--pairs-task``/``--pairs-split`` (it records the task and split it read)."""
+def _pairs_evaluator(args: argparse.Namespace, group: str, **kwargs) -> BaseEvaluator:
+    """The ``group`` evaluator over the pairs of ``--pairs-task``/``--pairs-split`` (it records the task and split)."""
+    from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
+    from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
+
     if args.senteval_dir is None:
         raise ConfigurationError(f"--senteval-dir is required for the {group} metrics")
+    evaluator_class = {"retrieval": STSRetrievalEvaluator, "alignment": AlignmentUniformityEvaluator}[group]
     return evaluator_class.from_senteval(
         args.senteval_dir, task=args.pairs_task, split=args.pairs_split, name=group,
         batch_size=args.batch_size, write_csv=False, **kwargs,
@@ -98,12 +102,6 @@ def _pairs_data(evaluator) -> str:
     return f"{task} {evaluator.split}"
 
 
-def _build_retrieval(args: argparse.Namespace) -> BaseEvaluator:
-    from st_prompts.evaluation.retrieval import STSRetrievalEvaluator
-
-    return _pairs_evaluator(args, "retrieval", STSRetrievalEvaluator, recall_at_k=(1, 3, 5))
-
-
 def _retrieval_info(evaluator) -> dict[str, Any]:
     return {
         "task": evaluator.task, "split": evaluator.split, "queries": evaluator.num_queries,
@@ -113,12 +111,6 @@ def _retrieval_info(evaluator) -> dict[str, Any]:
         "values": "recall@k and MRR@10, as fractions (0 to 1)",
         "table": "recall@k and MRR@10 x 100",
     }
-
-
-def _build_alignment(args: argparse.Namespace) -> BaseEvaluator:
-    from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
-
-    return _pairs_evaluator(args, "alignment", AlignmentUniformityEvaluator)
 
 
 def _alignment_info(evaluator) -> dict[str, Any]:
@@ -140,13 +132,13 @@ METRIC_GROUPS: dict[str, MetricGroup] = {
         caption=lambda e: "STS: Spearman correlation x 100 of cosine similarity, test sets (SentEval/SimCSE protocol)",
     ),
     "retrieval": MetricGroup(
-        build=_build_retrieval, info=_retrieval_info,
+        build=lambda args: _pairs_evaluator(args, "retrieval", recall_at_k=(1, 3, 5)), info=_retrieval_info,
         rows=lambda e: [("Recall@1", "retrieval_recall@1"), ("Recall@3", "retrieval_recall@3"),
                         ("Recall@5", "retrieval_recall@5"), ("MRR@10", "retrieval_mrr@10")],
         caption=lambda e: f"Retrieval (D2CSE protocol) on {_pairs_data(e)}: recall@k and MRR@10 x 100",
     ),
     "alignment": MetricGroup(
-        build=_build_alignment, info=_alignment_info,
+        build=lambda args: _pairs_evaluator(args, "alignment"), info=_alignment_info,
         rows=lambda e: [("Alignment", "alignment_alignment", 1.0), ("Uniformity", "alignment_uniformity", 1.0)],
         caption=lambda e: f"Alignment / uniformity on {_pairs_data(e)}: raw values, lower is better",
     ),

@@ -228,12 +228,8 @@ def _warnings_as_messages() -> Iterator[None]:
         try:
             yield
         finally:
-            seen = set()
-            for warning in caught:
-                message = str(warning.message)
-                if issubclass(warning.category, UserWarning) and message not in seen:
-                    seen.add(message)
-                    print(f"st-prompts index: warning: {clip(message, 600)}", file=sys.stderr)
+            for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
+                print(f"st-prompts index: warning: {clip(message, 600)}", file=sys.stderr)
 
 
 def _params_text(params: dict[str, Any]) -> str:
@@ -246,11 +242,9 @@ def _recorded_model_name(name: str) -> str:
     """The name to store in the index: aliases and hub ids as given, local paths made absolute."""
     from st_prompts.utils import PACKAGED_MINILM_ALIASES
 
-    if name in PACKAGED_MINILM_ALIASES and not os.path.exists(name):
-        return "minilm"
     if os.path.exists(name):
         return os.path.abspath(name)
-    return name
+    return "minilm" if name in PACKAGED_MINILM_ALIASES else name
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -338,6 +332,7 @@ def _build_options(args: argparse.Namespace) -> tuple[dict[str, Any], float | st
         target = 0.95
     queries = _read_queries(args.calibration_queries) if args.calibration_queries is not None else None
     return params, target, queries
+
 
 def _read_queries(path: Path) -> list[str]:
     """Non-blank lines of a query file."""

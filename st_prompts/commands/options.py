@@ -6,13 +6,6 @@ import argparse
 import re
 import sys
 
-from st_prompts.commands._numbers import parse_float
-
-
-#: The ``type`` of an option taking any finite float (a setting whose range its settings class checks); ranged options
-#: use :mod:`st_prompts.commands._numbers`.
-finite_float = parse_float
-
 
 def add_trust_remote_code_argument(parser: argparse.ArgumentParser) -> None:
     """``--trust-remote-code`` (``args.trust_remote_code``: ``True`` when given, else ``None``, i.e. decided by

@@ -97,12 +97,6 @@ def _default_labels(models: list[str]) -> list[str]:
     return short if len(set(short)) == len(short) else list(models)
 
 
-def _load_pairs(args: argparse.Namespace):
-    from st_prompts.data.senteval import load_sts
-
-    return load_sts(args.senteval_dir, args.task, args.split)
-
-
 def _dataset_label(args: argparse.Namespace) -> str:
     from st_prompts.data.senteval import TASK_LABELS
 
@@ -122,10 +116,11 @@ def _load_models(args: argparse.Namespace, labels: list[str]) -> Iterator[tuple[
 
 def run_similarity(args: argparse.Namespace) -> int:
     """Run ``st-prompts plot similarity``."""
+    from st_prompts.data.senteval import load_sts
     from st_prompts.plots import plot_similarity_by_score
 
     labels = _check_args(args)
-    pairs = _load_pairs(args)
+    pairs = load_sts(args.senteval_dir, args.task, args.split)
     models = dict(_load_models(args, labels))
     path = plot_similarity_by_score(models, pairs, args.out, dataset_label=_dataset_label(args), title=args.title,
                                     batch_size=args.batch_size, show_progress_bar=show_progress(args))
@@ -135,11 +130,12 @@ def run_similarity(args: argparse.Namespace) -> int:
 
 def run_align_uniform(args: argparse.Namespace) -> int:
     """Run ``st-prompts plot align-uniform``."""
+    from st_prompts.data.senteval import load_sts
     from st_prompts.evaluation.alignment import AlignmentUniformityEvaluator
     from st_prompts.plots import plot_alignment_uniformity
 
     labels = _check_args(args)
-    pairs = _load_pairs(args)
+    pairs = load_sts(args.senteval_dir, args.task, args.split)
     evaluator = AlignmentUniformityEvaluator(pairs.sentences1, pairs.sentences2, pairs.scores,
                                              positive_threshold=args.positive_threshold, batch_size=args.batch_size,
                                              show_progress_bar=show_progress(args), write_csv=False)

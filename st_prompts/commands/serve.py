@@ -112,16 +112,15 @@ def _device_list(text: str) -> tuple[str, ...]:
 
 
 def _indexes(values: list[str]) -> list[tuple[str, str]]:
-    out, seen = [], set()
+    out: dict[str, str] = {}
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name or not path or "/" in name:
             raise ConfigurationError(f"--index takes NAME=PATH (a name without '/'), got {value!r}")
-        if name in seen:
+        if name in out:
             raise ConfigurationError(f"--index {name!r} is given twice")
-        seen.add(name)
-        out.append((name, path))
-    return out
+        out[name] = path
+    return list(out.items())
 
 
 def admin_token(path: str | None) -> str | None:

@@ -10,11 +10,11 @@ from typing import Any
 
 from st_prompts import methods
 from st_prompts.commands import _numbers as n
-from st_prompts.commands.options import finite_float, show_progress
+from st_prompts.commands.options import show_progress
 from st_prompts.methods.base import SCALES, cli_fields
 from st_prompts.prompts.spec import MAX_PREFIX_HIDDEN_SIZE, MAX_PREFIX_LENGTH
 
-_TYPES = {"int": int, "float": finite_float, "str": str, "bool": bool}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 _MAX_TOKENS = 1 << 20  # token lengths: refused against the backbone before training; this bounds the parse
 _RATE = n.positive_float(10.0)
 _WEIGHT = n.finite_float(0.0, 1e6)
@@ -46,10 +46,9 @@ def _field_type(f: dataclasses.Field):
     kind = next((_TYPES[part] for part in str(annotation).replace(" ", "").split("|") if part in _TYPES), None)
     if kind is None:
         kind = type(f.default) if f.default is not None else str
-        kind = finite_float if kind is float else kind
     if kind is int:
         return FIELD_RANGES.get(f.name, n.non_negative_int())
-    if kind is finite_float:
+    if kind is float:
         return FIELD_RANGES.get(f.name, n.finite_float())
     return kind
 

@@ -114,10 +114,9 @@ def load_training_dataset(supervised: bool, data_dir: str | Path | None = None, 
                           seed: int = 42) -> Dataset:
     """The SimCSE-format training set for a run: ``train/wiki_sentences.txt`` or ``train/nli_triplets.csv`` below
     ``data_dir``, or without one SimCSE's full files from the hub."""
-    path = nli_path(data_dir) if supervised else sentences_path(data_dir)
     if supervised:
-        return supervised_dataset(read_nli_triplets(path, limit, seed))
-    return unsupervised_dataset(read_sentences(path, limit, seed))
+        return supervised_dataset(read_nli_triplets(nli_path(data_dir), limit, seed))
+    return unsupervised_dataset(read_sentences(sentences_path(data_dir), limit, seed))
 
 
 #: Binary NLI labels of DiffAug's classifier: entailment = 1, contradiction = 0 (neutral and other labels are skipped).

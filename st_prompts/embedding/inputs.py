@@ -15,7 +15,6 @@ from typing import Any
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, shorten
 from st_prompts.search.embedding_files import open_parquet
-from st_prompts.search.encoding import positive_int
 
 #: Input kinds by file suffix; any other file is a text file with one document a line.
 SUFFIX_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -89,7 +88,6 @@ def rows_digest(ids: Sequence[int | str], texts: Sequence[str], tasks: Sequence[
 
 def read_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
     """The input's parts in order, ``part_rows`` input rows each (the last one shorter): one part in memory."""
-    part_rows = positive_int(part_rows, "part_rows")
     if source.kind == "parquet":
         yield from _parquet_parts(source, part_rows)
     else:
@@ -209,8 +207,6 @@ def _parquet_parts(source: InputSource, part_rows: int) -> Iterator[InputPart]:
 
 def _read_rows(reader: Any, source: InputSource, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of a Parquet file, reading only the row groups that hold them."""
-    import pyarrow as pa
-
     groups, first, position = [], None, 0
     for group in range(reader.metadata.num_row_groups):
         rows = reader.metadata.row_group(group).num_rows
@@ -220,8 +216,7 @@ def _read_rows(reader: Any, source: InputSource, start: int, stop: int) -> Any:
         position += rows
     if not groups:
         return None
-    table = reader.read_row_groups(groups, columns=source.columns())
-    return pa.Table.from_batches(table.to_batches()).slice(start - first, stop - start)
+    return reader.read_row_groups(groups, columns=source.columns()).slice(start - first, stop - start)
 
 
 def _table_part(source: InputSource, number: int, first_row: int, table: Any) -> InputPart:

@@ -183,8 +183,6 @@ def encode_parts_on_ray(spec: ModelSpec, source: InputSource, todo: Sequence[tup
     The driver loads no model: ``accept(record)`` is called once for each distinct model identity the actors send
     (recorded under ``name``), before any part that model encoded is yielded; it raises to refuse it. ``timing``
     receives ``ray_start``: the seconds spent starting or joining Ray."""
-    if not todo:
-        return
     ray = import_ray()
     clock = time.perf_counter()
     started_here = _connect(ray, options.address)

@@ -300,7 +300,6 @@ class _PartWriter:
                  result: EmbedResult) -> None:
         self.output, self.existing, self.base, self.keep_texts, self.result = output, existing, base, keep_texts, result
         self.last = -1
-        self.written: set[int] = set()
 
     def skip(self, part: InputPart) -> bool:
         """Whether ``part`` is finished already: its file's record names these settings, this model and these rows."""
@@ -321,7 +320,6 @@ class _PartWriter:
                   "blank": part.blank, "rows_sha256": part.digest, "encoded_by": node}
         write_part(self.output / part_name(part.number), part.ids, part.texts if self.keep_texts else None, vectors,
                    record)
-        self.written.add(part.number)
         self.result.parts_written += 1
         self.result.rows += len(part.ids)
         self.result.rows_encoded += len(part.ids)

@@ -89,7 +89,6 @@ class STSRetrievalEvaluator(PairsEvaluator):
             raise DataFormatError(f"{self._where()}no retrieval query: no sentence pair has gold score "
                                   f"{self.relevant_score:g} ({setup.num_relevant_pairs} such pairs, "
                                   f"{setup.num_identical_dropped} dropped because both sentences are identical)")
-        self.setup = setup
         self.num_queries = len(setup.queries)
         self.pool_size = len(setup.pool)
         self.num_identical_dropped = setup.num_identical_dropped
@@ -117,9 +116,6 @@ class STSRetrievalEvaluator(PairsEvaluator):
 
     def _cosine_without_query(self, query_embeddings: torch.Tensor, pool_embeddings: torch.Tensor) -> torch.Tensor:
         scores = cos_sim(query_embeddings, pool_embeddings)
-        if scores.shape != self._mask.shape:  # pragma: no cover - guards against a change in the chunking
-            raise RuntimeError(f"expected a {tuple(self._mask.shape)} (queries x pool) score matrix, got "
-                               f"{tuple(scores.shape)}")
         return scores.masked_fill(self._mask.to(scores.device), -math.inf)
 
     def compute(self, model: SentenceTransformer) -> dict[str, float]:

@@ -109,10 +109,6 @@ class MultiPositiveInfoNCELoss(nn.Module):
         self.mlp = simcse_mlp(model) if mlp else None
         self.rows = self.missing_rows = 0
 
-    @property
-    def total_weight(self) -> float:
-        return sum(t.weight for t in self.terms)
-
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]],
                 labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
         sentence_features = list(sentence_features)
@@ -143,7 +139,8 @@ class MultiPositiveInfoNCELoss(nn.Module):
         available = torch.stack([self._available(t, present) for t in self.terms])  # (terms, batch)
         weights = torch.tensor([t.weight for t in self.terms], device=device, dtype=anchor.dtype)
         kept = (weights[:, None] * available).sum(0)
-        factor = torch.where(kept > 0, self.total_weight / kept.clamp_min(1e-12), torch.zeros_like(kept))
+        total = sum(t.weight for t in self.terms)
+        factor = torch.where(kept > 0, total / kept.clamp_min(1e-12), torch.zeros_like(kept))
         parts = {}
         for index, term in enumerate(self.terms):
             row_weight = weights[index] * available[index] * factor

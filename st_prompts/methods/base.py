@@ -268,14 +268,8 @@ class Method:
     summary = property(lambda self: self.config.summary)
     settings_class = property(lambda self: self.config.settings_class)
     prompts_only = property(lambda self: self.config.prompts_only)
-
-    def side_outputs(self, settings: TrainSettings) -> tuple[tuple[str, str], ...]:
-        return self.config.side_outputs(settings)
-
-    def settings(self, supervised: bool = False, scale: str = "paper", backbone: str | None = None,
-                 **overrides: Any) -> TrainSettings:
-        """See :meth:`MethodConfig.settings`."""
-        return self.config.settings(supervised=supervised, scale=scale, backbone=backbone, **overrides)
+    side_outputs = property(lambda self: self.config.side_outputs)
+    settings = property(lambda self: self.config.settings)  # MethodConfig.settings, bound to the config
 
 
 def cli_fields(settings_class: type[TrainSettings]) -> list[dataclasses.Field]:

@@ -24,12 +24,9 @@ logger = logging.getLogger(__name__)
 #: Model types tested with deep prompts; others whose attention takes them are accepted with a warning.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "distilbert", "albert",
                          "modernbert", "llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+_SUPPORTED = f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
 #: How the prefix gets into the backbone (the removed ``"cache"`` loads as ``"attention"``, with the same outputs).
 INJECTIONS = ("attention",)
-
-
-def _supported() -> str:
-    return f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
         model.set_attn_implementation(BACKENDS[backend])
     except (ValueError, KeyError) as exc:
         raise UnsupportedArchitectureError(f"The {model_type} backbone cannot switch its attention function "
-                                           f"({first_line(exc)}). {_supported()}") from exc
+                                           f"({first_line(exc)}). {_SUPPORTED}") from exc
     for module in model.modules():
         if hasattr(module, LAYER_ATTRIBUTE):
             delattr(module, LAYER_ATTRIBUTE)
@@ -129,19 +126,19 @@ def inspect_backbone(model: torch.nn.Module) -> BackbonePlan:
             plain = _probe(model, recorder)
     except TypeError as exc:  # a forward without **kwargs
         raise UnsupportedArchitectureError(f"The {model_type} backbone takes no extra arguments to its attention "
-                                           f"({first_line(exc)}). {_supported()}") from exc
+                                           f"({first_line(exc)}). {_SUPPORTED}") from exc
     if not recorder.calls:
         raise UnsupportedArchitectureError(f"The {model_type} backbone computes attention itself, not through "
                                            f"transformers' attention interface: deep prompts cannot reach it. "
-                                           f"{_supported()}")
+                                           f"{_SUPPORTED}")
     if len(calls) != len(recorder.calls):
         raise UnsupportedArchitectureError(f"The {model_type} backbone does not pass its arguments down to every "
                                            f"attention layer ({len(recorder.calls)} of {len(calls)} calls): deep "
-                                           f"prompts cannot reach them all. {_supported()}")
+                                           f"prompts cannot reach them all. {_SUPPORTED}")
     shapes = {(heads, size) for _, heads, size, _ in recorder.calls}
     if len(shapes) != 1:
         raise UnsupportedArchitectureError(f"The {model_type} backbone's layers differ in heads or head size "
-                                           f"({sorted(shapes)}): one prefix shape cannot fit them. {_supported()}")
+                                           f"({sorted(shapes)}): one prefix shape cannot fit them. {_SUPPORTED}")
     (kv_heads, head_dim), = shapes
     applications: dict[torch.nn.Module, list[int]] = {}
     for index, (module, *_rest) in enumerate(recorder.calls):
@@ -171,7 +168,7 @@ def _check_prefix_takes_effect(model, plan: BackbonePlan, plain: torch.Tensor, m
     prompted = _probe(model, PrefixInjection(PrefixDraw(prefix, 1), None))
     if torch.allclose(plain.float(), prompted.float()):
         raise UnsupportedArchitectureError(f"The {model_type} backbone ignores the deep prompts (its output does not "
-                                           f"change). {_supported()}")
+                                           f"change). {_SUPPORTED}")
 
 
 def check_injection(injection: str) -> str:
@@ -205,8 +202,6 @@ def check_checkpointing(encoder) -> None:
     # transformers 5.23 renamed the property (the old name warns); earlier 5.x releases only know the old one
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else (
         "is_gradient_checkpointing")
-    if not (encoder.training and getattr(model, name, False)):
-        return
-    if encoder.backbone_plan.shared:
+    if encoder.training and getattr(model, name, False) and encoder.backbone_plan.shared:
         raise ConfigurationError("Gradient checkpointing cannot recompute a shared layer (ALBERT) with its own "
                                  "prefix: train this backbone without it.")

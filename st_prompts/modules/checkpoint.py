@@ -72,11 +72,6 @@ def load_backbone(name_or_path: str, **kwargs) -> torch.nn.Module:
         return AutoModel.from_pretrained(location, **{**safe, **kwargs})
 
 
-def is_local_reference(reference: str) -> bool:
-    """Whether a backbone reference is a local path (it loads only where that path exists)."""
-    return os.path.isabs(reference)
-
-
 def resolve_quietly(name_or_path: str) -> str:
     """Resolve a packaged-model alias if its package is there, else keep the name (no hub access)."""
     try:

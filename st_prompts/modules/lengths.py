@@ -83,10 +83,10 @@ def encode_limit(model: Any) -> int | None:
     (:func:`position_capacity`), never less than the model's own ``max_seq_length``; ``None`` when unknown."""
     module = _input_module(model)
     capacity = position_capacity(module)
+    if capacity is not None:
+        return capacity
     current = getattr(module, "max_seq_length", None)
-    if capacity is None:
-        return current if isinstance(current, int) and current < _NO_LIMIT else None
-    return max(capacity, current) if isinstance(current, int) and current < capacity else capacity
+    return current if isinstance(current, int) and current < _NO_LIMIT else None
 
 
 @contextmanager

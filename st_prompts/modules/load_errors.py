@@ -6,18 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from st_prompts.errors import DataFormatError, StPromptsError, printable
+from st_prompts.errors import DataFormatError, StPromptsError, first_line
 
 _CAUSE_CHARS = 300
 
 
 def describe(exc: BaseException) -> str:
     """``Type: first line of the message`` (printable, cut to a few hundred characters)."""
-    lines = str(exc).strip().splitlines()
-    first = printable(lines[0] if lines else "")
-    if len(first) > _CAUSE_CHARS:
-        first = first[:_CAUSE_CHARS] + "..."
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    first = first_line(exc, _CAUSE_CHARS)  # the type's name for an empty message
+    return f"{type(exc).__name__}: {first}" if str(exc).strip() else first
 
 
 @contextmanager

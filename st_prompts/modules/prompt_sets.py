@@ -142,10 +142,8 @@ class PromptSets(torch.nn.Module):
         """Name -> prefix of every named set."""
         return {name: encoder for name, encoder in self.prefixes.items() if name != OWN}
 
-    def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec, internal: bool = False) -> PrefixEncoder:
-        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (``internal``: a server's ``name@N``)."""
-        if name != OWN:
-            self.check_new_name(name, internal)
+    def add(self, name: str, encoder: PrefixEncoder, spec: PromptSetSpec) -> PrefixEncoder:
+        """Hold ``encoder`` (built for ``spec``) as the set ``name`` (checked by the caller: :meth:`check_new_name`)."""
         self.prefixes[name] = encoder
         self.specs[name] = spec
         self._stack_cache = None
@@ -165,10 +163,6 @@ class PromptSets(torch.nn.Module):
             if getattr(self, role) == name:
                 setattr(self, role, None)
         self._stack_cache = None
-
-    def spec(self, name: str) -> PromptSetSpec:
-        """The spec of the set ``name``."""
-        return self.specs[self._check_named(name)]
 
     def record(self, name: str, **record: Any) -> None:
         """Record what the set ``name`` was trained on and how it scored (see :data:`RECORD_FIELDS`)."""

@@ -19,8 +19,8 @@ from st_prompts.hub import check_hub_model
 from st_prompts.modules import set_checks
 from st_prompts.modules.backbones import backbone_dropout, check_checkpointing, check_injection, inspect_backbone
 from st_prompts.modules.checkpoint import (PROMPTS_FILE, backbone_fingerprint, backbone_identity, check_backbone_at,
-                                           check_fingerprint, dequantized_gguf, is_local_reference,
-                                           portable_backbone_reference, read_prompts, resolve_quietly, write_prompts)
+                                           check_fingerprint, dequantized_gguf, portable_backbone_reference,
+                                           read_prompts, resolve_quietly, write_prompts)
 from st_prompts.modules.checks import check_room_for_text, cls_token_id, validate_prompt_options
 from st_prompts.modules.lengths import shipped_max_seq_length
 from st_prompts.modules.model_card import PromptsModelCardData
@@ -269,7 +269,7 @@ class PromptedTransformer(Transformer):
             self._check_room(encoder.position_length)
         # on the backbone's device and dtype (half precision: precision.apply_dtype)
         weights = next(self.auto_model.parameters())
-        return self.sets.add(name, encoder.to(device=weights.device, dtype=weights.dtype), spec, internal)
+        return self.sets.add(name, encoder.to(device=weights.device, dtype=weights.dtype), spec)
 
     def add_prompt_set(self, name: str, source: str | os.PathLike | PromptSetData | Any, *,
                        internal: bool = False) -> PrefixEncoder:
@@ -313,8 +313,7 @@ class PromptedTransformer(Transformer):
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise ConfigurationError(f"The prompt set in {label} holds NaN or infinite values ({key!r}).")
         encoder = self.new_prompt_set(name, spec=spec, internal=internal)
-        with torch.no_grad():
-            encoder.load_state_dict({k: v.to(next(encoder.parameters()).device) for k, v in state.items()})
+        encoder.load_state_dict(state)  # copied onto the set's device and dtype
         return encoder
 
     def remove_prompt_set(self, name: str) -> None:
@@ -325,10 +324,6 @@ class PromptedTransformer(Transformer):
         """Record what the set ``name`` was trained on and how it scored (saved with the bank, shown in its card;
         fields: :data:`~st_prompts.modules.prompt_sets.RECORD_FIELDS`). Replaces an earlier record."""
         self.sets.record(name, **record)
-
-    def prompt_set_spec(self, name: str) -> PromptSetSpec:
-        """The :class:`~st_prompts.prompts.spec.PromptSetSpec` of the set ``name``."""
-        return self.sets.spec(name)
 
     def own_prefix_spec(self) -> PromptSetSpec:
         """The spec of this module's own prefix (as a set of a bank carries it)."""
@@ -422,8 +417,7 @@ class PromptedTransformer(Transformer):
         if not self.backbone_plan.absolute_positions:
             return (torch.cumsum(attention_mask.long(), dim=1) - 1).clamp(min=0)
         if prefix_lengths is None:
-            own = getattr(self, "prefix_encoder", None)
-            prefix_lengths = own.position_length if own is not None else 0
+            prefix_lengths = self.prefix_encoder.position_length if self.prefix_encoder is not None else 0
         if isinstance(prefix_lengths, torch.Tensor):
             prefix_lengths = prefix_lengths.to(attention_mask.device).view(-1, 1)
         if self._position_offset:  # RoBERTa family
@@ -642,18 +636,18 @@ class PromptedTransformer(Transformer):
         """One prefix for every row: its keys/values, the positions each row attends, and masked-out padding keys
         at inference, carried by the attention interface."""
         values = self._prefix_draw(features, encoder, features["attention_mask"].shape[0])
+        if isinstance(values, torch.Tensor):
+            values = PrefixDraw(values, values.shape[1], gate=encoder.gate_values())
         check_checkpointing(self)
         prefix_mask, given_mask = self._prefix_mask(features, encoder.prefix_length)
         # At inference, pad the keys to a multiple of 16 (see key_padding: the CPU kernel is up to twice as fast);
         # not in training, where attention runs through matrix products and extra keys would only cost.
         padding = 0
-        if not self.training and not encoder.gated and (isinstance(values, torch.Tensor) or values.keep is None):
+        if not self.training and not encoder.gated and values.keep is None:
             padding = key_padding(encoder.prefix_length, features["input_ids"].shape[1])
         if padding:
             values = pad_prefix(values, padding)
             prefix_mask = torch.cat([prefix_mask, prefix_mask.new_zeros(prefix_mask.shape[0], padding)], dim=1)
-        if isinstance(values, torch.Tensor):
-            values = PrefixDraw(values, values.shape[1], gate=encoder.gate_values())
         model_inputs[PREFIX_KWARG] = PrefixInjection(values, prefix_mask if given_mask or padding else None)
 
     @staticmethod
@@ -750,7 +744,7 @@ class PromptedTransformer(Transformer):
         try:
             if self._prompts_only_save:
                 reference = self.backbone_reference
-                if is_local_reference(reference):
+                if os.path.isabs(reference):  # a local path: it loads only where that path exists
                     logger.warning(f"The prompts-only checkpoint {output_path!r} refers to its backbone by the local "
                                    f"path {reference!r}: it loads only where that path exists, or with "
                                    "model_kwargs={'backbone_name_or_path': ...} pointing at a copy with the same "

@@ -188,8 +188,7 @@ class PrefixInjection:
         if prefix.shape[1] != states.shape[1] or prefix.shape[-1] != states.shape[-1]:
             raise ConfigurationError(f"The prefix has {prefix.shape[1]} heads of size {prefix.shape[-1]} but the layer "
                                      f"has {states.shape[1]} of size {states.shape[-1]}.")
-        if prefix.dtype != states.dtype:
-            prefix = prefix.to(states.dtype)
+        prefix = prefix.to(states.dtype)
         if self.rows is not None:  # each row its own prompt set
             prefix = prefix.index_select(0, self.rows)
         keep = self.keep[index] if self.keep is not None else None

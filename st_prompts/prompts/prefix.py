@@ -200,15 +200,11 @@ def key_padding(prefix_length: int, token_length: int, multiple: int = KEY_LENGT
     return -(prefix_length + token_length) % multiple
 
 
-def pad_prefix(values: PrefixDraw | torch.Tensor, positions: int) -> PrefixDraw:
+def pad_prefix(values: PrefixDraw, positions: int) -> PrefixDraw:
     """``values`` (without a per-example dropout mask) with ``positions`` zero positions appended to the prefix of
     every layer (mask them out of attention; see :func:`key_padding`)."""
-    if isinstance(values, torch.Tensor):
-        values = PrefixDraw(values, values.shape[1])
     if values.keep is not None:
         raise ConfigurationError("a prefix with a dropout mask per example cannot be padded.")
-    if positions == 0:
-        return values
     prefix = torch.nn.functional.pad(values.prefix, (0, 0, 0, positions))  # (2L, 1 or batch, heads, l + pad, hd)
     return PrefixDraw(prefix, values.batch_size, gate=values.gate, gated=values.gated)
 

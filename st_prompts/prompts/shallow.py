@@ -14,13 +14,7 @@ from torch import nn
 
 from st_prompts.errors import ConfigurationError
 from st_prompts.prompts.features import POSITION_IDS, PREFIX_ATTENTION_MASK, SOFT_PROMPT_POSITIONS
-from st_prompts.prompts.templates import (  # noqa: F401  (re-exported)
-    MASK_SLOT,
-    PROMPTBERT_TEMPLATE,
-    SCPCSE_TEMPLATE,
-    SENTENCE_SLOT,
-    TEMPLATE_MODES,
-)
+from st_prompts.prompts.templates import MASK_SLOT, PROMPTBERT_TEMPLATE, SCPCSE_TEMPLATE, SENTENCE_SLOT  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -80,9 +74,7 @@ class ShallowPrompt(nn.Module):
     @classmethod
     def from_token_ids(cls, token_ids: list[int], embedding_matrix: torch.Tensor) -> ShallowPrompt:
         """One trainable vector per token id, initialised from that token's row of ``embedding_matrix``."""
-        if not token_ids:
-            raise ConfigurationError("A shallow prompt needs at least one vector to train.")
-        return cls(embedding_matrix[torch.tensor(token_ids, device=embedding_matrix.device)])
+        return cls(embedding_matrix[torch.tensor(token_ids, dtype=torch.long, device=embedding_matrix.device)])
 
     @property
     def num_soft_tokens(self) -> int:

@@ -63,14 +63,11 @@ class Balancer:
         """A new handoff pair for worker ``index`` (about to be forked): returns the worker's end."""
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         parent_end.setblocking(False)
+        self.forget(index)  # the end of the worker this one replaces
         with self._lock:
-            old = self._ends.pop(index, None)
-            self._ready.discard(index)
             self._ends[index] = parent_end
             for counts in (self.sent, self.closed, self.taken, self.shed_asked, self.shed_done):
                 counts[index] = 0
-        if old is not None:
-            old.close()
         return child_end
 
     def close_in_worker(self) -> None:

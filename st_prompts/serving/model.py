@@ -271,9 +271,6 @@ class ServedModel:
             groups.setdefault(self._prompt_lengths.get(route), []).append(i)
         with self._model_lock:
             self._remove_retired()
-            if len(groups) == 1:
-                (length, _), = groups.items()
-                return self._pass(rows, tasks, length)
             out = np.empty((len(rows), self.dimension), dtype=np.float32)
             for length, positions in groups.items():
                 out[positions] = self._pass([rows[i] for i in positions], [tasks[i] for i in positions], length)

@@ -163,7 +163,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
         self.corpus_vocabulary = bool(corpus_vocabulary)
         self.special_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
         self.head = self._build_head()
-        self.trained = False
         self._identity: dict[str, Any] | None = None
         self._candidates: torch.Tensor | None = None  # token ids the head may predict (None: every real token)
 
@@ -262,7 +261,6 @@ class BackboneMLMGenerator(MaskedLMGenerator):
                 bar.set_postfix(loss=f"{last_loss:.3f}")
         bar.close()
         self.head.eval()
-        self.trained = True
         vocabulary = int(self._candidates.numel()) if self._candidates is not None else len(self.tokenizer)
         report = {"generator": self.name, "generator_kind": BACKBONE_GENERATOR,
                   "head_from_checkpoint": bool(self.head.from_checkpoint), "head_training_steps": steps,

@@ -98,8 +98,6 @@ class CRTDLoss(nn.Module):
         self.corruption_report: dict[str, Any] = {}
         self.register_buffer("special_ids", torch.tensor(sorted(set(encoder.tokenizer.all_special_ids))),
                              persistent=False)
-        #: Detection diagnostics of the last training batch (detached floats, as DiffCSE's ``electra_acc``).
-        self.last_detection: dict[str, float] = {}
 
     def prepare(self, data, show_progress: bool = True) -> dict[str, Any]:
         """Corrupt every text of ``data`` (a dataset, a dict of columns or a list of texts) once, or reuse a matching
@@ -151,16 +149,7 @@ class CRTDLoss(nn.Module):
             label_rows.append(targets[detect])
         logits, targets = torch.cat(logits_rows), torch.cat(label_rows)
         if targets.numel() == 0:  # nothing to detect in the whole batch (e.g. only empty sentences)
-            self.last_detection = {}
             return logits.sum() * 0.0
-        with torch.no_grad():
-            predicted = logits.argmax(-1)
-            replaced = targets == 1
-            self.last_detection = {
-                "replaced_share": float(replaced.float().mean()),
-                "accuracy": float((predicted == targets).float().mean()),
-                "replaced_recall": float((predicted[replaced] == 1).float().mean()) if replaced.any() else float("nan"),
-            }
         return nn.functional.cross_entropy(logits.float(), targets)
 
     def get_config_dict(self) -> dict[str, Any]:

@@ -25,14 +25,9 @@ def build_loss(model, settings: D2CSESettings):
                                        "learning_rate": settings.generator_learning_rate})
 
 
-def prepare_corruption(loss, dataset, settings: D2CSESettings) -> dict:
-    """The corruption pre-pass over the stage's training data (cached; see :meth:`CRTDLoss.prepare`)."""
-    return loss.prepare(dataset)
-
-
 def stages(settings: D2CSESettings) -> list[Stage]:
     return [Stage(name="train", build_loss=build_loss, columns=contrastive_columns, load_data=contrastive_data,
-                  prepare_loss=prepare_corruption)]
+                  prepare_loss=lambda loss, dataset, settings: loss.prepare(dataset))]  # the cached corruption
 
 
 METHOD = Method(CONFIG, build_model=build_model, stages=stages)

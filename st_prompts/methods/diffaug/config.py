@@ -88,8 +88,6 @@ class DiffAugSettings(PrefixSettings):
         if self.stage1_steps is None:
             key = "sup" if self.supervised else ("semi_aux" if self.aux_weight > 0 else "semi")
             self.stage1_steps = PAPER_TABLE[key][0] if self.scale == "paper" else 200
-        if self.prefix_length < 1:
-            raise ConfigurationError(f"prefix_length must be >= 1, got {self.prefix_length}.")
         if self.aux_weight < 0:
             raise ConfigurationError(f"aux_weight must be >= 0, got {self.aux_weight}.")
         if self.aux_weight > 0 and self.supervised:

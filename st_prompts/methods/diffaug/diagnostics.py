@@ -124,21 +124,19 @@ class PrefixDiagnosticsCallback(TrainerCallback):
     """
 
     def __init__(self, model, every: int = 50, samples: int = 64, pair_columns: tuple[str, str] = ("premise", "premise"),
-                 positive_label: int | None = None, num_views: int = 2, views: tuple[int | None, int | None] = (0, 1),
-                 stop_rule: bool = False, kappa_threshold: float = 0.0) -> None:
+                 num_views: int = 2, views: tuple[int | None, int | None] = (0, 1), stop_rule: bool = False,
+                 kappa_threshold: float = 0.0) -> None:
         if every < 1 or samples < 1:
             raise ConfigurationError("The diagnostics need every >= 1 and samples >= 1.")
         self.model = model
         self.every = every
         self.samples = samples
         self.pair_columns = pair_columns
-        self.positive_label = positive_label
         self.num_views = num_views
         self.views = views
         self.stop_rule = stop_rule
         self.kappa_threshold = kappa_threshold
         self.history: list[dict] = []
-        self.stopped_at: int | None = None
         self._pairs: tuple[list[str], list[str]] | None = None
 
     def _probe(self, train_dataloader) -> tuple[list[str], list[str]]:
@@ -146,8 +144,6 @@ class PrefixDiagnosticsCallback(TrainerCallback):
             dataset = getattr(train_dataloader, "dataset", None)
             if dataset is None or not hasattr(dataset, "column_names"):
                 raise ConfigurationError("PrefixDiagnosticsCallback needs the trainer's train_dataloader.dataset.")
-            if self.positive_label is not None and "label" in dataset.column_names:
-                dataset = dataset.filter(lambda row: row["label"] == self.positive_label)
             rows = dataset[: self.samples]
             self._pairs = (list(rows[self.pair_columns[0]]), list(rows[self.pair_columns[1]]))
         return self._pairs
@@ -166,7 +162,6 @@ class PrefixDiagnosticsCallback(TrainerCallback):
         state.log_history.append(dict(entry))
         logger.info(f"step {state.global_step}: delta={delta:.4f} kappa={kappa:.4f}")
         if self.stop_rule and peaked and kappa < self.kappa_threshold:
-            self.stopped_at = state.global_step
             control.should_training_stop = True
             logger.info(f"Stage 1 ends at step {state.global_step}: delta has peaked and kappa={kappa:.4f} < "
                         f"{self.kappa_threshold}.")

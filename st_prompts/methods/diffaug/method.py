@@ -167,7 +167,6 @@ def stages(settings: DiffAugSettings) -> list[Stage]:
         load_data=stage2_data,
         prepare=stage2_prepare,
         learning_rates=stage2_learning_rates,
-        select_model=True,
     )
     if settings.skip_stage1 or settings.stage1_from:
         return [stage2]

@@ -11,8 +11,7 @@ from st_prompts.methods.stages import contrastive_stage
 def build_model(settings: SimCSESettings):
     """The plain (trainable) backbone with [CLS] pooling (+ the saved MLP head for ``mlp_head="saved"``)."""
     seed_everything(settings.seed)
-    encoder = plain_transformer(settings)
-    return assemble(settings, encoder, pooling_mode="cls")
+    return assemble(settings, plain_transformer(settings), pooling_mode="cls")
 
 
 METHOD = Method(CONFIG, build_model=build_model, stages=lambda settings: [contrastive_stage(settings)])

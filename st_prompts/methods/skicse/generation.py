@@ -61,7 +61,7 @@ class GenerationSettings:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        utils.check_finite(**self.to_dict())
+        utils.check_finite(**dataclasses.asdict(self))
         if self.max_new_tokens < 1:
             raise ConfigurationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if self.max_sentences < 1:
@@ -70,9 +70,6 @@ class GenerationSettings:
             raise ConfigurationError("Sampling needs temperature > 0 and 0 < top_p <= 1.")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigurationError(f"dtype must be float32 or bfloat16, got {self.dtype!r}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
@@ -192,7 +189,7 @@ class SKIGenerator:
     def header(self) -> dict[str, Any]:
         """The cache header of this generator's output."""
         return {"st_prompts_ski": CACHE_VERSION, "model": self.model_label, "template": self.template,
-                "chat_template": self.has_chat_template, "generation": self.settings.to_dict()}
+                "chat_template": self.has_chat_template, "generation": dataclasses.asdict(self.settings)}
 
     def prompt(self, sentence: str) -> str:
         """The text fed to the model for one sentence (chat-formatted when the tokenizer has a chat template)."""
