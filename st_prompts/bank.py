@@ -160,7 +160,7 @@ def prompt_set_model(model: SentenceTransformer, name: str) -> SentenceTransform
     DataNotFoundError (that backbone cannot be loaded here)."""
     encoder = bank_encoder(model)
     if name not in encoder.prompt_sets:
-        raise ConfigurationError(f"No prompt set {name!r} ({encoder._known_tasks()}).")
+        raise ConfigurationError(f"No prompt set {name!r} ({encoder.sets.known()}).")
     options = encoder.prompt_set_options()[name]
     trust = {key: {"trust_remote_code": True} for key in ("model_kwargs", "config_kwargs", "processor_kwargs")
              } if encoder.trust_remote_code else {}

@@ -12,14 +12,13 @@ import sys
 import traceback
 from typing import NoReturn
 
-from st_prompts.errors import StPromptsError, first_line, printable
+from st_prompts.errors import TRACEBACK_VARIABLE, StPromptsError, first_line, printable, tracebacks_asked
 
 # Sub-command modules, in the order they appear in ``st-prompts --help``.
 COMMAND_MODULES = ("demo", "train", "bank", "evaluate", "plot", "index", "embed", "serve", "replicas", "ski")
 _handler: logging.Handler | None = None
 #: The root logger's level before :func:`configure_output` changed it (restored by :func:`reset_output`).
 _root_level: int = logging.WARNING
-TRACEBACK_VARIABLE = "ST_PROMPTS_TRACEBACK"
 _MESSAGE_CHARS = 300  # an unexpected exception's message is cut to this many characters
 
 
@@ -95,9 +94,8 @@ def reset_output() -> None:
 
 def _print_traceback(args: argparse.Namespace | None, exc: BaseException) -> None:
     """``exc``'s traceback on stderr (control characters escaped) when ``--traceback`` or ``ST_PROMPTS_TRACEBACK``
-    (not empty, ``0``, ``false``, ``no``, ``off``) asks for it."""
-    if (args is not None and getattr(args, "traceback", False)
-            or os.environ.get(TRACEBACK_VARIABLE, "").strip().lower() not in ("", "0", "false", "no", "off")):
+    asks for it."""
+    if args is not None and getattr(args, "traceback", False) or tracebacks_asked():
         print(printable("".join(traceback.format_exception(exc)), one_line=False), end="", file=sys.stderr)
 
 

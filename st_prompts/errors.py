@@ -3,6 +3,7 @@ from the built-in exception a Python user would expect. :func:`printable` makes 
 
 from __future__ import annotations
 
+import os
 import re
 
 # C0 and C1 control characters (ESC starts every ANSI escape sequence), DEL, and the bidirectional marks, embeddings,
@@ -95,3 +96,12 @@ class CorruptionCacheError(StPromptsError, ValueError):
 
 class ReplicasDisagreeError(StPromptsError, RuntimeError):
     """Serving replicas that should serve the same sets do not: a client's vectors would depend on the replica."""
+
+
+#: Set (not to empty, ``0``, ``false``, ``no`` or ``off``) to print tracebacks besides the one-line errors.
+TRACEBACK_VARIABLE = "ST_PROMPTS_TRACEBACK"
+
+
+def tracebacks_asked() -> bool:
+    """Whether :data:`TRACEBACK_VARIABLE` asks for tracebacks (the commands' and the server's)."""
+    return os.environ.get(TRACEBACK_VARIABLE, "").strip().lower() not in ("", "0", "false", "no", "off")

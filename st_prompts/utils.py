@@ -87,6 +87,14 @@ def packaged_minilm_alias(name_or_path: str) -> str | None:
     return PACKAGED_MINILM_ALIASES[0] if os.path.realpath(name_or_path) == os.path.realpath(packaged) else None
 
 
+def recorded_model_name(name: str) -> str:
+    """A model's name as an index or an embedding run records it: a local path made absolute, a packaged-MiniLM alias
+    as ``"minilm"``, a hub id as given."""
+    if os.path.exists(name):
+        return os.path.abspath(name)
+    return PACKAGED_MINILM_ALIASES[0] if name in PACKAGED_MINILM_ALIASES else name
+
+
 def check_utf8(path: str | os.PathLike, chunk_size: int = 1 << 20) -> None:
     """Raise :class:`~st_prompts.errors.DataFormatError` naming the line of the first bad byte for a file that is not
     UTF-8 text (read in chunks)."""

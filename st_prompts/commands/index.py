@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import warnings
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from st_prompts.commands.index_output import calibration_line, clip, print_info,
 from st_prompts.commands.options import (add_dtype_argument, add_no_progress_argument, add_trust_remote_code_argument,
                                          missing_subcommand, show_progress)
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataNotFoundError
+from st_prompts.utils import recorded_model_name
 
 # Bounds of the numeric options (FAISS takes 32-bit counts; HNSW allocates ef heap entries and 2*m links per node).
 _MAX_EF = 1 << 20
@@ -238,15 +238,6 @@ def _params_text(params: dict[str, Any]) -> str:
     return " " + details if details else ""
 
 
-def _recorded_model_name(name: str) -> str:
-    """The name to store in the index: aliases and hub ids as given, local paths made absolute."""
-    from st_prompts.utils import PACKAGED_MINILM_ALIASES
-
-    if os.path.exists(name):
-        return os.path.abspath(name)
-    return "minilm" if name in PACKAGED_MINILM_ALIASES else name
-
-
 def run_build(args: argparse.Namespace) -> int:
     """Run ``st-prompts index build``."""
     if args.from_embeddings is not None:
@@ -273,7 +264,7 @@ def run_build(args: argparse.Namespace) -> int:
         index = SemanticIndex.from_file(
             model, args.corpus, text_column=args.column, id_column=args.id_column, index_type=args.index_type,
             batch_size=args.batch_size, show_progress_bar=show_progress(args),
-            model_name=_recorded_model_name(args.model), target_recall=target,
+            model_name=recorded_model_name(args.model), target_recall=target,
             calibration_queries=calibration_queries, task=args.task, **encoding, **params)
         index.save(args.out, overwrite=args.overwrite)
     print(f"Indexed {len(index)} documents from {args.corpus} with {args.model} ({index.dimension} dims, "

@@ -25,6 +25,7 @@ from st_prompts.search.embedding_files import (FORMAT_NAME, FORMAT_VERSION, RUN_
                                                identity_record, part_name, part_record, write_part)
 from st_prompts.search.encoding import positive_int
 from st_prompts.storage import folder_lock, write_json_atomic
+from st_prompts.utils import recorded_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def _run(spec: ModelSpec, source: InputSource, output: Path, *, task: str | None
 
         model = spec.load("cpu" if engine == "ray" else None)
         check_tasks(model, [task])
-        identity = ModelIdentity.of(model, name=_recorded_name(spec.name), task=task)
+        identity = ModelIdentity.of(model, name=recorded_model_name(spec.name), task=task)
         run = _begin_run(output, existing, prior, settings, key, identity_record(identity), identity)
         writer = _PartWriter(output, existing, {"settings_sha256": key, "model": run["model"], "task": task},
                              keep_texts, result)
@@ -189,7 +190,7 @@ def _run_ray(spec: ModelSpec, source: InputSource, output: Path, existing: dict[
     timing: dict[str, float] = {}
     started = time.perf_counter()
     encoded = encode_parts_on_ray(spec, source, todo, task=task, batch_size=batch_size, options=options,
-                                  name=_recorded_name(spec.name), accept=accept, progress=progress, timing=timing)
+                                  name=recorded_model_name(spec.name), accept=accept, progress=progress, timing=timing)
     for number, first_row, locator, digest, vectors, node in encoded:
         part = read_part(source, number, first_row, locator)
         if part.digest != digest:
@@ -212,15 +213,6 @@ def _run_local(model: Any, source: InputSource, part_rows: int, task: str | None
         if writer.skip(part):
             continue
         writer.write(part, encode_part(model, part.texts, part.tasks, task, batch_size, progress=False), node)
-
-
-def _recorded_name(name: str) -> str:
-    """The model's name as recorded: aliases as given, local folders made absolute (what ``index build`` records)."""
-    from st_prompts.utils import PACKAGED_MINILM_ALIASES
-
-    if name in PACKAGED_MINILM_ALIASES and not os.path.exists(name):
-        return "minilm"
-    return os.path.abspath(name) if os.path.exists(name) else name
 
 
 # ---------------------------------------------------------------------------------------------- the folder

@@ -125,7 +125,7 @@ class PromptsModelCardData(SentenceTransformerModelCardData):
     def bank(self) -> Any:
         """The model's :class:`~st_prompts.PromptedTransformer` when the model is a prompt bank, else ``None``."""
         encoder = self.model[0] if self.model is not None and len(self.model) else None
-        return encoder if getattr(encoder, "_is_bank", False) else None
+        return encoder if getattr(getattr(encoder, "sets", None), "is_bank", False) else None
 
     def get_default_model_name(self) -> str:
         bank = self.bank()

@@ -240,10 +240,6 @@ class PromptedTransformer(Transformer):
         """Name -> what the set was trained on and how it scored (see :meth:`record_prompt_set`)."""
         return self.sets.info
 
-    @property
-    def _is_bank(self) -> bool:
-        return self.sets.is_bank
-
     default_task = property(lambda self: self.sets.default, lambda self, value: setattr(self.sets, "default", value),
                             doc="The set used without a task (``None``: the own prefix, else the plain backbone).")
     query_task = property(lambda self: self.sets.query, lambda self, value: setattr(self.sets, "query", value),
@@ -342,9 +338,6 @@ class PromptedTransformer(Transformer):
     def resolve_task(self, task: str | None) -> PrefixEncoder | None:
         """The prefix a task name selects (see :meth:`~st_prompts.modules.prompt_sets.PromptSets.resolve`)."""
         return self.sets.resolve(task)
-
-    def _known_tasks(self) -> str:
-        return self.sets.known()
 
     @property
     def fingerprint(self) -> str:

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from st_prompts.errors import first_line, shorten
+from st_prompts.errors import first_line, shorten, tracebacks_asked
 from st_prompts.precision import cpu_summary
 from st_prompts.serving.batcher import DEFAULT_PASS_OVERHEAD_TOKENS, Batcher, BatcherClosed, QueueFull
 from st_prompts.serving.indexes import IndexRegistry
@@ -176,10 +176,6 @@ _WORK = ("embeddings", "search", "admin")
 _CLOSING = {"Retry-After": "5", "Connection": "close"}  # the headers of a 503 while the server shuts down
 
 
-def _show_tracebacks() -> bool:
-    return os.environ.get("ST_PROMPTS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Awaitable[Response]]):
     """Wrap a handler: errors become OpenAI error responses; answers are counted and timed; a drain refuses work."""
 
@@ -210,7 +206,7 @@ def _endpoint(context: ServerContext, name: str, handler: Callable[[Request], Aw
                                            "request's answer; retry.", code="shutting_down", headers=_CLOSING))
         except Exception as exc:  # a bug or a failed pass: one line to the client (and the log)
             first = first_line(exc, 300)
-            logger.error("%s failed: %s: %s", name, type(exc).__name__, first, exc_info=_show_tracebacks())
+            logger.error("%s failed: %s: %s", name, type(exc).__name__, first, exc_info=tracebacks_asked())
             if name == "admin":  # an admin call carries a folder or a name: what fails with it is refused, not a 500
                 response = _error(RequestError(422, f"The admin request was refused: {first}", code="invalid_request"))
             else:

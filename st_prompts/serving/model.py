@@ -188,7 +188,7 @@ class ServedModel:
     def tokenize(self, texts: Sequence[str], route: Any) -> tuple[list[Any], list[int]]:
         """The rows of ``texts`` for :meth:`encode` under ``route`` (token ids, or texts where the model tokenises
         otherwise: a template, a slow tokenizer, a Router) and the tokens the model reads of each."""
-        prompt = self._role_prompt(route)
+        prompt = self._prompts.get(route.name, "") if isinstance(route, Role) else ""  # a query/document side's prompt
         if prompt:
             texts = [prompt + text for text in texts]
         if self._counter is not None:
@@ -244,10 +244,6 @@ class ServedModel:
         lengths = {role: measure(self._prompts[role.name]) for role in (QUERY_ROLE, DOCUMENT_ROLE)
                    if role.name in self._prompts}
         return {role: int(length) for role, length in lengths.items() if length is not None}
-
-    def _role_prompt(self, route: Any) -> str:
-        """The prompt a query/document side puts before each text (``""``: none)."""
-        return self._prompts.get(route.name, "") if isinstance(route, Role) else ""
 
     def _task(self, route: Any) -> str | None:
         """What :func:`~st_prompts.modules.rows.encode_rows` is given for a route (``None``: the model's own)."""

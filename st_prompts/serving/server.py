@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from st_prompts.errors import ConfigurationError, StPromptsError, first_line, printable
+from st_prompts.errors import ConfigurationError, StPromptsError, first_line, printable, tracebacks_asked
 from st_prompts.serving.limits import RequestError, ServingLimits
 from st_prompts.serving.protocol import ConnectionGuard, guarded_protocol
 
@@ -278,7 +278,7 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
 
 def _quiet_uvicorn() -> None:
     """uvicorn's log records without their tracebacks (one line each), unless ``ST_PROMPTS_TRACEBACK`` asks."""
-    if os.environ.get("ST_PROMPTS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    if tracebacks_asked():
         return
     for name in ("uvicorn.error", "uvicorn", "asyncio"):
         target = logging.getLogger(name)

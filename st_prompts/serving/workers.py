@@ -332,7 +332,7 @@ class Supervisor:
             other, problem = self._command(worker, ("apply", op, args))
             if other != "ok":  # the workers hold the same state: this is a failure of that worker, not the change
                 logger.error("worker %d could not apply %s %s: %s; it is replaced", worker.index, op,
-                             _shown(args), problem.get("message"))
+                             ", ".join(repr(a)[:80] for a in args), problem.get("message"))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signal.SIGTERM)  # its replacement replays the journal
         return status, value
@@ -380,10 +380,6 @@ def _receiver(parts: tuple | None) -> Any:
     from st_prompts.serving.balance import Receiver
 
     return None if parts is None else Receiver(*parts)
-
-
-def _shown(args: tuple) -> str:
-    return ", ".join(repr(a)[:80] for a in args)
 
 
 def label_log(index: int) -> None:
