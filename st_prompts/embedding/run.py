@@ -21,9 +21,9 @@ from tqdm.auto import tqdm
 from st_prompts.embedding.encoder import ModelSpec, check_tasks, encode_part
 from st_prompts.embedding.inputs import InputPart, InputSource, read_part, read_parts
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError
+from st_prompts.numbers import positive_int
 from st_prompts.search.embedding_files import (FORMAT_NAME, FORMAT_VERSION, RUN_FILE, identity_from_record,
                                                identity_record, part_name, part_record, write_part)
-from st_prompts.search.encoding import positive_int
 from st_prompts.storage import folder_lock, write_json_atomic
 from st_prompts.utils import recorded_model_name
 

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, DataFormatError
+from st_prompts.numbers import positive_int
 from st_prompts.search.calibration import resolve_target
 from st_prompts.search.chunked import DEFAULT_CHUNK_SIZE, encode_in_chunks
 from st_prompts.search.corpus import Corpus, corpus_from_documents, prepare_corpus, read_corpus_file
-from st_prompts.search.encoding import encode_texts, l2_normalize, positive_int, warn_over_length
+from st_prompts.search.encoding import encode_texts, l2_normalize, warn_over_length
 from st_prompts.search.faiss_index import build_faiss_index, ivf_sq_distances, resolve_index_params
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.search.streaming_build import build_index_from_embedding_files

@@ -15,11 +15,12 @@ import faiss
 import numpy as np
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.numbers import positive_int
 from st_prompts.search._warnings import warn_at_caller
-from st_prompts.search.checks import MAX_EF, SEARCH_PARAMETER
+from st_prompts.search.checks import MAX_COUNT, MAX_EF, SEARCH_PARAMETER
 from st_prompts.search.encoding import l2_normalize
 from st_prompts.search.faiss_index import (APPROXIMATE_TYPES, DEFAULT_EF_SEARCH, DEFAULT_NPROBE, apply_search_params,
-                                           check_positive_int, check_target_recall)
+                                           check_target_recall)
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ def calibration_queries(index, queries: Any, sample_size: int, seed: int, batch_
                         progress: bool) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
     """The calibration query vectors, their group labels (``None``: one group) and a description of them."""
     if queries is None:
-        sample_size = min(check_positive_int(sample_size, "sample_size"), len(index))
+        sample_size = min(positive_int(sample_size, "sample_size", MAX_COUNT), len(index))
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(len(index), size=sample_size, replace=False))
         if index.model is not None or (index.model_identity is not None and not index.read_only):

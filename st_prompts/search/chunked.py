@@ -16,8 +16,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, DataFormatError
+from st_prompts.numbers import positive_int
 from st_prompts.search.embedding_files import texts_digest
-from st_prompts.search.encoding import check_encode_length, encode_texts, positive_int
+from st_prompts.search.encoding import check_encode_length, encode_texts
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import write_file_atomic, write_json_atomic
 

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from st_prompts.errors import DataFormatError, DataNotFoundError, first_line
-from st_prompts.numbers import whole
-from st_prompts.search.encoding import positive_int
+from st_prompts.numbers import positive_int, whole
 from st_prompts.search.identity import ModelIdentity
 from st_prompts.storage import write_file_atomic
 

@@ -30,13 +30,6 @@ def l2_normalize(embeddings: Any) -> np.ndarray:
     return array
 
 
-def positive_int(value: Any, name: str) -> int:
-    """``value`` as an ``int`` if it is a positive integer (not a bool), else :class:`ConfigurationError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def encode_texts(model: SentenceTransformer, texts: Sequence[str], *, kind: str, batch_size: int, progress: bool,
                  task: str | None = None, pool: dict[str, Any] | None = None) -> np.ndarray:
     """Encode with ``encode_{kind}`` (``"query"`` or ``"document"``; plain ``encode`` for a model without it), or

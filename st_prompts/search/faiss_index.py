@@ -15,6 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError
+from st_prompts.numbers import positive_int
 from st_prompts.search.checks import MAX_COUNT, MAX_EF, MAX_HNSW_M
 
 logger = logging.getLogger(__name__)
@@ -35,13 +36,6 @@ DRIFT_WARN_RATIO = 1.5
 PARAMETERS = {"flat": set(), "ivf": {"nlist", "nprobe"}, "hnsw": {"m", "ef_construction", "ef_search"},
               "ivfpq": {"nlist", "nprobe", "pq_m", "opq", "rerank"}}
 _MAXIMA = {"m": MAX_HNSW_M, "ef_construction": MAX_EF, "ef_search": MAX_EF}  # FAISS allocates ef heap entries
-
-
-def check_positive_int(value: Any, name: str, maximum: int = 2**31 - 1) -> int:
-    """``value`` as an ``int`` if it is an integer (not a bool) in ``[1, maximum]``, else ConfigurationError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= maximum:
-        raise ConfigurationError(f"{name} must be a positive integer of at most {maximum}, got {str(value)[:40]}")
-    return int(value)
 
 
 def check_target_recall(value: Any) -> float:
@@ -78,7 +72,7 @@ def resolve_index_params(index_type: str, n: int, params: dict[str, Any],
                 raise ConfigurationError(f"rerank must be a whole number from 0 (off) to {MAX_COUNT}, got "
                                          f"{str(value)[:40]}")
         else:
-            check_positive_int(value, key, _MAXIMA.get(key, MAX_COUNT))
+            positive_int(value, key, _MAXIMA.get(key, MAX_COUNT))
     if index_type in ("ivf", "ivfpq"):
         nlist = int(params.get("nlist", default_nlist(n, index_type)))
         if "nlist" in params and nlist > n:

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from st_prompts.errors import BackboneMismatchError, ConfigurationError, DataFormatError
+from st_prompts.numbers import positive_int
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.building import IndexConstruction
 from st_prompts.search.calibration import IndexCalibration
 from st_prompts.search.checks import MAX_COUNT, MAX_EF
 from st_prompts.search.corpus import check_queries
 from st_prompts.search.encoding import check_encode_length, encode_texts, l2_normalize
-from st_prompts.search.faiss_index import apply_search_params, check_positive_int, reconstruct_all, rerank_exactly
+from st_prompts.search.faiss_index import apply_search_params, reconstruct_all, rerank_exactly
 from st_prompts.search.identity import ModelIdentity, embedding_dimension
 from st_prompts.search.store import StoredIndex, load_index_dir, save_index_dir
 from st_prompts.search.updates import IndexUpdates
@@ -173,11 +174,11 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
             if self.index_type not in ("ivf", "ivfpq"):
                 raise ConfigurationError(f"nprobe applies to an 'ivf' or 'ivfpq' index, this one is "
                                          f"{self.index_type!r}")
-            self.index_params["nprobe"] = min(check_positive_int(nprobe, "nprobe"), self.index_params["nlist"])
+            self.index_params["nprobe"] = min(positive_int(nprobe, "nprobe", MAX_COUNT), self.index_params["nlist"])
         if ef_search is not None:
             if self.index_type != "hnsw":
                 raise ConfigurationError(f"ef_search applies to an 'hnsw' index, this one is {self.index_type!r}")
-            self.index_params["ef_search"] = check_positive_int(ef_search, "ef_search", MAX_EF)
+            self.index_params["ef_search"] = positive_int(ef_search, "ef_search", MAX_EF)
         if rerank is not None:
             if self.index_type != "ivfpq":
                 raise ConfigurationError(f"rerank applies to an 'ivfpq' index, this one is {self.index_type!r}")
@@ -203,7 +204,7 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
         single = isinstance(queries, str)
         queries = [queries] if single else list(queries)
         check_queries(queries)
-        k = check_positive_int(k, "k")
+        k = positive_int(k, "k", MAX_COUNT)
         if not queries:
             return []
         embeddings = self.encode_queries(queries, batch_size=batch_size, progress=show_progress_bar)
@@ -211,7 +212,7 @@ class SemanticIndex(IndexConstruction, IndexCalibration, IndexUpdates):
 
     def search_embeddings(self, query_embeddings: Any, k: int = 10) -> list[list[SearchHit]]:
         """Like :meth:`search` for precomputed query embeddings (one row per query; normalised here)."""
-        k = check_positive_int(k, "k")
+        k = positive_int(k, "k", MAX_COUNT)
         queries = self.check_query_embeddings(query_embeddings)
         if k > len(self):
             warn_at_caller(f"k={k} is larger than the corpus ({len(self)} documents); returning at most "

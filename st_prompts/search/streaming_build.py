@@ -22,12 +22,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from st_prompts.errors import ConfigurationError, DataFormatError, StPromptsError, first_line
-from st_prompts.numbers import whole
+from st_prompts.numbers import positive_int, whole
 from st_prompts.search._warnings import warn_at_caller
 from st_prompts.search.calibration import are_texts, resolve_target
 from st_prompts.search.docfile import DocsWriter, LazyDocs
 from st_prompts.search.embedding_files import EmbeddingFiles, open_parquet, part_record
-from st_prompts.search.encoding import l2_normalize, positive_int
+from st_prompts.search.encoding import l2_normalize
 from st_prompts.search.faiss_index import (add_vectors, ivf_sq_distances, new_faiss_index, resolve_index_params,
                                            train_faiss_index, training_rows)
 from st_prompts.search.rowfile import NpyRows, NpyRowWriter

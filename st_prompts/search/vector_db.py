@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line, shorten
+from st_prompts.numbers import positive_int
 from st_prompts.search.checks import whole
 from st_prompts.search.embedding_files import identity_from_record, identity_record
-from st_prompts.search.encoding import positive_int
 from st_prompts.search.identity import PROBE_SENTENCES, ModelIdentity
 from st_prompts.storage import managed_ancestor
 
