@@ -4,7 +4,9 @@ tiny bank: **S** 2 s timeouts, 40 connections, the default head bounds, admin; *
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
 import os
 import shutil
@@ -13,13 +15,18 @@ import socket
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import uvicorn
 from conftest import edit_json, http_error
 from safetensors.torch import load_file, save_file
 from test_serving import (HEADERS, TOKEN, Server, add_set, httpx, metrics, post, saved_prompts, tiny_backbone_and_bank,
                           tiny_bank, wait_for)
+
+from st_prompts.serving.server import _Server
+from st_prompts.serving.workers import Supervisor
 
 TIMEOUT = 2.0  # S's header, body and idle timeouts
 SLACK = 4.0  # what a busy two-core machine may add to a timer
@@ -415,3 +422,23 @@ def test_sigterm_is_bounded_by_the_drain_timeout_and_health_says_draining(server
     assert queued.status_code == 503 and queued.json()["error"]["code"] == "shutting_down", queued.text
     assert "Retry-After" in queued.headers
     assert "Traceback" not in server.log(), server.log()
+    assert "SIGTERM: draining (at most 3 s): /health answers 503, new work is refused, 1 requests in flight (2 rows " \
+           "queued)" in server.log(), server.log()
+
+
+def test_the_sigterm_handlers_write_nothing_and_the_loops_log_the_draining_lines(caplog):
+    """A SIGTERM that lands inside a log write (the "listening on" line a client has just read) must not write again:
+    that write is reentrant, and logging prints a traceback on stderr (seen in a loaded CI run)."""
+    context = SimpleNamespace(in_flight=2, draining=False, drain_deadline=None, idle=lambda: False,
+                              batcher=SimpleNamespace(queued_rows=3, running_rows=1))
+    server, supervisor = _Server(uvicorn.Config(app=None), context, 5), Supervisor(2, None, drain_timeout=5)
+    with caplog.at_level(logging.INFO, logger="st_prompts"):
+        server.handle_exit(signal.SIGTERM, None)
+        supervisor._on_signal(signal.SIGTERM, None)
+        assert caplog.records == [] and context.draining and supervisor.stopping == "SIGTERM"
+        assert asyncio.run(server.on_tick(1)) is False
+        supervisor._loop()  # (no workers: it ends at once, and run() logs what it did not)
+        supervisor._log_draining()
+    assert [record.getMessage() for record in caplog.records] == [
+        "SIGTERM: draining (at most 5 s): /health answers 503, new work is refused, 2 requests in flight (4 rows "
+        "queued)", "SIGTERM: draining 0 workers"]

@@ -308,6 +308,7 @@ class _Server(uvicorn.Server):
         self.drain_timeout = drain_timeout
         self.stopping_signal: str | None = None
         self.deadline: float | None = None
+        self.draining_line: tuple | None = None
 
     def handle_exit(self, sig, frame) -> None:
         if self.stopping_signal is not None:  # a second signal: stop waiting (Ctrl-C twice: uvicorn's force exit)
@@ -318,9 +319,16 @@ class _Server(uvicorn.Server):
         self.deadline = self.context.drain_deadline = time.monotonic() + self.drain_timeout
         self.context.draining = True
         batcher = self.context.batcher
-        logger.info("%s: draining (at most %g s): /health answers 503, new work is refused, %d requests in flight "
-                    "(%d rows queued)", self.stopping_signal, self.drain_timeout, self.context.in_flight,
-                    batcher.queued_rows + batcher.running_rows)
+        # logged by the loop: a signal that lands inside a log write (the "listening on" line) would make a write here
+        # reentrant, and logging's traceback on stderr
+        self.draining_line = (self.stopping_signal, self.drain_timeout, self.context.in_flight,
+                              batcher.queued_rows + batcher.running_rows)
+
+    def _log_draining(self) -> None:
+        if self.draining_line is not None:
+            logger.info("%s: draining (at most %g s): /health answers 503, new work is refused, %d requests in flight "
+                        "(%d rows queued)", *self.draining_line)
+            self.draining_line = None
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -334,6 +342,7 @@ class _Server(uvicorn.Server):
             self.receiver.attach(asyncio.get_running_loop(), protocol)
 
     async def on_tick(self, counter: int) -> bool:
+        self._log_draining()
         if await super().on_tick(counter):
             return True
         if self.deadline is None:
@@ -342,6 +351,7 @@ class _Server(uvicorn.Server):
         return self.context.idle() or time.monotonic() >= self.deadline - min(1.0, 0.1 * self.drain_timeout)
 
     async def shutdown(self, sockets=None) -> None:
+        self._log_draining()
         if self.deadline is None:  # stopped otherwise (uvicorn's own limits): the same bound from now
             self.deadline = self.context.drain_deadline = time.monotonic() + self.drain_timeout
         self.context.draining = True

@@ -137,6 +137,7 @@ class Supervisor:
         self.workers: dict[int, _Worker] = {}
         self.journal: list[tuple[str, tuple]] = []
         self.stopping: str | None = None
+        self.draining_line: tuple[str, int] | None = None
         self.deadline = float("inf")  # when the workers left are killed (set once stopping begins)
         self.failed: str | None = None
         self._announced = False
@@ -204,6 +205,7 @@ class Supervisor:
             if self.balancer is not None:
                 self.balancer.start()
             self._loop()
+            self._log_draining()  # (when the workers had gone before the loop logged it)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -224,7 +226,12 @@ class Supervisor:
             for item in self.keep:  # the listening socket: once every worker has closed it, no one connects
                 with contextlib.suppress(OSError):
                     item.close()
-            logger.info("%s: draining %d workers", self.stopping, len(self.workers))
+            self.draining_line = (self.stopping, len(self.workers))  # logged by the loop (see _Server.handle_exit)
+
+    def _log_draining(self) -> None:
+        if self.draining_line is not None:
+            logger.info("%s: draining %d workers", *self.draining_line)
+            self.draining_line = None
 
     def _signal_workers(self, sig: int) -> None:
         for worker in list(self.workers.values()):
@@ -241,6 +248,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         while self.workers:
+            self._log_draining()
             ends = {w.up: w for w in self.workers.values()}
             for end in connection.wait(list(ends), timeout=0.2):
                 worker = ends[end]
