@@ -150,6 +150,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import st_prompts.serving.app  # noqa: F401 - starlette, orjson, prometheus_client
         from st_prompts.serving.limits import ServingLimits
+        from st_prompts.serving.protocol import ConnectionGuard
         from st_prompts.serving.server import ServerOptions, run_server
     except ImportError as exc:  # the optional extra is missing
         raise ConfigurationError(f"st-prompts serve needs the serve extra ({exc.name} is missing): "
@@ -163,5 +164,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigurationError(f"--{str(exc).replace('_', '-')}") from exc
     options = ServerOptions(**given(ServerOptions), indexes=_indexes(args.index), limits=limits,
+                            guard=ConnectionGuard(**given(ConnectionGuard)),
                             admin_token=admin_token(args.admin_token_file))
     return run_server(options)

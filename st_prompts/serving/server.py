@@ -40,13 +40,7 @@ class ServerOptions:
     admin_token: str | None = None
     drain_timeout: float = 30.0
     threads: int | None = None
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    idle_timeout: float = 5.0
-    max_connections: int = 1000
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    max_url_bytes: int = 32 * 1024
+    guard: ConnectionGuard = field(default_factory=ConnectionGuard)  # the connections' bounds (no callbacks)
     quantize: str = "none"
     dtype: str = "float32"
     workers: int = 1
@@ -116,11 +110,11 @@ def run_server(options: ServerOptions) -> int:
     logger.info("%s %d workers%s, %d torch thread%s each; at most %d connections open in all, %d rows queued in "
                 "each (--max-queue-rows %d shared)", "starting" if devices else "forking", workers,
                 f" (on {', '.join(devices)}, each loading the model)" if devices else "", threads,
-                "s" * (threads != 1), options.max_connections, options.limits.max_queue_rows, total_rows)
+                "s" * (threads != 1), options.guard.max_connections, options.limits.max_queue_rows, total_rows)
     spawn = (run_device_worker, (options, devices, threads)) if devices else None
+    balancer = Balancer(sock, workers, max_connections=options.guard.max_connections)
     supervisor = Supervisor(workers, None if devices else start_worker, on_ready=ready,
-                            drain_timeout=options.drain_timeout, keep=[sock],
-                            balancer=Balancer(sock, workers, max_connections=options.max_connections), spawn=spawn)
+                            drain_timeout=options.drain_timeout, keep=[sock], balancer=balancer, spawn=spawn)
     code = supervisor.run()
     sock.close()
     if code == 1:
@@ -248,13 +242,12 @@ def _serve(options: ServerOptions, sock: socket.socket | None, served, registry,
             metrics.rebalanced.inc()
         return moved
 
-    bounds = {f.name: getattr(options, f.name) for f in dataclasses.fields(ConnectionGuard) if hasattr(options, f.name)}
-    guard = ConnectionGuard(**bounds, on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
-                            on_malformed=lambda status: metrics.observe_request("malformed", status, 0.0),
-                            on_count=count, shed=shed if receiver is not None else None)
+    guard = dataclasses.replace(options.guard, on_drop=lambda reason: metrics.dropped.labels(reason=reason).inc(),
+                                on_malformed=lambda status: metrics.observe_request("malformed", status, 0.0),
+                                on_count=count, shed=shed if receiver is not None else None)
     config = uvicorn.Config(app, http=guarded_protocol(guard), log_level="warning", access_log=False, lifespan="on",
                             server_header=False, timeout_graceful_shutdown=options.drain_timeout,
-                            timeout_keep_alive=options.idle_timeout)
+                            timeout_keep_alive=options.guard.idle_timeout)
     _quiet_uvicorn()
     server = _Server(config, context, options.drain_timeout, receiver)
     # uvicorn re-raises the signal it stopped on: taken here, so that a drained server exits with status 0
