@@ -11,6 +11,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -132,10 +133,8 @@ def _user_error(exc: BaseException) -> StPromptsError | None:
             return error
         todo += [error.__cause__, error.__context__, getattr(error, "cause", None)]
         if hasattr(error, "as_instanceof_cause"):
-            try:
+            with suppress(Exception):  # a cause Ray cannot rebuild is no cause of ours
                 todo.append(error.as_instanceof_cause())
-            except Exception:  # noqa: BLE001 - a cause Ray cannot rebuild is no cause of ours
-                pass
     return None
 
 

@@ -257,9 +257,7 @@ def remove_rows(index: faiss.Index, rows: np.ndarray, index_type: str, exact_vec
         index.remove_ids(faiss.IDSelectorBatch(rows))  # IndexFlat compacts, keeping the order
         return index
     if index_type == "hnsw":
-        keep = np.ones(index.ntotal, dtype=bool)
-        keep[rows] = False
-        vectors = exact_vectors()[keep]
+        vectors = np.delete(exact_vectors(), rows, axis=0)
         return build_faiss_index(np.ascontiguousarray(vectors, dtype=np.float32), "hnsw", params, progress=False)
     ivf = faiss.extract_index_ivf(index)
     removed = ivf.remove_ids(faiss.IDSelectorBatch(rows))

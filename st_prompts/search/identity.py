@@ -49,11 +49,8 @@ def _config_name_or_path(model: SentenceTransformer) -> str | None:
 
 def model_name(model: SentenceTransformer) -> str:
     """A portable name for ``model``: ``minilm`` for the packaged MiniLM, else the hub id or path it came from."""
-    candidates = []
     card = getattr(model, "model_card_data", None)
-    if card is not None:
-        candidates += [getattr(card, "model_id", None), getattr(card, "base_model", None)]
-    candidates.append(_config_name_or_path(model))
+    candidates = [getattr(card, "model_id", None), getattr(card, "base_model", None), _config_name_or_path(model)]
     name = next((c for c in candidates if isinstance(c, str) and c), None)
     if name is None:
         return type(model).__name__

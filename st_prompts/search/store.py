@@ -201,7 +201,6 @@ def _save_array(path: Path, array: np.ndarray, rows_per_write: int = 65_536) -> 
     for start in range(0, len(array), rows_per_write):
         out[start : start + rows_per_write] = array[start : start + rows_per_write]
     out.flush()
-    del out
 
 
 def load_index_dir(directory: str | os.PathLike, *, mmap: bool = False, verify: bool | None = None) -> StoredIndex:

@@ -69,11 +69,9 @@ class IndexUpdates:
         add_vectors(self.index, vectors, self.index_type, progress=show_progress_bar)
         if self.vectors is not None:
             self.vectors = np.concatenate([np.asarray(self.vectors), vectors.astype(self.vectors.dtype)])
-        start = len(self.ids)
+        positions.update((doc_id, row) for row, doc_id in enumerate(new_ids, start=len(self.ids)))
         self.ids.extend(new_ids)
         self.texts.extend(documents)
-        for offset, doc_id in enumerate(new_ids):
-            positions[doc_id] = start + offset
         self._remember_next_id()
         self.info["updated"] = True
         return new_ids
