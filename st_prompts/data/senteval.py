@@ -143,9 +143,8 @@ def _tokens(sentence: str) -> str:
 
 def _load_sts_year(root: Path, task: str) -> STSPairs:
     s1, s2, scores, subsets = [], [], [], []
-    for subset in STS_SUBSETS[task]:
-        folder = root / "STS" / f"{task}-en-test"
-        input_path, gold_path = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
+    paths = [root / path for path in _task_files(task, "test")]  # each subset's input file, then its gold file
+    for subset, input_path, gold_path in zip(STS_SUBSETS[task], paths[::2], paths[1::2]):
         inputs, golds = _read_lines(input_path), _read_lines(gold_path)
         if len(inputs) != len(golds):
             raise DataFormatError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}: gold scores "

@@ -56,8 +56,6 @@ def position_capacity(module: Any) -> int | None:
     if isinstance(limit, int):
         return limit if limit < _NO_LIMIT else None
     config = getattr(getattr(module, "auto_model", None), "config", None)
-    if config is None:
-        return None
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
     positions = getattr(config, "max_position_embeddings", None)

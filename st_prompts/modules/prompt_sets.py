@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from st_prompts.errors import ConfigurationError, DataFormatError, DataNotFoundError, first_line
 from st_prompts.modules import set_checks
 from st_prompts.modules.checkpoint import PROMPTS_FILE, tensors_fingerprint
+from st_prompts.numbers import real, whole
 from st_prompts.prompts.injection import PrefixInjection
 from st_prompts.prompts.names import BACKBONE_TASK, check_set_name, is_internal_name
 from st_prompts.prompts.prefix import PrefixDraw, PrefixEncoder, key_padding, pad_prefix
@@ -33,18 +34,14 @@ RECORD_FIELDS = {"rows": "count", "steps": "count", "best_step": "count", "loss"
 def clean_record(record: Any) -> dict[str, Any]:
     """The known fields of a prompt set's record with values of their kind (counts non-negative integers, scores finite
     numbers, texts one line of at most 200 characters); anything else is dropped, as it would end up in a model card."""
-    import math
-
     clean: dict[str, Any] = {}
     if not isinstance(record, dict):
         return clean
     for key, kind in RECORD_FIELDS.items():
         value = record.get(key)
-        if isinstance(value, bool) or value is None:
-            continue
-        if kind == "count" and isinstance(value, int) and value >= 0:
+        if kind == "count" and whole(value, 0):  # never a bool (``True == 1``), as below
             clean[key] = value
-        elif kind == "score" and isinstance(value, (int, float)) and math.isfinite(value):
+        elif kind == "score" and real(value):
             clean[key] = float(value)
         elif kind == "text" and isinstance(value, str):
             text = " ".join(value.split())[:200]

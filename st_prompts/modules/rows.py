@@ -98,14 +98,12 @@ def encode_rows(model: Any, rows: Sequence[str] | Sequence[Sequence[int]], tasks
     def prepare(batch: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
         """A batch's features (tokenised, padded; pinned for a non-blocking copy) and the Router's routing."""
         batch_tasks = [tasks[i] for i in batch]
-        routing: dict[str, Any] = {}
+        # (token ids reach a Router only without tasks: refused above otherwise)
+        routing: dict[str, Any] = {"task": batch_tasks[0]} if per_batch and batch_tasks[0] is not None else {}
         if ids:
             features = _id_features(model, [rows[i] for i in batch])
-        elif per_batch and batch_tasks[0] is not None:
-            routing = {"task": batch_tasks[0]}
-            features = model.preprocess([rows[i] for i in batch], prompt=prompt, **routing)
         else:
-            features = model.preprocess([rows[i] for i in batch], prompt=prompt)
+            features = model.preprocess([rows[i] for i in batch], prompt=prompt, **routing)
         if prompt_length is not None:
             features["prompt_length"] = int(prompt_length)
         if not per_batch and len(set(batch_tasks)) > 1:

@@ -148,9 +148,8 @@ class PrefixInjection:
         """``(keys, values, mask)`` with the prefix in front, for ``module``'s attention call (``layer``: its prefix
         layer, when :meth:`layer` was already asked for this call)."""
         layer = self.layer(module) if layer is None else layer
-        batch = key.shape[0]
-        keys = self._concat(2 * layer, key, batch)
-        values = self._concat(2 * layer + 1, value, batch)
+        keys = self._concat(2 * layer, key)
+        values = self._concat(2 * layer + 1, value)
         mask = self._mask(module, query, key.shape[2], attention_mask, backend, kwargs.get("is_causal"))
         return keys, values, mask
 
@@ -183,7 +182,7 @@ class PrefixInjection:
             prefix = prefix * self.draw.scale * self.keep[index]
         return prefix.expand(batch, -1, -1, -1)
 
-    def _concat(self, index: int, states: torch.Tensor, batch: int) -> torch.Tensor:
+    def _concat(self, index: int, states: torch.Tensor) -> torch.Tensor:
         prefix = self.prefix[index]
         if prefix.shape[1] != states.shape[1] or prefix.shape[-1] != states.shape[-1]:
             raise ConfigurationError(f"The prefix has {prefix.shape[1]} heads of size {prefix.shape[-1]} but the layer "
