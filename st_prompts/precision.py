@@ -1,7 +1,7 @@
 """Half precision at inference, and what the CPU's own instructions allow.
 
 ``dtype="bfloat16"`` / ``"float16"`` casts a loaded model for inference (saves refused; not with int8). A CPU without
-bf16/fp16 instructions emulates them, 5-11x slower (warned); int8 inputs use 8 bits with VNNI and 7 without, where
+bf16/fp16 instructions emulates them, 4-11x slower (warned); int8 inputs use 8 bits with VNNI and 7 without, where
 fbgemm's AVX2 kernel could saturate 16-bit pair sums. Measurements: ``docs/serving.md``."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def apply_dtype(model: Any, dtype: Any) -> Any:
                         "the model loaded without dtype")
     device = getattr(model, "device", torch.device("cpu"))
     if torch.device(device).type == "cpu" and not half_is_native(name):
-        logger.warning("%s on this CPU (%s) is emulated: 5-11x slower than float32 where measured (docs/serving.md: "
+        logger.warning("%s on this CPU (%s) is emulated: 4-11x slower than float32 where measured (docs/serving.md: "
                        "precision)", name, re.sub(r":.*", "", cpu_summary()))
     return model
 
