@@ -75,7 +75,7 @@ def run_server(options: ServerOptions) -> int:
         torch.set_num_threads(1)
     elif options.threads is not None and not devices:
         torch.set_num_threads(options.threads)
-    if workers > 1:
+    if workers > 1 and options.indexes:  # (no index: the search modules, and faiss, stay unimported)
         _refuse_shared_files(options.indexes, workers)
     sock = _bind(options.host, options.port)  # before the model loads: a taken port fails at once
     served, registry = _load(options) if not devices else (None, None)
