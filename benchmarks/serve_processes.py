@@ -17,13 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,20 +27,6 @@ import gpu  # noqa: E402
 from common import REPO, run_environment  # noqa: E402
 
 CONCURRENCY = (64, 256)
-
-
-class Server(gpu.Server):
-    """``st-prompts serve BANK --port 0`` with ``extra`` options (gpu.py's reads its port from the log)."""
-
-    def __init__(self, bank: Path, extra: list[str], log: Path) -> None:  # noqa: D107 - gpu.Server's, another command
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [
-            str(REPO), str(gpu.WHEEL_SITE) if gpu.WHEEL_SITE.is_dir() else None, os.environ.get("PYTHONPATH")]))}
-        self.command = [sys.executable, "-m", "st_prompts.cli", "serve", str(bank), "--port", "0", *extra]
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=env, cwd=str(REPO), start_new_session=True)
-        self.lines, self.port, self.ready_s, self._ready, self._log = [], None, None, threading.Event(), log
-        threading.Thread(target=self._read, daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for count in range(1, args.processes + 1):
         extra = ["--device", args.device] if count == 1 else ["--devices", ",".join([args.device] * count)]
-        server = Server(work / "bank", extra, work / f"serve-{count}.log")
+        server = gpu.Server(work / "bank", args.device, "float32", work / f"serve-{count}.log", None, options=extra)
         try:
             server.wait_ready(300)
             for clients in CONCURRENCY:
